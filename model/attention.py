@@ -1,0 +1,100 @@
+"""Causal grouped-query self-attention: the fused SDPA kernel, and an explicit path that shows its work."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .cache import KVCache
+from .config import ModelConfig
+from .rope import apply_rope
+
+
+def causal_mask(t: int, s: int, device: torch.device | None = None) -> torch.Tensor:
+    """Bool (T, S) mask, True where query i may see key j: the diagonal is aligned bottom-right.
+
+    The T new queries are the last T of S positions, so query i sits at absolute position S - T + i.
+    """
+    return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention of q (B, H, T, D) over k, v (B, Hkv, S, D) with the fused kernel.
+
+    `is_causal=True` aligns the triangle top-left, which is only right when T == S, so the three cases of
+    DESIGN.md section 4 are handled here and only chunked prefill pays for an explicit mask.
+    """
+    t, s = q.shape[2], k.shape[2]
+    if t == s:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    if t == 1:  # one new token sees every cached key
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    mask = causal_mask(t, s, q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Scaled scores q kᵀ / sqrt(D) in float32, (B, H, T, S), with GQA key heads repeated per group."""
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, H, S, D)
+    return (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])
+
+
+def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The textbook computation softmax(q kᵀ / sqrt(D) + mask) v in float32.
+
+    Returns the output (B, H, T, D) in q's dtype and the probabilities (B, H, T, S). It materialises the
+    full matrix, so it is for inspection and tests, never for training.
+    """
+    scores = attention_scores(q, k)
+    mask = causal_mask(q.shape[2], k.shape[2], q.device)
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)  # (B, H, S, D)
+    return (probs @ v.float()).to(q.dtype), probs
+
+
+class CausalSelfAttention(nn.Module):
+    """Fused QKV projection, RoPE, causal GQA attention and the output projection."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        self.qkv = nn.Linear(config.n_embd, (config.n_head + 2 * config.n_kv_head) * config.head_dim, bias=False)
+        self.proj = nn.Linear(config.n_head * config.head_dim, config.n_embd, bias=False)
+
+    def project(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries (B, H, T, D) and keys/values (B, Hkv, T, D) of x (B, T, C), RoPE applied to q and k."""
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).split(
+            [self.n_head * self.head_dim, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim], dim=-1
+        )
+        q = q.view(b, t, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        v = v.view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache | None = None,
+        probs_out: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C). With `probs_out`, the explicit path runs and appends its probabilities."""
+        q, k, v = self.project(x, cos, sin)
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, D)
+        if probs_out is None:
+            y = sdpa_attention(q, k, v)
+        else:
+            y, probs = explicit_attention(q, k, v)
+            probs_out.append(probs)
+        b, _, t, _ = y.shape
+        y = y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim)  # (B, T, H * D)
+        return self.proj(y)

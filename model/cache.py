@@ -1,0 +1,72 @@
+"""A preallocated key/value cache owned by the caller, not by the model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import ModelConfig
+
+
+@dataclass
+class KVCache:
+    """Keys and values of every layer for the tokens seen so far.
+
+    Only the n_kv_head heads are stored, so GQA/MQA shrink the cache by n_head / n_kv_head. Each attention
+    layer writes its slice at [pos, pos + T) and reads [0, pos + T); the model calls `advance` once after
+    the last layer. The cache is a plain object: it never appears in a state_dict.
+    """
+
+    k: torch.Tensor  # (L, B, Hkv, max_len, D)
+    v: torch.Tensor  # (L, B, Hkv, max_len, D)
+    pos: int = 0
+
+    @classmethod
+    def allocate(
+        cls,
+        config: ModelConfig,
+        batch_size: int,
+        max_len: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> KVCache:
+        """Zero-initialised buffers for `batch_size` sequences of up to `max_len` tokens."""
+        if not 0 < max_len <= config.block_size:
+            raise ValueError(f"KVCache max_len must be in 1..block_size ({config.block_size}), got {max_len}")
+        shape = (config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim)
+        dtype = dtype or torch.get_default_dtype()
+        return cls(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the key and value buffers."""
+        return self.k.nbytes + self.v.nbytes
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one position of one sequence costs across all layers, keys and values."""
+        return self.nbytes // (self.k.shape[1] * self.max_len)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new keys/values (B, Hkv, T, D) of `layer` and return all of them, (B, Hkv, pos + T, D)."""
+        end = self.pos + k.shape[2]
+        if end > self.max_len:
+            raise ValueError(
+                f"KVCache is full: writing {k.shape[2]} token(s) at position {self.pos} exceeds max_len "
+                f"{self.max_len}; allocate a longer cache or call reset()"
+            )
+        self.k[layer, :, :, self.pos : end] = k
+        self.v[layer, :, :, self.pos : end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def advance(self, n_tokens: int) -> None:
+        self.pos += n_tokens
+
+    def reset(self) -> None:
+        """Forget every position; the buffers are overwritten by the next prefill."""
+        self.pos = 0

@@ -1,0 +1,87 @@
+"""Model hyperparameters: one frozen dataclass, validated on construction."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a Llama-style GPT with causal grouped-query attention.
+
+    Args:
+        vocab_size: Number of token ids the embedding holds (at least the tokenizer's size).
+        block_size: Longest context the model attends over; RoPE tables are built for it.
+        n_layer: Number of transformer blocks.
+        n_head: Number of query heads.
+        n_kv_head: Number of key/value heads; n_head for MHA, 1 for MQA, a divisor of n_head for GQA.
+        n_embd: Width of the residual stream; n_embd / n_head is the head dimension.
+        mlp_hidden: Width of the SwiGLU hidden layer; None picks 8/3 * n_embd rounded up to a multiple of 64.
+        rope_theta: RoPE base frequency.
+        norm_eps: Epsilon of RMSNorm.
+        tie_embeddings: Share the token embedding with the output projection.
+        dropout: Dropout on the residual branches during training (attention dropout stays 0 so the
+            fused kernel is kept).
+        init_std: Standard deviation of the normal initialisation.
+    """
+
+    vocab_size: int = 1024
+    block_size: int = 256
+    n_layer: int = 4
+    n_head: int = 8
+    n_kv_head: int = 2
+    n_embd: int = 256
+    mlp_hidden: int | None = None
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    dropout: float = 0.0
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
+        if self.mlp_hidden is not None and self.mlp_hidden <= 0:
+            raise ValueError(f"ModelConfig.mlp_hidden must be positive or None, got {self.mlp_hidden!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(
+                f"ModelConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "
+                "change one of them"
+            )
+        if self.n_head % self.n_kv_head:
+            raise ValueError(
+                f"ModelConfig.n_head ({self.n_head}) must be divisible by n_kv_head ({self.n_kv_head}); "
+                "use n_kv_head = n_head (MHA), 1 (MQA) or another divisor (GQA)"
+            )
+        if self.head_dim % 2:
+            raise ValueError(
+                f"ModelConfig head dimension n_embd / n_head = {self.head_dim} must be even for RoPE; "
+                "change n_embd or n_head"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"ModelConfig.dropout must be in [0, 1), got {self.dropout!r}")
+        if self.rope_theta <= 0 or self.norm_eps <= 0 or self.init_std <= 0:
+            raise ValueError("ModelConfig.rope_theta, norm_eps and init_std must be positive")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def n_rep(self) -> int:
+        """Query heads that share one key/value head."""
+        return self.n_head // self.n_kv_head
+
+    @property
+    def hidden_dim(self) -> int:
+        if self.mlp_hidden is not None:
+            return self.mlp_hidden
+        # Llama's rule: 2/3 of a 4x MLP keeps the parameter count of a GELU MLP; 64 keeps matmuls aligned.
+        return math.ceil(8 * self.n_embd / 3 / 64) * 64
+
+    def to_dict(self) -> dict:
+        """Plain-typed fields, safe for checkpoints loaded with weights_only=True."""
+        return asdict(self)

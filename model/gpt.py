@@ -1,0 +1,80 @@
+"""The decoder-only transformer: embeddings, a stack of blocks, the final norm and the LM head."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .cache import KVCache
+from .config import ModelConfig
+from .layers import Block, RMSNorm
+from .rope import rope_tables
+
+
+class GPT(nn.Module):
+    """A Llama-style GPT: pre-norm RMSNorm, RoPE, SwiGLU, no biases, causal GQA attention."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
+        self.norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Normal(0, init_std) everywhere, and init_std / sqrt(2 * n_layer) on the residual projections.
+
+        Each block adds two branches to the residual stream; shrinking the projections that write into it
+        keeps the stream's variance roughly independent of depth at initialisation (GPT-2's scheme).
+        """
+        std = self.config.init_std
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+        for block in self.blocks:
+            for proj in (block.attn.proj, block.mlp.down):
+                nn.init.normal_(proj.weight, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
+
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Logits (B, T, V) for token ids idx (B, T) placed after the cache's `pos` tokens."""
+        return self._run(idx, cache, probs_out=None)
+
+    @torch.no_grad()
+    def attention_maps(self, idx: torch.Tensor) -> torch.Tensor:
+        """Softmax probabilities (L, B, H, T, T) of every layer and head, from the explicit path.
+
+        Call it in eval mode if dropout is on; it never touches a cache.
+        """
+        probs: list[torch.Tensor] = []
+        self._run(idx, None, probs_out=probs)
+        return torch.stack(probs)
+
+    def _run(self, idx: torch.Tensor, cache: KVCache | None, probs_out: list[torch.Tensor] | None) -> torch.Tensor:
+        start = cache.pos if cache is not None else 0
+        t = idx.shape[1]
+        if start + t > self.config.block_size:
+            raise ValueError(
+                f"sequence of {start + t} tokens exceeds block_size {self.config.block_size}; "
+                "crop the input or use generate(), which slides the context"
+            )
+        cos, sin = rope_tables(self.config.head_dim, start, t, self.config.rope_theta, idx.device)
+        x = self.dropout(self.wte(idx))  # (B, T, C)
+        for block in self.blocks:
+            x = block(x, cos, sin, cache, probs_out)
+        if cache is not None:
+            cache.advance(t)
+        return self.lm_head(self.norm(x))  # (B, T, V)
+
+    def num_params(self, include_embedding: bool = True) -> int:
+        """Parameter count, a tied embedding counted once."""
+        n = sum(p.numel() for p in self.parameters())
+        return n if include_embedding else n - self.wte.weight.numel()

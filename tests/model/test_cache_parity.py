@@ -1,0 +1,109 @@
+"""Cached decoding must reproduce the full forward, for MHA, GQA and MQA."""
+
+import pytest
+import torch
+
+from model import GPT, KVCache, ModelConfig, generate
+
+HEAD_LAYOUTS = {"mha": 8, "gqa": 2, "mqa": 1}
+
+
+def tiny_model(n_kv_head: int, block_size: int = 64, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    config = ModelConfig(vocab_size=97, block_size=block_size, n_layer=2, n_head=8, n_kv_head=n_kv_head, n_embd=64)
+    return GPT(config).eval()
+
+
+@pytest.mark.parametrize("n_kv_head", HEAD_LAYOUTS.values(), ids=HEAD_LAYOUTS.keys())
+def test_token_by_token_decode_matches_full_forward(n_kv_head):
+    model = tiny_model(n_kv_head)
+    idx = torch.randint(0, 97, (2, 48))
+    full = model(idx)
+    cache = KVCache.allocate(model.config, 2, 64)
+    steps = [model(idx[:, :16], cache)] + [model(idx[:, t : t + 1], cache) for t in range(16, 48)]
+    assert cache.pos == 48
+    assert (torch.cat(steps, dim=1) - full).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("n_kv_head", HEAD_LAYOUTS.values(), ids=HEAD_LAYOUTS.keys())
+@pytest.mark.parametrize("chunks", [(7, 30, 11), (29, 19)])
+def test_chunked_prefill_matches_full_forward(n_kv_head, chunks):
+    model = tiny_model(n_kv_head)
+    idx = torch.randint(0, 97, (3, sum(chunks)))
+    full = model(idx)
+    cache = KVCache.allocate(model.config, 3, 64)
+    pieces, start = [], 0
+    for length in chunks:
+        pieces.append(model(idx[:, start : start + length], cache))
+        start += length
+    assert (torch.cat(pieces, dim=1) - full).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("n_kv_head", HEAD_LAYOUTS.values(), ids=HEAD_LAYOUTS.keys())
+def test_greedy_generate_with_cache_equals_recompute(n_kv_head):
+    # 100 new tokens on a 32-token context: the window slides several times, both paths must agree anyway.
+    model = tiny_model(n_kv_head, block_size=32, seed=1)
+    prompt = torch.randint(0, 97, (2, 10))
+    cached = generate(model, prompt, 100, temperature=0.0)
+    recomputed = generate(model, prompt, 100, temperature=0.0, use_cache=False)
+    assert cached.shape == (2, 110)
+    assert torch.equal(cached, recomputed)
+
+
+def test_seeded_sampling_is_reproducible_and_paths_agree():
+    model = tiny_model(2)
+    prompt = torch.randint(0, 97, (1, 5))
+
+    def sample(use_cache):
+        gen = torch.Generator().manual_seed(123)
+        return generate(model, prompt, 40, temperature=0.9, top_k=20, generator=gen, use_cache=use_cache)
+
+    assert torch.equal(sample(True), sample(True))
+    assert torch.equal(sample(True), sample(False))
+
+
+def test_future_tokens_do_not_leak():
+    model = tiny_model(2)
+    idx = torch.randint(0, 97, (1, 40))
+    changed = idx.clone()
+    changed[:, 25:] = torch.randint(0, 97, (1, 15))
+    before, after = model(idx), model(changed)
+    assert torch.equal(before[:, :25], after[:, :25])
+    assert not torch.allclose(before[:, 25:], after[:, 25:])
+
+
+def test_cache_size_scales_with_kv_heads_and_stays_out_of_state_dict():
+    mha, gqa = tiny_model(8), tiny_model(2)
+    mha_cache = KVCache.allocate(mha.config, 4, 64)
+    gqa_cache = KVCache.allocate(gqa.config, 4, 64)
+    assert mha_cache.nbytes == 4 * gqa_cache.nbytes
+    assert mha_cache.nbytes / gqa_cache.nbytes == mha.config.n_head / gqa.config.n_kv_head
+    assert gqa_cache.k.shape == (2, 4, 2, 64, 8)
+    assert gqa_cache.bytes_per_token == 2 * 2 * 2 * 8 * 4  # k and v, layers, kv heads, head_dim, fp32
+    assert torch.count_nonzero(gqa_cache.k) == 0 and torch.count_nonzero(gqa_cache.v) == 0
+    before = set(gqa.state_dict())
+    gqa(torch.randint(0, 97, (4, 8)), gqa_cache)
+    assert set(gqa.state_dict()) == before
+    assert not any("cache" in name for name in before)
+    assert list(gqa.buffers()) == []
+
+
+def test_writing_past_the_cache_raises_a_clear_error():
+    model = tiny_model(2)
+    cache = KVCache.allocate(model.config, 1, 16)
+    model(torch.randint(0, 97, (1, 12)), cache)
+    with pytest.raises(ValueError, match="KVCache is full"):
+        model(torch.randint(0, 97, (1, 5)), cache)
+
+
+def test_eos_stops_rows_and_pads_finished_ones():
+    model = tiny_model(2)
+    prompt = torch.randint(0, 97, (2, 4))
+    free = generate(model, prompt, 30, temperature=0.0)
+    eos = int(free[0, 4 + 5])  # the token row 0 produces at step 5 becomes the stop token
+    out = generate(model, prompt, 30, temperature=0.0, eos_id=eos)
+    row0 = out[0, 4:].tolist()
+    first = row0.index(eos)
+    assert first <= 5
+    assert all(t == eos for t in row0[first:])
+    assert torch.equal(out[:, : 4 + first + 1], free[:, : 4 + first + 1])

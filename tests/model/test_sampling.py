@@ -1,0 +1,57 @@
+"""Logit filters and the sliding-window rule of generate."""
+
+import pytest
+import torch
+
+from model import GPT, ModelConfig, generate
+from model.sampling import context_start, filter_logits, penalize_repeats
+
+LOGITS = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+
+
+def kept(logits):
+    return torch.isfinite(logits)[0].tolist()
+
+
+def test_top_k_keeps_the_k_largest():
+    assert kept(filter_logits(LOGITS, top_k=2)) == [True, True, False, False]
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    assert kept(filter_logits(LOGITS, top_p=0.8)) == [True, True, False, False]
+    assert kept(filter_logits(LOGITS, top_p=0.81)) == [True, True, True, False]
+    assert kept(filter_logits(LOGITS, top_p=0.1)) == [True, False, False, False]
+
+
+def test_min_p_drops_tokens_below_a_fraction_of_the_best():
+    assert kept(filter_logits(LOGITS, min_p=0.5)) == [True, True, False, False]
+
+
+def test_repetition_penalty_lowers_seen_tokens_only():
+    logits = torch.tensor([[2.0, -1.0, 3.0]])
+    out = penalize_repeats(logits, torch.tensor([[0, 1]]), 2.0)
+    assert out.tolist() == [[1.0, -2.0, 3.0]]
+
+
+def test_context_window_slides_by_half_when_full():
+    assert context_start(0, 32, 32) == 0
+    assert context_start(0, 33, 32) == 17  # 16 most recent tokens remain
+    assert context_start(17, 48, 32) == 17
+    assert context_start(17, 50, 32) == 34
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "word"),
+    [
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_k": 0}, "top_k"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_p": 0.0}, "top_p"),
+    ],
+)
+def test_bad_sampling_arguments_name_the_argument(kwargs, word):
+    model = GPT(ModelConfig(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=16))
+    args = {"max_new_tokens": 4} | kwargs
+    with pytest.raises(ValueError, match=word):
+        generate(model, torch.zeros(1, 2, dtype=torch.long), args.pop("max_new_tokens"), **args)
