@@ -74,6 +74,13 @@ class GPT(nn.Module):
             cache.advance(t)
         return self.lm_head(self.norm(x))  # (B, T, V)
 
+    @classmethod
+    def from_hf(cls, directory: str) -> GPT:
+        """A GPT with the config and weights of a Llama-layout Hugging Face folder (a str or Path)."""
+        from .hf import load_hf_model  # local import: hf.py imports this module
+
+        return load_hf_model(directory)
+
     def num_params(self, include_embedding: bool = True) -> int:
         """Parameter count, a tied embedding counted once."""
         n = sum(p.numel() for p in self.parameters())
