@@ -1,0 +1,186 @@
+"""Attention maps as a picture: one RGB image per layer with a grid of heads, built with Pillow only.
+
+The image is returned as a uint8 RGB `PIL.Image`, never a float array: wandb renders a float array in [0, 1]
+as (nearly) black because it expects 0..255, so probabilities are mapped linearly from [0, vmax] to a colour
+table here, once, where the mapping can be read and tested.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw, ImageFont
+
+# A viridis-like ramp: dark blue-purple through teal to yellow. Lightness rises monotonically, so larger
+# weights always look brighter, also in greyscale and for most colour-vision deficiencies.
+_ANCHORS = np.array(
+    [(68, 1, 84), (65, 68, 135), (42, 120, 142), (34, 168, 132), (122, 209, 81), (253, 231, 37)]
+)
+HEATMAP_PIXELS = 192  # target side of one head's heatmap before it is rounded to whole pixels per token
+MAX_LABELLED_TOKENS = 32  # beyond this, token labels would overlap or be too small to read
+MAX_LABEL_CHARS = 10
+PAD = 6
+BACKGROUND, INK = (255, 255, 255), (0, 0, 0)
+
+
+def colour_table() -> np.ndarray:
+    """(256, 3) uint8 lookup table: the anchors interpolated linearly at 256 evenly spaced levels."""
+    anchor_levels = np.linspace(0.0, 1.0, len(_ANCHORS))
+    levels = np.linspace(0.0, 1.0, 256)
+    channels = [np.interp(levels, anchor_levels, _ANCHORS[:, c]) for c in range(3)]
+    return np.stack(channels, axis=1).round().astype(np.uint8)
+
+
+def to_colours(values: np.ndarray, vmax: float) -> np.ndarray:
+    """Map values in [0, vmax] linearly to uint8 RGB colours (..., 3); values outside are clipped."""
+    levels = np.clip(values / vmax, 0.0, 1.0) * 255.0
+    return colour_table()[levels.round().astype(np.int64)]
+
+
+def printable_label(token: str, max_chars: int = MAX_LABEL_CHARS) -> str:
+    """A token made visible in ASCII: spaces as '·', newlines and tabs as \\n and \\t, others escaped."""
+    visible = token.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    visible = visible.replace(" ", "·")
+    # The default font lacks most non-Latin glyphs (they would draw as boxes), so escape them instead.
+    visible = "".join(
+        c if c == "·" or 32 <= ord(c) < 127 else c.encode("unicode_escape").decode() for c in visible
+    )
+    if not visible:
+        return '""'
+    return visible if len(visible) <= max_chars else visible[: max_chars - 2] + ".."
+
+
+def draw_attention_grid(
+    probs_layer: torch.Tensor,
+    token_labels: Sequence[str] | None,
+    title: str,
+    heads: Sequence[int] | None = None,
+    vmax: float | None = 1.0,
+) -> Image.Image:
+    """One RGB image of a layer's heads (H, T, S) laid out in a grid, with a colour bar.
+
+    `token_labels` (one per key, S of them) are drawn on the axes when T <= 32. `vmax` is the value shown
+    brightest: 1.0 by default so images compare across layers and steps, None for the largest weight shown.
+    """
+    probs = _checked_probs(probs_layer, token_labels)
+    heads = list(range(probs.shape[0])) if heads is None else list(heads)
+    if not heads or not all(0 <= h < probs.shape[0] for h in heads):
+        raise ValueError(f"heads must be a non-empty list of indices in 0..{probs.shape[0] - 1}, got {heads}")
+    vmax = float(probs[heads].max()) if vmax is None else vmax
+    vmax = vmax if vmax > 0 else 1.0  # an all-zero selection would otherwise divide by zero
+    font = ImageFont.load_default()
+    labels = token_labels if token_labels is not None and probs.shape[-1] <= MAX_LABELLED_TOKENS else None
+    cells = [_head_cell(probs[h], labels, f"head {h}", vmax, font) for h in heads]
+    return _assemble(cells, title, _colour_bar(cells[0].height, vmax, font), font)
+
+
+def save_attention_png(image: Image.Image, path: str | os.PathLike[str]) -> Path:
+    """Write `image` as PNG to `path` atomically: a temporary file in the same folder, then a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Same folder, so the rename never crosses file systems and readers see the old file or the new one.
+    with tempfile.NamedTemporaryFile(
+        dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
+    ) as tmp:
+        try:
+            image.save(tmp, format="PNG")
+        except BaseException:
+            tmp.close()
+            os.unlink(tmp.name)
+            raise
+    os.replace(tmp.name, path)
+    return path
+
+
+def _checked_probs(probs_layer: torch.Tensor, token_labels: Sequence[str] | None) -> np.ndarray:
+    if probs_layer.dim() != 3 or probs_layer.shape[-2] > probs_layer.shape[-1]:
+        raise ValueError(
+            f"expected one layer's probabilities (H, T, S) with T <= S, got {tuple(probs_layer.shape)}"
+        )
+    if token_labels is not None and len(token_labels) != probs_layer.shape[-1]:
+        raise ValueError(f"got {len(token_labels)} token labels for {probs_layer.shape[-1]} key positions")
+    return probs_layer.detach().float().cpu().numpy()
+
+
+def _head_cell(
+    probs: np.ndarray, labels: Sequence[str] | None, title: str, vmax: float, font: ImageFont.ImageFont
+) -> Image.Image:
+    """One head: title above, heatmap, query labels on the left and key labels below when given."""
+    t, s = probs.shape
+    line = _text_height(font)
+    # Whole pixels per token keep every token a crisp square; with labels a row must be a line of text high.
+    scale = max(1, math.ceil(HEATMAP_PIXELS / s), line + 1 if labels else 1)
+    heatmap = Image.fromarray(to_colours(probs, vmax)).resize(
+        (s * scale, t * scale), Image.Resampling.NEAREST
+    )
+    left = _label_strip([printable_label(x) for x in labels[s - t :]], scale, font) if labels else None
+    below = (
+        _label_strip([printable_label(x) for x in labels], scale, font).rotate(90, expand=True)
+        if labels
+        else None
+    )
+    margin_left = left.width if left else 0
+    height = line + PAD + heatmap.height + (below.height if below else 0)
+    cell = Image.new("RGB", (margin_left + heatmap.width, height), BACKGROUND)
+    draw = ImageDraw.Draw(cell)
+    # Positions are computed by hand: text anchors only work with FreeType fonts, not the bitmap fallback.
+    draw.text((margin_left + (heatmap.width - font.getlength(title)) // 2, 0), title, fill=INK, font=font)
+    cell.paste(heatmap, (margin_left, line + PAD))
+    if left:
+        cell.paste(left, (0, line + PAD))
+    if below:
+        cell.paste(below, (margin_left, line + PAD + heatmap.height))
+    return cell
+
+
+def _label_strip(labels: Sequence[str], row_height: int, font: ImageFont.ImageFont) -> Image.Image:
+    """Labels right-aligned, one per row of `row_height` pixels; rotated 90° it becomes an x axis."""
+    width = PAD + max(math.ceil(font.getlength(label)) for label in labels)
+    strip = Image.new("RGB", (width, row_height * len(labels)), BACKGROUND)
+    draw = ImageDraw.Draw(strip)
+    line = _text_height(font)
+    for i, label in enumerate(labels):
+        x = width - PAD // 2 - font.getlength(label)
+        draw.text((x, i * row_height + (row_height - line) // 2), label, fill=INK, font=font)
+    return strip
+
+
+def _colour_bar(height: int, vmax: float, font: ImageFont.ImageFont) -> Image.Image:
+    """A vertical ramp from 0 (bottom) to vmax (top) with both ends labelled."""
+    line = _text_height(font)
+    ramp_height = max(height - 2 * line - 2 * PAD, 16)
+    ramp = to_colours(np.linspace(vmax, 0.0, ramp_height)[:, None].repeat(16, axis=1), vmax)  # (rows, 16, 3)
+    bar = Image.new("RGB", (16 + 2 * PAD + math.ceil(font.getlength(f"{vmax:.3g}")), height), BACKGROUND)
+    bar.paste(Image.fromarray(ramp), (PAD, line + PAD))
+    draw = ImageDraw.Draw(bar)
+    draw.text((PAD, 0), f"{vmax:.3g}", fill=INK, font=font)
+    draw.text((PAD, line + 2 * PAD + ramp_height), "0", fill=INK, font=font)
+    return bar
+
+
+def _assemble(
+    cells: list[Image.Image], title: str, bar: Image.Image, font: ImageFont.ImageFont
+) -> Image.Image:
+    """Cells in a near-square grid under the title, the colour bar on the right."""
+    cols = math.ceil(math.sqrt(len(cells)))
+    rows = math.ceil(len(cells) / cols)
+    cell_w, cell_h = max(c.width for c in cells) + PAD, max(c.height for c in cells) + PAD
+    top = _text_height(font) + 2 * PAD
+    image = Image.new("RGB", (PAD + cols * cell_w + bar.width, top + rows * cell_h), BACKGROUND)
+    ImageDraw.Draw(image).text((PAD, PAD), title, fill=INK, font=font)
+    for i, cell in enumerate(cells):
+        image.paste(cell, (PAD + (i % cols) * cell_w, top + (i // cols) * cell_h))
+    image.paste(bar, (PAD + cols * cell_w, top))
+    return image
+
+
+def _text_height(font: ImageFont.ImageFont) -> int:
+    """Pixel height of one line of text, so layouts scale with whatever font load_default returns."""
+    left, top, right, bottom = font.getbbox("Hg")
+    return int(bottom) + 1
