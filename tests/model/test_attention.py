@@ -68,3 +68,16 @@ def test_attention_maps_are_the_models_own():
     q, k, v = block.attn.project(block.attn_norm(model.wte(idx)), cos, sin)
     from_map = maps[0] @ v.repeat_interleave(2, dim=1)
     assert (from_map - sdpa_attention(q, k, v)).abs().max().item() <= 1e-5
+
+
+def test_explained_steps_match_the_attention_maps():
+    from model.explain import attention_steps
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=50, block_size=32, n_layer=2, n_head=4, n_kv_head=2, n_embd=32)).eval()
+    idx = torch.randint(0, 50, (1, 9))
+    steps = attention_steps(model, idx, layer=1, head=3)
+    assert torch.allclose(steps["probs"], model.attention_maps(idx)[1, 0, 3], atol=1e-6)
+    above = torch.ones(9, 9, dtype=torch.bool).triu(1)
+    assert torch.isneginf(steps["masked"][above]).all()
+    assert torch.equal(steps["masked"][~above], steps["scores"][~above])

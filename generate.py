@@ -1,0 +1,227 @@
+"""Sample text from a trained checkpoint, decoding incrementally from a KV cache.
+
+    python generate.py --checkpoint runs/shakespeare --prompt "ROMEO:" --max_new_tokens 200
+
+Imports only `model` and the tokenizer (no Lightning, no wandb), so it starts fast. User mistakes print one
+line and exit with status 2; set GQA_GPT_TRACEBACK=1 for the full traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+from data.tokenizer import Tokenizer
+from model import KVCache, generate
+from model.checkpoint import load_checkpoint
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", required=True, help="a .ckpt file or a run directory (uses checkpoints/last.ckpt)")
+    p.add_argument("--prompt", help="text to continue; without it --prompt_file or standard input is read")
+    p.add_argument("--prompt_file", help="read the prompt from this UTF-8 file")
+    p.add_argument("--max_new_tokens", type=int, default=200, help="tokens to generate per sample")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy; higher is more random")
+    p.add_argument("--top_k", type=int, default=None, help="sample only among the k most likely tokens")
+    p.add_argument("--top_p", type=float, default=None, help="sample from the smallest set with this much probability")
+    p.add_argument("--min_p", type=float, default=None, help="drop tokens below this fraction of the best one")
+    p.add_argument("--repetition_penalty", type=float, default=1.0, help="> 1 discourages repeating tokens")
+    p.add_argument("--seed", type=int, default=1337, help="seed of the sampling generator")
+    p.add_argument("--num_samples", type=int, default=1, help="continuations, decoded together as one batch")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, mps or auto")
+    p.add_argument("--dtype", choices=[*DTYPES, "auto"], default="auto", help="auto: bfloat16 on CUDA, else float32")
+    p.add_argument("--no_cache", action="store_true", help="recompute the whole context every step (reference path)")
+    p.add_argument("--benchmark", action="store_true", help="print prefill/decode speed and KV-cache size")
+    p.add_argument("--attention_map", metavar="PNG", help="draw the attention of --layer over prompt + output")
+    p.add_argument("--explain_attention", metavar="TEXT", help="print scores, mask and softmax of --layer/--head")
+    p.add_argument("--layer", type=int, default=None, help="layer for --attention_map (default last) or explain (0)")
+    p.add_argument("--head", type=int, default=0, help="head for --explain_attention")
+    return p.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """One-line errors for values the sampler would reject later, before the checkpoint is loaded."""
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max_new_tokens must be at least 1, got {args.max_new_tokens}")
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0 (0 is greedy), got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise ValueError(f"--top_k must be at least 1, got {args.top_k}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise ValueError(f"--top_p must be in (0, 1], got {args.top_p}")
+    if args.num_samples < 1:
+        raise ValueError(f"--num_samples must be at least 1, got {args.num_samples}")
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt is not None:
+        prompt = args.prompt
+    elif args.prompt_file is not None:
+        try:
+            with open(args.prompt_file, encoding="utf-8") as f:
+                prompt = f.read()
+        except OSError as err:
+            raise ValueError(f"--prompt_file {args.prompt_file}: {err.strerror}") from None
+    elif not sys.stdin.isatty():
+        prompt = sys.stdin.read()
+    else:
+        raise ValueError("no prompt: pass --prompt TEXT, --prompt_file FILE or pipe text on standard input")
+    if not prompt:
+        raise ValueError("the prompt is empty; pass some text to continue")
+    return prompt
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class TextStream:
+    """Prints decoded text as tokens arrive; holds back a trailing partial UTF-8 character."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer, self.ids, self.printed = tokenizer, [], 0
+
+    def __call__(self, token: torch.Tensor) -> None:
+        self.ids.append(int(token[0]))
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):  # a multi-byte character split across tokens: wait for the rest
+            return
+        print(text[self.printed :], end="", flush=True)
+        self.printed = len(text)
+
+
+def encode_prompt(tokenizer: Tokenizer, prompt: str, block_size: int, device: torch.device) -> torch.Tensor:
+    ids = tokenizer.encode(prompt)
+    if len(ids) > block_size:
+        print(f"note: the prompt has {len(ids)} tokens; the model sees only the last {block_size}", file=sys.stderr)
+    return torch.tensor([ids], device=device)
+
+
+def run(args: argparse.Namespace) -> None:
+    check_args(args)
+    device = pick_device(args.device)
+    dtype = DTYPES[args.dtype] if args.dtype != "auto" else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    loaded = load_checkpoint(args.checkpoint)
+    model = loaded.model.to(device=device, dtype=dtype)
+    tokenizer = Tokenizer.from_json(loaded.tokenizer_json)
+    if args.explain_attention is not None:
+        return explain(model, tokenizer, args.explain_attention, args.layer or 0, args.head, device)
+    prompt = encode_prompt(tokenizer, read_prompt(args), model.config.block_size, device)
+    sample = dict(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty, eos_id=tokenizer.eos_id,
+    )  # fmt: skip
+    if args.benchmark:
+        return benchmark(model, prompt.expand(args.num_samples, -1), args, sample)
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    stream = TextStream(tokenizer) if args.num_samples == 1 else None
+    out = generate(
+        model, prompt.expand(args.num_samples, -1).contiguous(), args.max_new_tokens, generator=generator,
+        use_cache=not args.no_cache, on_token=stream, **sample,
+    )  # fmt: skip
+    new = out[:, prompt.shape[1] :]
+    if stream is None:
+        for i, row in enumerate(new.tolist()):
+            print(f"--- sample {i + 1} ---\n{tokenizer.decode(_until_eos(row, tokenizer.eos_id))}")
+    else:
+        print()
+    if args.attention_map:
+        write_attention_map(model, tokenizer, out[:1], args.attention_map, args.layer)
+
+
+def _until_eos(ids: list[int], eos_id: int) -> list[int]:
+    return ids[: ids.index(eos_id)] if eos_id in ids else ids
+
+
+def benchmark(model, prompt: torch.Tensor, args: argparse.Namespace, sample: dict) -> None:
+    """Prefill and decode throughput, measured apart: the first token's arrival ends the prefill."""
+    dtype = next(model.parameters()).dtype
+    cache = KVCache.allocate(model.config, prompt.shape[0], model.config.block_size, device=prompt.device, dtype=dtype)
+    print(f"KV cache: {cache.bytes_per_token} bytes per token per sequence, {cache.nbytes / 2**20:.2f} MiB "
+          f"for {prompt.shape[0]} x {cache.max_len} tokens")
+    del cache
+    results = {}
+    for use_cache in [True, False] if args.no_cache else [True]:
+        stamps: list[float] = []
+        sample_args = {**sample, "eos_id": None}  # never stop early: every run decodes the same count
+        generator = torch.Generator(device=prompt.device).manual_seed(args.seed)
+        start = time.perf_counter()
+        generate(model, prompt, args.max_new_tokens, generator=generator, use_cache=use_cache,
+                 on_token=lambda _: stamps.append(time.perf_counter()), **sample_args)
+        prefill_s, decode_s = stamps[0] - start, stamps[-1] - stamps[0]
+        decode_tps = prompt.shape[0] * (len(stamps) - 1) / decode_s if decode_s else float("inf")
+        name = "cached" if use_cache else "no_cache"
+        print(f"{name:>8}: prefill {prompt.numel() / prefill_s:,.0f} tokens/s, decode {decode_tps:,.1f} tokens/s")
+        results[name] = decode_tps
+    if len(results) == 2:
+        print(f"decode speed-up from the KV cache: {results['cached'] / results['no_cache']:.1f}x")
+
+
+def write_attention_map(model, tokenizer: Tokenizer, ids: torch.Tensor, path: str, layer: int | None) -> None:
+    from training.attention_image import draw_attention_grid, save_attention_png
+
+    layer = model.config.n_layer - 1 if layer is None else layer
+    if not 0 <= layer < model.config.n_layer:
+        raise ValueError(f"--layer must be in 0..{model.config.n_layer - 1}, got {layer}")
+    ids = ids[:, -model.config.block_size :]
+    probs = model.float().attention_maps(ids)[layer, 0]  # (H, T, T)
+    labels = [tokenizer.decode([i]) for i in ids[0].tolist()]
+    save_attention_png(draw_attention_grid(probs, labels, f"layer {layer}"), path)
+    print(f"wrote {path} (layer {layer}, {ids.shape[1]} tokens)", file=sys.stderr)
+
+
+def explain(model, tokenizer: Tokenizer, text: str, layer: int, head: int, device: torch.device) -> None:
+    from model.explain import attention_steps
+
+    ids = tokenizer.encode(text)[-model.config.block_size :]
+    if not ids:
+        raise ValueError("--explain_attention text is empty; pass a short sentence")
+    labels = [_label(tokenizer.decode([i])) for i in ids]
+    steps = attention_steps(model.float(), torch.tensor([ids], device=device), layer, head)
+    titles = {
+        "scores": "1. scaled scores q·kᵀ / sqrt(d)  (row = query token, column = key token)",
+        "masked": "2. causal mask: a token may not look at later tokens (-inf above the diagonal)",
+        "probs": "3. softmax over each row: attention probabilities (each row sums to 1)",
+    }
+    print(f"layer {layer}, head {head}, {len(ids)} tokens")
+    for key, title in titles.items():
+        print(f"\n{title}")
+        print(_matrix(steps[key], labels))
+
+
+def _label(text: str, width: int = 7) -> str:
+    visible = text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "·")
+    return visible[:width]
+
+
+def _matrix(values: torch.Tensor, labels: list[str], width: int = 8) -> str:
+    header = " " * width + "".join(f"{label:>{width}}" for label in labels)
+    rows = [header]
+    for label, row in zip(labels, values.tolist()):
+        cells = "".join(f"{'-inf' if v == float('-inf') else f'{v:.3f}':>{width}}" for v in row)
+        rows.append(f"{label:>{width}}{cells}")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        run(parse_args(argv))
+    except ValueError as err:  # CheckpointError is a ValueError too
+        if os.environ.get("GQA_GPT_TRACEBACK"):
+            raise
+        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""Train a GPT from a YAML config: `python train.py fit --config configs/shakespeare.yaml`.
+
+Every key is documented by `python train.py fit --help`; any key can be overridden on the command line,
+e.g. `--model.n_layer 6` or `--data.data_files path/to/input.txt`. User mistakes print one line; set
+GQA_GPT_TRACEBACK=1 to see the full traceback instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main() -> int:
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from data import TextDataModule
+    from training import LitGPT, NonFiniteLossError
+    from training.cli import GPTCLI
+
+    try:
+        GPTCLI(LitGPT, TextDataModule, save_config_kwargs={"overwrite": True})
+    except SIGTERMException:
+        print("stopped by SIGTERM after saving last.ckpt; resume with --ckpt_path last", file=sys.stderr)
+        return 143
+    except (ValueError, NonFiniteLossError, FileNotFoundError) as err:
+        if os.environ.get("GQA_GPT_TRACEBACK"):
+            raise
+        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2 if isinstance(err, ValueError) else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

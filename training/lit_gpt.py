@@ -1,0 +1,174 @@
+"""The LightningModule: the GPT, its loss, optimizer, schedule and checkpoint metadata."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from model import GPT, ModelConfig
+from model.checkpoint import META_KEY
+
+from .schedule import Schedule, adamw_param_groups, lr_multiplier
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN or infinite loss under the `raise` policy."""
+
+
+class LitGPT(L.LightningModule):
+    """Trains a `model.GPT` with cross-entropy, AdamW and a warmup schedule stepped every optimizer step.
+
+    Args:
+        vocab_size: Embedding rows; linked from data.vocab_size, so set it there.
+        block_size: Context length; linked from data.block_size, so set it there.
+        n_layer: Number of transformer blocks.
+        n_head: Number of query heads.
+        n_kv_head: Number of key/value heads (n_head = MHA, 1 = MQA, a divisor of n_head = GQA).
+        n_embd: Width of the residual stream (divisible by n_head, with an even head dimension).
+        mlp_hidden: SwiGLU hidden width; null picks 8/3 * n_embd rounded up to a multiple of 64.
+        rope_theta: RoPE base frequency.
+        tie_embeddings: Share the input embedding with the output projection.
+        dropout: Residual dropout while training (attention dropout stays 0 to keep the fused kernel).
+        learning_rate: Peak learning rate of AdamW.
+        min_lr_ratio: Final learning rate as a fraction of the peak.
+        weight_decay: AdamW weight decay, applied only to weights with 2 or more dimensions.
+        beta1: AdamW beta1.
+        beta2: AdamW beta2.
+        warmup_steps: Optimizer steps of linear warmup.
+        schedule: After warmup: cosine decay, wsd (warmup-stable-decay) or constant.
+        decay_fraction: For wsd, the fraction of trainer.max_steps spent decaying at the end.
+        nonfinite_loss: On a NaN/inf loss, raise (stop; the last checkpoint stays untouched) or skip the step.
+        compile: Compile the model with torch.compile (worth it on GPU for long runs).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 1024,
+        block_size: int = 256,
+        n_layer: int = 4,
+        n_head: int = 8,
+        n_kv_head: int = 2,
+        n_embd: int = 256,
+        mlp_hidden: int | None = None,
+        rope_theta: float = 10000.0,
+        tie_embeddings: bool = True,
+        dropout: float = 0.0,
+        learning_rate: float = 1e-3,
+        min_lr_ratio: float = 0.1,
+        weight_decay: float = 0.1,
+        beta1: float = 0.9,
+        beta2: float = 0.95,
+        warmup_steps: int = 100,
+        schedule: Schedule = "cosine",
+        decay_fraction: float = 0.2,
+        nonfinite_loss: Literal["raise", "skip"] = "raise",
+        compile: bool = False,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        try:
+            config = ModelConfig(
+                vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
+                n_kv_head=n_kv_head, n_embd=n_embd, mlp_hidden=mlp_hidden, rope_theta=rope_theta,
+                tie_embeddings=tie_embeddings, dropout=dropout,
+            )  # fmt: skip
+        except ValueError as err:
+            raise ValueError(str(err).replace("ModelConfig.", "model.")) from None
+        self.model = GPT(config)
+        if compile:
+            self.model.compile()  # in place, so state_dict keys stay unprefixed
+        self.skipped_batches = 0
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy in nats per token."""
+        logits = self.model(x)
+        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor | None:
+        loss = self.loss(*batch)
+        # Every rank takes the same decision, or DDP would hang waiting for the ranks that skipped.
+        if self.trainer.strategy.reduce_boolean_decision(not torch.isfinite(loss).item(), all=False):
+            return self._on_nonfinite_loss(loss)
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def _on_nonfinite_loss(self, loss: torch.Tensor) -> None:
+        step = self.trainer.global_step
+        if self.hparams.nonfinite_loss == "raise":
+            raise NonFiniteLossError(
+                f"non-finite loss ({loss.item()}) at step {step}; the last checkpoint is untouched. Lower "
+                "model.learning_rate or set model.nonfinite_loss=skip"
+            )
+        # Returning None makes Lightning skip backward and the optimizer step for this batch.
+        self.skipped_batches += 1
+        self.log("train/skipped_steps", float(self.skipped_batches))
+        return None
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        loss = self.loss(*batch)
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
+        bytes_per_token = getattr(self.trainer.datamodule, "bytes_per_token", None)
+        if bytes_per_token:  # bits per byte lets runs with different tokenizers be compared
+            self.log("val/bpb", loss / math.log(2) / bytes_per_token, sync_dist=True)
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        fused = all(p.is_cuda for p in self.parameters())
+        optimizer = torch.optim.AdamW(
+            adamw_param_groups(self.model, hp.weight_decay), lr=hp.learning_rate, betas=(hp.beta1, hp.beta2),
+            fused=fused or None,
+        )  # fmt: skip
+        max_steps = self.trainer.max_steps
+        if max_steps is None or max_steps < 1:
+            raise ValueError("trainer.max_steps must be set (> 0): the learning-rate schedule is laid out over it")
+
+        def multiplier(step: int) -> float:
+            return lr_multiplier(step, max_steps, hp.warmup_steps, hp.schedule, hp.min_lr_ratio, hp.decay_fraction)
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        # Called before Lightning clips, so this is the raw norm: spikes here explain loss spikes.
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        self.log("train/grad_norm", torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
+
+    def setup(self, stage: str) -> None:
+        tokenizer = getattr(self.trainer.datamodule, "tokenizer", None)
+        if tokenizer is not None and tokenizer.vocab_size > self.model.config.vocab_size:
+            raise ValueError(
+                f"data.vocab_size ({self.model.config.vocab_size}) is smaller than the tokenizer's "
+                f"{tokenizer.vocab_size} tokens; raise data.vocab_size or use another data.tokenizer_path"
+            )
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        datamodule = self.trainer.datamodule
+        tokenizer = getattr(datamodule, "tokenizer", None)
+        if tokenizer is None:
+            raise RuntimeError("checkpoints embed the tokenizer: train with data.TextDataModule")
+        checkpoint[META_KEY] = {
+            "format": 1,
+            "model_config": self.model.config.to_dict(),
+            "tokenizer_json": tokenizer.to_json(),
+            "tokenizer_sha256": tokenizer.sha256,
+            "data": _plain(dict(getattr(datamodule, "hparams", {}))),
+            "skipped_batches": self.skipped_batches,
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.skipped_batches = checkpoint.get(META_KEY, {}).get("skipped_batches", 0)
+
+
+def _plain(value):
+    """Hyperparameters reduced to str/int/float/bool/None/list/dict so weights_only loading accepts them."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)

@@ -1,0 +1,60 @@
+"""A wandb table of sample generations from fixed prompts, so progress can be read, not only plotted."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import WandbLogger
+
+from model import generate
+
+
+class SampleGenerations(L.Callback):
+    """Every `every_n_steps` optimizer steps, on rank 0, continue each prompt and log a table.
+
+    Args:
+        every_n_steps: Interval in optimizer steps; 0 disables the callback.
+        prompts: Fixed prompts, continued at every interval so the rows compare across steps.
+        max_new_tokens: Tokens generated per prompt.
+        temperature: Sampling temperature (0 is greedy).
+        top_k: Keep only the k most likely tokens when sampling.
+        seed: Seed of the sampling generator, fixed so rows differ only by the weights.
+    """
+
+    def __init__(
+        self,
+        every_n_steps: int = 500,
+        prompts: list[str] | None = None,
+        max_new_tokens: int = 64,
+        temperature: float = 0.8,
+        top_k: int | None = 50,
+        seed: int = 0,
+    ) -> None:
+        self.every_n_steps = every_n_steps
+        self.prompts = prompts if prompts is not None else ["\n", "ROMEO:", "The king"]
+        self.max_new_tokens, self.temperature, self.top_k, self.seed = max_new_tokens, temperature, top_k, seed
+        self.rows: list[list] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if not self.every_n_steps or step % self.every_n_steps or not trainer.is_global_zero:
+            return
+        tokenizer = trainer.datamodule.tokenizer
+        was_training = pl_module.training
+        pl_module.eval()
+        try:
+            self.rows += [[step, prompt, self._continue(pl_module, tokenizer, prompt)] for prompt in self.prompts]
+        finally:
+            pl_module.train(was_training)
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):  # tables are a wandb feature; other loggers get nothing
+                logger.log_text(key="samples", columns=["step", "prompt", "continuation"], data=self.rows, step=step)
+
+    def _continue(self, pl_module, tokenizer, prompt: str) -> str:
+        ids = torch.tensor([tokenizer.encode(prompt) or [tokenizer.eos_id]], device=pl_module.device)
+        generator = torch.Generator(device=pl_module.device).manual_seed(self.seed)
+        out = generate(
+            pl_module.model, ids, self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
+            eos_id=tokenizer.eos_id, generator=generator,
+        )  # fmt: skip
+        return tokenizer.decode(out[0, ids.shape[1] :].tolist())
