@@ -1,0 +1,119 @@
+"""Training and validation batches over a flat token stream.
+
+Training batch i on rank r is a pure function of (seed, i, r) and the stream, so a run resumed at any step draws
+exactly the batches the uninterrupted run would have drawn, whatever the number of DataLoader workers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from data.errors import DataConfigError
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def batch_seed(seed: int, batch_index: int, rank: int) -> int:
+    """A 63-bit generator seed from (seed, batch_index, rank); distinct triples practically never collide."""
+    digest = hashlib.blake2b(f"{seed}/{batch_index}/{rank}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def check_val_length(val_tokens: int, block_size: int) -> None:
+    """Validation needs at least one window of block_size + 1 tokens (inputs plus shifted targets)."""
+    if val_tokens < block_size + 1:
+        raise DataConfigError(
+            f"data.block_size: the validation stream has {val_tokens} tokens but block_size={block_size} needs "
+            f"at least {block_size + 1}; lower data.block_size or hold out more text (data.val_fraction)"
+        )
+
+
+class _MemmapPicklesAsPath:
+    """Send a memory-mapped `tokens` array to DataLoader workers as its path, never as a copy of its contents."""
+
+    tokens: np.ndarray
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        tokens = self.tokens
+        if isinstance(tokens, np.memmap) and tokens.filename is not None:
+            state["tokens"] = ("memmap", str(tokens.filename), tokens.dtype.str, tokens.offset, tokens.shape)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if isinstance(state["tokens"], tuple):
+            _, path, dtype, offset, shape = state["tokens"]
+            state["tokens"] = np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=shape)
+        self.__dict__.update(state)
+
+
+class TrainBatches(_MemmapPicklesAsPath, IterableDataset):
+    """Random (x, y) windows: batch i of rank r comes from rank r's contiguous 1/world_size shard of `tokens`.
+
+    Iterates batches start_batch, start_batch + 1, ... (forever when `num_batches` is None). Use it with
+    `DataLoader(batch_size=None)`; with several workers, worker w yields every num_workers-th batch and the
+    DataLoader's round-robin puts them back in order.
+    """
+
+    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int, rank: int = 0,
+                 world_size: int = 1, start_batch: int = 0, num_batches: int | None = None) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world_size {world_size}")
+        self.tokens = tokens
+        self.block_size = block_size
+        self.batch_size = batch_size
+        self.seed = seed
+        self.rank = rank
+        self.start_batch = start_batch
+        self.num_batches = num_batches
+        shard_len = len(tokens) // world_size
+        self.shard_start = rank * shard_len
+        self.shard_len = shard_len
+        if shard_len < block_size + 1:
+            raise DataConfigError(
+                f"data.block_size: each of the {world_size} rank shards of the train stream has {shard_len} "
+                f"tokens but block_size={block_size} needs at least {block_size + 1}; lower data.block_size"
+            )
+
+    def batch(self, batch_index: int) -> Batch:
+        """Batch `batch_index` of this rank: x (B, T) and y = x shifted by one, both int64."""
+        generator = torch.Generator().manual_seed(batch_seed(self.seed, batch_index, self.rank))
+        offsets = torch.randint(0, self.shard_len - self.block_size, (self.batch_size,), generator=generator)
+        starts = self.shard_start + offsets.numpy()
+        windows = np.stack([self.tokens[start : start + self.block_size + 1] for start in starts])
+        windows = torch.from_numpy(windows.astype(np.int64))  # (B, T + 1)
+        return windows[:, :-1], windows[:, 1:]
+
+    def __iter__(self) -> Iterator[Batch]:
+        worker = get_worker_info()
+        worker_id, num_workers = (worker.id, worker.num_workers) if worker is not None else (0, 1)
+        stop = None if self.num_batches is None else self.start_batch + self.num_batches
+        index = self.start_batch + worker_id
+        while stop is None or index < stop:
+            yield self.batch(index)
+            index += num_workers
+
+
+class ValWindows(_MemmapPicklesAsPath, Dataset):
+    """Consecutive non-overlapping (x, y) windows covering the whole stream; the last partial one is dropped."""
+
+    def __init__(self, tokens: np.ndarray, block_size: int) -> None:
+        check_val_length(len(tokens), block_size)
+        self.tokens = tokens
+        self.block_size = block_size
+
+    def __len__(self) -> int:
+        return (len(self.tokens) - 1) // self.block_size
+
+    def __getitem__(self, index: int) -> Batch:
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        start = index * self.block_size
+        window = torch.from_numpy(self.tokens[start : start + self.block_size + 1].astype(np.int64))  # (T + 1,)
+        return window[:-1], window[1:]

@@ -1,0 +1,183 @@
+"""Where the text comes from: a `datasets` builder with files, or a Hub id; loading with one-line errors."""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from data.errors import DataConfigError, first_line
+
+BUILDERS = ("text", "json", "parquet", "csv", "arrow")
+VALIDATION_SPLITS = ("validation", "valid")
+TRUE_VALUES = {"1", "ON", "YES", "TRUE"}
+DataFiles = str | list[str] | dict[str, str | list[str]]
+SampleBy = Literal["document", "paragraph", "line"]
+
+
+def is_remote(file: str) -> bool:
+    """URLs (https://, hf://, s3://) are fetched by `datasets`; anything else is a local path or glob."""
+    return "://" in file
+
+
+def offline_reason() -> str | None:
+    """Why downloads are disabled (e.g. "HF_HUB_OFFLINE=1"), or None when online."""
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        if os.environ.get(name, "").upper() in TRUE_VALUES:
+            return f"{name}=1"
+    import datasets.config
+
+    return "datasets offline mode" if datasets.config.HF_HUB_OFFLINE else None
+
+
+@dataclass(frozen=True)
+class CorpusSource:
+    """A corpus as `datasets.load_dataset` sees it; `check` does the cheap validation, `load` the real work."""
+
+    dataset: str = "text"
+    dataset_config: str | None = None
+    data_files: DataFiles | None = None
+    revision: str | None = None
+    text_column: str = "text"
+    text_sample_by: SampleBy = "document"
+    streaming: bool = False
+
+    @property
+    def uses_builder(self) -> bool:
+        """True for a packaged builder (text/json/...) reading `data_files`; False for a Hub id or folder."""
+        return self.dataset in BUILDERS
+
+    @property
+    def key(self) -> str:
+        """The config key to blame when the corpus itself is unusable."""
+        return "data.data_files" if self.uses_builder else "data.dataset"
+
+    def check(self) -> None:
+        """Fail fast, before any loading, on a builder without files and on local files that do not exist."""
+        if self.uses_builder and not self.data_files:
+            raise DataConfigError(
+                f"data.data_files: the '{self.dataset}' builder needs data files; pass a local path or URL"
+            )
+        files = _flatten(self.data_files)
+        local = [path for file in files if not is_remote(file) for path in _resolve_local(file)]
+        all_local = not any(is_remote(file) for file in files)
+        if local and all_local and not any(os.path.getsize(path) for path in local):
+            raise DataConfigError(f"data.data_files: {local[0]} is empty; point it at a file with text")
+
+    def resolved_data_files(self) -> DataFiles | None:
+        """`data_files` with local paths made absolute (globs kept), so the cache key ignores the cwd."""
+        def resolve(file: str) -> str:
+            return file if is_remote(file) else str(Path(file).expanduser().resolve())
+
+        if isinstance(self.data_files, dict):
+            return {split: _map_files(files, resolve) for split, files in self.data_files.items()}
+        return None if self.data_files is None else _map_files(self.data_files, resolve)
+
+    def identity(self) -> dict[str, Any]:
+        """Everything that decides the documents: the cache key. Local files count by path, size and mtime."""
+        files = [_file_identity(path) for file in _flatten(self.data_files) for path in _resolve_local(file)]
+        if not self.uses_builder and Path(self.dataset).is_dir():
+            files += [_file_identity(str(path)) for path in sorted(Path(self.dataset).rglob("*")) if path.is_file()]
+        return {
+            "dataset": self.dataset,
+            "dataset_config": self.dataset_config,
+            "data_files": self.resolved_data_files(),
+            "files": files,
+            "revision": self.revision,
+            "text_column": self.text_column,
+            "text_sample_by": self.text_sample_by if self.dataset == "text" else None,
+            "streaming": self.streaming,
+        }
+
+    def load(self) -> tuple[Any, Any | None]:
+        """(train, validation or None) as `Dataset`s, or `IterableDataset`s when streaming."""
+        import datasets
+
+        kwargs: dict[str, Any] = {}
+        if self.uses_builder:
+            kwargs["data_files"] = self.resolved_data_files()
+        if self.dataset == "text":
+            kwargs.update(sample_by=self.text_sample_by, keep_linebreaks=True)
+        try:
+            splits = datasets.load_dataset(
+                self.dataset, self.dataset_config, revision=self.revision, streaming=self.streaming, **kwargs
+            )
+        except Exception as error:  # datasets raises many types; the user needs the key and the fix
+            raise self._load_error(error) from error
+        return self._pick_splits(splits)
+
+    def _pick_splits(self, splits: Any) -> tuple[Any, Any | None]:
+        names = list(splits.keys())
+        if "train" not in names:
+            raise DataConfigError(f"{self.key}: the corpus has no 'train' split (found {names}); add one")
+        validation = next((splits[name] for name in VALIDATION_SPLITS if name in names), None)
+        for split in (splits["train"], validation):
+            if split is not None:
+                self._check_column(split)
+        return splits["train"], validation
+
+    def _check_column(self, split: Any) -> None:
+        columns = split.column_names
+        if columns is None:  # a streamed json/csv split only knows its columns after the first row
+            columns = list(next(iter(split), {}).keys())
+        if not columns:
+            raise DataConfigError(f"{self.key}: the corpus is empty (no rows); point it at a file with text")
+        if self.text_column not in columns:
+            raise DataConfigError(
+                f"data.text_column: no column '{self.text_column}' in the corpus; "
+                f"set data.text_column to one of {columns}"
+            )
+
+    def _load_error(self, error: Exception) -> DataConfigError:
+        offline = offline_reason()
+        remote = [file for file in _flatten(self.data_files) if is_remote(file)]
+        if offline and not self.uses_builder:
+            return DataConfigError(
+                f"data.dataset: cannot load Hub dataset '{self.dataset}' offline ({offline}); "
+                "set data.dataset=text and data.data_files to a local file"
+            )
+        if offline and remote:
+            return DataConfigError(
+                f"data.data_files: cannot download {remote[0]} offline ({offline}); "
+                "set data.data_files to a local copy of the file"
+            )
+        if isinstance(error, FileNotFoundError) and self.uses_builder:
+            return DataConfigError(f"data.data_files: {first_line(error)}; pass an existing file or URL")
+        return DataConfigError(
+            f"{self.key}: cannot load '{self.dataset}': {type(error).__name__}: {first_line(error)}"
+        )
+
+
+def _flatten(data_files: DataFiles | None) -> list[str]:
+    if data_files is None:
+        return []
+    if isinstance(data_files, str):
+        return [data_files]
+    if isinstance(data_files, dict):
+        return [file for files in data_files.values() for file in _flatten(files)]
+    return list(data_files)
+
+
+def _map_files(files: str | list[str], function: Any) -> str | list[str]:
+    return function(files) if isinstance(files, str) else [function(file) for file in files]
+
+
+def _resolve_local(file: str) -> list[str]:
+    """The local files `file` names (a path or a glob); raises when there are none. URLs pass through."""
+    if is_remote(file):
+        return [file]
+    path = str(Path(file).expanduser().resolve())
+    matches = sorted(glob.glob(path)) if glob.has_magic(path) else [path] if os.path.isfile(path) else []
+    if not matches:
+        raise DataConfigError(f"data.data_files: {file} does not exist; pass an existing file or URL")
+    return matches
+
+
+def _file_identity(file: str) -> list[Any]:
+    if is_remote(file):
+        return [file]
+    stat = os.stat(file)
+    return [file, stat.st_size, stat.st_mtime_ns]
+

@@ -1,0 +1,153 @@
+"""The on-disk token cache: one folder with train.bin / val.bin (flat token arrays), tokenizer.json, meta.json.
+
+A folder is built under a temporary name and renamed into place only once complete, so a crashed or failed run
+never leaves a folder a later run would trust. `meta.json` records what training needs to report bits per byte.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from data.tokenizer import Tokenizer
+
+TRAIN_FILE = "train.bin"
+VAL_FILE = "val.bin"
+META_FILE = "meta.json"
+TOKENIZER_FILE = "tokenizer.json"
+FORMAT_VERSION = 1
+_STATS_CHUNK = 1 << 24
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 while every id fits (vocab <= 65536): half the disk and page cache of uint32."""
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
+class TokenWriter:
+    """Appends token ids to a flat binary file in the cache dtype; `count` is the number written so far."""
+
+    def __init__(self, path: Path, dtype: np.dtype) -> None:
+        self.path = path
+        self.dtype = dtype
+        self.count = 0
+        self._file = path.open("wb")
+
+    def write(self, ids: np.ndarray) -> None:
+        """Append `ids` (any integer array)."""
+        ids = np.asarray(ids).astype(self.dtype, copy=False)
+        ids.tofile(self._file)
+        self.count += len(ids)
+
+    def __enter__(self) -> TokenWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._file.close()
+
+
+class StagedDirectory:
+    """A temporary folder in `parent` that `commit` renames to `parent/name`; on any failure it is deleted."""
+
+    def __init__(self, parent: Path) -> None:
+        self.parent = parent
+        self.path: Path | None = None
+        self._made_parent = False
+
+    def __enter__(self) -> StagedDirectory:
+        self._made_parent = not self.parent.exists()
+        self.parent.mkdir(parents=True, exist_ok=True)
+        self.path = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.parent))
+        return self
+
+    def commit(self, name: str) -> Path:
+        """Atomically publish the folder as `name`; if another process published it first, keep theirs."""
+        assert self.path is not None, "commit() outside the with-block"
+        final = self.parent / name
+        try:
+            os.rename(self.path, final)
+        except OSError:
+            if not is_complete(final):
+                raise
+            shutil.rmtree(self.path)
+        self.path = None
+        return final
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if self.path is not None:
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.path = None
+        if self._made_parent and not any(self.parent.iterdir()):
+            self.parent.rmdir()
+
+
+def is_complete(folder: Path) -> bool:
+    """meta.json is written last, and folders only appear by rename, so its presence means complete."""
+    return (folder / META_FILE).is_file()
+
+
+def stream_stats(tokens: np.ndarray, token_bytes: list[bytes]) -> dict[str, int]:
+    """Token, UTF-8 byte and character counts of a token stream, without decoding it."""
+    byte_counts = np.array([len(piece) for piece in token_bytes], dtype=np.int64)
+    # A character starts at every byte that is not a UTF-8 continuation byte (0b10xxxxxx).
+    char_counts = np.array([sum(byte & 0xC0 != 0x80 for byte in piece) for piece in token_bytes], dtype=np.int64)
+    totals = np.zeros(len(token_bytes), dtype=np.int64)
+    for start in range(0, len(tokens), _STATS_CHUNK):
+        totals += np.bincount(tokens[start : start + _STATS_CHUNK], minlength=len(token_bytes))
+    return {"tokens": int(len(tokens)), "bytes": int(totals @ byte_counts), "chars": int(totals @ char_counts)}
+
+
+def finish_token_folder(folder: Path, tokenizer: Tokenizer, details: dict[str, Any]) -> dict[str, Any]:
+    """Write tokenizer.json and then meta.json (counts, bytes and chars per validation token) into `folder`."""
+    dtype = token_dtype(tokenizer.vocab_size)
+    token_bytes = tokenizer.token_bytes()
+    train = stream_stats(np.memmap(folder / TRAIN_FILE, dtype=dtype, mode="r"), token_bytes)
+    val = stream_stats(np.memmap(folder / VAL_FILE, dtype=dtype, mode="r"), token_bytes)
+    meta = {
+        "format": FORMAT_VERSION,
+        "vocab_size": tokenizer.vocab_size,
+        "dtype": dtype.name,
+        "eos_id": tokenizer.eos_id,
+        "tokenizer_sha256": tokenizer.sha256,
+        "train": train,
+        "val": val,
+        "bytes_per_token": val["bytes"] / val["tokens"],
+        "chars_per_token": val["chars"] / val["tokens"],
+        **details,
+    }
+    tokenizer.save(folder / TOKENIZER_FILE)
+    (folder / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
+    return meta
+
+
+@dataclass(frozen=True)
+class TokenCache:
+    """An opened cache folder: memory-mapped token streams, their tokenizer and meta.json."""
+
+    folder: Path
+    train: np.memmap
+    val: np.memmap
+    tokenizer: Tokenizer
+    meta: dict[str, Any]
+
+
+def open_token_cache(folder: Path) -> TokenCache:
+    """Memory-map a complete cache folder read-only."""
+    meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
+    dtype = np.dtype(meta["dtype"])
+    return TokenCache(
+        folder=folder,
+        train=np.memmap(folder / TRAIN_FILE, dtype=dtype, mode="r"),
+        val=np.memmap(folder / VAL_FILE, dtype=dtype, mode="r"),
+        tokenizer=Tokenizer.from_file(folder / TOKENIZER_FILE),
+        meta=meta,
+    )
