@@ -178,7 +178,7 @@ def load_hf_tensors(directory: Path) -> dict[str, torch.Tensor]:
     elif (directory / WEIGHTS_NAME).is_file():
         shards = [WEIGHTS_NAME]
     else:
-        raise ValueError(f"{directory}: no {WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME}; save weights as safetensors")
+        raise ValueError(f"{directory}: no {WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME}; save the weights first")
     tensors: dict[str, torch.Tensor] = {}
     for shard in shards:
         tensors |= load_file(directory / shard)
@@ -194,41 +194,35 @@ def load_hf_model(directory: str | Path) -> GPT:
     try:
         config = model_config_from_hf(json.loads(config_path.read_text()))
         tensors = load_hf_tensors(directory)
-        state = from_hf_state_dict(tensors, config)
+        check_tensors(tensors, config)
     except ValueError as err:
         raise ValueError(f"{directory}: {err}") from err
-    _refuse_unexpected(directory, tensors, config)
+    state = from_hf_state_dict(tensors, config)
     model = GPT(config).to(state["wte.weight"].dtype)
-    _check_shapes(directory, model, state)
     model.load_state_dict(state)
     return model.eval()
 
 
-def _refuse_unexpected(directory: Path, tensors: dict[str, torch.Tensor], config: ModelConfig) -> None:
-    """Weights we would silently drop (biases, extra layers) mean the folder is not a model we can run."""
-    expected = set(to_hf_names(config))
-    for name in sorted(tensors):
+def hf_tensor_shapes(config: ModelConfig) -> dict[str, torch.Size]:
+    """Name and shape of every tensor an export of `config` holds (computed on the meta device, no memory)."""
+    with torch.device("meta"):
+        return {name: tensor.shape for name, tensor in to_hf_state_dict(GPT(config)).items()}
+
+
+def check_tensors(tensors: dict[str, torch.Tensor], config: ModelConfig) -> None:
+    """One-line ValueError for a missing, unexpected or misshapen tensor.
+
+    Unexpected weights (biases, extra layers) would be silently dropped, so they mean a model we cannot run.
+    """
+    expected = hf_tensor_shapes(config)
+    missing = sorted(expected.keys() - tensors.keys())
+    if missing:
+        raise ValueError(f"the weights lack tensor '{missing[0]}'; the folder is incomplete or not a Llama")
+    for name, tensor in sorted(tensors.items()):
         tolerated = name.endswith(IGNORED_SUFFIXES) or (name == "lm_head.weight" and config.tie_embeddings)
         if name not in expected and not tolerated:
-            raise ValueError(f"{directory}: unexpected tensor '{name}'; this Llama variant is not supported")
-
-
-def to_hf_names(config: ModelConfig) -> list[str]:
-    """The tensor names an export of `config` holds."""
-    per_layer = [
-        "input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-        "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
-    ]
-    names = ["model.embed_tokens.weight", "model.norm.weight"]
-    names += [f"model.layers.{i}.{part}.weight" for i in range(config.n_layer) for part in per_layer]
-    return names if config.tie_embeddings else [*names, "lm_head.weight"]
-
-
-def _check_shapes(directory: Path, model: GPT, state: dict[str, torch.Tensor]) -> None:
-    # load_state_dict reports shape errors as a multi-line RuntimeError; name the first tensor instead.
-    for name, param in model.state_dict().items():
-        if state[name].shape != param.shape:
+            raise ValueError(f"unexpected tensor '{name}'; this Llama variant is not supported")
+        if name in expected and tensor.shape != expected[name]:
             raise ValueError(
-                f"{directory}: tensor for '{name}' has shape {tuple(state[name].shape)}, "
-                f"config.json implies {tuple(param.shape)}"
+                f"tensor '{name}' has shape {tuple(tensor.shape)}, config.json implies {tuple(expected[name])}"
             )
