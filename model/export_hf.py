@@ -40,8 +40,7 @@ def export_hf(model: GPT, tokenizer_json: str, out_dir: str | Path, force: bool 
     new folder is complete.
     """
     out = Path(out_dir).expanduser()
-    if out.exists() and not force:
-        raise OutputExistsError(f"{out} already exists; pass --force to replace it")
+    refuse_existing(out, force)
     eos_id = special_token_id(tokenizer_json, EOS_TOKEN)
     dtype = next(model.parameters()).dtype
     with staged_directory(out) as staging:
@@ -53,6 +52,12 @@ def export_hf(model: GPT, tokenizer_json: str, out_dir: str | Path, force: bool 
         generation = {"bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id}
         write_json(staging / "generation_config.json", generation)
     return out
+
+
+def refuse_existing(out: Path, force: bool) -> None:
+    """Raise OutputExistsError unless `out` is free or `force` allows replacing it."""
+    if out.exists() and not force:
+        raise OutputExistsError(f"{out} already exists; pass --force to replace it")
 
 
 def special_token_id(tokenizer_json: str, content: str) -> int:
@@ -119,7 +124,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--checkpoint", required=True, help="a .ckpt file or a run directory")
     parser.add_argument("--out", required=True, help="folder to create, e.g. exports/<run>")
     parser.add_argument("--force", action="store_true", help="replace --out if it already exists")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="weight dtype (default: as saved)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), help="weight dtype (default: as trained)")
     return parser.parse_args(argv)
 
 
@@ -127,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     """CLI entry point; user mistakes print one `error:` line to stderr and return a non-zero code."""
     args = parse_args(argv)
     try:
+        refuse_existing(Path(args.out).expanduser(), args.force)  # before reading a possibly large checkpoint
         loaded = load_checkpoint(args.checkpoint)
         model = loaded.model if args.dtype is None else loaded.model.to(DTYPES[args.dtype])
         out = export_hf(model, loaded.tokenizer_json, args.out, force=args.force)

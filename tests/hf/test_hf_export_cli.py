@@ -1,0 +1,116 @@
+"""The export is all-or-nothing, never overwrites by accident, and the CLI fails in one line."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import model.export_hf as export_module
+from model import GPT
+from model.export_hf import EXIT_OUT_EXISTS, OutputExistsError, export_hf, main
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def write_checkpoint(model: GPT, tokenizer_json: str, path: Path) -> Path:
+    """A checkpoint in the format of model/checkpoint.py, as training writes it."""
+    meta = {
+        "format": 1,
+        "model_config": model.config.to_dict(),
+        "tokenizer_json": tokenizer_json,
+        "tokenizer_sha256": hashlib.sha256(tokenizer_json.encode("utf-8")).hexdigest(),
+        "data": {},
+    }
+    state = {f"model.{name}": tensor for name, tensor in model.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": state, "gqa_gpt": meta, "global_step": 7}, path)
+    return path
+
+
+def folder_snapshot(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def fail_mid_write(tensors, filename, metadata=None):
+    Path(filename).write_bytes(b"\x00" * 100)  # half a file, as a crash or a full disk would leave
+    raise OSError("No space left on device")
+
+
+def test_interrupted_export_leaves_nothing(make_model, tokenizer_json, tmp_path, monkeypatch):
+    monkeypatch.setattr(export_module, "save_file", fail_mid_write)
+    with pytest.raises(OSError, match="No space"):
+        export_hf(make_model(), tokenizer_json, tmp_path / "hf")
+    assert list(tmp_path.iterdir()) == []  # neither the folder nor its temporary sibling
+
+
+def test_interrupted_forced_export_keeps_the_old_folder(make_model, tokenizer_json, tmp_path, monkeypatch):
+    old_model = make_model(seed=1)
+    out = export_hf(old_model, tokenizer_json, tmp_path / "hf")
+    before = folder_snapshot(out)
+    monkeypatch.setattr(export_module, "save_file", fail_mid_write)
+    with pytest.raises(OSError):
+        export_hf(make_model(seed=2), tokenizer_json, out, force=True)
+    assert folder_snapshot(out) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"]
+    assert torch.equal(GPT.from_hf(out).wte.weight, old_model.wte.weight)
+
+
+def test_existing_folder_needs_force(make_model, tokenizer_json, tmp_path):
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(OutputExistsError, match="--force"):
+        export_hf(make_model(), tokenizer_json, out)
+    assert folder_snapshot(out) == {"notes.txt": b"mine"}
+    new_model = make_model(seed=3)
+    export_hf(new_model, tokenizer_json, out, force=True)
+    assert not (out / "notes.txt").exists()
+    assert torch.equal(GPT.from_hf(out).wte.weight, new_model.wte.weight)
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"]
+
+
+def test_tokenizer_without_eos_is_refused(make_model, tmp_path):
+    from tokenizers import Tokenizer, models
+
+    with pytest.raises(ValueError, match=re.escape("<|endoftext|>")):
+        export_hf(make_model(), Tokenizer(models.BPE()).to_str(), tmp_path / "hf")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+def test_cli_exports_a_run_directory(make_model, tokenizer_json, tmp_path, capsys, tie):
+    model = make_model(tie=tie)
+    write_checkpoint(model, tokenizer_json, tmp_path / "run" / "checkpoints" / "last.ckpt")
+    assert main(["--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
+    assert "exported" in capsys.readouterr().out
+    loaded = GPT.from_hf(tmp_path / "hf")
+    assert all(torch.equal(t, loaded.state_dict()[n]) for n, t in model.state_dict().items())
+
+
+def start_cli(*args: str) -> subprocess.Popen:
+    env = os.environ | {"PYTHONPATH": str(REPO_ROOT)}
+    command = [sys.executable, "-m", "model.export_hf", *args]
+    return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_cli_errors_are_one_line(make_model, tokenizer_json, tmp_path):
+    checkpoint = write_checkpoint(make_model(), tokenizer_json, tmp_path / "x.ckpt")
+    (tmp_path / "taken").mkdir()
+    # Both start at once: each pays the interpreter and torch start-up, which dominates.
+    missing = start_cli("--checkpoint", str(tmp_path / "nope.ckpt"), "--out", str(tmp_path / "hf"))
+    exists = start_cli("--checkpoint", str(checkpoint), "--out", str(tmp_path / "taken"))
+    missing_err, exists_err = missing.communicate()[1], exists.communicate()[1]
+
+    assert missing.returncode != 0
+    assert missing_err.startswith("error: ") and missing_err.count("\n") == 1
+    assert "nope.ckpt" in missing_err and not (tmp_path / "hf").exists()
+    assert exists.returncode == EXIT_OUT_EXISTS
+    assert exists_err.startswith("error: ") and exists_err.count("\n") == 1
+    assert "--force" in exists_err and list((tmp_path / "taken").iterdir()) == []
