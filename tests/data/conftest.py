@@ -1,0 +1,116 @@
+"""Shared fixtures for the data tests: offline Hugging Face caches in a temp dir, tiny Shakespeare, a
+generated multilingual corpus."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+# Before anything imports huggingface_hub/datasets: they read these once, at import.
+os.environ.update(WANDB_MODE="offline", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+
+SHAKESPEARE = Path(__file__).resolve().parents[2] / "../shared/data/tinyshakespeare/input.txt"
+EOS = "<|endoftext|>"
+_WORDS = [
+    "the", "and", "king", "naïve", "café", "Straße", "日本語", "😀", "🎉👍🏽", "Ελληνικά", "Привет", "mañana",
+    "e\u0301", "'s", "it's", "42", "3.14", "—", "«quote»", "\t", "  ", "\r\n", "\n", "\n\n", "x\ny",
+]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def offline_hf_caches(tmp_path_factory: pytest.TempPathFactory):
+    """Point every Hugging Face cache at a temp dir and force offline mode, whatever imported datasets first."""
+    import datasets.config
+
+    home = tmp_path_factory.mktemp("hf_home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HOME", str(home))
+        patch.setenv("HF_DATASETS_CACHE", str(home / "datasets"))
+        patch.setattr(datasets.config, "HF_DATASETS_CACHE", home / "datasets")
+        patch.setattr(datasets.config, "DOWNLOADED_DATASETS_PATH", home / "datasets" / "downloads")
+        patch.setattr(datasets.config, "EXTRACTED_DATASETS_PATH", home / "datasets" / "downloads" / "extracted")
+        patch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+        yield home
+
+
+@pytest.fixture(scope="session")
+def shakespeare_path() -> Path:
+    """The full tiny Shakespeare file (1.1 MB); tests using it skip when the shared copy is absent."""
+    if not SHAKESPEARE.is_file():
+        pytest.skip(f"tiny Shakespeare not found at {SHAKESPEARE.resolve()} (the project's shared data folder)")
+    return SHAKESPEARE.resolve()
+
+
+@pytest.fixture(scope="session")
+def shakespeare_text(shakespeare_path: Path) -> str:
+    return shakespeare_path.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="session")
+def shakespeare_excerpt(shakespeare_text: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first 100 000 characters as a file: enough to train a small vocab, quick to tokenize."""
+    path = tmp_path_factory.mktemp("excerpt") / "shakespeare_excerpt.txt"
+    path.write_text(shakespeare_text[:100_000], encoding="utf-8")
+    return path
+
+
+def make_documents(count: int, seed: int, words_per_doc: int = 120) -> list[str]:
+    """Deterministic multilingual documents with emoji, combining marks, tabs and Windows newlines."""
+    rng = random.Random(seed)
+    return [
+        "".join(rng.choice(_WORDS) + rng.choice(" ,.\n") for _ in range(rng.randint(words_per_doc // 2, words_per_doc)))
+        for _ in range(count)
+    ]
+
+
+def write_jsonl(path: Path, documents: list[str], column: str = "text") -> Path:
+    lines = [json.dumps({column: doc, "id": i}, ensure_ascii=False) + "\n" for i, doc in enumerate(documents)]
+    path.write_text("".join(lines), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def documents() -> list[str]:
+    """150 generated documents (~60 KB)."""
+    return make_documents(150, seed=0)
+
+
+@pytest.fixture(scope="session")
+def jsonl_corpus(documents: list[str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`documents` as a JSON-lines file with a `text` and an `id` column."""
+    return write_jsonl(tmp_path_factory.mktemp("jsonl") / "corpus.jsonl", documents)
+
+
+@pytest.fixture
+def corpus_file(tmp_path: Path):
+    """Factory: write documents as JSON lines under this test's tmp dir; returns the path."""
+    def write(name: str, documents: list[str], column: str = "text") -> Path:
+        return write_jsonl(tmp_path / name, documents, column)
+
+    return write
+
+
+@pytest.fixture
+def new_documents():
+    """Factory: `make_documents(count, seed)` for tests that need their own corpus."""
+    return make_documents
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    return tmp_path / "cache"
+
+
+def files_under(folder: Path) -> list[Path]:
+    """Every file under `folder`: after a failed run there must be none a later run could trust."""
+    return sorted(path for path in folder.rglob("*") if path.is_file()) if folder.exists() else []
+
+
+@pytest.fixture
+def cached_files():
+    """`cached_files(folder)`: every file under a cache folder."""
+    return files_under
