@@ -1,0 +1,169 @@
+"""Time and peak memory of causal attention: fused SDPA vs the explicit matrix vs the flash reference.
+
+Run from the repository root:
+
+    python -m benchmarks.attention                      # B=1, H=8, D=64, MHA, T = 512 .. 4096
+    python -m benchmarks.attention --n-kv-head 2        # GQA
+
+Each measurement runs in a fresh Python process (`--case`), so one path's freed memory can never hide another
+path's allocations and every row starts from the same state.
+
+Peak memory is the growth of the process's resident set (what the OS actually had to provide), because
+torch's CPU allocations are invisible to `tracemalloc`. Inside the child: build the inputs, run the path once
+on a tiny input so one-time library set-up (thread pools, kernel dispatch) is not billed to it, reset the
+kernel's high-water mark (`echo 5 > /proc/self/clear_refs`), read the current RSS, run the path once, and
+report VmHWM - RSS. Where the reset is unavailable (not Linux), the fallback is the growth of ru_maxrss,
+which can under-report a path whose peak stays below the import-time peak. Time is the median of
+`--repeats` runs after that first (warm-up) run. Everything is fp32 on the CPU, causal, under no_grad.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from model.attention import explicit_attention, sdpa_attention
+from model.flash_reference import flash_attention
+
+PATHS = ("sdpa", "explicit", "flash")
+MIB = 2**20
+
+
+def attention_fn(path: str):
+    """The attention callable for a path name, taking (q, k, v)."""
+    if path == "sdpa":
+        return sdpa_attention
+    if path == "explicit":
+        return lambda q, k, v: explicit_attention(q, k, v)[0]  # its probabilities stay alive until it returns
+    return lambda q, k, v: flash_attention(q, k, v, block_size_q=128, block_size_k=128)
+
+
+def random_qkv(t: int, n_head: int, n_kv_head: int, head_dim: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, n_head, t, head_dim, generator=g)  # (B, H, T, D)
+    k = torch.randn(1, n_kv_head, t, head_dim, generator=g)  # (B, Hkv, S, D)
+    v = torch.randn(1, n_kv_head, t, head_dim, generator=g)  # (B, Hkv, S, D)
+    return q, k, v
+
+
+def _status_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024  # reported in kB
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _reset_peak_rss() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def measure(
+    path: str, t: int, n_head: int, n_kv_head: int, head_dim: int, repeats: int, threads: int
+) -> dict[str, float]:
+    """Peak extra resident memory of one call and the median time of `repeats` calls (runs in the child)."""
+    fn = attention_fn(path)
+    if threads > 0:
+        torch.set_num_threads(threads)
+    with torch.no_grad():
+        fn(*random_qkv(16, n_head, n_kv_head, head_dim))  # one-time library set-up, not billed to the path
+        q, k, v = random_qkv(t, n_head, n_kv_head, head_dim)
+        if _reset_peak_rss():
+            before = _status_bytes("VmRSS")
+            fn(q, k, v)
+            peak = _status_bytes("VmHWM") - before
+        else:
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            fn(q, k, v)
+            peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024  # kB on Linux
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn(q, k, v)
+            times.append(time.perf_counter() - start)
+    return {"time_s": statistics.median(times), "peak_bytes": peak}
+
+
+def measure_in_child(path: str, t: int, args: argparse.Namespace) -> dict[str, float]:
+    """Run `measure` in a fresh interpreter and parse the JSON line it prints."""
+    case = {
+        "path": path,
+        "t": t,
+        "n_head": args.n_head,
+        "n_kv_head": args.n_kv_head,
+        "head_dim": args.head_dim,
+    }
+    case |= {"repeats": args.repeats, "threads": args.threads}
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "-m", "benchmarks.attention", "--case", json.dumps(case)]
+    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"benchmark case {case} failed:\n{done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def print_table(rows: list[dict], args: argparse.Namespace) -> None:
+    print(
+        f"causal attention, fp32, CPU ({args.threads or torch.get_num_threads()} threads), B=1, H={args.n_head}, "
+        f"Hkv={args.n_kv_head}, D={args.head_dim}; time = median of {args.repeats}, memory = peak RSS growth"
+    )
+    header = ["T", "scores MiB", *(f"{p} ms" for p in PATHS), *(f"{p} MiB" for p in PATHS)]
+    header += ["expl/sdpa time", "expl/sdpa mem"]
+    print(" | ".join(f"{h:>14}" for h in header))
+    for row in rows:
+        sdpa, expl = row["sdpa"], row["explicit"]
+        cells = [str(row["t"]), f"{row['scores_bytes'] / MIB:.0f}"]
+        cells += [f"{row[p]['time_s'] * 1e3:.1f}" if p in row else "-" for p in PATHS]
+        cells += [f"{row[p]['peak_bytes'] / MIB:.1f}" if p in row else "-" for p in PATHS]
+        cells += [
+            f"{expl['time_s'] / sdpa['time_s']:.1f}x",
+            f"{expl['peak_bytes'] / max(sdpa['peak_bytes'], 1):.1f}x",
+        ]
+        print(" | ".join(f"{c:>14}" for c in cells))
+    print(
+        "scores MiB = size of one fp32 (B, H, T, T) matrix, which the explicit path builds and SDPA never does"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    parser.add_argument("--n-head", type=int, default=8)
+    parser.add_argument("--n-kv-head", type=int, default=8, help="8 is MHA, 2 is GQA, 1 is MQA")
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--flash-max-t", type=int, default=4096, help="longest T for the slow flash reference"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch threads per case; 0 keeps torch's default"
+    )
+    parser.add_argument("--case", help=argparse.SUPPRESS)  # internal: the JSON of one case, run in a child
+    args = parser.parse_args(argv)
+    if args.case:
+        print(json.dumps(measure(**json.loads(args.case))))
+        return
+    rows = []
+    for t in args.seq_lens:
+        row = {"t": t, "scores_bytes": args.n_head * t * t * 4}
+        for path in PATHS:
+            if path != "flash" or t <= args.flash_max_t:
+                row[path] = measure_in_child(path, t, args)
+        rows.append(row)
+        print(f"T={t} done", file=sys.stderr, flush=True)
+    print_table(rows, args)
+
+
+if __name__ == "__main__":
+    main()
