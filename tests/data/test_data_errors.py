@@ -1,0 +1,96 @@
+"""Every bad data setting: a one-line DataConfigError that names the key, and nothing left in the cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from data import DataConfigError, TextDataModule, Tokenizer
+
+VOCAB = 300
+
+
+def _raises(key: str, cache_dir: Path, cached_files, **settings) -> str:
+    """Build (and if that passes, prepare) a module; return the error message after the shared checks."""
+    settings = {"vocab_size": VOCAB, "block_size": 16, "cache_dir": str(cache_dir), **settings}
+    with pytest.raises(DataConfigError) as caught:
+        TextDataModule(**settings).prepare_data()
+    message = str(caught.value)
+    assert message.startswith(f"{key}: "), message
+    assert "\n" not in message
+    assert cached_files(cache_dir) == [], "a failed run must leave nothing a later run could trust"
+    return message
+
+
+def test_missing_data_file(cache_dir: Path, cached_files, tmp_path: Path) -> None:
+    missing = tmp_path / "nope.txt"
+    message = _raises("data.data_files", cache_dir, cached_files, data_files=str(missing))
+    assert str(missing) in message and "does not exist" in message
+    _raises("data.data_files", cache_dir, cached_files, dataset="json", data_files=[str(tmp_path / "*.jsonl")])
+
+
+def test_hub_dataset_while_offline(cache_dir: Path, cached_files) -> None:
+    message = _raises("data.dataset", cache_dir, cached_files, dataset="karpathy/tiny_shakespeare",
+                      data_files=None)
+    assert "offline" in message and "HF_HUB_OFFLINE=1" in message and "data.data_files" in message
+
+
+def test_default_url_while_offline(cache_dir: Path, cached_files) -> None:
+    message = _raises("data.data_files", cache_dir, cached_files)  # the default: tiny Shakespeare's URL
+    assert "https://raw.githubusercontent.com/" in message and "offline" in message
+
+
+def test_missing_text_column(jsonl_corpus: Path, cache_dir: Path, cached_files) -> None:
+    message = _raises("data.text_column", cache_dir, cached_files, dataset="json", data_files=str(jsonl_corpus),
+                      text_column="body")
+    assert "'body'" in message and "'text'" in message and "'id'" in message
+
+
+def test_empty_corpus(tmp_path: Path, corpus_file, cache_dir: Path, cached_files) -> None:
+    empty_file = tmp_path / "empty.txt"
+    empty_file.write_text("")
+    assert "is empty" in _raises("data.data_files", cache_dir, cached_files, data_files=str(empty_file))
+    blank_documents = corpus_file("blank.jsonl", ["", "", ""])
+    message = _raises("data.data_files", cache_dir, cached_files, dataset="json", data_files=str(blank_documents))
+    assert "no text" in message
+
+
+def test_train_split_is_required(corpus_file, documents: list[str], cache_dir: Path, cached_files) -> None:
+    files = {"validation": str(corpus_file("val.jsonl", documents[:5]))}
+    assert "'train'" in _raises("data.data_files", cache_dir, cached_files, dataset="json", data_files=files)
+
+
+@pytest.mark.parametrize(
+    ("key", "settings"),
+    [
+        ("data.vocab_size", {"vocab_size": 256}),
+        ("data.block_size", {"block_size": 0}),
+        ("data.batch_size", {"batch_size": 0}),
+        ("data.val_fraction", {"val_fraction": 0.0}),
+        ("data.val_fraction", {"val_fraction": 1.0}),
+        ("data.num_proc", {"num_proc": 0}),
+        ("data.num_workers", {"num_workers": -1}),
+    ],
+)
+def test_bad_numbers_fail_at_construction(key: str, settings: dict, jsonl_corpus: Path, cache_dir: Path,
+                                          cached_files) -> None:
+    _raises(key, cache_dir, cached_files, dataset="json", data_files=str(jsonl_corpus), **settings)
+
+
+def test_validation_shorter_than_a_block(corpus_file, cache_dir: Path, cached_files) -> None:
+    tiny = corpus_file("tiny.jsonl", ["To be, or not to be, that is the question. " * 4])
+    message = _raises("data.block_size", cache_dir, cached_files, dataset="json", data_files=str(tiny),
+                      block_size=64)
+    assert "block_size=64" in message and "data.val_fraction" in message
+
+
+def test_tokenizer_path_missing_or_too_large(tmp_path: Path, jsonl_corpus: Path, documents: list[str],
+                                             cache_dir: Path, cached_files) -> None:
+    common = {"dataset": "json", "data_files": str(jsonl_corpus)}
+    missing = str(tmp_path / "missing.json")
+    assert missing in _raises("data.tokenizer_path", cache_dir, cached_files, tokenizer_path=missing, **common)
+    path = tmp_path / "tokenizer.json"
+    Tokenizer.train(documents, 400, show_progress=False).save(path)
+    message = _raises("data.vocab_size", cache_dir, cached_files, tokenizer_path=str(path), vocab_size=300, **common)
+    assert ">= 400" in message
