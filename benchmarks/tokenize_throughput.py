@@ -1,0 +1,95 @@
+"""Tokenization throughput: the cached data pipeline (first run) against line-by-line encoding in one process.
+
+    python -m benchmarks.tokenize_throughput [--source input.txt] [--megabytes 50] [--num-proc 2] [--vocab-size 1024]
+
+(Not named tokenize.py: a file of that name in benchmarks/ would shadow the standard library's `tokenize` for
+every `python benchmarks/<script>.py`, breaking tracebacks and `inspect.getsource`.)
+
+Both sides use the same trained tokenizer. The pipeline run starts from empty `datasets` and token caches, so
+it includes loading the text into Arrow, segmenting, `Dataset.map(batched=True, num_proc=...)` and writing the
+flat token files; a second call (a cache hit) is timed too. Prints MB/s of each and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from array import array
+from pathlib import Path
+
+DEFAULT_SOURCE = Path(__file__).resolve().parents[1] / "../shared/data/tinyshakespeare/input.txt"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="text file to repeat")
+    parser.add_argument("--megabytes", type=float, default=50.0, help="size of the repeated corpus")
+    parser.add_argument("--num-proc", type=int, default=2, help="processes for the pipeline's Dataset.map")
+    parser.add_argument("--vocab-size", type=int, default=1024, help="BPE vocab of the shared tokenizer")
+    return parser.parse_args()
+
+
+def write_corpus(source: Path, megabytes: float, folder: Path) -> Path:
+    """`source` repeated until the file holds about `megabytes` MB."""
+    text = source.read_text(encoding="utf-8")
+    copies = max(1, round(megabytes * 1e6 / len(text.encode("utf-8"))))
+    corpus = folder / "corpus.txt"
+    corpus.write_text(text * copies, encoding="utf-8")
+    return corpus
+
+
+def line_by_line(corpus: Path, tokenizer) -> tuple[float, int]:
+    """Seconds and tokens for encoding each line on its own, in this process."""
+    start = time.perf_counter()
+    ids = array("H")
+    with corpus.open(encoding="utf-8") as lines:
+        for line in lines:
+            ids.extend(tokenizer.encode(line))
+    return time.perf_counter() - start, len(ids)
+
+
+def pipeline(corpus: Path, tokenizer_file: Path, cache_dir: Path, num_proc: int, vocab_size: int) -> float:
+    """Seconds for `prepare_tokens` with the given tokenizer (tokenizer training is not timed)."""
+    from data.prepare import PrepareSettings, prepare_tokens
+    from data.source import CorpusSource
+
+    settings = PrepareSettings(source=CorpusSource(data_files=str(corpus)), cache_dir=cache_dir,
+                               vocab_size=vocab_size, tokenizer_path=tokenizer_file, num_proc=num_proc)
+    start = time.perf_counter()
+    prepare_tokens(settings)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    args = parse_args()
+    with tempfile.TemporaryDirectory(prefix="tokenize-bench-") as folder_name:
+        folder = Path(folder_name)
+        # Fresh Hugging Face caches, so the pipeline's first run cannot hit an earlier run's Arrow files.
+        os.environ.update(HF_HOME=str(folder / "hf"), HF_DATASETS_CACHE=str(folder / "hf" / "datasets"),
+                          HF_HUB_OFFLINE="1")
+        from data.tokenizer import Tokenizer
+
+        corpus = write_corpus(args.source, args.megabytes, folder)
+        megabytes = corpus.stat().st_size / 1e6
+        tokenizer = Tokenizer.train([args.source.read_text(encoding="utf-8")], args.vocab_size, show_progress=False)
+        tokenizer.save(folder / "tokenizer.json")
+        print(f"corpus: {megabytes:.1f} MB ({args.source.name} repeated), vocab {tokenizer.vocab_size}, "
+              f"{os.cpu_count()} CPUs")
+
+        baseline_s, baseline_tokens = line_by_line(corpus, tokenizer)
+        first_s = pipeline(corpus, folder / "tokenizer.json", folder / "cache", args.num_proc, args.vocab_size)
+        cached_s = pipeline(corpus, folder / "tokenizer.json", folder / "cache", args.num_proc, args.vocab_size)
+        pipeline_tokens = sum(path.stat().st_size for path in (folder / "cache").rglob("*.bin")) // 2
+
+    print(f"line by line, 1 process     : {megabytes / baseline_s:7.2f} MB/s  ({baseline_s:6.1f} s, "
+          f"{baseline_tokens:,} tokens)")
+    print(f"pipeline, num_proc={args.num_proc}, 1st run: {megabytes / first_s:7.2f} MB/s  ({first_s:6.1f} s, "
+          f"{pipeline_tokens:,} tokens)")
+    print(f"pipeline, cache hit         : {cached_s * 1000:7.1f} ms")
+    print(f"ratio pipeline / line by line: {baseline_s / first_s:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
