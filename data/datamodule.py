@@ -148,14 +148,16 @@ class TextDataModule(L.LightningDataModule):
             start = trainer.global_step * trainer.accumulate_grad_batches
             batches = self.train_batches(start, trainer.global_rank, trainer.world_size)
         return DataLoader(batches, batch_size=None, num_workers=self.num_workers,
-                          pin_memory=torch.cuda.is_available(), persistent_workers=self.num_workers > 0)
+                          pin_memory=torch.cuda.is_available())
 
     def val_dataloader(self) -> DataLoader:
         """Every validation window once, in order (Lightning adds a DistributedSampler under DDP)."""
         self._require_setup()
         assert self.val_tokens is not None
+        # Persistent workers: validation runs many times, and restarting workers each time costs seconds.
         return DataLoader(ValWindows(self.val_tokens, self.block_size), batch_size=self.batch_size, shuffle=False,
-                          num_workers=self.num_workers, pin_memory=torch.cuda.is_available())
+                          num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
+                          persistent_workers=self.num_workers > 0)
 
     def _meta_value(self, key: str) -> float:
         self._require_setup()

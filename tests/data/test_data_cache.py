@@ -108,6 +108,19 @@ def test_map_cache_is_keyed_on_the_tokenizer_hash(new_documents, corpus_file,
     assert second[0]["ids"] == second_tokenizer.encode(documents[0]) != first[0]["ids"]
 
 
+def test_two_map_processes_give_the_same_ids_in_order(new_documents, corpus_file) -> None:
+    documents = new_documents(40, seed=12)
+    docs = datasets.load_dataset("json", data_files=str(corpus_file("parallel.jsonl", documents)), split="train")
+    segments = segment_split(docs, "text", num_proc=2)
+    tokenizer = Tokenizer.train(documents, 300, show_progress=False)
+    parallel = tokenize_segments(segments, tokenizer, num_proc=2)
+    assert len(parallel.cache_files) == 2, "one Arrow file per worker process"
+    single = tokenize_segments(segments, tokenizer, num_proc=1)
+    assert parallel["ids"] == single["ids"]
+    flat = [i for ids in parallel["ids"] for i in ids]
+    assert tokenizer.decode(flat) == "<|endoftext|>".join(documents)
+
+
 def test_a_failed_run_leaves_nothing_to_trust(jsonl_corpus: Path, cache_dir: Path, cached_files,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     import data.tokenize_dataset
