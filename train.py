@@ -12,6 +12,7 @@ import sys
 
 
 def main() -> int:
+    from jsonargparse import ArgumentError
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from data import TextDataModule
@@ -19,10 +20,15 @@ def main() -> int:
     from training.cli import GPTCLI
 
     try:
-        GPTCLI(LitGPT, TextDataModule, save_config_kwargs={"overwrite": True})
+        # exit_on_error=False turns jsonargparse's usage dump into an exception we print as one line.
+        GPTCLI(LitGPT, TextDataModule, save_config_kwargs={"overwrite": True}, parser_kwargs={"exit_on_error": False})
     except SIGTERMException:
         print("stopped by SIGTERM after saving last.ckpt; resume with --ckpt_path last", file=sys.stderr)
         return 143
+    except ArgumentError as err:
+        message = " ".join(str(err).split())
+        print(f"error: {message} (see: python train.py fit --help)", file=sys.stderr)
+        return 2
     except (ValueError, NonFiniteLossError, FileNotFoundError) as err:
         if os.environ.get("GQA_GPT_TRACEBACK"):
             raise
