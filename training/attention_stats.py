@@ -72,11 +72,13 @@ def head_statistics(
     induction_period: int,
     induction_batch: int = 4,
     generator: torch.Generator | None = None,
+    probe_maps: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per-head statistics of every layer, each a tensor (L, H), from `model.attention_maps`.
 
-    Entropy, sink mass and previous-token score come from `probe_ids` (B, T); the induction score from a
-    repeated random sequence of 2 * induction_period tokens. The caller puts the model in eval mode.
+    Entropy, sink mass and previous-token score come from `probe_ids` (B, T), or from `probe_maps` when the
+    caller already has its maps; the induction score from a repeated random sequence of 2 * induction_period
+    tokens. The caller puts the model in eval mode.
     """
     if 2 * induction_period > model.config.block_size:
         raise ValueError(
@@ -84,7 +86,7 @@ def head_statistics(
             f"block_size {model.config.block_size}; use a period of at most {model.config.block_size // 2}"
         )
     with torch.no_grad():
-        maps = model.attention_maps(probe_ids)  # (L, B, H, T, T)
+        maps = model.attention_maps(probe_ids) if probe_maps is None else probe_maps  # (L, B, H, T, T)
         repeated = repeated_random_tokens(
             model.config.vocab_size, induction_period, induction_batch, generator
         )

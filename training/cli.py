@@ -8,6 +8,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from .attention_maps import AttentionMaps
 from .samples import SampleGenerations
 from .sigterm import SigtermCheckpoint
 from .throughput import ThroughputMonitor
@@ -43,6 +44,7 @@ class GPTCLI(LightningCLI):
         parser.link_arguments("data.block_size", "model.block_size")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.add_lightning_class_args(SampleGenerations, "samples")
+        parser.add_lightning_class_args(AttentionMaps, "attention_maps")
         parser.set_defaults(TRAINER_DEFAULTS)
 
     def before_instantiate_classes(self) -> None:

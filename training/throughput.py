@@ -20,14 +20,10 @@ def flops_per_token(model: torch.nn.Module, block_size: int) -> float:
 
 
 class ThroughputMonitor(L.Callback):
-    """Logs `train/tokens_per_s` (all ranks together) and, on known GPUs, `train/mfu`.
+    """Logs `train/tokens_per_s` (all ranks together) and, on known GPUs, `train/mfu`, averaged over the
+    steps between two logging points (trainer.log_every_n_steps)."""
 
-    Args:
-        log_every_n_steps: Average over this many optimizer steps before logging.
-    """
-
-    def __init__(self, log_every_n_steps: int = 10) -> None:
-        self.log_every_n_steps = log_every_n_steps
+    def __init__(self) -> None:
         self._start: float | None = None
         self._tokens = 0
 
@@ -37,7 +33,7 @@ class ThroughputMonitor(L.Callback):
             self._start = now
             return
         self._tokens += batch[0].numel() * trainer.world_size
-        if trainer.global_step % self.log_every_n_steps or not self._tokens:
+        if trainer.global_step % trainer.log_every_n_steps or not self._tokens:
             return
         tokens_per_s = self._tokens / (now - self._start)
         pl_module.log("train/tokens_per_s", tokens_per_s, prog_bar=True)

@@ -1,0 +1,127 @@
+"""Test-wide setup: offline wandb/Hugging Face with caches in temp dirs, a small corpus, one tiny training run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAKESPEARE = ROOT / "../shared/data/tinyshakespeare/input.txt"
+
+# Set before anything imports wandb or datasets: both read these once, at import.
+_SCRATCH = Path(tempfile.mkdtemp(prefix="gqa-gpt-tests-"))
+TEST_ENV = {
+    "WANDB_MODE": "offline",
+    "WANDB_DIR": str(_SCRATCH / "wandb"),
+    "WANDB_CACHE_DIR": str(_SCRATCH / "wandb-cache"),
+    "WANDB_CONFIG_DIR": str(_SCRATCH / "wandb-config"),
+    "WANDB_DATA_DIR": str(_SCRATCH / "wandb-data"),
+    "WANDB_SILENT": "true",
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_HOME": str(_SCRATCH / "hf"),
+    "HF_DATASETS_CACHE": str(_SCRATCH / "hf" / "datasets"),
+}
+os.environ.update(TEST_ENV)
+
+
+def run_script(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+    """Run a repo script (train.py, generate.py, ...) in a subprocess with the offline test environment."""
+    result = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, **TEST_ENV},
+    )  # fmt: skip
+    if check and result.returncode != 0:
+        raise AssertionError(f"{args} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> Path:
+    """~200 KB of text: the start of tiny Shakespeare when the shared copy exists, else generated verse."""
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    if SHAKESPEARE.is_file():
+        path.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:200_000], encoding="utf-8")
+    else:
+        lines = [f"KING {i % 7}:\nWhat say you, lord {i % 13}, of the {i % 5} crowns?\n" for i in range(4000)]
+        path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory) -> Path:
+    """One token cache for all training tests, so the corpus is tokenized once."""
+    return tmp_path_factory.mktemp("token-cache")
+
+
+@pytest.fixture(scope="session")
+def script():
+    """`script("train.py", ...)` runs a repo script in a subprocess (see run_script)."""
+    return run_script
+
+
+@pytest.fixture(scope="session")
+def tiny_args(corpus, data_cache):
+    """`tiny_args(root, *overrides)`: train.py arguments for configs/tiny.yaml on the test corpus."""
+    return lambda root, *extra: tiny_train_args(corpus, data_cache, root, *extra)
+
+
+def tiny_train_args(corpus: Path, cache: Path, root: Path, *extra: str) -> list[str]:
+    return [
+        "train.py", "fit", "--config", "configs/tiny.yaml", "--data.data_files", str(corpus),
+        "--data.cache_dir", str(cache), "--trainer.default_root_dir", str(root), "--trainer.enable_progress_bar",
+        "false", *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def tiny_run(corpus, data_cache, tmp_path_factory) -> Path:
+    """A 6-step run of configs/tiny.yaml through train.py, with wandb offline and attention maps every step."""
+    root = tmp_path_factory.mktemp("runs")
+    run_script(*tiny_train_args(
+        corpus, data_cache, root, "--trainer.max_steps", "6", "--trainer.val_check_interval", "3",
+        "--checkpoint.every_n_train_steps", "3", "--samples.every_n_steps", "3",
+        "--attention_maps.every_n_steps", "1",
+    ))  # fmt: skip
+    return root / "tiny"
+
+
+def read_wandb_history(run_dir: Path) -> list[dict]:
+    """The history rows of an offline wandb run, parsed from its run-*.wandb file.
+
+    wandb >= 0.2x writes no summary file offline; the .wandb file is a LevelDB-style log (32 KiB blocks of
+    records with a 7-byte header: crc32, length, type) of protobuf `Record`s after a 7-byte W&B header.
+    """
+    import json
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data = next(run_dir.glob("run-*.wandb")).read_bytes()
+    pos, block, payload, rows = 7, 32768, b"", []
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # too little room for a header: the rest of the block is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        payload += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # FULL or LAST: a whole record is assembled
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(payload)
+            payload = b""
+            if record.WhichOneof("record_type") == "history":
+                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                             for item in record.history.item})
+    return rows
+
+
+@pytest.fixture(scope="session")
+def wandb_history():
+    return read_wandb_history

@@ -1,0 +1,96 @@
+"""train.py end to end: checkpoints, offline wandb files, attention images, config errors, --help."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+
+def test_tiny_run_writes_a_self_contained_checkpoint(tiny_run):
+    checkpoints = sorted(p.name for p in (tiny_run / "checkpoints").glob("*.ckpt"))
+    assert checkpoints == ["last.ckpt"]  # save_top_k 0: one rolling checkpoint, rewritten every 3 steps
+    ckpt = torch.load(tiny_run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == 6
+    meta = ckpt["gqa_gpt"]
+    assert meta["model_config"]["n_layer"] == 2 and meta["model_config"]["n_kv_head"] == 2
+    assert meta["tokenizer_json"].startswith("{") and len(meta["tokenizer_sha256"]) == 64
+    assert meta["data"]["block_size"] == 64
+    assert (tiny_run / "config.yaml").is_file()
+
+
+def logged(history: list[dict], key: str) -> dict[int, object]:
+    """{global step: value} of one key across the history rows."""
+    return {row["trainer/global_step"]: row[key] for row in history if key in row}
+
+
+def test_tiny_run_logs_metrics_offline(tiny_run, wandb_history):
+    runs = list((tiny_run / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    history = wandb_history(runs[0])
+    for key in ("train/loss", "val/loss", "val/bpb", "train/grad_norm", "lr-AdamW/pg1", "train/tokens_per_s"):
+        assert logged(history, key), key
+    val = logged(history, "val/loss")
+    assert set(val) == {2, 5}  # validation every 3 batches, logged at the step before the counter moves
+    assert all(np.isfinite(v) and 0 < v < 7 for v in val.values())
+
+
+def test_attention_images_logged_for_every_step_and_layer(tiny_run, wandb_history):
+    run = next((tiny_run / "wandb").glob("offline-run-*"))
+    history = wandb_history(run)
+    for layer in (0, 1):
+        assert set(logged(history, f"attention/layer_{layer}/_type")) == {1, 2, 3, 4, 5, 6}
+    assert set(logged(history, "attention/heads/_type")) == {1, 2, 3, 4, 5, 6}
+    assert all(0 <= v <= 1 for v in logged(history, "attention/induction/L1H3").values())
+    images = sorted((run / "files" / "media" / "images" / "attention").glob("layer_*.png"))
+    assert len(images) == 12  # 6 steps x 2 layers
+    pixels = np.asarray(Image.open(images[0]).convert("RGB"), dtype=np.float32)
+    assert pixels.std() > 10  # neither all black nor all white
+
+
+def test_a_second_fit_into_the_same_run_is_refused(tiny_run, script, tiny_args):
+    before = {p: p.stat().st_mtime_ns for p in (tiny_run / "checkpoints").glob("*.ckpt")}
+    result = script(*tiny_args(tiny_run.parent), check=False)
+    assert result.returncode == 2
+    assert "already holds checkpoints" in result.stderr and "--ckpt_path last" in result.stderr
+    assert {p: p.stat().st_mtime_ns for p in (tiny_run / "checkpoints").glob("*.ckpt")} == before
+
+
+@pytest.mark.parametrize(
+    ("override", "keys"),
+    [
+        (["--model.n_layer", "two"], ["model.n_layer"]),
+        (["--model.n_layers", "2"], ["model.n_layers"]),
+        (["--model.n_head", "3"], ["n_embd", "n_head"]),
+        (["--model.block_size", "32"], ["model.block_size", "data.block_size"]),
+        (["--data.vocab_size", "100"], ["data.vocab_size"]),
+    ],
+    ids=["wrong-type", "unknown-key", "indivisible-heads", "block-size-mismatch", "vocab-too-small"],
+)
+def test_config_errors_are_one_line_naming_the_keys(override, keys, script, tiny_args, tmp_path):
+    result = script(*tiny_args(tmp_path, *override), check=False)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr
+    assert all(key in errors[0] for key in keys), errors[0]
+    assert "Traceback" not in result.stderr
+    assert not list(tmp_path.rglob("*.ckpt"))
+
+
+def test_tokenizer_larger_than_the_vocab_is_refused(tiny_run, script, tiny_args, tmp_path):
+    ckpt = torch.load(tiny_run / "checkpoints" / "last.ckpt", weights_only=True)
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_text(ckpt["gqa_gpt"]["tokenizer_json"], encoding="utf-8")
+    overrides = ["--data.tokenizer_path", str(tokenizer), "--data.vocab_size", "300"]
+    result = script(*tiny_args(tmp_path, *overrides), check=False)
+    assert result.returncode == 2
+    assert "data.vocab_size" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_help_documents_model_and_data_keys(script):
+    out = script("train.py", "fit", "--help").stdout
+    for key in ("--model.n_kv_head", "--model.learning_rate", "--data.data_files", "--data.vocab_size",
+                "--attention_maps.every_n_steps", "--run_name"):
+        assert key in out, key
+    assert "Number of key/value heads" in out

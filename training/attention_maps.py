@@ -1,0 +1,80 @@
+"""Log what every attention head looks at while the model trains: images, per-head scalars and a table."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import WandbLogger
+
+from .attention_image import draw_attention_grid
+from .attention_stats import head_statistics
+
+DEFAULT_PROBE = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak."
+STATISTICS = ("entropy", "sink_mass", "previous_token", "induction")
+
+
+class AttentionMaps(L.Callback):
+    """Every `every_n_steps` optimizer steps, on rank 0, draw the attention of each layer on a probe text.
+
+    The training kernel never materialises attention, so the maps come from `GPT.attention_maps`, the
+    explicit path that tests prove equal to it. Logged: `attention/layer_<l>` images (a grid of heads),
+    `attention/<statistic>/L<l>H<h>` scalars, and an `attention/heads` table sorted by induction score, so
+    induction heads can be spotted as they form.
+
+    Args:
+        every_n_steps: Interval in optimizer steps; 0 disables the callback.
+        probe_text: Text whose attention is drawn (cropped to the context length).
+        layers: Layers to draw; null draws all of them (the statistics always cover every layer).
+        heads: Heads to draw in each grid; null draws all of them.
+        induction_period: Length of the random segment repeated to measure induction (<= block_size / 2).
+    """
+
+    def __init__(
+        self,
+        every_n_steps: int = 500,
+        probe_text: str = DEFAULT_PROBE,
+        layers: list[int] | None = None,
+        heads: list[int] | None = None,
+        induction_period: int = 32,
+    ) -> None:
+        self.every_n_steps, self.probe_text = every_n_steps, probe_text
+        self.layers, self.heads, self.induction_period = layers, heads, induction_period
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if not self.every_n_steps or step % self.every_n_steps or not trainer.is_global_zero:
+            return
+        model, tokenizer = pl_module.model, trainer.datamodule.tokenizer
+        ids = tokenizer.encode(self.probe_text)[: model.config.block_size]
+        probe = torch.tensor([ids], device=pl_module.device)
+        was_training = pl_module.training
+        pl_module.eval()
+        try:
+            maps = model.attention_maps(probe).float()  # (L, 1, H, T, T)
+            period = min(self.induction_period, model.config.block_size // 2)
+            generator = torch.Generator().manual_seed(0)  # the same random probe every time: comparable scores
+            stats = head_statistics(model, probe, period, generator=generator, probe_maps=maps)
+        finally:
+            pl_module.train(was_training)
+        labels = [tokenizer.decode([i]) for i in ids]
+        self._log(trainer, step, maps, labels, {k: v.cpu() for k, v in stats.items()})
+
+    def _log(self, trainer, step: int, maps: torch.Tensor, labels: list[str], stats: dict) -> None:
+        n_layer, n_head = stats["entropy"].shape
+        scalars = {
+            f"attention/{name}/L{layer}H{head}": float(stats[name][layer, head])
+            for name in STATISTICS for layer in range(n_layer) for head in range(n_head)
+        }  # fmt: skip
+        rows = [
+            [step, layer, head, *(round(float(stats[name][layer, head]), 4) for name in STATISTICS)]
+            for layer in range(n_layer) for head in range(n_head)
+        ]  # fmt: skip
+        rows.sort(key=lambda row: -row[-1])
+        for logger in trainer.loggers:
+            logger.log_metrics(scalars, step=step)
+            if not isinstance(logger, WandbLogger):  # images and tables are wandb features
+                continue
+            for layer in self.layers if self.layers is not None else range(n_layer):
+                image = draw_attention_grid(maps[layer, 0], labels, f"layer {layer}, step {step}", self.heads)
+                logger.log_image(key=f"attention/layer_{layer}", images=[image], step=step)
+            logger.log_table(key="attention/heads", columns=["step", "layer", "head", *STATISTICS], data=rows, step=step)
