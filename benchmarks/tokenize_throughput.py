@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import tempfile
 import time
 from array import array
@@ -40,26 +41,33 @@ def write_corpus(source: Path, megabytes: float, folder: Path) -> Path:
     return corpus
 
 
-def line_by_line(corpus: Path, tokenizer) -> tuple[float, int]:
-    """Seconds and tokens for encoding each line on its own, in this process."""
-    start = time.perf_counter()
+def cpu_seconds() -> float:
+    """CPU time of this process and its finished children: the work done, whatever else loads the machine."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def line_by_line(corpus: Path, tokenizer) -> tuple[float, float, int]:
+    """Wall seconds, CPU seconds and tokens for encoding each line on its own, in this process."""
+    start, start_cpu = time.perf_counter(), cpu_seconds()
     ids = array("H")
     with corpus.open(encoding="utf-8") as lines:
         for line in lines:
             ids.extend(tokenizer.encode(line))
-    return time.perf_counter() - start, len(ids)
+    return time.perf_counter() - start, cpu_seconds() - start_cpu, len(ids)
 
 
-def pipeline(corpus: Path, tokenizer_file: Path, cache_dir: Path, num_proc: int, vocab_size: int) -> float:
-    """Seconds for `prepare_tokens` with the given tokenizer (tokenizer training is not timed)."""
+def pipeline(corpus: Path, tokenizer_file: Path, cache_dir: Path, num_proc: int,
+             vocab_size: int) -> tuple[float, float]:
+    """Wall and CPU seconds for `prepare_tokens` with the given tokenizer (its training is not timed)."""
     from data.prepare import PrepareSettings, prepare_tokens
     from data.source import CorpusSource
 
     settings = PrepareSettings(source=CorpusSource(data_files=str(corpus)), cache_dir=cache_dir,
                                vocab_size=vocab_size, tokenizer_path=tokenizer_file, num_proc=num_proc)
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), cpu_seconds()
     prepare_tokens(settings)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, cpu_seconds() - start_cpu
 
 
 def main() -> None:
@@ -78,17 +86,18 @@ def main() -> None:
         print(f"corpus: {megabytes:.1f} MB ({args.source.name} repeated), vocab {tokenizer.vocab_size}, "
               f"{os.cpu_count()} CPUs")
 
-        baseline_s, baseline_tokens = line_by_line(corpus, tokenizer)
-        first_s = pipeline(corpus, folder / "tokenizer.json", folder / "cache", args.num_proc, args.vocab_size)
-        cached_s = pipeline(corpus, folder / "tokenizer.json", folder / "cache", args.num_proc, args.vocab_size)
-        pipeline_tokens = sum(path.stat().st_size for path in (folder / "cache").rglob("*.bin")) // 2
+        baseline_s, baseline_cpu, baseline_tokens = line_by_line(corpus, tokenizer)
+        cache = folder / "cache"
+        first_s, first_cpu = pipeline(corpus, folder / "tokenizer.json", cache, args.num_proc, args.vocab_size)
+        cached_s, _ = pipeline(corpus, folder / "tokenizer.json", cache, args.num_proc, args.vocab_size)
+        pipeline_tokens = sum(path.stat().st_size for path in cache.rglob("*.bin")) // 2
 
-    print(f"line by line, 1 process     : {megabytes / baseline_s:7.2f} MB/s  ({baseline_s:6.1f} s, "
-          f"{baseline_tokens:,} tokens)")
-    print(f"pipeline, num_proc={args.num_proc}, 1st run: {megabytes / first_s:7.2f} MB/s  ({first_s:6.1f} s, "
-          f"{pipeline_tokens:,} tokens)")
-    print(f"pipeline, cache hit         : {cached_s * 1000:7.1f} ms")
-    print(f"ratio pipeline / line by line: {baseline_s / first_s:.2f}x")
+    print(f"line by line, 1 process      : {megabytes / baseline_s:6.2f} MB/s  wall {baseline_s:6.1f} s  "
+          f"CPU {baseline_cpu:6.1f} s  {baseline_tokens:,} tokens")
+    print(f"pipeline, num_proc={args.num_proc}, 1st run: {megabytes / first_s:6.2f} MB/s  wall {first_s:6.1f} s  "
+          f"CPU {first_cpu:6.1f} s  {pipeline_tokens:,} tokens")
+    print(f"pipeline, cache hit          : {cached_s * 1000:.1f} ms")
+    print(f"ratio pipeline / line by line: {baseline_s / first_s:.2f}x wall, {baseline_cpu / first_cpu:.2f}x CPU")
 
 
 if __name__ == "__main__":

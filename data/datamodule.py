@@ -27,7 +27,8 @@ class TextDataModule(L.LightningDataModule):
     Args:
         dataset: A `datasets` builder reading `data_files` (text, json, parquet, csv, arrow) or a Hub dataset id.
         dataset_config: Hub dataset configuration name (the `name` argument of `load_dataset`).
-        data_files: Local paths, globs or URLs for the builder: one, a list, or a dict from split name to files.
+        data_files: Local paths, globs or URLs for the builder: one, a list, or a dict from split name to files
+            (train, validation). Ignored for a Hub id.
         revision: Hub dataset revision (branch, tag or commit) to pin.
         text_column: Column that holds the text of each document.
         text_sample_by: For the text builder: one document per file ("document", keeps newlines), per

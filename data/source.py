@@ -50,17 +50,23 @@ class CorpusSource:
         return self.dataset in BUILDERS
 
     @property
+    def builder_files(self) -> DataFiles | None:
+        """`data_files` for a builder; None for a Hub id, which names its own files (so the default URL is
+        ignored rather than sent to the Hub)."""
+        return self.data_files if self.uses_builder else None
+
+    @property
     def key(self) -> str:
         """The config key to blame when the corpus itself is unusable."""
         return "data.data_files" if self.uses_builder else "data.dataset"
 
     def check(self) -> None:
         """Fail fast, before any loading, on a builder without files and on local files that do not exist."""
-        if self.uses_builder and not self.data_files:
+        if self.uses_builder and not self.builder_files:
             raise DataConfigError(
                 f"data.data_files: the '{self.dataset}' builder needs data files; pass a local path or URL"
             )
-        files = _flatten(self.data_files)
+        files = _flatten(self.builder_files)
         local = [path for file in files if not is_remote(file) for path in _resolve_local(file)]
         all_local = not any(is_remote(file) for file in files)
         if local and all_local and not any(os.path.getsize(path) for path in local):
@@ -71,13 +77,14 @@ class CorpusSource:
         def resolve(file: str) -> str:
             return file if is_remote(file) else str(Path(file).expanduser().resolve())
 
-        if isinstance(self.data_files, dict):
-            return {split: _map_files(files, resolve) for split, files in self.data_files.items()}
-        return None if self.data_files is None else _map_files(self.data_files, resolve)
+        files = self.builder_files
+        if isinstance(files, dict):
+            return {split: _map_files(split_files, resolve) for split, split_files in files.items()}
+        return None if files is None else _map_files(files, resolve)
 
     def identity(self) -> dict[str, Any]:
         """Everything that decides the documents: the cache key. Local files count by path, size and mtime."""
-        files = [_file_identity(path) for file in _flatten(self.data_files) for path in _resolve_local(file)]
+        files = [_file_identity(path) for file in _flatten(self.builder_files) for path in _resolve_local(file)]
         if not self.uses_builder and Path(self.dataset).is_dir():
             files += [_file_identity(str(path)) for path in sorted(Path(self.dataset).rglob("*")) if path.is_file()]
         return {
@@ -132,7 +139,7 @@ class CorpusSource:
 
     def _load_error(self, error: Exception) -> DataConfigError:
         offline = offline_reason()
-        remote = [file for file in _flatten(self.data_files) if is_remote(file)]
+        remote = [file for file in _flatten(self.builder_files) if is_remote(file)]
         if offline and not self.uses_builder:
             return DataConfigError(
                 f"data.dataset: cannot load Hub dataset '{self.dataset}' offline ({offline}); "

@@ -31,8 +31,8 @@ def test_missing_data_file(cache_dir: Path, cached_files, tmp_path: Path) -> Non
 
 
 def test_hub_dataset_while_offline(cache_dir: Path, cached_files) -> None:
-    message = _raises("data.dataset", cache_dir, cached_files, dataset="karpathy/tiny_shakespeare",
-                      data_files=None)
+    # data_files keeps its default URL: a Hub id ignores it instead of sending it to the Hub.
+    message = _raises("data.dataset", cache_dir, cached_files, dataset="karpathy/tiny_shakespeare")
     assert "offline" in message and "HF_HUB_OFFLINE=1" in message and "data.data_files" in message
 
 
