@@ -67,6 +67,15 @@ def script():
 
 
 @pytest.fixture(scope="session")
+def start_script():
+    """`start_script("train.py", ...)` starts a repo script without waiting: a Popen with text pipes."""
+    return lambda *args: subprocess.Popen(
+        [sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, **TEST_ENV},
+    )
+
+
+@pytest.fixture(scope="session")
 def tiny_args(corpus, data_cache):
     """`tiny_args(root, *overrides)`: train.py arguments for configs/tiny.yaml on the test corpus."""
     return lambda root, *extra: tiny_train_args(corpus, data_cache, root, *extra)

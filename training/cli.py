@@ -56,7 +56,9 @@ class GPTCLI(LightningCLI):
         config.checkpoint.dirpath = str(run_dir / "checkpoints")
         if config.trainer.logger in (None, True):
             config.trainer.logger = _wandb_logger(run_dir, config.wandb_project, config.run_name or run_dir.name)
-        extra = [LearningRateMonitor(logging_interval="step"), ThroughputMonitor(), SigtermCheckpoint()]
+        extra = [ThroughputMonitor(), SigtermCheckpoint()]
+        if config.trainer.logger is not False:  # LearningRateMonitor refuses to run without a logger
+            extra.append(LearningRateMonitor(logging_interval="step"))
         self.trainer_defaults = {**self.trainer_defaults, "callbacks": extra}
 
 

@@ -135,6 +135,8 @@ class LitGPT(L.LightningModule):
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # Called before Lightning clips, so this is the raw norm: spikes here explain loss spikes.
         grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if not grads:  # a skipped (non-finite) step ran no backward
+            return
         self.log("train/grad_norm", torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
 
     def setup(self, stage: str) -> None:
