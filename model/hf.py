@@ -174,14 +174,18 @@ def load_hf_tensors(directory: Path) -> dict[str, torch.Tensor]:
     """Every tensor of model.safetensors, or of the shards listed in model.safetensors.index.json."""
     index_path = directory / WEIGHTS_INDEX_NAME
     if index_path.is_file():
-        shards = sorted(set(json.loads(index_path.read_text())["weight_map"].values()))
+        shards = sorted(set(json.loads(index_path.read_text()).get("weight_map", {}).values()))
     elif (directory / WEIGHTS_NAME).is_file():
         shards = [WEIGHTS_NAME]
     else:
-        raise ValueError(f"{directory}: no {WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME}; save the weights first")
+        raise ValueError(f"no {WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME}; save the weights as safetensors")
     tensors: dict[str, torch.Tensor] = {}
     for shard in shards:
-        tensors |= load_file(directory / shard)
+        try:
+            tensors |= load_file(directory / shard)
+        except Exception as err:  # safetensors raises its own error type for truncated or foreign files
+            reason = (str(err).splitlines() or [type(err).__name__])[0]
+            raise ValueError(f"cannot read {shard} ({reason}); the file is missing or damaged") from err
     return tensors
 
 
@@ -223,6 +227,5 @@ def check_tensors(tensors: dict[str, torch.Tensor], config: ModelConfig) -> None
         if name not in expected and not tolerated:
             raise ValueError(f"unexpected tensor '{name}'; this Llama variant is not supported")
         if name in expected and tensor.shape != expected[name]:
-            raise ValueError(
-                f"tensor '{name}' has shape {tuple(tensor.shape)}, config.json implies {tuple(expected[name])}"
-            )
+            shapes = f"{tuple(tensor.shape)}, config.json implies {tuple(expected[name])}"
+            raise ValueError(f"tensor '{name}' has shape {shapes}")

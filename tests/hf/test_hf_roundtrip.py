@@ -131,3 +131,11 @@ def test_folder_without_config_or_weights_is_refused(exported, tmp_path):
     (out / "model.safetensors").unlink()
     with pytest.raises(ValueError, match="model.safetensors"):
         GPT.from_hf(out)
+
+
+def test_damaged_weights_file_is_one_line(exported):
+    _, out = exported
+    (out / "model.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(ValueError, match="model.safetensors") as err:
+        GPT.from_hf(out)
+    assert "\n" not in str(err.value) and str(err.value).count(str(out)) == 1
