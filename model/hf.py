@@ -58,19 +58,24 @@ def hf_config_dict(config: ModelConfig, dtype: torch.dtype, bos_id: int | None, 
 
 
 def to_hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
-    """Our weights under Hugging Face Llama names; each tensor is a fresh contiguous copy.
+    """Our weights under Hugging Face Llama names; each tensor is a fresh contiguous copy on the CPU.
 
     Copies matter: safetensors refuses tensors that share storage, and the split halves of a fused
     projection would. A tied lm_head is left out, as transformers re-ties it from `tie_word_embeddings`.
     """
+    return {name: view.detach().to("cpu", copy=True).contiguous() for name, view in hf_views(model).items()}
+
+
+def hf_views(model: GPT) -> dict[str, torch.Tensor]:
+    """Hugging Face Llama names mapped to views of our parameters (the fused projections split)."""
     c = model.config
     qkv_sizes = [c.n_head * c.head_dim, c.n_kv_head * c.head_dim, c.n_kv_head * c.head_dim]
-    out = {"model.embed_tokens.weight": model.wte.weight, "model.norm.weight": model.norm.weight}
+    views = {"model.embed_tokens.weight": model.wte.weight, "model.norm.weight": model.norm.weight}
     for i, block in enumerate(model.blocks):
         prefix = f"model.layers.{i}."
         q, k, v = block.attn.qkv.weight.split(qkv_sizes, dim=0)
         gate, up = block.mlp.gate_up.weight.chunk(2, dim=0)
-        out |= {
+        views |= {
             prefix + "input_layernorm.weight": block.attn_norm.weight,
             prefix + "self_attn.q_proj.weight": q,
             prefix + "self_attn.k_proj.weight": k,
@@ -82,8 +87,8 @@ def to_hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
             prefix + "mlp.down_proj.weight": block.mlp.down.weight,
         }
     if not c.tie_embeddings:
-        out["lm_head.weight"] = model.lm_head.weight
-    return {name: tensor.detach().clone().contiguous() for name, tensor in out.items()}
+        views["lm_head.weight"] = model.lm_head.weight
+    return views
 
 
 def from_hf_state_dict(tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
@@ -210,7 +215,7 @@ def load_hf_model(directory: str | Path) -> GPT:
 def hf_tensor_shapes(config: ModelConfig) -> dict[str, torch.Size]:
     """Name and shape of every tensor an export of `config` holds (computed on the meta device, no memory)."""
     with torch.device("meta"):
-        return {name: tensor.shape for name, tensor in to_hf_state_dict(GPT(config)).items()}
+        return {name: view.shape for name, view in hf_views(GPT(config)).items()}
 
 
 def check_tensors(tensors: dict[str, torch.Tensor], config: ModelConfig) -> None:
