@@ -1,6 +1,6 @@
 """Tokenization throughput: the cached data pipeline (first run) against line-by-line encoding in one process.
 
-    python -m benchmarks.tokenize_throughput [--source input.txt] [--megabytes 50] [--num-proc 2] [--vocab-size 1024]
+    python -m benchmarks.tokenize_throughput [--source input.txt] [--megabytes 50] [--num-proc 2] [--repeats 1]
 
 (Not named tokenize.py: a file of that name in benchmarks/ would shadow the standard library's `tokenize` for
 every `python benchmarks/<script>.py`, breaking tracebacks and `inspect.getsource`.)
@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
+import statistics
 import tempfile
 import time
 from array import array
@@ -29,6 +31,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--megabytes", type=float, default=50.0, help="size of the repeated corpus")
     parser.add_argument("--num-proc", type=int, default=2, help="processes for the pipeline's Dataset.map")
     parser.add_argument("--vocab-size", type=int, default=1024, help="BPE vocab of the shared tokenizer")
+    parser.add_argument("--repeats", type=int, default=1, help="interleaved rounds; medians are reported")
     return parser.parse_args()
 
 
@@ -70,6 +73,25 @@ def pipeline(corpus: Path, tokenizer_file: Path, cache_dir: Path, num_proc: int,
     return time.perf_counter() - start, cpu_seconds() - start_cpu
 
 
+def measure_rounds(corpus: Path, tokenizer, folder: Path, args: argparse.Namespace) -> list[dict[str, float]]:
+    """Alternate baseline and pipeline so both see the same machine load; each round uses a fresh corpus copy
+    (a new path, so nothing is cached yet) and a fresh token cache."""
+    rounds = []
+    for index in range(args.repeats):
+        copy = folder / f"corpus-{index}.txt"
+        shutil.copyfile(corpus, copy)
+        line_s, line_cpu, line_tokens = line_by_line(copy, tokenizer)
+        cache = folder / f"cache-{index}"
+        first_s, first_cpu = pipeline(copy, folder / "tokenizer.json", cache, args.num_proc, args.vocab_size)
+        hit_s, _ = pipeline(copy, folder / "tokenizer.json", cache, args.num_proc, args.vocab_size)
+        pipeline_tokens = sum(path.stat().st_size for path in cache.rglob("*.bin")) // 2
+        rounds.append({"line_s": line_s, "line_cpu": line_cpu, "line_tokens": line_tokens, "first_s": first_s,
+                       "first_cpu": first_cpu, "hit_s": hit_s, "pipeline_tokens": pipeline_tokens})
+        print(f"round {index + 1}: line by line {line_s:6.1f} s (CPU {line_cpu:6.1f} s), pipeline {first_s:6.1f} s "
+              f"(CPU {first_cpu:6.1f} s), cache hit {hit_s * 1000:.0f} ms", flush=True)
+    return rounds
+
+
 def main() -> None:
     args = parse_args()
     with tempfile.TemporaryDirectory(prefix="tokenize-bench-") as folder_name:
@@ -84,20 +106,19 @@ def main() -> None:
         tokenizer = Tokenizer.train([args.source.read_text(encoding="utf-8")], args.vocab_size, show_progress=False)
         tokenizer.save(folder / "tokenizer.json")
         print(f"corpus: {megabytes:.1f} MB ({args.source.name} repeated), vocab {tokenizer.vocab_size}, "
-              f"{os.cpu_count()} CPUs")
+              f"{os.cpu_count()} CPUs, {args.repeats} round(s), medians below")
+        rounds = measure_rounds(corpus, tokenizer, folder, args)
 
-        baseline_s, baseline_cpu, baseline_tokens = line_by_line(corpus, tokenizer)
-        cache = folder / "cache"
-        first_s, first_cpu = pipeline(corpus, folder / "tokenizer.json", cache, args.num_proc, args.vocab_size)
-        cached_s, _ = pipeline(corpus, folder / "tokenizer.json", cache, args.num_proc, args.vocab_size)
-        pipeline_tokens = sum(path.stat().st_size for path in cache.rglob("*.bin")) // 2
+    def median(key: str) -> float:
+        return statistics.median(row[key] for row in rounds)
 
-    print(f"line by line, 1 process      : {megabytes / baseline_s:6.2f} MB/s  wall {baseline_s:6.1f} s  "
-          f"CPU {baseline_cpu:6.1f} s  {baseline_tokens:,} tokens")
+    line_s, line_cpu, first_s, first_cpu = median("line_s"), median("line_cpu"), median("first_s"), median("first_cpu")
+    print(f"line by line, 1 process      : {megabytes / line_s:6.2f} MB/s  wall {line_s:6.1f} s  "
+          f"CPU {line_cpu:6.1f} s  {rounds[0]['line_tokens']:,} tokens")
     print(f"pipeline, num_proc={args.num_proc}, 1st run: {megabytes / first_s:6.2f} MB/s  wall {first_s:6.1f} s  "
-          f"CPU {first_cpu:6.1f} s  {pipeline_tokens:,} tokens")
-    print(f"pipeline, cache hit          : {cached_s * 1000:.1f} ms")
-    print(f"ratio pipeline / line by line: {baseline_s / first_s:.2f}x wall, {baseline_cpu / first_cpu:.2f}x CPU")
+          f"CPU {first_cpu:6.1f} s  {rounds[0]['pipeline_tokens']:,} tokens")
+    print(f"pipeline, cache hit          : {median('hit_s') * 1000:.1f} ms")
+    print(f"ratio pipeline / line by line: {line_s / first_s:.2f}x wall, {line_cpu / first_cpu:.2f}x CPU")
 
 
 if __name__ == "__main__":
