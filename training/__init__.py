@@ -13,7 +13,7 @@ _EXPORTS = {
     "NonFiniteLossError": "training.lit_gpt",
     "ThroughputMonitor": "training.throughput",
     "SampleGenerations": "training.samples",
-    "SigtermCheckpoint": "training.sigterm",
+    "LastCheckpoint": "training.last_checkpoint",
     "AttentionMaps": "training.attention_maps",
 }
 

@@ -10,7 +10,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from .attention_maps import AttentionMaps
 from .samples import SampleGenerations
-from .sigterm import SigtermCheckpoint
+from .last_checkpoint import LastCheckpoint
 from .throughput import ThroughputMonitor
 from .wandb_setup import wandb_offline
 
@@ -48,15 +48,15 @@ class GPTCLI(LightningCLI):
         parser.set_defaults(TRAINER_DEFAULTS)
 
     def before_instantiate_classes(self) -> None:
-        config = self.config[self.subcommand]
+        config = self.config[self.subcommand] if self.subcommand else self.config  # None with run=False
         run_dir = Path(config.trainer.default_root_dir) / (config.run_name or _config_stem(config))
-        if self.subcommand == "fit" and not config.ckpt_path:
+        if self.subcommand in ("fit", None) and not config.get("ckpt_path"):
             _refuse_to_overwrite(run_dir)
         config.trainer.default_root_dir = str(run_dir)
         config.checkpoint.dirpath = str(run_dir / "checkpoints")
         if config.trainer.logger in (None, True):
             config.trainer.logger = _wandb_logger(run_dir, config.wandb_project, config.run_name or run_dir.name)
-        extra = [ThroughputMonitor(), SigtermCheckpoint()]
+        extra = [ThroughputMonitor(), LastCheckpoint()]
         if config.trainer.logger is not False:  # LearningRateMonitor refuses to run without a logger
             extra.append(LearningRateMonitor(logging_interval="step"))
         self.trainer_defaults = {**self.trainer_defaults, "callbacks": extra}

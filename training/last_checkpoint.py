@@ -1,4 +1,4 @@
-"""Save a resumable checkpoint when the job is told to stop (SIGTERM from a scheduler or `kill`)."""
+"""Keep `last.ckpt` current at the two moments ModelCheckpoint misses: SIGTERM and the end of training."""
 
 from __future__ import annotations
 
@@ -9,16 +9,35 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 
-class SigtermCheckpoint(L.Callback):
-    """On SIGTERM, write `last.ckpt` next to the regular checkpoints so `--ckpt_path last` resumes there.
+class LastCheckpoint(L.Callback):
+    """Write `last.ckpt` next to the regular checkpoints when training ends or the job is told to stop.
 
-    Lightning turns the signal into a SIGTERMException at the end of the current batch, so the state saved
-    here is a clean step boundary; the exception then propagates and train.py exits non-zero.
+    ModelCheckpoint saves every N steps, so a run ending between two saves (max_steps not a multiple of N,
+    a time limit) would lose its last steps. On SIGTERM (a scheduler's preemption, `kill`), Lightning raises
+    a SIGTERMException at the end of the current batch, so the state saved here is a clean step boundary;
+    the exception then propagates and train.py exits non-zero. Other exceptions (a non-finite loss) save
+    nothing: the last good checkpoint stays as it was.
     """
 
+    def __init__(self) -> None:
+        self.saved_step: int | None = None
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        self.saved_step = checkpoint["global_step"]
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.saved_step != trainer.global_step:
+            self._save(trainer)
+
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if not isinstance(exception, SIGTERMException) or trainer.checkpoint_callback is None:
-            return
+        if isinstance(exception, SIGTERMException):
+            path = self._save(trainer)
+            rank_zero_info(f"SIGTERM: saved {path} at step {trainer.global_step}; resume with --ckpt_path last")
+
+    @staticmethod
+    def _save(trainer: L.Trainer) -> Path | None:
+        if trainer.checkpoint_callback is None:
+            return None
         path = Path(trainer.checkpoint_callback.dirpath) / "last.ckpt"
         trainer.save_checkpoint(path)  # every rank calls it: sharded strategies save collectively
-        rank_zero_info(f"SIGTERM: saved {path} at step {trainer.global_step}; resume with --ckpt_path last")
+        return path

@@ -122,11 +122,12 @@ class LitGPT(L.LightningModule):
             adamw_param_groups(self.model, hp.weight_decay), lr=hp.learning_rate, betas=(hp.beta1, hp.beta2),
             fused=fused or None,
         )  # fmt: skip
-        max_steps = self.trainer.max_steps
-        if max_steps is None or max_steps < 1:
+        if self.trainer.max_steps is None or self.trainer.max_steps < 1:
             raise ValueError("trainer.max_steps must be set (> 0): the learning-rate schedule is laid out over it")
 
         def multiplier(step: int) -> float:
+            # max_steps is read at every step so a time budget (benchmarks/shakespeare_budget.py) can move it.
+            max_steps = self.trainer.max_steps
             return lr_multiplier(step, max_steps, hp.warmup_steps, hp.schedule, hp.min_lr_ratio, hp.decay_fraction)
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)

@@ -120,3 +120,17 @@ def test_nonfinite_loss_skip_counts_and_continues(corpus, data_cache, tmp_path):
     assert all(torch.isfinite(p).all() for p in model.parameters())
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["gqa_gpt"]["skipped_batches"] == 1
+
+
+def test_last_checkpoint_is_written_when_training_ends_between_saves(corpus, data_cache, tmp_path):
+    from training import LastCheckpoint
+
+    trainer = L.Trainer(
+        max_steps=7, max_epochs=-1, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
+        callbacks=[ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=5, save_top_k=0),
+                   LastCheckpoint()],
+    )  # fmt: skip
+    data = TextDataModule(data_files=str(corpus), cache_dir=str(data_cache), vocab_size=384, block_size=32, batch_size=8)
+    trainer.fit(LitGPT(vocab_size=384, block_size=32, **MODEL), data)
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 7
