@@ -2,23 +2,33 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 
+@lru_cache(maxsize=32)
+def _tables(head_dim: int, length: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    # Plain float32 tensors, not module buffers, so `model.to(torch.bfloat16)` cannot round the angles. Built
+    # outside inference mode because inference tensors cannot be saved for a later backward pass.
+    with torch.inference_mode(False), torch.no_grad():
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+        angles = torch.outer(torch.arange(length, device=device, dtype=torch.float32), inv_freq)  # (T, D/2)
+        # Rotate-half pairs dimension i with i + D/2, so each frequency appears twice, once per half.
+        angles = torch.cat([angles, angles], dim=-1)  # (T, D)
+        return angles.cos(), angles.sin()
+
+
 def rope_tables(
-    head_dim: int, start: int, length: int, theta: float, device: torch.device | None = None
+    head_dim: int, start: int, length: int, theta: float, device: torch.device | str | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables (length, head_dim) for absolute positions start..start+length-1, in float32.
 
-    They are computed per forward rather than stored as buffers, so `model.to(torch.bfloat16)` cannot
-    round the angles; the cost is a handful of tiny ops per call.
+    Tables are cached per device for lengths rounded up to a power of two, so a decode step only slices.
     """
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
-    positions = torch.arange(start, start + length, device=device, dtype=torch.float32)
-    angles = torch.outer(positions, inv_freq)  # (T, D/2)
-    # Rotate-half pairs dimension i with i + D/2, so each frequency appears twice, once per half.
-    angles = torch.cat([angles, angles], dim=-1)  # (T, D)
-    return angles.cos(), angles.sin()
+    size = 1 << (start + length - 1).bit_length()  # a power of two >= start + length: few distinct tables
+    cos, sin = _tables(head_dim, size, float(theta), torch.device(device or "cpu"))
+    return cos[start : start + length], sin[start : start + length]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
