@@ -20,7 +20,7 @@ class LossRecorder(L.Callback):
         self.losses: dict[int, float] = {}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if outputs is not None:  # None: the step was skipped
+        if outputs:  # empty: the step was skipped
             self.losses[trainer.global_step] = outputs["loss"].item()
 
 
@@ -116,7 +116,7 @@ def test_nonfinite_loss_skip_counts_and_continues(corpus, data_cache, tmp_path):
     model = NaNAt(3, vocab_size=384, block_size=32, nonfinite_loss="skip", **MODEL)
     trainer = trainer_fit_with(model, corpus, data_cache, tmp_path)
     assert model.skipped_batches == 1
-    assert trainer.global_step == 6  # the skipped batch did not count as a step
+    assert trainer.global_step == 6  # Lightning counts the skipped step: 5 updates, 6 batches, 6 steps
     assert all(torch.isfinite(p).all() for p in model.parameters())
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["gqa_gpt"]["skipped_batches"] == 1
@@ -134,3 +134,18 @@ def test_last_checkpoint_is_written_when_training_ends_between_saves(corpus, dat
     data = TextDataModule(data_files=str(corpus), cache_dir=str(data_cache), vocab_size=384, block_size=32, batch_size=8)
     trainer.fit(LitGPT(vocab_size=384, block_size=32, **MODEL), data)
     assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 7
+
+
+def test_resume_after_a_skipped_step_continues_with_the_right_batches(corpus, data_cache, tmp_path):
+    torch.manual_seed(0)
+    straight = NaNAt(2, vocab_size=384, block_size=32, nonfinite_loss="skip", **MODEL)
+    _, straight_losses = fit(corpus, data_cache, tmp_path / "straight", max_steps=6, model=straight)
+    torch.manual_seed(0)
+    first = NaNAt(2, vocab_size=384, block_size=32, nonfinite_loss="skip", **MODEL)
+    _, losses = fit(corpus, data_cache, tmp_path / "resumed", max_steps=6, stop_at=4, model=first)
+    resumed = NaNAt(2, vocab_size=384, block_size=32, nonfinite_loss="skip", **MODEL)
+    last = tmp_path / "resumed" / "checkpoints" / "last.ckpt"
+    _, rest = fit(corpus, data_cache, tmp_path / "resumed", max_steps=6, ckpt_path=last, model=resumed)
+    assert resumed.skipped_batches == 1
+    assert losses | rest == straight_losses
+    assert_same_weights(straight, resumed)
