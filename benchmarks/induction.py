@@ -1,0 +1,238 @@
+"""Does a 2-layer GQA model trained on repeated random segments form an induction head, and when?
+
+    python benchmarks/induction.py --threads 2            # defaults: 2 layers, 4/2 heads, 64 wide, 3000 steps
+    python benchmarks/induction.py --steps 300 --eval_every 50 --threads 1   # a quick look (no head yet)
+
+Each training sequence is uniformly random tokens in which, after a random-length noise prefix, a random
+segment of a random length (the period, --min_period..--max_period) repeats until the end of the sequence
+(--no-tile: repeats once). Random tokens have no n-gram statistics, so the only way to beat ln(vocab) on a
+repeat is to find the earlier occurrence of the current token and copy what followed it: an induction head,
+typically in layer 1 reading a previous-token head in layer 0. Expect a plateau, then a sudden drop of the
+copy-2 loss (the phase change) after roughly 1300-1600 steps with the defaults (seeds 0 and 1).
+
+The model is `model.GPT` trained with a plain PyTorch AdamW loop (no Lightning). Every --eval_every steps, in
+eval mode, it is scored on fixed held-out sequences, a random segment followed by itself, one per period in
+--eval_periods: the loss on the first copy (unpredictable, ~ln(vocab)) against the loss on the second copy
+(the in-context learning signal), and per layer the best head by `training.attention_stats` induction score
+(averaged over the periods) and previous-token score (on random tokens). The verdict names the first
+evaluation at which some head's induction score exceeds --threshold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+import torch.nn.functional as F
+
+from model import GPT, ModelConfig
+from training.attention_stats import head_statistics, repeated_random_tokens
+from training.schedule import adamw_param_groups
+
+
+def repeat_batch(
+    vocab_size: int, block_size: int, batch_size: int, periods: tuple[int, int], generator: torch.Generator,
+    tile: bool = True,
+) -> torch.Tensor:
+    """Token ids (B, block_size + 1): random tokens, each row holding a segment repeated right after itself.
+
+    With `tile` the segment repeats up to the end of the row: more targets per batch that only an induction
+    circuit predicts, so a stronger signal for it (with one repeat, no head had formed by step 600 either).
+    The period varies per row: with a fixed period a head could attend to the fixed relative offset
+    period - 1 through RoPE and score as an "induction head" without ever matching tokens.
+    """
+    tokens = torch.randint(vocab_size, (batch_size, block_size + 1), generator=generator)  # (B, T + 1)
+    lengths = torch.randint(periods[0], periods[1] + 1, (batch_size,), generator=generator)  # (B,)
+    for row, period in enumerate(lengths.tolist()):
+        # Random noise before the segment makes the repeat's absolute position vary too.
+        start = int(torch.randint(block_size + 2 - 2 * period, (1,), generator=generator))
+        end = block_size + 1 if tile else start + 2 * period
+        for pos in range(start + period, end):
+            tokens[row, pos] = tokens[row, pos - period]
+    return tokens
+
+
+def build_model(args: argparse.Namespace) -> GPT:
+    config = ModelConfig(
+        vocab_size=args.vocab_size, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
+        n_kv_head=args.n_kv_head, n_embd=args.n_embd,
+    )  # fmt: skip
+    return GPT(config)
+
+
+def build_optimizer(model: GPT, args: argparse.Namespace):
+    optimizer = torch.optim.AdamW(adamw_param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
+    # Linear warmup then constant: a decaying rate would slow a phase change that may come late.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / args.warmup))
+    return optimizer, scheduler
+
+
+def train_step(model: GPT, optimizer, scheduler, tokens: torch.Tensor) -> float:
+    logits = model(tokens[:, :-1])  # (B, T, V)
+    loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+def copy_losses(model: GPT, repeated: torch.Tensor, period: int) -> tuple[float, float]:
+    """Mean loss on the first copy and on the second copy of a (B, 2 * period) repeated sequence."""
+    logits = model(repeated[:, :-1])  # (B, 2P - 1, V)
+    losses = F.cross_entropy(logits.transpose(1, 2), repeated[:, 1:], reduction="none")  # (B, 2P - 1)
+    # Position t predicts token t + 1: t < P - 1 stays in the first copy, t >= P predicts a repeated token
+    # whose predecessor already occurred (t = P - 1 predicts the repeat's first token, which has no cue).
+    return losses[:, : period - 1].mean().item(), losses[:, period:].mean().item()
+
+
+@torch.no_grad()
+def evaluate(model: GPT, args: argparse.Namespace) -> dict:
+    """Copy losses and per-head scores on the same held-out sequences at every evaluation.
+
+    Scores are averaged over several periods: on one fixed layout a purely positional head (attend to about
+    t / 2, say) can sit on key t - period + 1 and score like an induction head; over several periods only
+    a head that matches tokens keeps scoring.
+    """
+    model.eval()
+    probe = torch.randint(args.vocab_size, (args.eval_batch, args.block_size), generator=_generator(args.seed - 1))
+    probe_maps = model.attention_maps(probe)  # (L, B, H, T, T), shared by every period
+    firsts, seconds, inductions = [], [], []
+    for i, period in enumerate(args.eval_periods):
+        seed = args.seed + 1_000_003 + i  # no training batch draws from these seeds
+        # head_statistics draws its induction sequence from the generator it is given; a generator seeded
+        # alike here draws the same sequence, so the copy losses and the induction score see the same tokens.
+        repeated = repeated_random_tokens(args.vocab_size, period, args.eval_batch, _generator(seed))
+        first, second = copy_losses(model, repeated, period)
+        stats = head_statistics(model, probe, period, args.eval_batch, _generator(seed), probe_maps)
+        firsts.append(first)
+        seconds.append(second)
+        inductions.append(stats["induction"])
+    model.train()
+    return {"first": sum(firsts) / len(firsts), "second": sum(seconds) / len(seconds),
+            "induction": torch.stack(inductions).mean(dim=0), "previous": stats["previous_token"]}  # fmt: skip
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def format_row(step: int, elapsed: float, train_loss: float, result: dict) -> str:
+    cells = [f"{step:6d}", f"{elapsed:6.1f}", f"{train_loss:6.3f}"]
+    cells += [f"{result['first']:6.3f}", f"{result['second']:6.3f}"]
+    for name in ("induction", "previous"):
+        best, head = result[name].max(dim=1)  # (L,), best head per layer
+        cells += [f"{score:.2f}(h{h})" for score, h in zip(best.tolist(), head.tolist(), strict=True)]
+    return "  ".join(cells)
+
+
+def header(n_layer: int) -> str:
+    cells = ["  step", "  time", " train", " copy1", " copy2"]
+    cells += [f"ind L{layer}  " for layer in range(n_layer)] + [f"prev L{layer} " for layer in range(n_layer)]
+    return "  ".join(cells)
+
+
+def first_formation(history: list[tuple[int, dict]], threshold: float) -> tuple[int, int, int, float] | None:
+    """(step, layer, head, score) of the first evaluation where some head's induction score beats threshold."""
+    for step, result in history:
+        scores = result["induction"]  # (L, H)
+        if scores.max().item() > threshold:
+            layer, head = divmod(int(scores.argmax()), scores.shape[1])
+            return step, layer, head, scores[layer, head].item()
+    return None
+
+
+def verdict(history: list[tuple[int, dict]], args: argparse.Namespace) -> str:
+    found = first_formation(history, args.threshold)
+    last_step, last = history[-1]
+    gap = f"at step {last_step}: copy2 loss {last['second']:.3f} vs copy1 {last['first']:.3f}"
+    if found is None:
+        best = last["induction"].max().item()
+        return f"no induction head by step {last_step} (best score {best:.2f} <= threshold {args.threshold}); {gap}"
+    step, layer, head, score = found
+    group = head // (args.n_head // args.n_kv_head)  # GQA: heads of one group share their keys and values
+    result = dict(history)[step]
+    prev_layer = int(result["previous"].max(dim=1).values.argmax())
+    prev_score, prev_head = result["previous"][prev_layer].max(dim=0)
+    return (f"induction head formed at step {step} (layer {layer} head {head}, kv group {group}, score "
+            f"{score:.2f} > threshold {args.threshold}; strongest previous-token head then: layer {prev_layer} "
+            f"head {int(prev_head)}, {prev_score:.2f}); {gap}, that head's score "
+            f"{last['induction'][layer, head]:.2f}")  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> None:
+    torch.manual_seed(args.seed)
+    model = build_model(args)
+    optimizer, scheduler = build_optimizer(model, args)
+    generator = torch.Generator().manual_seed(args.seed)
+    periods = (args.min_period, args.max_period)
+    print(f"model: {args.n_layer} layers, {args.n_embd} wide, {args.n_head} heads / {args.n_kv_head} kv heads, "
+          f"vocab {args.vocab_size}, block {args.block_size}, batch {args.batch_size}, lr {args.lr}; train "
+          f"periods {periods} (tile {args.tile}), eval periods {args.eval_periods}; ln(vocab) = {math.log(args.vocab_size):.3f}")  # fmt: skip
+    print(header(args.n_layer))
+    history, recent, start = [], [], time.perf_counter()
+    for step in range(1, args.steps + 1):
+        tokens = repeat_batch(args.vocab_size, args.block_size, args.batch_size, periods, generator, args.tile)
+        recent.append(train_step(model, optimizer, scheduler, tokens))
+        if step % args.eval_every == 0 or step == args.steps:
+            result = evaluate(model, args)
+            history.append((step, result))
+            print(format_row(step, time.perf_counter() - start, sum(recent) / len(recent), result), flush=True)
+            recent = []
+    print(verdict(history, args))
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add = parser.add_argument
+    add("--steps", type=int, default=3000)
+    add("--eval_every", type=int, default=100)
+    add("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    add("--seed", type=int, default=0)
+    add("--vocab_size", type=int, default=256)
+    add("--block_size", type=int, default=64)
+    add("--n_layer", type=int, default=2)
+    add("--n_head", type=int, default=4)
+    add("--n_kv_head", type=int, default=2)
+    add("--n_embd", type=int, default=64)
+    add("--batch_size", type=int, default=32)
+    add("--lr", type=float, default=3e-3)
+    add("--warmup", type=int, default=50, help="optimizer steps of linear warmup; constant after")
+    add("--weight_decay", type=float, default=0.1)
+    add("--min_period", type=int, default=8, help="shortest repeated segment in training")
+    add("--max_period", type=int, default=32, help="longest repeated segment in training (<= (block+1)/2)")
+    add("--eval_periods", type=_int_list, default=(8, 12, 16, 24, 32),
+        help="comma-separated segment lengths of the held-out repeated sequences")
+    add("--tile", action=argparse.BooleanOptionalAction, default=True,
+        help="repeat the segment until the end of the sequence (--no-tile: once)")
+    add("--eval_batch", type=int, default=8)
+    add("--threshold", type=float, default=0.5, help="induction score that counts as an induction head")
+    args = parser.parse_args()
+    if not 1 <= args.min_period <= args.max_period or 2 * args.max_period > args.block_size + 1:
+        parser.error("need 1 <= --min_period <= --max_period and 2 * --max_period <= --block_size + 1")
+    if min(args.eval_periods) < 2 or 2 * max(args.eval_periods) > args.block_size:
+        parser.error("need every --eval_periods value in [2, --block_size / 2]")
+    return args
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(","))
+
+
+def main() -> None:
+    args = parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
