@@ -149,21 +149,27 @@ def benchmark(model, prompt: torch.Tensor, args: argparse.Namespace, sample: dic
     print(f"KV cache: {cache.bytes_per_token} bytes per token per sequence, {cache.nbytes / 2**20:.2f} MiB "
           f"for {prompt.shape[0]} x {cache.max_len} tokens")
     del cache
+    sample = {**sample, "eos_id": None}  # never stop early: every run decodes the same count
+    _timed_generate(model, prompt, 4, True, args.seed, sample)  # warm-up: thread pools, kernels, RoPE tables
     results = {}
     for use_cache in [True, False] if args.no_cache else [True]:
-        stamps: list[float] = []
-        sample_args = {**sample, "eos_id": None}  # never stop early: every run decodes the same count
-        generator = torch.Generator(device=prompt.device).manual_seed(args.seed)
-        start = time.perf_counter()
-        generate(model, prompt, args.max_new_tokens, generator=generator, use_cache=use_cache,
-                 on_token=lambda _: stamps.append(time.perf_counter()), **sample_args)
-        prefill_s, decode_s = stamps[0] - start, stamps[-1] - stamps[0]
-        decode_tps = prompt.shape[0] * (len(stamps) - 1) / decode_s if decode_s else float("inf")
+        stamps = _timed_generate(model, prompt, args.max_new_tokens, use_cache, args.seed, sample)
+        prefill_s, decode_s = stamps[1] - stamps[0], stamps[-1] - stamps[1]
+        decode_tps = prompt.shape[0] * (len(stamps) - 2) / decode_s if decode_s else float("inf")
         name = "cached" if use_cache else "no_cache"
         print(f"{name:>8}: prefill {prompt.numel() / prefill_s:,.0f} tokens/s, decode {decode_tps:,.1f} tokens/s")
         results[name] = decode_tps
     if len(results) == 2:
         print(f"decode speed-up from the KV cache: {results['cached'] / results['no_cache']:.1f}x")
+
+
+def _timed_generate(model, prompt, new_tokens: int, use_cache: bool, seed: int, sample: dict) -> list[float]:
+    """perf_counter at the start and at the arrival of each new token."""
+    stamps = [time.perf_counter()]
+    generator = torch.Generator(device=prompt.device).manual_seed(seed)
+    generate(model, prompt, new_tokens, generator=generator, use_cache=use_cache,
+             on_token=lambda _: stamps.append(time.perf_counter()), **sample)
+    return stamps
 
 
 def write_attention_map(model, tokenizer: Tokenizer, ids: torch.Tensor, path: str, layer: int | None) -> None:
@@ -206,7 +212,7 @@ def _label(text: str, width: int = 7) -> str:
 def _matrix(values: torch.Tensor, labels: list[str], width: int = 8) -> str:
     header = " " * width + "".join(f"{label:>{width}}" for label in labels)
     rows = [header]
-    for label, row in zip(labels, values.tolist()):
+    for label, row in zip(labels, values.tolist(), strict=True):
         cells = "".join(f"{'-inf' if v == float('-inf') else f'{v:.3f}':>{width}}" for v in row)
         rows.append(f"{label:>{width}}{cells}")
     return "\n".join(rows)

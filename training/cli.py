@@ -9,8 +9,8 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from .attention_maps import AttentionMaps
-from .samples import SampleGenerations
 from .last_checkpoint import LastCheckpoint
+from .samples import SampleGenerations
 from .throughput import ThroughputMonitor
 from .wandb_setup import wandb_offline
 

@@ -67,7 +67,7 @@ def fit(corpus, cache, root, max_steps, stop_at=None, ckpt_path=None, model=None
 
 
 def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
-    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
         assert torch.equal(x, y), name
 
 
