@@ -48,7 +48,7 @@ class TimeBudget(L.Callback):
         if elapsed >= self.budget_s:
             trainer.should_stop = True
         elif step >= 20 and step < (1 - self.decay_fraction) * trainer.max_steps:
-            trainer.fit_loop.max_steps = max(step + 1, int(step * self.budget_s / elapsed))
+            trainer.fit_loop.epoch_loop.max_steps = max(step + 1, int(step * self.budget_s / elapsed))
 
 
 @torch.no_grad()
