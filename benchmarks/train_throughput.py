@@ -1,0 +1,188 @@
+"""Training tokens/s of the Lightning step (LitGPT + Trainer) against a bare PyTorch loop, in one run.
+
+    python benchmarks/train_throughput.py --threads 2                     # 60 steps, 3 rounds of each
+    python benchmarks/train_throughput.py --steps 12 --warmup 3 --repeats 1 --threads 1   # a quick look
+
+Both sides train the same model (the configs/shakespeare.yaml shape and optimizer by default: 4 layers, 4/2
+heads, 128 wide, vocab 1024, block 128, batch 32) from the same initialisation on the same batches:
+`data.TrainBatches` over a random token stream through `DataLoader(batch_size=None)`, on the CPU. The bare loop
+does per step what LitGPT + Trainer do: `LitGPT.loss`, backward, `clip_grad_norm_(1.0)`, AdamW over
+`adamw_param_groups`, LambdaLR over `lr_multiplier`, zero_grad. Lightning's own extra per-step work (loss
+logging, LitGPT's finite-loss check and grad-norm logging, hooks) is what the comparison measures.
+
+Time is counted from the end of step --warmup to the end of the last step (Trainer setup and the first,
+slower steps are left out), at the same point on both sides: after the scheduler step, where Lightning calls
+on_train_batch_end. Rounds alternate Lightning and bare so machine noise hits both alike; the medians give
+overhead = (bare - lightning) / bare tokens/s, target under 5%. The losses of the two sides should agree at
+every step (same init, same batches, same updates): the first step's and the largest difference are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from data import TrainBatches
+from training import LitGPT
+from training.schedule import adamw_param_groups, lr_multiplier
+
+# The optimizer and schedule of configs/shakespeare.yaml; the model shape comes from the arguments.
+RECIPE = {"learning_rate": 3e-3, "weight_decay": 0.1, "warmup_steps": 50, "schedule": "wsd",
+          "decay_fraction": 0.3, "min_lr_ratio": 0.05}  # fmt: skip
+
+
+class StepClock(L.Callback):
+    """perf_counter and loss at the end of every training batch (after the optimizer and scheduler steps)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.losses.append(outputs["loss"].item())
+        self.times.append(time.perf_counter())
+
+
+def build_module(args: argparse.Namespace) -> LitGPT:
+    torch.manual_seed(args.seed)  # the same initial weights on both sides, every round
+    return LitGPT(vocab_size=args.vocab_size, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
+                  n_kv_head=args.n_kv_head, n_embd=args.n_embd, **RECIPE)  # fmt: skip
+
+
+def batches(tokens: np.ndarray, args: argparse.Namespace) -> DataLoader:
+    return DataLoader(TrainBatches(tokens, args.block_size, args.batch_size, seed=args.seed), batch_size=None)
+
+
+def run_lightning(tokens: np.ndarray, args: argparse.Namespace) -> tuple[list[float], list[float]]:
+    """Step end times and losses of `args.steps` steps of Trainer.fit."""
+    clock = StepClock()
+    trainer = L.Trainer(
+        max_steps=args.steps, max_epochs=-1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, gradient_clip_val=1.0, limit_val_batches=0,
+        num_sanity_val_steps=0, callbacks=[clock],
+    )  # fmt: skip
+    trainer.fit(build_module(args), train_dataloaders=batches(tokens, args))
+    return clock.times, clock.losses
+
+
+def run_bare(tokens: np.ndarray, args: argparse.Namespace) -> tuple[list[float], list[float]]:
+    """The same steps as run_lightning without Lightning: step end times and losses."""
+    module = build_module(args)
+    module.train()
+    hp = module.hparams
+    optimizer = torch.optim.AdamW(adamw_param_groups(module.model, hp.weight_decay), lr=hp.learning_rate,
+                                  betas=(hp.beta1, hp.beta2))  # fmt: skip
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(
+        step, args.steps, hp.warmup_steps, hp.schedule, hp.min_lr_ratio, hp.decay_fraction))  # fmt: skip
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    times, losses = [], []
+    for step, (x, y) in enumerate(batches(tokens, args)):
+        if step == args.steps:
+            break
+        loss = module.loss(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())  # Lightning reads the loss every step too (finite check, logging)
+        times.append(time.perf_counter())
+    return times, losses
+
+
+def tokens_per_s(times: list[float], args: argparse.Namespace) -> float:
+    """Steady-state throughput: the steps after the first `warmup` ones."""
+    measured = args.steps - args.warmup
+    return measured * args.batch_size * args.block_size / (times[-1] - times[args.warmup - 1])
+
+
+def quiet_lightning() -> None:
+    # Lightning's banner ("GPU available", ...) and its advice to add DataLoader workers would bury the table;
+    # both sides read batches in the main process, so the advice does not change the comparison.
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*no `val_dataloader`.*")  # validation is off on purpose
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # Lightning's own deprecation, not ours
+
+
+def measure(args: argparse.Namespace) -> dict[str, list[tuple[float, list[float]]]]:
+    """Alternating rounds: per side a list of (tokens/s, losses)."""
+    tokens = np.random.default_rng(args.seed).integers(0, args.vocab_size, args.stream_tokens, dtype=np.uint16)
+    results = {"lightning": [], "bare": []}
+    runners = {"lightning": run_lightning, "bare": run_bare}
+    for round_index in range(args.repeats):
+        # Alternate which side goes first too, so a slow start of a round does not always hit the same side.
+        order = ("lightning", "bare") if round_index % 2 == 0 else ("bare", "lightning")
+        for side in order:
+            times, losses = runners[side](tokens, args)
+            results[side].append((tokens_per_s(times, args), losses))
+            print(f"round {round_index + 1} {side:9s} {results[side][-1][0]:9.0f} tokens/s", flush=True)
+    return results
+
+
+def report(results: dict[str, list[tuple[float, list[float]]]], args: argparse.Namespace) -> None:
+    lit = statistics.median(speed for speed, _ in results["lightning"])
+    bare = statistics.median(speed for speed, _ in results["bare"])
+    lit_losses, bare_losses = results["lightning"][0][1], results["bare"][0][1]
+    overhead = (bare - lit) / bare
+    print(f"model: {args.n_layer} layers, {args.n_embd} wide, {args.n_head} heads / {args.n_kv_head} kv heads, "
+          f"vocab {args.vocab_size}; batch {args.batch_size} x {args.block_size} tokens; "
+          f"torch threads {torch.get_num_threads()}")  # fmt: skip
+    print(f"steps {args.steps}, timed after step {args.warmup}; median of {args.repeats} rounds")
+    tokens_per_step = args.batch_size * args.block_size
+    print(f"lightning: {lit:9.0f} tokens/s ({1000 * tokens_per_step / lit:7.1f} ms/step)")
+    print(f"bare:      {bare:9.0f} tokens/s ({1000 * tokens_per_step / bare:7.1f} ms/step)")
+    print(f"overhead:  {100 * overhead:8.2f} % of bare tokens/s (target < 5%): {'PASS' if overhead < 0.05 else 'FAIL'}")
+    first_diff = abs(lit_losses[0] - bare_losses[0])
+    print(f"first-step loss: lightning {lit_losses[0]:.6f}, bare {bare_losses[0]:.6f}, |diff| {first_diff:.2e}")
+    worst = max(abs(a - b) for a, b in zip(lit_losses, bare_losses, strict=True))
+    print(f"last-step loss:  lightning {lit_losses[-1]:.6f}, bare {bare_losses[-1]:.6f}; "
+          f"max |diff| over all {len(lit_losses)} steps {worst:.2e}")  # fmt: skip
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add = parser.add_argument
+    add("--steps", type=int, default=60, help="optimizer steps per run")
+    add("--warmup", type=int, default=5, help="steps left out of the timing at the start of each run")
+    add("--repeats", type=int, default=3, help="rounds; each trains a fresh model on each side")
+    add("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    add("--seed", type=int, default=0)
+    add("--vocab_size", type=int, default=1024)
+    add("--block_size", type=int, default=128)
+    add("--batch_size", type=int, default=32)
+    add("--n_layer", type=int, default=4)
+    add("--n_head", type=int, default=4)
+    add("--n_kv_head", type=int, default=2)
+    add("--n_embd", type=int, default=128)
+    add("--stream_tokens", type=int, default=2_000_000, help="length of the random token stream")
+    args = parser.parse_args()
+    if not 1 <= args.warmup < args.steps:
+        parser.error("need 1 <= --warmup < --steps")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    quiet_lightning()
+    report(measure(args), args)
+
+
+if __name__ == "__main__":
+    main()
