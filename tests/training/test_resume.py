@@ -47,11 +47,11 @@ class NaNAt(LitGPT):
         return loss * float("nan") if self.trainer.global_step == self.bad_step else loss
 
 
-def fit(corpus, cache, root, max_steps, stop_at=None, ckpt_path=None, model=None, **model_kwargs):
-    """One fit() call; returns (module, recorded losses)."""
+def fit(corpus, cache, root, max_steps, stop_at=None, ckpt_path=None, model=None, callbacks=()):
+    """One fit() call with a checkpoint every step; returns (module, recorded losses)."""
     recorder = LossRecorder()
-    callbacks = [recorder, ModelCheckpoint(dirpath=root / "checkpoints", save_last=True, every_n_train_steps=1,
-                                           save_top_k=0)]
+    callbacks = [recorder, *callbacks, ModelCheckpoint(dirpath=root / "checkpoints", save_last=True,
+                                                       every_n_train_steps=1, save_top_k=0)]
     if stop_at is not None:
         callbacks.append(StopAt(stop_at))
     trainer = L.Trainer(
@@ -61,7 +61,7 @@ def fit(corpus, cache, root, max_steps, stop_at=None, ckpt_path=None, model=None
     )  # fmt: skip
     data = TextDataModule(data_files=str(corpus), cache_dir=str(cache), vocab_size=384, block_size=32, batch_size=8)
     torch.manual_seed(0)  # the same initial weights in every run
-    module = model or LitGPT(vocab_size=384, block_size=32, **MODEL, **model_kwargs)
+    module = model or LitGPT(vocab_size=384, block_size=32, **MODEL)
     trainer.fit(module, data, ckpt_path=ckpt_path)
     return module, recorder.losses
 
@@ -95,28 +95,16 @@ def test_nonfinite_loss_raise_stops_and_keeps_the_last_good_checkpoint(corpus, d
 
     model = NaNAt(3, vocab_size=384, block_size=32, **MODEL)
     with pytest.raises(NonFiniteLossError, match="step 3"):
-        trainer_fit_with(model, corpus, data_cache, tmp_path, Snapshot())
+        fit(corpus, data_cache, tmp_path, max_steps=6, model=model, callbacks=[Snapshot()])
     assert hashlib.sha256(last.read_bytes()).hexdigest() == seen["digest"]
     assert torch.load(last, weights_only=True)["global_step"] == 3
 
 
-def trainer_fit_with(model, corpus, cache, root, *callbacks):
-    trainer = L.Trainer(
-        default_root_dir=root, max_steps=6, max_epochs=-1, accelerator="cpu", devices=1, logger=False,
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-        callbacks=[ModelCheckpoint(dirpath=root / "checkpoints", save_last=True, every_n_train_steps=1,
-                                   save_top_k=0), *callbacks],
-    )  # fmt: skip
-    data = TextDataModule(data_files=str(corpus), cache_dir=str(cache), vocab_size=384, block_size=32, batch_size=8)
-    trainer.fit(model, data)
-    return trainer
-
-
 def test_nonfinite_loss_skip_counts_and_continues(corpus, data_cache, tmp_path):
     model = NaNAt(3, vocab_size=384, block_size=32, nonfinite_loss="skip", **MODEL)
-    trainer = trainer_fit_with(model, corpus, data_cache, tmp_path)
+    fit(corpus, data_cache, tmp_path, max_steps=6, model=model)
     assert model.skipped_batches == 1
-    assert trainer.global_step == 6  # Lightning counts the skipped step: 5 updates, 6 batches, 6 steps
+    assert model.trainer.global_step == 6  # Lightning counts the skipped step: 5 updates, 6 batches, 6 steps
     assert all(torch.isfinite(p).all() for p in model.parameters())
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["gqa_gpt"]["skipped_batches"] == 1
