@@ -91,6 +91,8 @@ class TextStream:
         self.tokenizer, self.ids, self.printed = tokenizer, [], 0
 
     def __call__(self, token: torch.Tensor) -> None:
+        if int(token[0]) == self.tokenizer.eos_id:  # the stop token ends the text, as in the batch path
+            return
         self.ids.append(int(token[0]))
         text = self.tokenizer.decode(self.ids)
         if text.endswith("\ufffd"):  # a multi-byte character split across tokens: wait for the rest

@@ -109,7 +109,8 @@ def generate(
         idx = torch.cat([idx, token[:, None]], dim=1)
         if on_token is not None:
             on_token(token)
-        if step == max_new_tokens - 1 or bool(done.all()):
+        # done.all() syncs with the device, so it is only asked when an eos can have been emitted.
+        if step == max_new_tokens - 1 or (eos_id is not None and bool(done.all())):
             break
         new_start = context_start(start, idx.shape[1], block_size)
         if cache is not None and new_start == start:

@@ -130,3 +130,14 @@ def test_benchmark_reports_speed_and_cache_size(ckpt, capsys):
     assert "bytes per token" in out and "decode" in out and "speed-up" in out
     # 2 layers x 2 kv heads x head_dim 16 x (k + v) x 4 bytes = 512
     assert "512 bytes per token" in out
+
+
+def test_stream_prints_text_but_not_the_stop_token(ckpt, capsys):
+    from data.tokenizer import Tokenizer
+    from model.checkpoint import load_checkpoint
+
+    tokenizer = Tokenizer.from_json(load_checkpoint(ckpt).tokenizer_json)
+    stream = cli.TextStream(tokenizer)
+    for token in [*tokenizer.encode("Hi there"), tokenizer.eos_id]:
+        stream(torch.tensor([token]))
+    assert capsys.readouterr().out == "Hi there"
