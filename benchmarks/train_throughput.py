@@ -3,12 +3,12 @@
     python benchmarks/train_throughput.py --threads 2                     # 60 steps, 3 rounds of each
     python benchmarks/train_throughput.py --steps 12 --warmup 3 --repeats 1 --threads 1   # a quick look
 
-Both sides train the same model (the configs/shakespeare.yaml shape and optimizer by default: 4 layers, 4/2
-heads, 128 wide, vocab 1024, block 128, batch 32) from the same initialisation on the same batches:
-`data.TrainBatches` over a random token stream through `DataLoader(batch_size=None)`, on the CPU. The bare loop
-does per step what LitGPT + Trainer do: `LitGPT.loss`, backward, `clip_grad_norm_(1.0)`, AdamW over
-`adamw_param_groups`, LambdaLR over `lr_multiplier`, zero_grad. Lightning's own extra per-step work (loss
-logging, LitGPT's finite-loss check and grad-norm logging, hooks) is what the comparison measures.
+Both sides train the same model (the configs/shakespeare.yaml shape by default: 4 layers, 4/2 heads, 128 wide,
+vocab 1024; block 128 and batch 32 unless --block_size/--batch_size say otherwise) from the same initialisation
+on the same batches: `data.TrainBatches` over a random token stream through `DataLoader(batch_size=None)`, on the
+CPU. The bare loop does per step what LitGPT + Trainer do: `LitGPT.loss`, backward, `clip_grad_norm_(1.0)`,
+the optimizer of `LitGPT.make_optimizer`, LambdaLR over `lr_multiplier`, zero_grad. Lightning's own extra
+per-step work (loss logging, LitGPT's finite-loss check and grad-norm logging, hooks) is what the comparison measures.
 
 Time is counted from the end of step --warmup to the end of the last step (Trainer setup and the first,
 slower steps are left out), at the same point on both sides: after the scheduler step, where Lightning calls
@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader
 
 from data import TrainBatches
 from training import LitGPT
-from training.schedule import adamw_param_groups, lr_multiplier
+from training.schedule import lr_multiplier
 
 # The optimizer and schedule of configs/shakespeare.yaml; the model shape comes from the arguments.
 RECIPE = {"learning_rate": 3e-3, "weight_decay": 0.1, "warmup_steps": 50, "schedule": "wsd",
@@ -83,8 +83,7 @@ def run_bare(tokens: np.ndarray, args: argparse.Namespace) -> tuple[list[float],
     module = build_module(args)
     module.train()
     hp = module.hparams
-    optimizer = torch.optim.AdamW(adamw_param_groups(module.model, hp.weight_decay), lr=hp.learning_rate,
-                                  betas=(hp.beta1, hp.beta2))  # fmt: skip
+    optimizer = module.make_optimizer()
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(
         step, args.steps, hp.warmup_steps, hp.schedule, hp.min_lr_ratio, hp.decay_fraction))  # fmt: skip
     params = [p for group in optimizer.param_groups for p in group["params"]]

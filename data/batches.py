@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -19,10 +20,18 @@ from data.errors import DataConfigError
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-def batch_seed(seed: int, batch_index: int, rank: int) -> int:
-    """A 63-bit generator seed from (seed, batch_index, rank); distinct triples practically never collide."""
-    digest = hashlib.blake2b(f"{seed}/{batch_index}/{rank}".encode(), digest_size=8).digest()
+def epoch_seed(seed: int, epoch: int, rank: int) -> int:
+    """A 63-bit generator seed from (seed, epoch, rank); distinct triples practically never collide."""
+    digest = hashlib.blake2b(f"{seed}/{epoch}/{rank}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
+
+
+@lru_cache(maxsize=2)  # a batch that straddles two epochs needs both orders
+def epoch_order(seed: int, epoch: int, rank: int, windows: int, max_offset: int) -> tuple[int, torch.Tensor]:
+    """One epoch on one rank: where the window grid starts (0..max_offset) and the order its windows are read."""
+    generator = torch.Generator().manual_seed(epoch_seed(seed, epoch, rank))
+    offset = int(torch.randint(0, max_offset + 1, (1,), generator=generator))
+    return offset, torch.randperm(windows, generator=generator)
 
 
 def check_val_length(val_tokens: int, block_size: int) -> None:
@@ -54,7 +63,13 @@ class _MemmapPicklesAsPath:
 
 
 class TrainBatches(_MemmapPicklesAsPath, IterableDataset):
-    """Random (x, y) windows: batch i of rank r comes from rank r's contiguous 1/world_size shard of `tokens`.
+    """Shuffled (x, y) windows of rank r's contiguous 1/world_size shard of `tokens`, epoch after epoch.
+
+    Each epoch cuts the shard into back-to-back windows of block_size + 1 tokens on a grid shifted by a random
+    offset, and reads every window once in a random order; batch i takes the next batch_size windows of that
+    sequence. Reading each window once per epoch, rather than drawing start positions with replacement, reached
+    a lower validation loss on tiny Shakespeare at the same step count (README, Results): fewer tokens are seen
+    three times while others are not seen at all.
 
     Iterates batches start_batch, start_batch + 1, ... (forever when `num_batches` is None). Use it with
     `DataLoader(batch_size=None)`; with several workers, worker w yields every num_workers-th batch and the
@@ -74,18 +89,23 @@ class TrainBatches(_MemmapPicklesAsPath, IterableDataset):
         self.num_batches = num_batches
         shard_len = len(tokens) // world_size
         self.shard_start = rank * shard_len
-        self.shard_len = shard_len
         if shard_len < block_size + 1:
             raise DataConfigError(
                 f"data.block_size: each of the {world_size} rank shards of the train stream has {shard_len} "
                 f"tokens but block_size={block_size} needs at least {block_size + 1}; lower data.block_size"
             )
+        # The grid start can move by up to block_size - 1 and every window still ends inside the shard.
+        self.windows_per_epoch = max(1, (shard_len - block_size) // block_size)
+        self.max_offset = min(block_size - 1, shard_len - 1 - self.windows_per_epoch * block_size)
 
     def batch(self, batch_index: int) -> Batch:
         """Batch `batch_index` of this rank: x (B, T) and y = x shifted by one, both int64."""
-        generator = torch.Generator().manual_seed(batch_seed(self.seed, batch_index, self.rank))
-        offsets = torch.randint(0, self.shard_len - self.block_size, (self.batch_size,), generator=generator)
-        starts = self.shard_start + offsets.numpy()
+        first = batch_index * self.batch_size
+        starts = []
+        for position in range(first, first + self.batch_size):
+            epoch, index = divmod(position, self.windows_per_epoch)
+            offset, order = epoch_order(self.seed, epoch, self.rank, self.windows_per_epoch, self.max_offset)
+            starts.append(self.shard_start + offset + int(order[index]) * self.block_size)
         windows = np.stack([self.tokens[start : start + self.block_size + 1] for start in starts])
         windows = torch.from_numpy(windows.astype(np.int64))  # (B, T + 1)
         return windows[:, :-1], windows[:, 1:]

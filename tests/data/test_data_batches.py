@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from data import DataConfigError, TrainBatches, ValWindows
-from data.batches import batch_seed
+from data.batches import epoch_seed
 
 N_TOKENS = 10_000
 T = 16
@@ -71,11 +71,31 @@ def test_ranks_read_disjoint_contiguous_shards(positions: np.ndarray) -> None:
     assert not seen[0] & seen[1] and not seen[1] & seen[2]
 
 
-def test_batch_seeds_do_not_collide() -> None:
-    seeds = {batch_seed(seed, index, rank) for seed in range(5) for index in range(400) for rank in range(8)}
+def test_epoch_seeds_do_not_collide() -> None:
+    seeds = {epoch_seed(seed, epoch, rank) for seed in range(5) for epoch in range(400) for rank in range(8)}
     assert len(seeds) == 5 * 400 * 8
-    assert batch_seed(1, 23, 4) != batch_seed(12, 3, 4)
+    assert epoch_seed(1, 23, 4) != epoch_seed(12, 3, 4)
     assert all(0 <= s < 2**63 for s in seeds)
+
+
+def test_an_epoch_reads_every_window_of_the_shard_once(positions: np.ndarray) -> None:
+    batches = TrainBatches(positions, T, B, seed=5)
+    per_epoch = batches.windows_per_epoch
+    assert per_epoch == (N_TOKENS - T) // T
+    starts = [int(x[row, 0]) for x, _ in _take(batches, 2 * per_epoch // B + 2) for row in range(B)]
+    first, second = starts[:per_epoch], starts[per_epoch : 2 * per_epoch]
+    for epoch in (first, second):
+        assert len(set(epoch)) == per_epoch, "no window repeats within an epoch"
+        assert len({start % T for start in epoch}) == 1, "one grid per epoch"
+        assert max(epoch) + T + 1 <= N_TOKENS
+    assert first != sorted(first), "the order is shuffled"
+    assert first != second, "the next epoch reads another order"
+
+
+def test_a_shard_of_one_window_still_yields_batches(positions: np.ndarray) -> None:
+    batches = TrainBatches(positions[: T + 5], T, batch_size=3, seed=0)
+    for x, y in _take(batches, 4):
+        assert torch.equal(y, x + 1) and int(y.max()) < T + 5
 
 
 def test_workers_keep_the_order_and_receive_a_path_not_a_copy(memmapped_positions: np.memmap) -> None:
