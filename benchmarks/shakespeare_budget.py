@@ -105,10 +105,11 @@ def report(module, data, trainer, train_s: float, scores: dict) -> None:
           f"block: {data.block_size}   batch: {data.batch_size}")
     print(f"checkpoint: {trainer.checkpoint_callback.dirpath}/last.ckpt")
     tokenizer, model = data.tokenizer, module.model
-    for prompt, temperature in [("ROMEO:", 0.0), ("JULIET:\n", 0.8), ("First Citizen:\n", 0.8)]:
+    for seed, (prompt, temperature) in enumerate([("ROMEO:", 0.0), ("JULIET:\n", 0.8), ("First Citizen:\n", 0.8)]):
         ids = torch.tensor([tokenizer.encode(prompt)])
+        # One seed per prompt: with a shared seed, prompts ending alike ("...:\n") drew the same continuation.
         out = generate(model, ids, 60, temperature=temperature, top_k=50,
-                       generator=torch.Generator().manual_seed(0))
+                       generator=torch.Generator().manual_seed(seed))
         kind = "greedy" if temperature == 0 else f"T={temperature}"
         print(f"--- {kind}: {prompt!r}\n{tokenizer.decode(out[0].tolist())}")
 
