@@ -3,12 +3,12 @@
     python benchmarks/train_throughput.py --threads 2                     # 60 steps, 3 rounds of each
     python benchmarks/train_throughput.py --steps 12 --warmup 3 --repeats 1 --threads 1   # a quick look
 
-Both sides train the same model (the configs/shakespeare.yaml shape by default: 4 layers, 4/2 heads, 128 wide,
-vocab 1024; block 128 and batch 32 unless --block_size/--batch_size say otherwise) from the same initialisation
+Both sides train the same model (by default 4 layers, 4/2 heads, 128 wide, vocab 1024, block 128, batch 32;
+`--n_layer 3 --batch_size 8 --block_size 64` is closer to configs/shakespeare.yaml) from the same initialisation
 on the same batches: `data.TrainBatches` over a random token stream through `DataLoader(batch_size=None)`, on the
 CPU. The bare loop does per step what LitGPT + Trainer do: `LitGPT.loss`, backward, `clip_grad_norm_(1.0)`,
 the optimizer of `LitGPT.make_optimizer`, LambdaLR over `lr_multiplier`, zero_grad. Lightning's own extra
-per-step work (loss logging, LitGPT's finite-loss check and grad-norm logging, hooks) is what the comparison measures.
+per-step work (metric logging, LitGPT's finite-loss check, hooks) is what the comparison measures.
 
 Time is counted from the end of step --warmup to the end of the last step (Trainer setup and the first,
 slower steps are left out), at the same point on both sides: after the scheduler step, where Lightning calls

@@ -67,9 +67,9 @@ class TrainBatches(_MemmapPicklesAsPath, IterableDataset):
 
     Each epoch cuts the shard into back-to-back windows of block_size + 1 tokens on a grid shifted by a random
     offset, and reads every window once in a random order; batch i takes the next batch_size windows of that
-    sequence. Reading each window once per epoch, rather than drawing start positions with replacement, reached
-    a lower validation loss on tiny Shakespeare at the same step count (README, Results): fewer tokens are seen
-    three times while others are not seen at all.
+    sequence. Reading each window once per epoch reached a lower validation loss on tiny Shakespeare than drawing
+    start positions with replacement at the same step count (README, Results): with replacement, some text is
+    read several times in an epoch's worth of batches and some not at all.
 
     Iterates batches start_batch, start_batch + 1, ... (forever when `num_batches` is None). Use it with
     `DataLoader(batch_size=None)`; with several workers, worker w yields every num_workers-th batch and the
