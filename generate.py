@@ -175,7 +175,7 @@ def _timed_generate(model, prompt, new_tokens: int, use_cache: bool, seed: int, 
 
 
 def write_attention_map(model, tokenizer: Tokenizer, ids: torch.Tensor, path: str, layer: int | None) -> None:
-    from training.attention_image import draw_attention_grid, save_attention_png
+    from inspection.attention_image import draw_attention_grid, save_attention_png
 
     layer = model.config.n_layer - 1 if layer is None else layer
     if not 0 <= layer < model.config.n_layer:
@@ -188,7 +188,7 @@ def write_attention_map(model, tokenizer: Tokenizer, ids: torch.Tensor, path: st
 
 
 def explain(model, tokenizer: Tokenizer, text: str, layer: int, head: int, device: torch.device) -> None:
-    from model.explain import attention_steps
+    from inspection.explain import attention_steps
 
     ids = tokenizer.encode(text)[-model.config.block_size :]
     if not ids:

@@ -13,7 +13,7 @@ copy-2 loss (the phase change) after roughly 1300-1600 steps with the defaults (
 The model is `model.GPT` trained with a plain PyTorch AdamW loop (no Lightning). Every --eval_every steps, in
 eval mode, it is scored on fixed held-out sequences, a random segment followed by itself, one per period in
 --eval_periods: the loss on the first copy (unpredictable, ~ln(vocab)) against the loss on the second copy
-(the in-context learning signal), and per layer the best head by `training.attention_stats` induction score
+(the in-context learning signal), and per layer the best head by `inspection.attention_stats` induction score
 (averaged over the periods) and previous-token score (on random tokens). The verdict names the first
 evaluation at which some head's induction score exceeds --threshold.
 """
@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT, ModelConfig
-from training.attention_stats import head_statistics, repeated_random_tokens
+from inspection.attention_stats import head_statistics, repeated_random_tokens
 from training.schedule import adamw_param_groups
 
 

@@ -1,6 +1,6 @@
 """Train the default recipe for a fixed wall-clock budget on CPU, then score the whole validation text.
 
-    python benchmarks/shakespeare_budget.py --budget_s 150 --data.data_files ../shared/data/tinyshakespeare/input.txt
+    python benchmarks/shakespeare_budget.py --budget_s 150
 
 Accepts train.py's overrides (`--config`, `--model.*`, `--data.*`, `--trainer.*`). Data preparation (tokenizer
 training, tokenization) happens before the clock starts, as nanoGPT's prepare.py does. The learning-rate

@@ -22,7 +22,7 @@ import time
 from array import array
 from pathlib import Path
 
-DEFAULT_SOURCE = Path(__file__).resolve().parents[1] / "../shared/data/tinyshakespeare/input.txt"
+DEFAULT_SOURCE = Path(__file__).resolve().parents[1] / "data" / "corpora" / "tinyshakespeare.txt"
 
 
 def parse_args() -> argparse.Namespace:

@@ -17,6 +17,8 @@ from data.source import CorpusSource, SampleBy
 from data.token_store import open_token_cache
 from data.tokenizer import MIN_VOCAB_SIZE, Tokenizer
 
+# The default corpus ships with the package (public domain, 1.1 MB), so the default config trains offline.
+TINY_SHAKESPEARE = Path(__file__).resolve().parent / "corpora" / "tinyshakespeare.txt"
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 
 
@@ -53,7 +55,7 @@ class TextDataModule(L.LightningDataModule):
         self,
         dataset: str = "text",
         dataset_config: str | None = None,
-        data_files: str | list[str] | dict[str, str | list[str]] | None = TINY_SHAKESPEARE_URL,
+        data_files: str | list[str] | dict[str, str | list[str]] | None = str(TINY_SHAKESPEARE),
         revision: str | None = None,
         text_column: str = "text",
         text_sample_by: SampleBy = "document",

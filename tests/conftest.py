@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHAKESPEARE = ROOT / "../shared/data/tinyshakespeare/input.txt"
+SHAKESPEARE = ROOT / "data" / "corpora" / "tinyshakespeare.txt"
 
 # Set before anything imports wandb or datasets: both read these once, at import.
 _SCRATCH = Path(tempfile.mkdtemp(prefix="gqa-gpt-tests-"))
@@ -44,13 +44,9 @@ def run_script(*args: str, timeout: float = 300, check: bool = True) -> subproce
 
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory) -> Path:
-    """~200 KB of text: the start of tiny Shakespeare when the shared copy exists, else generated verse."""
+    """~200 KB of text: the start of the tiny Shakespeare file the repository ships."""
     path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    if SHAKESPEARE.is_file():
-        path.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:200_000], encoding="utf-8")
-    else:
-        lines = [f"KING {i % 7}:\nWhat say you, lord {i % 13}, of the {i % 5} crowns?\n" for i in range(4000)]
-        path.write_text("\n".join(lines), encoding="utf-8")
+    path.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:200_000], encoding="utf-8")
     return path
 
 

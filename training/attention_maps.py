@@ -6,8 +6,8 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import WandbLogger
 
-from .attention_image import draw_attention_grid
-from .attention_stats import head_statistics
+from inspection.attention_image import draw_attention_grid
+from inspection.attention_stats import head_statistics
 
 DEFAULT_PROBE = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak."
 STATISTICS = ("entropy", "sink_mass", "previous_token", "induction")

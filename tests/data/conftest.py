@@ -13,7 +13,7 @@ import pytest
 # Before anything imports huggingface_hub/datasets: they read these once, at import.
 os.environ.update(WANDB_MODE="offline", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
 
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "../shared/data/tinyshakespeare/input.txt"
+SHAKESPEARE = Path(__file__).resolve().parents[2] / "data" / "corpora" / "tinyshakespeare.txt"
 EOS = "<|endoftext|>"
 _WORDS = [
     "the", "and", "king", "naïve", "café", "Straße", "日本語", "😀", "🎉👍🏽", "Ελληνικά", "Привет", "mañana",
@@ -39,10 +39,8 @@ def offline_hf_caches(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="session")
 def shakespeare_path() -> Path:
-    """The full tiny Shakespeare file (1.1 MB); tests using it skip when the shared copy is absent."""
-    if not SHAKESPEARE.is_file():
-        pytest.skip(f"tiny Shakespeare not found at {SHAKESPEARE.resolve()} (the project's shared data folder)")
-    return SHAKESPEARE.resolve()
+    """The full tiny Shakespeare file (1.1 MB) that the repository ships."""
+    return SHAKESPEARE
 
 
 @pytest.fixture(scope="session")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from .attention import attention_scores, causal_mask
-from .gpt import GPT
-from .rope import rope_tables
+from model.attention import attention_scores, causal_mask
+from model.gpt import GPT
+from model.rope import rope_tables
 
 
 @torch.no_grad()

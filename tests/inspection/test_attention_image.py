@@ -5,7 +5,7 @@ import pytest
 import torch
 from PIL import Image
 
-from training.attention_image import (
+from inspection.attention_image import (
     colour_table,
     draw_attention_grid,
     printable_label,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from model import GPT, ModelConfig
-from training.attention_stats import (
+from inspection.attention_stats import (
     attention_entropy,
     head_statistics,
     induction_score,
