@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from data import DataConfigError, TextDataModule, Tokenizer
+from data.datamodule import TINY_SHAKESPEARE_URL
 
 VOCAB = 300
 
@@ -31,13 +32,14 @@ def test_missing_data_file(cache_dir: Path, cached_files, tmp_path: Path) -> Non
 
 
 def test_hub_dataset_while_offline(cache_dir: Path, cached_files) -> None:
-    # data_files keeps its default URL: a Hub id ignores it instead of sending it to the Hub.
-    message = _raises("data.dataset", cache_dir, cached_files, dataset="karpathy/tiny_shakespeare")
+    # A Hub id ignores data_files (here a URL) instead of sending it to the Hub.
+    message = _raises("data.dataset", cache_dir, cached_files, dataset="karpathy/tiny_shakespeare",
+                      data_files=TINY_SHAKESPEARE_URL)
     assert "offline" in message and "HF_HUB_OFFLINE=1" in message and "data.data_files" in message
 
 
-def test_default_url_while_offline(cache_dir: Path, cached_files) -> None:
-    message = _raises("data.data_files", cache_dir, cached_files)  # the default: tiny Shakespeare's URL
+def test_url_while_offline(cache_dir: Path, cached_files) -> None:
+    message = _raises("data.data_files", cache_dir, cached_files, data_files=TINY_SHAKESPEARE_URL)
     assert "https://raw.githubusercontent.com/" in message and "offline" in message
 
 
