@@ -32,8 +32,8 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 import torch
 import torch.nn.functional as F
 
-from model import GPT, ModelConfig
 from inspection.attention_stats import head_statistics, repeated_random_tokens
+from model import GPT, ModelConfig
 from training.schedule import adamw_param_groups
 
 

@@ -27,7 +27,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from data import TextDataModule
+from data.datamodule import TextDataModule
 from model import generate
 from training import LitGPT
 from training.cli import GPTCLI

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from data import TrainBatches
+from data.batches import TrainBatches
 from training import LitGPT
 from training.schedule import lr_multiplier
 

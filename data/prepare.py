@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.files import StagedFolder
 from data.errors import DataConfigError
 from data.fingerprint import stable_digest
 from data.source import CorpusSource
@@ -21,9 +22,9 @@ from data.token_store import (
     FORMAT_VERSION,
     TRAIN_FILE,
     VAL_FILE,
-    StagedDirectory,
     finish_token_folder,
     is_complete,
+    publish_token_folder,
     token_dtype,
 )
 from data.tokenizer import Tokenizer
@@ -69,14 +70,14 @@ def prepare_tokens(settings: PrepareSettings) -> Path:
         _check_sizes(corpus_dir / token_folder_name(tokenizer), tokenizer, settings)  # built for another block_size?
         return corpus_dir / token_folder_name(tokenizer)
     trained_here = tokenizer is None
-    with StagedDirectory(corpus_dir) as staged:
+    with StagedFolder(corpus_dir) as staged:
         assert staged.path is not None
         tokenizer, val_source = _tokenize(settings, tokenizer, staged.path)
         _check_sizes(staged.path, tokenizer, settings)
         details = {"val_source": val_source, "corpus": settings.source.identity(),
                    "val_fraction": settings.val_fraction}
         finish_token_folder(staged.path, tokenizer, details)
-        folder = staged.commit(token_folder_name(tokenizer))
+        folder = publish_token_folder(staged, token_folder_name(tokenizer))
     if trained_here:
         tokenizer.save(settings.trained_tokenizer_file())
     return folder

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from data import DataConfigError, TrainBatches, ValWindows
-from data.batches import epoch_seed
+from data import DataConfigError
+from data.batches import TrainBatches, ValWindows, epoch_seed
 
 N_TOKENS = 10_000
 T = 16

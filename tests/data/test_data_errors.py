@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from data import DataConfigError, TextDataModule, Tokenizer
+from data import DataConfigError, Tokenizer
+from data.datamodule import TextDataModule
 
 VOCAB = 300
 
