@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -121,7 +122,7 @@ def test_help_documents_every_model_config_field_once(script):
         assert settable or linked, name
 
 
-def test_every_model_config_field_reaches_the_model(corpus, tmp_path):
+def test_every_model_config_field_reaches_the_model(corpus, tmp_path, monkeypatch):
     from data.datamodule import TextDataModule
     from training import LitGPT
     from training.cli import GPTCLI
@@ -132,6 +133,7 @@ def test_every_model_config_field_reaches_the_model(corpus, tmp_path):
             "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false"]
     for name, value in overrides.items():
         args += [f"--model.{name}", str(value).lower() if isinstance(value, bool) else str(value)]
+    monkeypatch.setattr(sys, "argv", ["train.py"])  # only `args` is parsed, not pytest's own flags
     cli = GPTCLI(LitGPT, TextDataModule, run=False, args=args)
     config = cli.model.model.config
     assert {name: getattr(config, name) for name in overrides} == overrides
