@@ -3,23 +3,24 @@
     python generate.py --checkpoint runs/shakespeare --prompt "ROMEO:" --max_new_tokens 200
 
 Imports only `model` and the tokenizer (no Lightning, no wandb), so it starts fast. User mistakes print one
-line and exit with status 2; set GQA_GPT_TRACEBACK=1 for the full traceback.
+line and exit with status 2 (see common/errors.py for every exit code); set GQA_GPT_TRACEBACK=1 for the full
+traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
 import torch
 
+from common.errors import UserError, run_command
 from data.tokenizer import Tokenizer
 from model import KVCache, generate
 from model.checkpoint import load_checkpoint
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from model.config import DTYPES
+from model.sampling import check_sampling_args
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,16 +49,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def check_args(args: argparse.Namespace) -> None:
     """One-line errors for values the sampler would reject later, before the checkpoint is loaded."""
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max_new_tokens must be at least 1, got {args.max_new_tokens}")
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0 (0 is greedy), got {args.temperature}")
-    if args.top_k is not None and args.top_k < 1:
-        raise ValueError(f"--top_k must be at least 1, got {args.top_k}")
-    if args.top_p is not None and not 0 < args.top_p <= 1:
-        raise ValueError(f"--top_p must be in (0, 1], got {args.top_p}")
+    check_sampling_args(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.min_p,
+                        args.repetition_penalty, prefix="--")
     if args.num_samples < 1:
-        raise ValueError(f"--num_samples must be at least 1, got {args.num_samples}")
+        raise UserError(f"--num_samples must be at least 1, got {args.num_samples}")
 
 
 def read_prompt(args: argparse.Namespace) -> str:
@@ -68,13 +63,13 @@ def read_prompt(args: argparse.Namespace) -> str:
             with open(args.prompt_file, encoding="utf-8") as f:
                 prompt = f.read()
         except OSError as err:
-            raise ValueError(f"--prompt_file {args.prompt_file}: {err.strerror}") from None
+            raise UserError(f"--prompt_file {args.prompt_file}: {err.strerror}") from None
     elif not sys.stdin.isatty():
         prompt = sys.stdin.read()
     else:
-        raise ValueError("no prompt: pass --prompt TEXT, --prompt_file FILE or pipe text on standard input")
+        raise UserError("no prompt: pass --prompt TEXT, --prompt_file FILE or pipe text on standard input")
     if not prompt:
-        raise ValueError("the prompt is empty; pass some text to continue")
+        raise UserError("the prompt is empty; pass some text to continue")
     return prompt
 
 
@@ -179,7 +174,7 @@ def write_attention_map(model, tokenizer: Tokenizer, ids: torch.Tensor, path: st
 
     layer = model.config.n_layer - 1 if layer is None else layer
     if not 0 <= layer < model.config.n_layer:
-        raise ValueError(f"--layer must be in 0..{model.config.n_layer - 1}, got {layer}")
+        raise UserError(f"--layer must be in 0..{model.config.n_layer - 1}, got {layer}")
     ids = ids[:, -model.config.block_size :]
     probs = model.float().attention_maps(ids)[layer, 0]  # (H, T, T)
     labels = [tokenizer.decode([i]) for i in ids[0].tolist()]
@@ -188,12 +183,13 @@ def write_attention_map(model, tokenizer: Tokenizer, ids: torch.Tensor, path: st
 
 
 def explain(model, tokenizer: Tokenizer, text: str, layer: int, head: int, device: torch.device) -> None:
+    from inspection.attention_image import printable_label
     from inspection.explain import attention_steps
 
     ids = tokenizer.encode(text)[-model.config.block_size :]
     if not ids:
-        raise ValueError("--explain_attention text is empty; pass a short sentence")
-    labels = [_label(tokenizer.decode([i])) for i in ids]
+        raise UserError("--explain_attention text is empty; pass a short sentence")
+    labels = [printable_label(tokenizer.decode([i]), max_chars=7) for i in ids]
     steps = attention_steps(model.float(), torch.tensor([ids], device=device), layer, head)
     titles = {
         "scores": "1. scaled scores q·kᵀ / sqrt(d)  (row = query token, column = key token)",
@@ -206,11 +202,6 @@ def explain(model, tokenizer: Tokenizer, text: str, layer: int, head: int, devic
         print(_matrix(steps[key], labels))
 
 
-def _label(text: str, width: int = 7) -> str:
-    visible = text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "·")
-    return visible[:width]
-
-
 def _matrix(values: torch.Tensor, labels: list[str], width: int = 8) -> str:
     header = " " * width + "".join(f"{label:>{width}}" for label in labels)
     rows = [header]
@@ -221,14 +212,8 @@ def _matrix(values: torch.Tensor, labels: list[str], width: int = 8) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        run(parse_args(argv))
-    except ValueError as err:  # CheckpointError is a ValueError too
-        if os.environ.get("GQA_GPT_TRACEBACK"):
-            raise
-        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
-        return 2
-    return 0
+    """Run the command: 0 on success, 2 with one `error:` line for a user mistake (common.errors)."""
+    return run_command(lambda: run(parse_args(argv)))
 
 
 if __name__ == "__main__":

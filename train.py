@@ -1,22 +1,24 @@
 """Train a GPT from a YAML config: `python train.py fit --config configs/shakespeare.yaml`.
 
 Every key is documented by `python train.py fit --help`; any key can be overridden on the command line,
-e.g. `--model.n_layer 6` or `--data.data_files path/to/input.txt`. User mistakes print one line; set
-GQA_GPT_TRACEBACK=1 to see the full traceback instead.
+e.g. `--model.n_layer 6` or `--data.data_files path/to/input.txt`. User mistakes print one line and exit
+with status 2 (see common/errors.py for every exit code); set GQA_GPT_TRACEBACK=1 to see the full traceback.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 
+from common.errors import EXIT_TERMINATED, UserError, run_command
 
-def main() -> int:
+
+def fit() -> int | None:
+    """Parse the command line and run the LightningCLI subcommand."""
     from jsonargparse import ArgumentError
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    from data import TextDataModule
-    from training import LitGPT, NonFiniteLossError
+    from data.datamodule import TextDataModule
+    from training import LitGPT
     from training.cli import GPTCLI
 
     try:
@@ -24,17 +26,15 @@ def main() -> int:
         GPTCLI(LitGPT, TextDataModule, save_config_kwargs={"overwrite": True}, parser_kwargs={"exit_on_error": False})
     except SIGTERMException:
         print("stopped by SIGTERM after saving last.ckpt; resume with --ckpt_path last", file=sys.stderr)
-        return 143
+        return EXIT_TERMINATED
     except ArgumentError as err:
         message = " ".join(str(err).split())
-        print(f"error: {message} (see: python train.py fit --help)", file=sys.stderr)
-        return 2
-    except (ValueError, NonFiniteLossError, FileNotFoundError) as err:
-        if os.environ.get("GQA_GPT_TRACEBACK"):
-            raise
-        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
-        return 2 if isinstance(err, ValueError) else 1
-    return 0
+        raise UserError(f"{message} (see: python train.py fit --help)") from err
+    return None
+
+
+def main() -> int:
+    return run_command(fit)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Run from the repository root:
 
     python -m benchmarks.attention                      # B=1, H=8, D=64, MHA, T = 512 .. 4096
-    python -m benchmarks.attention --n-kv-head 2        # GQA
+    python -m benchmarks.attention --n_kv_head 2        # GQA
 
 Each measurement runs in a fresh Python process (`--case`), so one path's freed memory can never hide another
 path's allocations and every row starts from the same state.
@@ -138,13 +138,13 @@ def print_table(rows: list[dict], args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096])
-    parser.add_argument("--n-head", type=int, default=8)
-    parser.add_argument("--n-kv-head", type=int, default=8, help="8 is MHA, 2 is GQA, 1 is MQA")
-    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--seq_lens", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    parser.add_argument("--n_head", type=int, default=8)
+    parser.add_argument("--n_kv_head", type=int, default=8, help="8 is MHA, 2 is GQA, 1 is MQA")
+    parser.add_argument("--head_dim", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
-        "--flash-max-t", type=int, default=4096, help="longest T for the slow flash reference"
+        "--flash_max_t", type=int, default=4096, help="longest T for the slow flash reference"
     )
     parser.add_argument(
         "--threads", type=int, default=0, help="torch threads per case; 0 keeps torch's default"

@@ -1,7 +1,7 @@
 """Decode speed with the KV cache against recomputing the whole context each step, in one run.
 
-    python benchmarks/decode.py                          # random small model: 4 layers, 256 wide, 8/2 heads
-    python benchmarks/decode.py --checkpoint runs/tiny   # a trained checkpoint, through generate.py's CLI path
+    python -m benchmarks.decode                          # random small model: 4 layers, 256 wide, 8/2 heads
+    python -m benchmarks.decode --checkpoint runs/tiny   # a trained checkpoint, through generate.py's CLI path
 
 Prompt 64 tokens, 512 new tokens, batch 1, greedy, fp32 on CPU (or --device). Prints tokens/s of both paths
 and the ratio; the target is a cached path at least 10x faster.
@@ -11,12 +11,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 

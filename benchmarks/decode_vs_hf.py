@@ -2,8 +2,8 @@
 
 Run from the repository root (needs the `hf` extra):
 
-    python benchmarks/decode_vs_hf.py                   # both configs, prompt 64, 256 new tokens
-    python benchmarks/decode_vs_hf.py --configs small --repeats 5 --threads 1
+    python -m benchmarks.decode_vs_hf                   # both configs, prompt 64, 256 new tokens
+    python -m benchmarks.decode_vs_hf --configs small --repeats 5 --threads 1
 
 Batch 1, fp32, CPU, under `torch.inference_mode`. Each model is exported with `export_hf` and loaded back with
 `AutoModelForCausalLM.from_pretrained` (SDPA attention, its default dynamic KV cache), so both sides run
@@ -18,19 +18,16 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import torch
 
+from common.tokens import EOS_TOKEN
 from model import GPT, ModelConfig, generate
-from model.export_hf import EOS_TOKEN, export_hf
+from model.export_hf import export_hf
 
 CONFIGS = {
     "small": ModelConfig(vocab_size=1024, block_size=512, n_layer=4, n_head=8, n_kv_head=2, n_embd=256),
@@ -103,8 +100,8 @@ def bench_config(name: str, config: ModelConfig, prompt_len: int, new_tokens: in
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=list(CONFIGS))
-    parser.add_argument("--prompt-len", type=int, default=64)
-    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--prompt_len", type=int, default=64)
+    parser.add_argument("--new_tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args()

@@ -1,11 +1,11 @@
 """Does a 2-layer GQA model trained on repeated random segments form an induction head, and when?
 
-    python benchmarks/induction.py --threads 2            # defaults: 2 layers, 4/2 heads, 64 wide, 3000 steps
-    python benchmarks/induction.py --steps 300 --eval_every 50 --threads 1   # a quick look (no head yet)
+    python -m benchmarks.induction --threads 2            # defaults: 2 layers, 4/2 heads, 64 wide, 3000 steps
+    python -m benchmarks.induction --steps 300 --eval_every 50 --threads 1   # a quick look (no head yet)
 
 Each training sequence is uniformly random tokens in which, after a random-length noise prefix, a random
 segment of a random length (the period, --min_period..--max_period) repeats until the end of the sequence
-(--no-tile: repeats once). Random tokens have no n-gram statistics, so the only way to beat ln(vocab) on a
+(--no_tile: repeats once). Random tokens have no n-gram statistics, so the only way to beat ln(vocab) on a
 repeat is to find the earlier occurrence of the current token and copy what followed it: an induction head,
 typically in layer 1 reading a previous-token head in layer 0. Expect a plateau, then a sudden drop of the
 copy-2 loss (the phase change) after roughly 1300-1600 steps with the defaults (seeds 0 and 1).
@@ -22,18 +22,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 import torch.nn.functional as F
 
-from model import GPT, ModelConfig
 from inspection.attention_stats import head_statistics, repeated_random_tokens
+from model import GPT, ModelConfig
 from training.schedule import adamw_param_groups
 
 
@@ -211,8 +206,8 @@ def parse_args() -> argparse.Namespace:
     add("--max_period", type=int, default=32, help="longest repeated segment in training (<= (block+1)/2)")
     add("--eval_periods", type=_int_list, default=(8, 12, 16, 24, 32),
         help="comma-separated segment lengths of the held-out repeated sequences")
-    add("--tile", action=argparse.BooleanOptionalAction, default=True,
-        help="repeat the segment until the end of the sequence (--no-tile: once)")
+    add("--no_tile", dest="tile", action="store_false",
+        help="show the segment twice only, instead of repeating it until the end of the sequence")
     add("--eval_batch", type=int, default=8)
     add("--threshold", type=float, default=0.5, help="induction score that counts as an induction head")
     args = parser.parse_args()

@@ -1,6 +1,6 @@
 """Train the default recipe for a fixed wall-clock budget on CPU, then score the whole validation text.
 
-    python benchmarks/shakespeare_budget.py --budget_s 150
+    python -m benchmarks.shakespeare_budget --budget_s 150
 
 Accepts train.py's overrides (`--config`, `--model.*`, `--data.*`, `--trainer.*`). Data preparation (tokenizer
 training, tokenization) happens before the clock starts, as nanoGPT's prepare.py does. The learning-rate
@@ -16,18 +16,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 
-from data import TextDataModule
+from data.datamodule import TextDataModule
 from model import generate
 from training import LitGPT
 from training.cli import GPTCLI

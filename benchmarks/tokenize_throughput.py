@@ -1,6 +1,6 @@
 """Tokenization throughput: the cached data pipeline (first run) against line-by-line encoding in one process.
 
-    python -m benchmarks.tokenize_throughput [--source input.txt] [--megabytes 50] [--num-proc 2] [--repeats 1]
+    python -m benchmarks.tokenize_throughput [--source input.txt] [--megabytes 50] [--num_proc 2] [--repeats 1]
 
 (Not named tokenize.py: a file of that name in benchmarks/ would shadow the standard library's `tokenize` for
 every `python benchmarks/<script>.py`, breaking tracebacks and `inspect.getsource`.)
@@ -29,8 +29,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="text file to repeat")
     parser.add_argument("--megabytes", type=float, default=50.0, help="size of the repeated corpus")
-    parser.add_argument("--num-proc", type=int, default=2, help="processes for the pipeline's Dataset.map")
-    parser.add_argument("--vocab-size", type=int, default=1024, help="BPE vocab of the shared tokenizer")
+    parser.add_argument("--num_proc", type=int, default=2, help="processes for the pipeline's Dataset.map")
+    parser.add_argument("--vocab_size", type=int, default=1024, help="BPE vocab of the shared tokenizer")
     parser.add_argument("--repeats", type=int, default=1, help="interleaved rounds; medians are reported")
     return parser.parse_args()
 

@@ -1,7 +1,7 @@
 """Training tokens/s of the Lightning step (LitGPT + Trainer) against a bare PyTorch loop, in one run.
 
-    python benchmarks/train_throughput.py --threads 2                     # 60 steps, 3 rounds of each
-    python benchmarks/train_throughput.py --steps 12 --warmup 3 --repeats 1 --threads 1   # a quick look
+    python -m benchmarks.train_throughput --threads 2                     # 60 steps, 3 rounds of each
+    python -m benchmarks.train_throughput --steps 12 --warmup 3 --repeats 1 --threads 1   # a quick look
 
 Both sides train the same model (by default 4 layers, 4/2 heads, 128 wide, vocab 1024, block 128, batch 32;
 `--n_layer 3 --batch_size 8 --block_size 64` is closer to configs/shakespeare.yaml) from the same initialisation
@@ -22,20 +22,15 @@ from __future__ import annotations
 import argparse
 import logging
 import statistics
-import sys
 import time
 import warnings
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from data import TrainBatches
+from data.batches import TrainBatches
 from training import LitGPT
 from training.schedule import lr_multiplier
 

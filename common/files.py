@@ -1,6 +1,6 @@
-"""Atomic file writes: a reader sees the old file or the new one, never a partial one.
+"""Atomic file and folder writes: a reader sees the old file (folder) or the new one, never a partial one.
 
-The temporary file lives in the destination's own folder (never the system temp directory), so the final
+The temporary file (or folder) lives in the destination's own folder (never the system temp directory), so the final
 `os.replace` is a rename on one filesystem, which is atomic on POSIX filesystems, NFS and Lustre included.
 Its name starts with `.` and contains TEMP_MARK, so `stale_temp_files` can find what a killed process left.
 """
@@ -8,9 +8,11 @@ Its name starts with `.` and contains TEMP_MARK, so `stale_temp_files` can find 
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
 from typing import BinaryIO
 
 TEMP_MARK = ".partial-"
@@ -58,6 +60,58 @@ def atomic_write(path: str | Path, content: bytes | str | Callable[[BinaryIO], N
     if durable:
         fsync_dir(path.parent)
     return path
+
+
+class StagedFolder:
+    """A folder built under a temporary name inside `parent` and published by one rename (`publish`).
+
+    Use it as a context manager: on leaving, a folder not published (an error, or no `publish` call) is
+    deleted, and so is `parent` when this created it and it is left empty. The folder gets the usual
+    permissions (0777 minus the umask), unlike `tempfile.mkdtemp`'s 0700.
+    """
+
+    def __init__(self, parent: str | Path) -> None:
+        self.parent = Path(parent)
+        self.path: Path | None = None
+        self._made_parent = False
+
+    def __enter__(self) -> StagedFolder:
+        self._made_parent = not self.parent.exists()
+        self.parent.mkdir(parents=True, exist_ok=True)
+        self.path = temp_path_for(self.parent / "staging")
+        self.path.mkdir()
+        return self
+
+    def publish(self, name: str, *, replace: bool = False) -> Path:
+        """Rename the folder to `parent/name`; OSError if that exists, unless `replace` swaps it out.
+
+        With `replace`, the old folder is moved aside first and deleted only once the new one is in place,
+        so a failed rename puts it back.
+        """
+        assert self.path is not None, "publish() outside the with-block"
+        final = self.parent / name
+        old = temp_path_for(final) if replace and final.exists() else None
+        if old is not None:
+            final.rename(old)
+        try:
+            os.rename(self.path, final)
+        except BaseException:
+            if old is not None:
+                old.rename(final)
+            raise
+        self.path = None
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        fsync_dir(self.parent)
+        return final
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if self.path is not None:
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.path = None
+        if self._made_parent and not any(self.parent.iterdir()):
+            self.parent.rmdir()
 
 
 def stale_temp_files(folder: str | Path) -> list[Path]:

@@ -34,15 +34,6 @@ def epoch_order(seed: int, epoch: int, rank: int, windows: int, max_offset: int)
     return offset, torch.randperm(windows, generator=generator)
 
 
-def check_val_length(val_tokens: int, block_size: int) -> None:
-    """Validation needs at least one window of block_size + 1 tokens (inputs plus shifted targets)."""
-    if val_tokens < block_size + 1:
-        raise DataConfigError(
-            f"data.block_size: the validation stream has {val_tokens} tokens but block_size={block_size} needs "
-            f"at least {block_size + 1}; lower data.block_size or hold out more text (data.val_fraction)"
-        )
-
-
 class _MemmapPicklesAsPath:
     """Send a memory-mapped `tokens` array to DataLoader workers as its path, never as a copy of its contents."""
 
@@ -124,7 +115,6 @@ class ValWindows(_MemmapPicklesAsPath, Dataset):
     """Consecutive non-overlapping (x, y) windows covering the whole stream; the last partial one is dropped."""
 
     def __init__(self, tokens: np.ndarray, block_size: int) -> None:
-        check_val_length(len(tokens), block_size)
         self.tokens = tokens
         self.block_size = block_size
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from data.batches import TrainBatches, ValWindows, check_val_length
+from data.batches import TrainBatches, ValWindows
 from data.errors import DataConfigError
 from data.prepare import PrepareSettings, load_tokenizer_setting, prepare_tokens
 from data.source import CorpusSource, SampleBy
@@ -118,8 +118,7 @@ class TextDataModule(L.LightningDataModule):
         """Memory-map the token streams and load the tokenizer (prepares them first when nothing has)."""
         if self.train_tokens is not None:
             return
-        cache = open_token_cache(prepare_tokens(self.settings))
-        check_val_length(len(cache.val), self.block_size)
+        cache = open_token_cache(prepare_tokens(self.settings))  # checks the validation length for block_size
         self.tokenizer = cache.tokenizer
         self.train_tokens = cache.train
         self.val_tokens = cache.val

@@ -1,15 +1,11 @@
-"""The one error type users see for data settings they can fix."""
+"""The error type for data settings a user can fix."""
+
+from common.errors import UserError
 
 
-class DataConfigError(ValueError):
+class DataConfigError(UserError):
     """A data setting the user can fix.
 
-    The message is one line that names the `data.*` key (or the file) and says what to change, so the CLI can
-    print it without a traceback.
+    The message is one line that names the `data.*` key (or the file) and says what to change, so every
+    command prints it without a traceback (exit code 2).
     """
-
-
-def first_line(error: BaseException) -> str:
-    """The first line of an error message, to quote inside our own one-line messages."""
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from data.batches import check_val_length
+from common.files import StagedFolder
 from data.errors import DataConfigError
 from data.fingerprint import stable_digest
 from data.source import CorpusSource
@@ -22,9 +22,9 @@ from data.token_store import (
     FORMAT_VERSION,
     TRAIN_FILE,
     VAL_FILE,
-    StagedDirectory,
     finish_token_folder,
     is_complete,
+    publish_token_folder,
     token_dtype,
 )
 from data.tokenizer import Tokenizer
@@ -67,16 +67,17 @@ def prepare_tokens(settings: PrepareSettings) -> Path:
     corpus_dir = settings.corpus_dir()
     tokenizer = known_tokenizer(settings)
     if tokenizer is not None and is_complete(corpus_dir / token_folder_name(tokenizer)):
+        _check_sizes(corpus_dir / token_folder_name(tokenizer), tokenizer, settings)  # built for another block_size?
         return corpus_dir / token_folder_name(tokenizer)
     trained_here = tokenizer is None
-    with StagedDirectory(corpus_dir) as staged:
+    with StagedFolder(corpus_dir) as staged:
         assert staged.path is not None
         tokenizer, val_source = _tokenize(settings, tokenizer, staged.path)
         _check_sizes(staged.path, tokenizer, settings)
         details = {"val_source": val_source, "corpus": settings.source.identity(),
                    "val_fraction": settings.val_fraction}
         finish_token_folder(staged.path, tokenizer, details)
-        folder = staged.commit(token_folder_name(tokenizer))
+        folder = publish_token_folder(staged, token_folder_name(tokenizer))
     if trained_here:
         tokenizer.save(settings.trained_tokenizer_file())
     return folder
@@ -130,6 +131,15 @@ def _check_sizes(folder: Path, tokenizer: Tokenizer, settings: PrepareSettings) 
             f"data.val_fraction: {settings.val_fraction} leaves no training tokens; use a smaller value"
         )
     check_val_length(val_tokens, settings.val_block_size)
+
+
+def check_val_length(val_tokens: int, block_size: int) -> None:
+    """Validation needs at least one window of block_size + 1 tokens (inputs plus shifted targets)."""
+    if val_tokens < block_size + 1:
+        raise DataConfigError(
+            f"data.block_size: the validation stream has {val_tokens} tokens but block_size={block_size} needs "
+            f"at least {block_size + 1}; lower data.block_size or hold out more text (data.val_fraction)"
+        )
 
 
 def _readable_name(source: CorpusSource) -> str:

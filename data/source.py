@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from data.errors import DataConfigError, first_line
+from common.errors import first_line
+from data.errors import DataConfigError
 
 BUILDERS = ("text", "json", "parquet", "csv", "arrow")
 VALIDATION_SPLITS = ("validation", "valid")

@@ -1,22 +1,19 @@
 """The on-disk token cache: one folder with train.bin / val.bin (flat token arrays), tokenizer.json, meta.json.
 
-A folder is built under a temporary name and renamed into place only once complete, so a crashed or failed run
+A folder is built under a temporary name (common.files.StagedFolder) and renamed into place only once complete, so a crashed or failed run
 never leaves a folder a later run would trust. `meta.json` records what training needs to report bits per byte.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import numpy as np
 
+from common.files import StagedFolder
 from data.tokenizer import Tokenizer
 
 TRAIN_FILE = "train.bin"
@@ -54,40 +51,15 @@ class TokenWriter:
         self._file.close()
 
 
-class StagedDirectory:
-    """A temporary folder in `parent` that `commit` renames to `parent/name`; on any failure it is deleted."""
-
-    def __init__(self, parent: Path) -> None:
-        self.parent = parent
-        self.path: Path | None = None
-        self._made_parent = False
-
-    def __enter__(self) -> StagedDirectory:
-        self._made_parent = not self.parent.exists()
-        self.parent.mkdir(parents=True, exist_ok=True)
-        self.path = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.parent))
-        return self
-
-    def commit(self, name: str) -> Path:
-        """Atomically publish the folder as `name`; if another process published it first, keep theirs."""
-        assert self.path is not None, "commit() outside the with-block"
-        final = self.parent / name
-        try:
-            os.rename(self.path, final)
-        except OSError:
-            if not is_complete(final):
-                raise
-            shutil.rmtree(self.path)
-        self.path = None
-        return final
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 traceback: TracebackType | None) -> None:
-        if self.path is not None:
-            shutil.rmtree(self.path, ignore_errors=True)
-            self.path = None
-        if self._made_parent and not any(self.parent.iterdir()):
-            self.parent.rmdir()
+def publish_token_folder(staged: StagedFolder, name: str) -> Path:
+    """Publish a complete token folder as `name`; if another process published it first, keep theirs."""
+    final = staged.parent / name
+    try:
+        return staged.publish(name)
+    except OSError:
+        if not is_complete(final):
+            raise
+    return final  # leaving the with-block deletes our copy
 
 
 def is_complete(folder: Path) -> bool:

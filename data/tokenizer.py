@@ -15,9 +15,10 @@ from pathlib import Path
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from data.errors import first_line
+from common.errors import UserError, first_line
+from common.files import atomic_write
+from common.tokens import EOS_TOKEN
 
-EOS_TOKEN = "<|endoftext|>"
 SPECIAL_TOKENS = (EOS_TOKEN,)
 MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
 
@@ -40,7 +41,7 @@ class Tokenizer:
     def __init__(self, backend: BackendTokenizer) -> None:
         eos_id = backend.token_to_id(EOS_TOKEN)
         if eos_id is None:
-            raise ValueError(f"tokenizer has no {EOS_TOKEN} token; train it with data.Tokenizer.train")
+            raise UserError(f"tokenizer has no {EOS_TOKEN} token; train it with data.Tokenizer.train")
         self._backend = backend
         self._eos_id = eos_id
         self._json = _canonical_json(backend.to_str())
@@ -79,14 +80,11 @@ class Tokenizer:
         except FileNotFoundError:
             raise
         except Exception as error:  # tokenizers raises bare Exception subclasses for malformed files
-            raise ValueError(f"{path} is not a tokenizers JSON file: {first_line(error)}") from error
+            raise UserError(f"{path} is not a tokenizers JSON file: {first_line(error)}") from error
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write tokenizer.json atomically: a reader never sees half a file."""
-        path = Path(path)
-        temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        temporary.write_text(self._json, encoding="utf-8")
-        os.replace(temporary, path)
+        atomic_write(path, self._json)
 
     def to_json(self) -> str:
         """The canonical JSON string (sorted keys, compact); `sha256` is the hash of exactly this string."""

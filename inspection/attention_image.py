@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
+
+from common.files import atomic_write
 
 # A viridis-like ramp: dark blue-purple through teal to yellow. Lightness rises monotonically, so larger
 # weights always look brighter, also in greyscale and for most colour-vision deficiencies.
@@ -81,21 +82,8 @@ def draw_attention_grid(
 
 
 def save_attention_png(image: Image.Image, path: str | os.PathLike[str]) -> Path:
-    """Write `image` as PNG to `path` atomically: a temporary file in the same folder, then a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Same folder, so the rename never crosses file systems and readers see the old file or the new one.
-    with tempfile.NamedTemporaryFile(
-        dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
-    ) as tmp:
-        try:
-            image.save(tmp, format="PNG")
-        except BaseException:
-            tmp.close()
-            os.unlink(tmp.name)
-            raise
-    os.replace(tmp.name, path)
-    return path
+    """Write `image` as PNG to `path` atomically (common.files.atomic_write): never a half-written picture."""
+    return atomic_write(path, lambda f: image.save(f, format="PNG"))
 
 
 def _checked_probs(probs_layer: torch.Tensor, token_labels: Sequence[str] | None) -> np.ndarray:

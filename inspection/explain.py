@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from common.errors import UserError
 from model.attention import attention_scores, causal_mask
 from model.gpt import GPT
 from model.rope import rope_tables
@@ -17,9 +18,9 @@ def attention_steps(model: GPT, idx: torch.Tensor, layer: int, head: int) -> dic
     """
     config = model.config
     if not 0 <= layer < config.n_layer:
-        raise ValueError(f"layer must be in 0..{config.n_layer - 1}, got {layer}")
+        raise UserError(f"layer must be in 0..{config.n_layer - 1}, got {layer}")
     if not 0 <= head < config.n_head:
-        raise ValueError(f"head must be in 0..{config.n_head - 1}, got {head}")
+        raise UserError(f"head must be in 0..{config.n_head - 1}, got {head}")
     t = idx.shape[1]
     cos, sin = rope_tables(config.head_dim, 0, t, config.rope_theta, idx.device)
     x = model.wte(idx)  # (1, T, C)

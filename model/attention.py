@@ -24,8 +24,9 @@ def causal_mask(t: int, s: int, device: torch.device | None = None) -> torch.Ten
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal attention of q (B, H, T, D) over k, v (B, Hkv, S, D) with the fused kernel.
 
-    `is_causal=True` aligns the triangle top-left, which is only right when T == S, so the three cases of
-    DESIGN.md section 4 are handled here and only chunked prefill pays for an explicit mask.
+    `is_causal=True` aligns the triangle top-left, which is only right when T == S. So the three cases are
+    handled apart (README "How attention works here", causal mask): T == S uses is_causal, a one-token
+    decode needs no mask, and only chunked prefill pays for an explicit bottom-right mask.
     """
     t, s = q.shape[2], k.shape[2]
     if t == s:

@@ -1,9 +1,11 @@
-"""Reading the self-contained checkpoints that training writes, without Lightning.
+"""The checkpoint format, owned here: what training writes into a checkpoint and how it is read back.
 
-A checkpoint is a Lightning checkpoint dict whose `state_dict` holds the GPT weights under the prefix
-`model.` and whose `gqa_gpt` entry holds plain-typed metadata:
-`{"format": 1, "model_config": dict, "tokenizer_json": str, "tokenizer_sha256": str, "data": dict}`.
-Everything is plain types and tensors, so `torch.load(path, weights_only=True)` reads it.
+A checkpoint is a Lightning checkpoint dict whose `state_dict` holds the GPT weights under STATE_PREFIX (the
+LightningModule keeps the GPT as its `model` attribute) and whose META_KEY entry holds plain-typed metadata
+built by `checkpoint_metadata`:
+`{"format": FORMAT_VERSION, "model_config": dict, "tokenizer_json": str, "tokenizer_sha256": str, "data": dict,
+"skipped_batches": int}`.
+Everything is plain types and tensors, so `torch.load(path, weights_only=True)` reads it without Lightning.
 """
 
 from __future__ import annotations
@@ -11,18 +13,23 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+
+from common.errors import UserError, first_line
 
 from .config import ModelConfig
 from .gpt import GPT
 
+FORMAT_VERSION = 1
 META_KEY = "gqa_gpt"
 STATE_PREFIX = "model."
+REQUIRED_KEYS = ("format", "model_config", "tokenizer_json", "tokenizer_sha256")
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, truncated or not one of ours; the message is one line."""
+class CheckpointError(UserError):
+    """A checkpoint that is missing, truncated or not one of ours; the message is one line naming the file."""
 
 
 @dataclass
@@ -31,6 +38,36 @@ class LoadedCheckpoint:
     tokenizer_json: str
     meta: dict
     path: Path
+
+
+def checkpoint_metadata(
+    config: ModelConfig, tokenizer_json: str, tokenizer_sha256: str, data: dict, skipped_batches: int = 0
+) -> dict:
+    """The META_KEY entry of a checkpoint: model config, embedded tokenizer and data settings as plain types."""
+    return {
+        "format": FORMAT_VERSION,
+        "model_config": config.to_dict(),
+        "tokenizer_json": tokenizer_json,
+        "tokenizer_sha256": tokenizer_sha256,
+        "data": plain(data),
+        "skipped_batches": skipped_batches,
+    }
+
+
+def stored_skipped_batches(checkpoint: dict) -> int:
+    """How many non-finite steps the run had skipped when `checkpoint` (a loaded dict) was written."""
+    return checkpoint.get(META_KEY, {}).get("skipped_batches", 0)
+
+
+def plain(value: Any) -> Any:
+    """`value` reduced to str/int/float/bool/None/list/dict, so weights_only loading accepts it."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -47,7 +84,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict, Path]:
-    """The raw checkpoint dict (weights_only) and its resolved path, with one-line errors."""
+    """The raw checkpoint dict (weights_only) and its resolved path, with its metadata checked (one-line errors)."""
     path = resolve_checkpoint(path)
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
@@ -55,21 +92,36 @@ def read_checkpoint(path: str | Path) -> tuple[dict, Path]:
         raise CheckpointError(f"{path}: cannot read checkpoint ({type(err).__name__}); the file is truncated or corrupt") from err
     if not isinstance(ckpt, dict) or META_KEY not in ckpt or "state_dict" not in ckpt:
         raise CheckpointError(f"{path}: not a gqa-gpt checkpoint (no '{META_KEY}' metadata); use one written by train.py")
+    check_metadata(ckpt[META_KEY], path)
     return ckpt, path
 
 
+def check_metadata(meta: dict, path: Path) -> None:
+    """Refuse metadata of a newer format, with missing keys, or whose tokenizer does not match its sha256."""
+    missing = [key for key in REQUIRED_KEYS if key not in meta]
+    if missing:
+        raise CheckpointError(f"{path}: checkpoint metadata lacks {missing[0]!r}; the checkpoint was altered")
+    if meta["format"] > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path}: checkpoint format {meta['format']} is newer than this code's {FORMAT_VERSION}; update gqa-gpt"
+        )
+    if hashlib.sha256(meta["tokenizer_json"].encode("utf-8")).hexdigest() != meta["tokenizer_sha256"]:
+        raise CheckpointError(f"{path}: embedded tokenizer does not match its sha256; the checkpoint was altered")
+
+
+def validate_checkpoint(path: str | Path) -> Path:
+    """Check that `path` is a complete, readable checkpoint of ours; return the resolved file."""
+    return read_checkpoint(path)[1]
+
+
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> LoadedCheckpoint:
-    """Rebuild the GPT of a training checkpoint and check the embedded tokenizer's sha256."""
+    """Rebuild the GPT of a training checkpoint (its embedded tokenizer checked against its sha256)."""
     ckpt, path = read_checkpoint(path)
     meta = ckpt[META_KEY]
-    tokenizer_json = meta["tokenizer_json"]
-    if hashlib.sha256(tokenizer_json.encode("utf-8")).hexdigest() != meta["tokenizer_sha256"]:
-        raise CheckpointError(f"{path}: embedded tokenizer does not match its sha256; the checkpoint was altered")
     model = GPT(ModelConfig(**meta["model_config"]))
     state = {k[len(STATE_PREFIX) :]: v for k, v in ckpt["state_dict"].items() if k.startswith(STATE_PREFIX)}
     try:
         model.load_state_dict(state)
     except RuntimeError as err:
-        first = str(err).splitlines()[0]
-        raise CheckpointError(f"{path}: weights do not fit the stored model config ({first})") from err
-    return LoadedCheckpoint(model.to(map_location).eval(), tokenizer_json, meta, path)
+        raise CheckpointError(f"{path}: weights do not fit the stored model config ({first_line(err)})") from err
+    return LoadedCheckpoint(model.to(map_location).eval(), meta["tokenizer_json"], meta, path)

@@ -5,6 +5,13 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+import torch
+
+from common.errors import UserError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""Weight dtypes the command lines (generate.py --dtype, the export's --dtype) accept by name."""
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -24,6 +31,9 @@ class ModelConfig:
         dropout: Dropout on the residual branches during training (attention dropout stays 0 so the
             fused kernel is kept).
         init_std: Standard deviation of the normal initialisation.
+
+    Invalid values raise a one-line `UserError` naming the field as `model.<field>`, the key that sets it in a
+    training config and on the command line (`--model.n_head`).
     """
 
     vocab_size: int = 1024
@@ -43,28 +53,29 @@ class ModelConfig:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
+                raise UserError(f"model.{name} must be a positive integer, got {value!r}")
         if self.mlp_hidden is not None and self.mlp_hidden <= 0:
-            raise ValueError(f"ModelConfig.mlp_hidden must be positive or None, got {self.mlp_hidden!r}")
+            raise UserError(f"model.mlp_hidden must be positive or None, got {self.mlp_hidden!r}")
         if self.n_embd % self.n_head:
-            raise ValueError(
-                f"ModelConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "
+            raise UserError(
+                f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head}); "
                 "change one of them"
             )
         if self.n_head % self.n_kv_head:
-            raise ValueError(
-                f"ModelConfig.n_head ({self.n_head}) must be divisible by n_kv_head ({self.n_kv_head}); "
+            raise UserError(
+                f"model.n_head ({self.n_head}) must be divisible by model.n_kv_head ({self.n_kv_head}); "
                 "use n_kv_head = n_head (MHA), 1 (MQA) or another divisor (GQA)"
             )
         if self.head_dim % 2:
-            raise ValueError(
-                f"ModelConfig head dimension n_embd / n_head = {self.head_dim} must be even for RoPE; "
-                "change n_embd or n_head"
+            raise UserError(
+                f"the head dimension model.n_embd / model.n_head = {self.head_dim} must be even for RoPE; "
+                "change model.n_embd or model.n_head"
             )
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"ModelConfig.dropout must be in [0, 1), got {self.dropout!r}")
-        if self.rope_theta <= 0 or self.norm_eps <= 0 or self.init_std <= 0:
-            raise ValueError("ModelConfig.rope_theta, norm_eps and init_std must be positive")
+            raise UserError(f"model.dropout must be in [0, 1), got {self.dropout!r}")
+        for name in ("rope_theta", "norm_eps", "init_std"):
+            if getattr(self, name) <= 0:
+                raise UserError(f"model.{name} must be positive, got {getattr(self, name)!r}")
 
     @property
     def head_dim(self) -> int:

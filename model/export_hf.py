@@ -3,33 +3,33 @@
     python -m model.export_hf --checkpoint runs/x --out exports/x [--force] [--dtype bfloat16]
 
 The folder is written into a temporary sibling and renamed into place, so an interrupted export never
-leaves a half-written folder at `--out`.
+leaves a half-written folder at `--out`. User mistakes print one line and exit with status 2, like
+train.py and generate.py (common/errors.py); set GQA_GPT_TRACEBACK=1 for the full traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import shutil
+import os
+import stat
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
-import torch
 from safetensors.torch import save_file
+from tokenizers import Tokenizer
 
-from .checkpoint import CheckpointError, load_checkpoint
+from common.errors import UserError, run_command
+from common.files import StagedFolder
+from common.tokens import EOS_TOKEN
+
+from .checkpoint import load_checkpoint
+from .config import DTYPES
 from .gpt import GPT
 from .hf import WEIGHTS_NAME, hf_config_dict, to_hf_state_dict
 
-EOS_TOKEN = "<|endoftext|>"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-EXIT_ERROR, EXIT_OUT_EXISTS = 1, 2
 
-
-class OutputExistsError(FileExistsError):
+class OutputExistsError(UserError):
     """`--out` exists and `--force` was not given."""
 
 
@@ -41,16 +41,21 @@ def export_hf(model: GPT, tokenizer_json: str, out_dir: str | Path, force: bool 
     """
     out = Path(out_dir).expanduser()
     refuse_existing(out, force)
-    eos_id = special_token_id(tokenizer_json, EOS_TOKEN)
+    eos_id = eos_token_id(tokenizer_json)
     dtype = next(model.parameters()).dtype
-    with staged_directory(out) as staging:
-        write_json(staging / "config.json", hf_config_dict(model.config, dtype, eos_id, eos_id))
-        save_file(to_hf_state_dict(model), staging / WEIGHTS_NAME, metadata={"format": "pt"})
-        (staging / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
-        write_json(staging / "tokenizer_config.json", tokenizer_config(model.config.block_size))
+    # Files are written plainly into the staged folder: it is published whole, by one rename.
+    with StagedFolder(out.parent) as staged:
+        assert staged.path is not None
+        write_json(staged.path / "config.json", hf_config_dict(model.config, dtype, eos_id, eos_id))
+        save_file(to_hf_state_dict(model), staged.path / WEIGHTS_NAME, metadata={"format": "pt"})
+        # safetensors creates its file 0600; give it the umask's mode, as config.json got, so others can read it.
+        os.chmod(staged.path / WEIGHTS_NAME, stat.S_IMODE((staged.path / "config.json").stat().st_mode))
+        (staged.path / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
+        write_json(staged.path / "tokenizer_config.json", tokenizer_config(model.config.block_size))
         # pad = eos keeps transformers' generate from warning that no pad token is set.
         generation = {"bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id}
-        write_json(staging / "generation_config.json", generation)
+        write_json(staged.path / "generation_config.json", generation)
+        staged.publish(out.name, replace=force)
     return out
 
 
@@ -60,12 +65,12 @@ def refuse_existing(out: Path, force: bool) -> None:
         raise OutputExistsError(f"{out} already exists; pass --force to replace it")
 
 
-def special_token_id(tokenizer_json: str, content: str) -> int:
-    """The id of a special token in a `tokenizers` JSON; a tokenizer without it cannot mark documents."""
-    for token in json.loads(tokenizer_json).get("added_tokens", []):
-        if token.get("content") == content:
-            return int(token["id"])
-    raise ValueError(f"tokenizer has no {content} special token; train it with {content} as a special token")
+def eos_token_id(tokenizer_json: str) -> int:
+    """The id of EOS_TOKEN in a `tokenizers` JSON; a tokenizer without it cannot mark documents."""
+    eos_id = Tokenizer.from_str(tokenizer_json).token_to_id(EOS_TOKEN)
+    if eos_id is None:
+        raise UserError(f"tokenizer has no {EOS_TOKEN} special token; train it with {EOS_TOKEN} as a special token")
+    return eos_id
 
 
 def tokenizer_config(block_size: int) -> dict:
@@ -87,38 +92,6 @@ def write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-@contextlib.contextmanager
-def staged_directory(out: Path) -> Iterator[Path]:
-    """Yield an empty sibling of `out`; on success it replaces `out`, on any error it is removed.
-
-    A sibling (same filesystem) makes the final rename atomic. The old `out`, if any, is moved aside
-    first and deleted only after the new folder is in place, so a failed rename can put it back.
-    """
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    try:
-        yield staging
-        _publish(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
-def _publish(staging: Path, out: Path) -> None:
-    if not out.exists():
-        staging.rename(out)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-    out.rename(old / out.name)
-    try:
-        staging.rename(out)
-    except BaseException:
-        (old / out.name).rename(out)
-        shutil.rmtree(old, ignore_errors=True)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m model.export_hf", description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", required=True, help="a .ckpt file or a run directory")
@@ -128,22 +101,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point; user mistakes print one `error:` line to stderr and return a non-zero code."""
-    args = parse_args(argv)
+def export(args: argparse.Namespace) -> None:
+    """Read the checkpoint, export it, and say where it went."""
+    refuse_existing(Path(args.out).expanduser(), args.force)  # before reading a possibly large checkpoint
+    loaded = load_checkpoint(args.checkpoint)
+    model = loaded.model if args.dtype is None else loaded.model.to(DTYPES[args.dtype])
     try:
-        refuse_existing(Path(args.out).expanduser(), args.force)  # before reading a possibly large checkpoint
-        loaded = load_checkpoint(args.checkpoint)
-        model = loaded.model if args.dtype is None else loaded.model.to(DTYPES[args.dtype])
         out = export_hf(model, loaded.tokenizer_json, args.out, force=args.force)
-    except OutputExistsError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_OUT_EXISTS
-    except (CheckpointError, ValueError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_ERROR
+    except OSError as err:  # a read-only or full destination: the user picks another --out
+        raise UserError(f"--out {args.out}: cannot write the export ({err.strerror or err}); pick another folder") from err
     print(f"exported {loaded.path} -> {out} (load with AutoModelForCausalLM.from_pretrained or GPT.from_hf)")
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point: 0 on success, 2 with one `error:` line for a user mistake (common.errors)."""
+    return run_command(lambda: export(parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 import torch
 
+from common.errors import UserError
+
 from .cache import KVCache
 
 
@@ -90,7 +92,7 @@ def generate(
     against). Rows that emit `eos_id` keep emitting it; decoding stops when every row has. `on_token`
     receives each new column (B,) as soon as it is chosen, for streaming.
     """
-    _check_sampling_args(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty)
+    check_sampling_args(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty)
     block_size = model.config.block_size
     start = max(0, idx.shape[1] - block_size)
     cache = None
@@ -123,23 +125,25 @@ def generate(
     return idx
 
 
-def _check_sampling_args(
+def check_sampling_args(
     max_new_tokens: int,
     temperature: float,
     top_k: int | None,
     top_p: float | None,
     min_p: float | None,
     repetition_penalty: float,
+    prefix: str = "",
 ) -> None:
+    """Raise a one-line UserError for a value `generate` cannot use; `prefix="--"` names command-line flags."""
     if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        raise UserError(f"{prefix}max_new_tokens must be at least 1, got {max_new_tokens}")
     if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
+        raise UserError(f"{prefix}temperature must be >= 0 (0 is greedy), got {temperature}")
     if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be at least 1, got {top_k}")
+        raise UserError(f"{prefix}top_k must be at least 1, got {top_k}")
     if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        raise UserError(f"{prefix}top_p must be in (0, 1], got {top_p}")
     if min_p is not None and not 0.0 <= min_p <= 1.0:
-        raise ValueError(f"min_p must be in [0, 1], got {min_p}")
+        raise UserError(f"{prefix}min_p must be in [0, 1], got {min_p}")
     if repetition_penalty <= 0:
-        raise ValueError(f"repetition_penalty must be positive, got {repetition_penalty}")
+        raise UserError(f"{prefix}repetition_penalty must be positive, got {repetition_penalty}")

@@ -1,8 +1,12 @@
-"""Test-wide setup: offline wandb/Hugging Face with caches in temp dirs, a small corpus, one tiny training run."""
+"""Test-wide setup: offline wandb/Hugging Face with caches in temp dirs, a small corpus, one tiny training run.
+
+This is the one place the offline test environment is set; the package conftests only add fixtures.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,8 +31,13 @@ TEST_ENV = {
     "TRANSFORMERS_OFFLINE": "1",
     "HF_HOME": str(_SCRATCH / "hf"),
     "HF_DATASETS_CACHE": str(_SCRATCH / "hf" / "datasets"),
+    "HF_HUB_DISABLE_TELEMETRY": "1",
 }
 os.environ.update(TEST_ENV)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(_SCRATCH, ignore_errors=True)
 
 
 def run_script(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
@@ -40,6 +49,12 @@ def run_script(*args: str, timeout: float = 300, check: bool = True) -> subproce
     if check and result.returncode != 0:
         raise AssertionError(f"{args} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return result
+
+
+@pytest.fixture(scope="session")
+def shakespeare_path() -> Path:
+    """The full tiny Shakespeare file (1.1 MB) that the repository ships."""
+    return SHAKESPEARE
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,9 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from common.errors import UserError
+from model.checkpoint import resolve_checkpoint
+
 from .attention_maps import AttentionMaps
 from .last_checkpoint import LastCheckpoint
 from .samples import SampleGenerations
@@ -29,10 +32,6 @@ TRAINER_DEFAULTS = {
 }
 
 
-class UserError(ValueError):
-    """A mistake in the command line or config; train.py prints it as one line."""
-
-
 class GPTCLI(LightningCLI):
     """`python train.py fit --config configs/x.yaml`: see README for the keys."""
 
@@ -52,6 +51,7 @@ class GPTCLI(LightningCLI):
         run_dir = Path(config.trainer.default_root_dir) / (config.run_name or _config_stem(config))
         if self.subcommand in ("fit", None) and not config.get("ckpt_path"):
             _refuse_to_overwrite(run_dir)
+        _check_ckpt_path(config.get("ckpt_path"))
         config.trainer.default_root_dir = str(run_dir)
         config.checkpoint.dirpath = str(run_dir / "checkpoints")
         if config.trainer.logger in (None, True):
@@ -72,6 +72,12 @@ def _refuse_to_overwrite(run_dir: Path) -> None:
         raise UserError(
             f"{run_dir} already holds checkpoints; resume with --ckpt_path last or start a new run with --run_name"
         )
+
+
+def _check_ckpt_path(ckpt_path: str | None) -> None:
+    """A missing --ckpt_path file is the same one-line CheckpointError (exit 2) as in generate.py and the export."""
+    if ckpt_path and ckpt_path not in ("last", "best", "hpc", "registry") and "://" not in ckpt_path:
+        resolve_checkpoint(ckpt_path)
 
 
 def _wandb_logger(run_dir: Path, project: str, name: str) -> dict:

@@ -1,46 +1,20 @@
-"""Shared fixtures for the data tests: offline Hugging Face caches in a temp dir, tiny Shakespeare, a
-generated multilingual corpus."""
+"""Shared fixtures for the data tests: tiny Shakespeare excerpts and a generated multilingual corpus.
+
+The offline environment (Hugging Face caches in a temporary folder) is set once, in tests/conftest.py.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 
 import pytest
 
-# Before anything imports huggingface_hub/datasets: they read these once, at import.
-os.environ.update(WANDB_MODE="offline", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "data" / "corpora" / "tinyshakespeare.txt"
-EOS = "<|endoftext|>"
 _WORDS = [
     "the", "and", "king", "naïve", "café", "Straße", "日本語", "😀", "🎉👍🏽", "Ελληνικά", "Привет", "mañana",
     "e\u0301", "'s", "it's", "42", "3.14", "—", "«quote»", "\t", "  ", "\r\n", "\n", "\n\n", "x\ny",
 ]
-
-
-@pytest.fixture(scope="session", autouse=True)
-def offline_hf_caches(tmp_path_factory: pytest.TempPathFactory):
-    """Point every Hugging Face cache at a temp dir and force offline mode, whatever imported datasets first."""
-    import datasets.config
-
-    home = tmp_path_factory.mktemp("hf_home")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HF_HOME", str(home))
-        patch.setenv("HF_DATASETS_CACHE", str(home / "datasets"))
-        patch.setattr(datasets.config, "HF_DATASETS_CACHE", home / "datasets")
-        patch.setattr(datasets.config, "DOWNLOADED_DATASETS_PATH", home / "datasets" / "downloads")
-        patch.setattr(datasets.config, "EXTRACTED_DATASETS_PATH", home / "datasets" / "downloads" / "extracted")
-        patch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-        yield home
-
-
-@pytest.fixture(scope="session")
-def shakespeare_path() -> Path:
-    """The full tiny Shakespeare file (1.1 MB) that the repository ships."""
-    return SHAKESPEARE
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,10 @@ import datasets
 import numpy as np
 import pytest
 
-from data import TextDataModule, Tokenizer
-from data.token_store import META_FILE, StagedDirectory
+from common.files import StagedFolder
+from data import Tokenizer
+from data.datamodule import TextDataModule
+from data.token_store import META_FILE, publish_token_folder
 from data.tokenize_dataset import segment_split, tokenize_segments
 
 VOCAB = 300
@@ -144,12 +146,12 @@ def test_a_failed_run_leaves_nothing_to_trust(jsonl_corpus: Path, cache_dir: Pat
     assert len(module.val_tokens) > 0
 
 
-def test_commit_keeps_a_folder_another_process_published_first(tmp_path: Path) -> None:
+def test_publish_keeps_a_folder_another_process_published_first(tmp_path: Path) -> None:
     winner = tmp_path / "tokens-x"
     winner.mkdir()
     (winner / META_FILE).write_text("{}")
-    with StagedDirectory(tmp_path) as staged:
+    with StagedFolder(tmp_path) as staged:
         (staged.path / META_FILE).write_text('{"loser": true}')
-        assert staged.commit("tokens-x") == winner
+        assert publish_token_folder(staged, "tokens-x") == winner
     assert (winner / META_FILE).read_text() == "{}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tokens-x"]

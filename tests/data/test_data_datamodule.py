@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from data import EOS_TOKEN, TextDataModule
+from data import EOS_TOKEN
+from data.datamodule import TextDataModule
 
 VOCAB = 400
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from data import DataConfigError, TextDataModule, Tokenizer
-from data.datamodule import TINY_SHAKESPEARE_URL
+from data import DataConfigError, Tokenizer
+from data.datamodule import TINY_SHAKESPEARE_URL, TextDataModule
 
 VOCAB = 300
 
@@ -85,6 +85,14 @@ def test_validation_shorter_than_a_block(corpus_file, cache_dir: Path, cached_fi
     message = _raises("data.block_size", cache_dir, cached_files, dataset="json", data_files=str(tiny),
                       block_size=64)
     assert "block_size=64" in message and "data.val_fraction" in message
+
+
+def test_cached_tokens_too_short_for_a_larger_block(corpus_file, cache_dir: Path) -> None:
+    tiny = corpus_file("tiny.jsonl", ["To be, or not to be, that is the question. " * 4])
+    settings = {"dataset": "json", "data_files": str(tiny), "vocab_size": VOCAB, "cache_dir": str(cache_dir)}
+    TextDataModule(block_size=4, **settings).setup()  # builds the cache
+    with pytest.raises(DataConfigError, match=r"^data\.block_size: .*block_size=64"):
+        TextDataModule(block_size=64, **settings).setup()  # the same cache, reused
 
 
 def test_tokenizer_path_missing_or_too_large(tmp_path: Path, jsonl_corpus: Path, documents: list[str],

@@ -9,7 +9,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from data import TextDataModule
+from data.datamodule import TextDataModule
 
 
 class BatchRecorder(L.LightningModule):

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from data import EOS_TOKEN, DataConfigError, TextDataModule, Tokenizer
+from data import EOS_TOKEN, DataConfigError, Tokenizer
+from data.datamodule import TextDataModule
 
 VOCAB = 300
 

@@ -1,81 +1,39 @@
-"""Shared fixtures for the Hugging Face interop tests: a tiny byte-level BPE and tiny random GPTs."""
+"""Shared fixtures for the Hugging Face interop tests: a tiny byte-level BPE and tiny random GPTs.
+
+The offline environment (no network, Hugging Face caches in a temporary folder) is set in tests/conftest.py.
+"""
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 
 import pytest
 import torch
 
+from common.tokens import EOS_TOKEN
+from data.tokenizer import Tokenizer
 from model import GPT, ModelConfig
 
-EOS = "<|endoftext|>"
 TOKENIZER_VOCAB = 320
 WORDS = ["the", "cat", "sat", "on", "mat", "héllo", "wörld", "naïve", "日本語", "Ελληνικά", "🙂", "don't", "  x"]
-_HF_HOME: list[str] = []
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    # Set before transformers/huggingface_hub are imported (they read these once): no network, no ~/.cache.
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
-    _HF_HOME.append(tempfile.mkdtemp(prefix="gqa-gpt-hf-home-"))
-    os.environ["HF_HOME"] = _HF_HOME[-1]
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    for path in _HF_HOME:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def training_texts() -> list[str]:
     """A deterministic multilingual corpus, repeated enough that BPE learns merges across scripts."""
     generator = torch.Generator().manual_seed(0)
     picks = torch.randint(len(WORDS), (400, 8), generator=generator).tolist()
-    return [" ".join(WORDS[i] for i in row) + f" {EOS}" for row in picks]
-
-
-def _train_with_tokenizers(vocab_size: int) -> str:
-    """The same recipe as data/tokenizer.py, for when that module is not there."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    backend.train_from_iterator(training_texts(), trainer=trainer)
-    return backend.to_str()
+    return [" ".join(WORDS[i] for i in row) + f" {EOS_TOKEN}" for row in picks]
 
 
 @pytest.fixture(scope="session")
 def tokenizer_json() -> str:
     """tokenizer.json text of a tiny byte-level BPE with `<|endoftext|>`."""
-    try:
-        from data.tokenizer import Tokenizer
-    except ImportError:
-        return _train_with_tokenizers(TOKENIZER_VOCAB)
     return Tokenizer.train(training_texts(), TOKENIZER_VOCAB, show_progress=False).to_json()
 
 
 @pytest.fixture(scope="session")
 def encode(tokenizer_json: str) -> Callable[[str], list[int]]:
     """Our token ids for a text, as training and generate.py produce them."""
-    try:
-        from data.tokenizer import Tokenizer
-    except ImportError:
-        from tokenizers import Tokenizer as Backend
-
-        backend = Backend.from_str(tokenizer_json)
-        return lambda text: backend.encode(text, add_special_tokens=False).ids
     return Tokenizer.from_json(tokenizer_json).encode
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -13,24 +14,21 @@ import pytest
 import torch
 
 import model.export_hf as export_module
+from common.errors import EXIT_USER_ERROR
 from model import GPT
-from model.export_hf import EXIT_OUT_EXISTS, OutputExistsError, export_hf, main
+from model.checkpoint import META_KEY, STATE_PREFIX, checkpoint_metadata
+from model.export_hf import OutputExistsError, export_hf, main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_checkpoint(model: GPT, tokenizer_json: str, path: Path) -> Path:
     """A checkpoint in the format of model/checkpoint.py, as training writes it."""
-    meta = {
-        "format": 1,
-        "model_config": model.config.to_dict(),
-        "tokenizer_json": tokenizer_json,
-        "tokenizer_sha256": hashlib.sha256(tokenizer_json.encode("utf-8")).hexdigest(),
-        "data": {},
-    }
-    state = {f"model.{name}": tensor for name, tensor in model.state_dict().items()}
+    sha256 = hashlib.sha256(tokenizer_json.encode("utf-8")).hexdigest()
+    meta = checkpoint_metadata(model.config, tokenizer_json, sha256, data={})
+    state = {f"{STATE_PREFIX}{name}": tensor for name, tensor in model.state_dict().items()}
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"state_dict": state, "gqa_gpt": meta, "global_step": 7}, path)
+    torch.save({"state_dict": state, META_KEY: meta, "global_step": 7}, path)
     return path
 
 
@@ -108,9 +106,19 @@ def test_cli_errors_are_one_line(make_model, tokenizer_json, tmp_path):
     exists = start_cli("--checkpoint", str(checkpoint), "--out", str(tmp_path / "taken"))
     missing_err, exists_err = missing.communicate()[1], exists.communicate()[1]
 
-    assert missing.returncode != 0
+    assert missing.returncode == EXIT_USER_ERROR
     assert missing_err.startswith("error: ") and missing_err.count("\n") == 1
     assert "nope.ckpt" in missing_err and not (tmp_path / "hf").exists()
-    assert exists.returncode == EXIT_OUT_EXISTS
+    assert exists.returncode == EXIT_USER_ERROR
     assert exists_err.startswith("error: ") and exists_err.count("\n") == 1
     assert "--force" in exists_err and list((tmp_path / "taken").iterdir()) == []
+
+
+def test_export_folder_gets_the_usual_permissions(make_model, tokenizer_json, tmp_path):
+    previous = os.umask(0o022)
+    try:
+        out = export_hf(make_model(), tokenizer_json, tmp_path / "hf")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755  # a temp folder's 0700 would hide it from other users
+    assert {stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == {0o644}

@@ -5,7 +5,6 @@ import math
 import pytest
 import torch
 
-from model import GPT, ModelConfig
 from inspection.attention_stats import (
     attention_entropy,
     head_statistics,
@@ -14,6 +13,7 @@ from inspection.attention_stats import (
     repeated_random_tokens,
     sink_mass,
 )
+from model import GPT, ModelConfig
 
 T = 12
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from data import TextDataModule
+from data.datamodule import TextDataModule
 from training import LitGPT, NonFiniteLossError
 
 MODEL = dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, warmup_steps=2, learning_rate=3e-3)

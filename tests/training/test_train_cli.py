@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+
+from model import ModelConfig
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_tiny_run_writes_a_self_contained_checkpoint(tiny_run):
@@ -94,3 +103,38 @@ def test_help_documents_model_and_data_keys(script):
                 "--attention_maps.every_n_steps", "--run_name"):
         assert key in out, key
     assert "Number of key/value heads" in out
+
+
+def model_config_docs() -> dict[str, str]:
+    """{field: first line of its description} from the Args section of ModelConfig's docstring."""
+    lines = re.findall(r"^ {8}(\w+): (.+)$", ModelConfig.__doc__, flags=re.MULTILINE)
+    return dict(lines)
+
+
+def test_help_documents_every_model_config_field_once(script):
+    out = " ".join(script("train.py", "fit", "--help").stdout.split())  # undo the help's line wrapping
+    docs = model_config_docs()
+    assert set(docs) == {field.name for field in dataclasses.fields(ModelConfig)}
+    for name, words in docs.items():
+        assert out.count(words) == 1, (name, words)  # described once: by ModelConfig, not again by LitGPT
+        settable = out.count(f" --model.{name} ") == 1
+        linked = f"data.{name} --> model.{name}" in out  # vocab_size and block_size follow the data keys
+        assert settable or linked, name
+
+
+def test_every_model_config_field_reaches_the_model(corpus, tmp_path, monkeypatch):
+    from data.datamodule import TextDataModule
+    from training import LitGPT
+    from training.cli import GPTCLI
+
+    overrides = {"norm_eps": 1e-6, "init_std": 0.01, "rope_theta": 500.0, "mlp_hidden": 96, "dropout": 0.1,
+                 "tie_embeddings": False}
+    args = ["--config", str(ROOT / "configs" / "tiny.yaml"), "--data.data_files", str(corpus),
+            "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false"]
+    for name, value in overrides.items():
+        args += [f"--model.{name}", str(value).lower() if isinstance(value, bool) else str(value)]
+    monkeypatch.setattr(sys, "argv", ["train.py"])  # only `args` is parsed, not pytest's own flags
+    cli = GPTCLI(LitGPT, TextDataModule, run=False, args=args)
+    config = cli.model.model.config
+    assert {name: getattr(config, name) for name in overrides} == overrides
+    assert config.vocab_size == cli.datamodule.vocab_size and config.block_size == cli.datamodule.block_size
