@@ -17,14 +17,20 @@ def main() -> int:
 
     from data import TextDataModule
     from training import LitGPT, NonFiniteLossError
-    from training.cli import GPTCLI
+    from training.cli import GPTCLI, RunAlreadyFinished
+    from training.ctrl_c import GracefulCtrlC
 
+    ctrl_c = GracefulCtrlC()
     try:
         # exit_on_error=False turns jsonargparse's usage dump into an exception we print as one line.
-        GPTCLI(LitGPT, TextDataModule, save_config_kwargs={"overwrite": True}, parser_kwargs={"exit_on_error": False})
-    except SIGTERMException:
-        print("stopped by SIGTERM after saving last.ckpt; resume with --ckpt_path last", file=sys.stderr)
-        return 143
+        GPTCLI(LitGPT, TextDataModule, save_config_kwargs={"overwrite": True}, parser_kwargs={"exit_on_error": False},
+               ctrl_c=ctrl_c)  # fmt: skip
+    except SIGTERMException:  # also raised for the first Ctrl-C (see training/ctrl_c.py)
+        print(ctrl_c.stop_message(), file=sys.stderr)
+        return 130 if ctrl_c.pressed else 143
+    except RunAlreadyFinished as done:
+        print(done, file=sys.stderr)
+        return 0
     except ArgumentError as err:
         message = " ".join(str(err).split())
         print(f"error: {message} (see: python train.py fit --help)", file=sys.stderr)
