@@ -12,6 +12,7 @@ from .attention_maps import AttentionMaps
 from .cli_help import order_help_sections, refuse_optimizer_flags, silence_known_noise
 from .ctrl_c import GracefulCtrlC
 from .last_checkpoint import LastCheckpoint
+from .progress import progress_for_output
 from .resume import checkpoint_step, expand_run_dir_resume
 from .samples import SampleGenerations
 from .throughput import ThroughputMonitor
@@ -102,6 +103,8 @@ class GPTCLI(LightningCLI):
         extra = [ThroughputMonitor(), LastCheckpoint(), self.ctrl_c]
         if config.trainer.logger is not False:  # LearningRateMonitor refuses to run without a logger
             extra.append(LearningRateMonitor(logging_interval="step"))
+        if config.trainer.enable_progress_bar is not False:  # a ProgressBar callback with it False is an error
+            extra.append(progress_for_output())
         self.trainer_defaults = {**self.trainer_defaults, "callbacks": extra}
 
 

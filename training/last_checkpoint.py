@@ -37,5 +37,6 @@ class LastCheckpoint(L.Callback):
         if trainer.checkpoint_callback is None:
             return None
         path = Path(trainer.checkpoint_callback.dirpath) / "last.ckpt"
-        trainer.save_checkpoint(path)  # every rank calls it: sharded strategies save collectively
+        # Full state for resume; every rank calls it: sharded strategies save collectively.
+        trainer.save_checkpoint(path, weights_only=False)
         return path

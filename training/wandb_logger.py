@@ -25,6 +25,8 @@ class RunWandbLogger(WandbLogger):
     def experiment(self):
         """The wandb run, created on first use; an offline run then prints its `wandb sync` command."""
         created = self._experiment is None
+        if created and self._save_dir:
+            Path(self._save_dir).mkdir(parents=True, exist_ok=True)  # wandb warns about a missing folder
         run = super().experiment
         if created and self._offline and getattr(run, "dir", None):
             folder = Path(run.dir).parent
