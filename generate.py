@@ -154,9 +154,9 @@ def run(args: argparse.Namespace) -> None:
     generator = torch.Generator(device=device).manual_seed(args.seed)
     stream = TextStream(tokenizer) if args.num_samples == 1 else None
     echo = "" if args.no_echo else prompt_text
-    if stream is not None:
-        print(echo, end="", flush=True)
     try:
+        if stream is not None:
+            print(echo, end="", flush=True)
         out = generate(
             model, prompt.expand(args.num_samples, -1).contiguous(), args.max_new_tokens, generator=generator,
             use_cache=not args.no_cache, on_token=stream, **sample,
