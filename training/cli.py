@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -74,9 +75,17 @@ class GPTCLI(LightningCLI):
     def fit(self, model, datamodule=None, ckpt_path=None, **kwargs) -> None:
         """trainer.fit with Ctrl-C handled gracefully, after checking the resumed run is not already done."""
         _refuse_finished_run(self.trainer, ckpt_path)
+        run_dir = Path(self.trainer.default_root_dir)
+        new_run = not run_dir.exists()
         self.ctrl_c.install(self.trainer)
         try:
             self.trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, **kwargs)
+        except BaseException:
+            # A run that fails before its first step (data setup, a config check in setup) leaves only a
+            # config.yaml and an empty wandb run: remove the folder this command created, so a retry starts clean.
+            if new_run and not self.ctrl_c.training_started:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
         finally:
             self.ctrl_c.restore()
 

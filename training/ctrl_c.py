@@ -38,6 +38,11 @@ class GracefulCtrlC(L.Callback):
         self._training = False
         self._previous = None
 
+    @property
+    def training_started(self) -> bool:
+        """True once the training loop has started (Lightning's on_train_start)."""
+        return self._training
+
     def install(self, trainer: L.Trainer) -> None:
         """Handle SIGINT for the duration of `trainer.fit` (signals can only be set from the main thread)."""
         if threading.current_thread() is threading.main_thread():
