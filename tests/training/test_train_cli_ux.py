@@ -63,12 +63,13 @@ def test_a_run_that_fails_on_its_data_leaves_no_run_folder(source, tmp_path, dat
     assert not root.exists() or not any(root.iterdir())
 
 
-def test_a_run_that_fails_in_data_setup_removes_the_run_folder_it_created(script, tiny_args, tmp_path):
-    # A validation split shorter than one window fails in DataModule.setup, after the wandb run is created.
-    result = script(*tiny_args(tmp_path, "--data.block_size", "100000", "--trainer.logger", "true"), check=False)
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert "data.block_size" in result.stderr
-    assert not (tmp_path / "tiny").exists()
+def test_a_run_that_fails_before_its_first_step_removes_the_run_folder_it_created(script, tiny_args, tmp_path):
+    # A missing checkpoint is found only after the wandb run and config.yaml were written (Lightning's setup).
+    overrides = ["--trainer.logger", "true", "--ckpt_path", str(tmp_path / "nope.ckpt")]
+    result = script(*tiny_args(tmp_path / "runs", *overrides), check=False)
+    assert result.returncode != 0 and "nope.ckpt" in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "runs" / "tiny").exists()
 
 
 def test_an_unreachable_hub_names_the_network_and_the_local_file_keys(monkeypatch):
