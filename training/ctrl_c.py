@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import signal
 import sys
 import threading
@@ -72,7 +73,7 @@ class GracefulCtrlC(L.Callback):
             return f"stopped by {self.signal_name} at step {self.stopped_step}; checkpointing is off, nothing saved"
         return (
             f"stopped by {self.signal_name} at step {self.stopped_step}: saved {self.checkpoint}; "
-            f"resume with: python train.py fit --ckpt_path {self.run_dir}"
+            f"resume with: python train.py fit --ckpt_path {shlex.quote(str(self.run_dir))}"
         )
 
     def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
