@@ -23,11 +23,21 @@ from model.config import DTYPES
 from model.sampling import check_sampling_args
 
 
+class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows "(default: X)" where there is a default to show (not for switches and unset options)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False or action.required:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=_HelpWithDefaults)
     p.add_argument("--checkpoint", required=True, help="a .ckpt file or a run directory (uses checkpoints/last.ckpt)")
     p.add_argument("--prompt", help="text to continue; without it --prompt_file or standard input is read")
     p.add_argument("--prompt_file", help="read the prompt from this UTF-8 file")
+    p.add_argument("--no_echo", action="store_true", help="print only the continuation, not the prompt before it")
     p.add_argument("--max_new_tokens", type=int, default=200, help="tokens to generate per sample")
     p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy; higher is more random")
     p.add_argument("--top_k", type=int, default=None, help="sample only among the k most likely tokens")
@@ -98,9 +108,25 @@ class TextStream:
 
 def encode_prompt(tokenizer: Tokenizer, prompt: str, block_size: int, device: torch.device) -> torch.Tensor:
     ids = tokenizer.encode(prompt)
+    if set(ids) <= unfamiliar_byte_ids(tokenizer):
+        print("note: the prompt is made only of bytes the tokenizer never merged (rare or unseen in training, "
+              "e.g. emoji); the model knows little about them, so expect output unrelated to the prompt",
+              file=sys.stderr)  # fmt: skip
     if len(ids) > block_size:
         print(f"note: the prompt has {len(ids)} tokens; the model sees only the last {block_size}", file=sys.stderr)
     return torch.tensor([ids], device=device)
+
+
+def unfamiliar_byte_ids(tokenizer: Tokenizer) -> set[int]:
+    """Ids of non-ASCII single-byte tokens that are part of no longer token.
+
+    BPE merges every byte that is frequent in its training text, so a byte left unmerged was rare or absent
+    there (the tokenizer holds all 256 bytes regardless). ASCII is excluded: a small vocabulary leaves even
+    common letters unmerged.
+    """
+    table = tokenizer.token_bytes()
+    merged = {byte for token in table if len(token) > 1 for byte in token}
+    return {i for i, token in enumerate(table) if len(token) == 1 and token[0] >= 0x80 and token[0] not in merged}
 
 
 def run(args: argparse.Namespace) -> None:
@@ -112,7 +138,8 @@ def run(args: argparse.Namespace) -> None:
     tokenizer = Tokenizer.from_json(loaded.tokenizer_json)
     if args.explain_attention is not None:
         return explain(model, tokenizer, args.explain_attention, args.layer or 0, args.head, device)
-    prompt = encode_prompt(tokenizer, read_prompt(args), model.config.block_size, device)
+    prompt_text = read_prompt(args)
+    prompt = encode_prompt(tokenizer, prompt_text, model.config.block_size, device)
     sample = dict(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         repetition_penalty=args.repetition_penalty, eos_id=tokenizer.eos_id,
@@ -121,14 +148,22 @@ def run(args: argparse.Namespace) -> None:
         return benchmark(model, prompt.expand(args.num_samples, -1), args, sample)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     stream = TextStream(tokenizer) if args.num_samples == 1 else None
-    out = generate(
-        model, prompt.expand(args.num_samples, -1).contiguous(), args.max_new_tokens, generator=generator,
-        use_cache=not args.no_cache, on_token=stream, **sample,
-    )  # fmt: skip
+    echo = "" if args.no_echo else prompt_text
+    try:
+        if stream is not None:
+            print(echo, end="", flush=True)
+        out = generate(
+            model, prompt.expand(args.num_samples, -1).contiguous(), args.max_new_tokens, generator=generator,
+            use_cache=not args.no_cache, on_token=stream, **sample,
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        if stream is not None:
+            print(flush=True)  # end the streamed line, so the "interrupted" message starts on its own
+        raise
     new = out[:, prompt.shape[1] :]
     if stream is None:
         for i, row in enumerate(new.tolist()):
-            print(f"--- sample {i + 1} ---\n{tokenizer.decode(_until_eos(row, tokenizer.eos_id))}")
+            print(f"--- sample {i + 1} ---\n{echo}{tokenizer.decode(_until_eos(row, tokenizer.eos_id))}")
     else:
         print()
     if args.attention_map:

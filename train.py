@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from common.errors import EXIT_TERMINATED, UserError, run_command
+from common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, UserError, run_command
 
 
 def fit() -> int | None:
@@ -19,14 +19,20 @@ def fit() -> int | None:
 
     from data.datamodule import TextDataModule
     from training import LitGPT
-    from training.cli import GPTCLI
+    from training.cli import GPTCLI, RunAlreadyFinished
+    from training.ctrl_c import GracefulCtrlC
 
+    ctrl_c = GracefulCtrlC()
     try:
         # exit_on_error=False turns jsonargparse's usage dump into an exception we print as one line.
-        GPTCLI(LitGPT, TextDataModule, save_config_kwargs={"overwrite": True}, parser_kwargs={"exit_on_error": False})
-    except SIGTERMException:
-        print("stopped by SIGTERM after saving last.ckpt; resume with --ckpt_path last", file=sys.stderr)
-        return EXIT_TERMINATED
+        GPTCLI(LitGPT, TextDataModule, save_config_kwargs={"overwrite": True}, parser_kwargs={"exit_on_error": False},
+               ctrl_c=ctrl_c)  # fmt: skip
+    except SIGTERMException:  # also raised for the first Ctrl-C (see training/ctrl_c.py)
+        print(ctrl_c.stop_message(), file=sys.stderr)
+        return EXIT_INTERRUPTED if ctrl_c.pressed else EXIT_TERMINATED
+    except RunAlreadyFinished as done:
+        print(done, file=sys.stderr)
+        return EXIT_OK
     except ArgumentError as err:
         message = " ".join(str(err).split())
         raise UserError(f"{message} (see: python train.py fit --help)") from err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +151,7 @@ class TextDataModule(L.LightningDataModule):
             start = trainer.global_step * trainer.accumulate_grad_batches
             batches = self.train_batches(start, trainer.global_rank, trainer.world_size)
         return DataLoader(batches, batch_size=None, num_workers=self.num_workers,
-                          pin_memory=torch.cuda.is_available())
+                          pin_memory=torch.cuda.is_available(), worker_init_fn=leave_ctrl_c_to_the_main_process)
 
     def val_dataloader(self) -> DataLoader:
         """Every validation window once, in order (Lightning adds a DistributedSampler under DDP)."""
@@ -159,7 +160,7 @@ class TextDataModule(L.LightningDataModule):
         # Persistent workers: validation runs many times, and restarting workers each time costs seconds.
         return DataLoader(ValWindows(self.val_tokens, self.block_size), batch_size=self.batch_size, shuffle=False,
                           num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
-                          persistent_workers=self.num_workers > 0)
+                          persistent_workers=self.num_workers > 0, worker_init_fn=leave_ctrl_c_to_the_main_process)
 
     def _meta_value(self, key: str) -> float:
         self._require_setup()
@@ -168,6 +169,12 @@ class TextDataModule(L.LightningDataModule):
     def _require_setup(self) -> None:
         if self.train_tokens is None:
             raise RuntimeError("TextDataModule: call setup() (or let the Trainer call it) before using the data")
+
+
+def leave_ctrl_c_to_the_main_process(worker_id: int) -> None:
+    """DataLoader workers ignore Ctrl-C: a terminal sends it to every process of the job, and a worker that died
+    of it would end the run with "worker exited unexpectedly" instead of the trainer's save at a step boundary."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _require(condition: bool, key: str, problem: str) -> None:

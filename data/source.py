@@ -14,6 +14,8 @@ from data.errors import DataConfigError
 BUILDERS = ("text", "json", "parquet", "csv", "arrow")
 VALIDATION_SPLITS = ("validation", "valid")
 TRUE_VALUES = {"1", "ON", "YES", "TRUE"}
+# Relative to the repository root, as a user types it on the command line.
+SHIPPED_CORPUS = "data/corpora/tinyshakespeare.txt"
 DataFiles = str | list[str] | dict[str, str | list[str]]
 SampleBy = Literal["document", "paragraph", "line"]
 
@@ -151,11 +153,27 @@ class CorpusSource:
                 f"data.data_files: cannot download {remote[0]} offline ({offline}); "
                 "set data.data_files to a local copy of the file"
             )
+        if remote and (isinstance(error, FileNotFoundError) or _is_network_error(error)):
+            return DataConfigError(
+                f"data.data_files: could not download {remote[0]}; the network is the likely cause (or a wrong URL): "
+                f"set data.data_files to a local copy, e.g. {SHIPPED_CORPUS}"
+            )
         if isinstance(error, FileNotFoundError) and self.uses_builder:
             return DataConfigError(f"data.data_files: {first_line(error)}; pass an existing file or URL")
+        if not self.uses_builder and _is_network_error(error):
+            return DataConfigError(
+                f"data.dataset: could not reach the Hugging Face Hub for '{self.dataset}'; the network is the likely "
+                f"cause (or a wrong id): train from a local file with data.dataset=text data.data_files={SHIPPED_CORPUS}"
+            )
         return DataConfigError(
             f"{self.key}: cannot load '{self.dataset}': {type(error).__name__}: {first_line(error)}"
         )
+
+
+def _is_network_error(error: BaseException) -> bool:
+    """True for the connection errors of Python, requests and httpx (which share no base class)."""
+    names = {cls.__name__ for cls in type(error).__mro__}
+    return isinstance(error, (ConnectionError, TimeoutError)) or bool(names & {"ConnectError", "Timeout", "TimeoutException"})
 
 
 def _flatten(data_files: DataFiles | None) -> list[str]:

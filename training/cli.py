@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import shutil
+import sys
 from pathlib import Path
 
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from common.errors import UserError
 from model.checkpoint import resolve_checkpoint
 
 from .attention_maps import AttentionMaps
+from .cli_help import order_help_sections, refuse_optimizer_flags, silence_known_noise
+from .ctrl_c import GracefulCtrlC
 from .last_checkpoint import LastCheckpoint
+from .progress import progress_for_output
+from .resume import checkpoint_step, expand_run_dir_resume
 from .samples import SampleGenerations
 from .throughput import ThroughputMonitor
 from .wandb_setup import wandb_offline
@@ -32,8 +37,56 @@ TRAINER_DEFAULTS = {
 }
 
 
+class RunAlreadyFinished(Exception):
+    """Resuming a run whose checkpoint already reached trainer.max_steps: nothing to train (exit 0)."""
+
+
 class GPTCLI(LightningCLI):
-    """`python train.py fit --config configs/x.yaml`: see README for the keys."""
+    """`python train.py fit --config configs/x.yaml`: see README for the keys.
+
+    `ctrl_c` receives the stop state of a run interrupted by Ctrl-C or SIGTERM (train.py prints it).
+    LightningCLI's own --optimizer/--lr_scheduler flags are off: LitGPT owns AdamW and its schedule.
+    """
+
+    def __init__(self, *args, ctrl_c: GracefulCtrlC | None = None, **kwargs) -> None:
+        self.ctrl_c = ctrl_c or GracefulCtrlC()
+        self.resumed_from_run_dir = False
+        silence_known_noise()
+        super().__init__(*args, auto_configure_optimizers=False, **kwargs)
+
+    def parse_arguments(self, parser, args) -> None:
+        """Refuse LightningCLI's optimizer flags and expand `--ckpt_path <run dir>` before parsing."""
+        order_help_sections(parser)
+        if not (args is None or isinstance(args, list)):  # a dict or Namespace: Lightning parses it as is
+            super().parse_arguments(parser, args)
+            return
+        args = list(sys.argv[1:] if args is None else args)
+        refuse_optimizer_flags(args)
+        args, self.resumed_from_run_dir = expand_run_dir_resume(args)
+        self.config = parser.parse_args(args)
+
+    def _parse_ckpt_path(self) -> None:
+        # Lightning re-applies a checkpoint's hyperparameters over the parsed config; from a run directory the
+        # saved config.yaml already holds them, and re-applying would undo the user's explicit overrides.
+        if not self.resumed_from_run_dir:
+            super()._parse_ckpt_path()
+
+    def fit(self, model, datamodule=None, ckpt_path=None, **kwargs) -> None:
+        """trainer.fit with Ctrl-C handled gracefully, after checking the resumed run is not already done."""
+        _refuse_finished_run(self.trainer, ckpt_path)
+        run_dir = Path(self.trainer.default_root_dir)
+        new_run = not run_dir.exists()
+        self.ctrl_c.install(self.trainer)
+        try:
+            self.trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, **kwargs)
+        except BaseException:
+            # A run that fails before its first step (data setup, a config check in setup) leaves only a
+            # config.yaml and an empty wandb run: remove the folder this command created, so a retry starts clean.
+            if new_run and not self.ctrl_c.training_started:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+        finally:
+            self.ctrl_c.restore()
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--run_name", type=str | None, default=None, help="Run directory name under trainer.default_root_dir; defaults to the config file's name.")
@@ -56,9 +109,11 @@ class GPTCLI(LightningCLI):
         config.checkpoint.dirpath = str(run_dir / "checkpoints")
         if config.trainer.logger in (None, True):
             config.trainer.logger = _wandb_logger(run_dir, config.wandb_project, config.run_name or run_dir.name)
-        extra = [ThroughputMonitor(), LastCheckpoint()]
+        extra = [ThroughputMonitor(), LastCheckpoint(), self.ctrl_c]
         if config.trainer.logger is not False:  # LearningRateMonitor refuses to run without a logger
             extra.append(LearningRateMonitor(logging_interval="step"))
+        if config.trainer.enable_progress_bar is not False:  # a ProgressBar callback with it False is an error
+            extra.append(progress_for_output())
         self.trainer_defaults = {**self.trainer_defaults, "callbacks": extra}
 
 
@@ -80,15 +135,22 @@ def _check_ckpt_path(ckpt_path: str | None) -> None:
         resolve_checkpoint(ckpt_path)
 
 
-def _wandb_logger(run_dir: Path, project: str, name: str) -> dict:
-    offline = wandb_offline()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if offline:
-        rank_zero_info(
-            f"wandb: no credentials (or WANDB_MODE=offline): logging offline under {run_dir}/wandb. "
-            f"Upload later with: wandb sync {run_dir}/wandb/offline-run-*"
+def _refuse_finished_run(trainer, ckpt_path: str | None) -> None:
+    if not ckpt_path or trainer.max_steps < 0:
+        return
+    if ckpt_path == "last" and trainer.checkpoint_callback is not None:
+        ckpt_path = str(Path(trainer.checkpoint_callback.dirpath) / "last.ckpt")
+    step = checkpoint_step(Path(ckpt_path)) if Path(ckpt_path).is_file() else None
+    if step is not None and step >= trainer.max_steps:
+        raise RunAlreadyFinished(
+            f"{ckpt_path} is at step {step}, already trainer.max_steps={trainer.max_steps}: nothing to train "
+            "(raise --trainer.max_steps to train further)"
         )
+
+
+def _wandb_logger(run_dir: Path, project: str, name: str) -> dict:
+    # No mkdir and no message here: both wait until the wandb run is created (see RunWandbLogger).
     return {
-        "class_path": "lightning.pytorch.loggers.WandbLogger",
-        "init_args": {"save_dir": str(run_dir), "project": project, "name": name, "offline": offline},
+        "class_path": "training.wandb_logger.RunWandbLogger",
+        "init_args": {"save_dir": str(run_dir), "project": project, "name": name, "offline": wandb_offline()},
     }

@@ -1,4 +1,4 @@
-"""Keep `last.ckpt` current at the two moments ModelCheckpoint misses: SIGTERM and the end of training."""
+"""Keep `last.ckpt` current at the moments ModelCheckpoint misses: SIGTERM, Ctrl-C and the end of training."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 
 class LastCheckpoint(L.Callback):
@@ -30,14 +29,14 @@ class LastCheckpoint(L.Callback):
             self._save(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if isinstance(exception, SIGTERMException):
-            path = self._save(trainer)
-            rank_zero_info(f"SIGTERM: saved {path} at step {trainer.global_step}; resume with --ckpt_path last")
+        if isinstance(exception, SIGTERMException):  # also the first Ctrl-C (training/ctrl_c.py); train.py says so
+            self._save(trainer)
 
     @staticmethod
     def _save(trainer: L.Trainer) -> Path | None:
         if trainer.checkpoint_callback is None:
             return None
         path = Path(trainer.checkpoint_callback.dirpath) / "last.ckpt"
-        trainer.save_checkpoint(path)  # every rank calls it: sharded strategies save collectively
+        # Full state for resume; every rank calls it: sharded strategies save collectively.
+        trainer.save_checkpoint(path, weights_only=False)
         return path

@@ -1,0 +1,67 @@
+"""generate.py as a newcomer meets it: the prompt echoed, defaults in --help, a note on unknown bytes, Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import generate as cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tiny_run):
+    return str(tiny_run / "checkpoints" / "last.ckpt")
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("num_samples", ["1", "2"], ids=["streamed", "batch"])
+def test_the_prompt_is_echoed_before_the_continuation_unless_no_echo(ckpt, capsys, num_samples):
+    args = ["--checkpoint", ckpt, "--prompt", "KING RICHARD:", "--max_new_tokens", "5", "--num_samples", num_samples]
+    _, echoed, _ = run_cli(capsys, *args)
+    _, bare, _ = run_cli(capsys, *args, "--no_echo")
+    if num_samples == "1":
+        assert echoed == "KING RICHARD:" + bare
+    else:
+        assert echoed == bare.replace("---\n", "---\nKING RICHARD:")
+        assert echoed.count("---\nKING RICHARD:") == 2
+
+
+def test_help_shows_defaults(capsys):
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert "(default: 200)" in out and "(default: 0.8)" in out and "(default: 1337)" in out
+    assert "(default: None)" not in out and "(default: False)" not in out
+
+
+def test_a_prompt_of_bytes_never_merged_gets_a_note(ckpt, capsys):
+    code, _, err = run_cli(capsys, "--checkpoint", ckpt, "--prompt", "\U0001f642\U0001f642", "--max_new_tokens", "2")
+    assert code == 0 and err.count("note: the prompt is made only of bytes") == 1
+    _, _, err = run_cli(capsys, "--checkpoint", ckpt, "--prompt", "ROMEO: \U0001f642", "--max_new_tokens", "2")
+    assert "note:" not in err  # familiar text around the emoji: the model has something to go on
+
+
+def test_ctrl_c_while_streaming_ends_the_line_and_exits_130(ckpt):
+    proc = subprocess.Popen(
+        [sys.executable, "generate.py", "--checkpoint", ckpt, "--prompt", "ROMEO:", "--max_new_tokens", "1000000",
+         "--device", "cpu"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+    )  # fmt: skip
+    assert proc.stdout.read(len("ROMEO:")) == "ROMEO:"  # streaming has begun
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert err.strip() == "interrupted (Ctrl-C)"
+    assert out.endswith("\n")

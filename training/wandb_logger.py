@@ -1,0 +1,36 @@
+"""The project's WandbLogger: no deprecated `anonymous` setting, and the offline notice once the run exists."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+
+class RunWandbLogger(WandbLogger):
+    """A WandbLogger that says how to upload an offline run when, and only when, the run is created.
+
+    Lightning creates the wandb run after the data is prepared, so a run that fails on its data prints no
+    "upload later" line and leaves no run folder behind.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self._wandb_init.get("anonymous") is None:
+            # Lightning always passes anonymous=None, which wandb >= 0.2x warns about on every run.
+            self._wandb_init.pop("anonymous", None)
+
+    @property
+    def experiment(self):
+        """The wandb run, created on first use; an offline run then prints its `wandb sync` command."""
+        created = self._experiment is None
+        if created and self._save_dir:
+            Path(self._save_dir).mkdir(parents=True, exist_ok=True)  # wandb warns about a missing folder
+        run = super().experiment
+        if created and self._offline and getattr(run, "dir", None):
+            folder = Path(run.dir).parent
+            rank_zero_info(
+                f"wandb: no credentials (or WANDB_MODE=offline): logging offline. Upload later with: wandb sync {folder}"
+            )
+        return run
