@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,14 @@ class TokenWriter:
         self._file.close()
 
 
+STAGING_MARK = ".staging-"
+
+
+def staging_prefix() -> str:
+    """`.staging-<pid>@<host>-`: names the owner, so a sweep can tell a killed build from a running one."""
+    return f"{STAGING_MARK}{os.getpid()}@{socket.gethostname()}-"
+
+
 class StagedDirectory:
     """A temporary folder in `parent` that `commit` renames to `parent/name`; on any failure it is deleted."""
 
@@ -65,7 +74,7 @@ class StagedDirectory:
     def __enter__(self) -> StagedDirectory:
         self._made_parent = not self.parent.exists()
         self.parent.mkdir(parents=True, exist_ok=True)
-        self.path = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.parent))
+        self.path = Path(tempfile.mkdtemp(prefix=staging_prefix(), dir=self.parent))
         return self
 
     def commit(self, name: str) -> Path:

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from .attention_maps import AttentionMaps
+from .checkpointing import (
+    GPTCheckpoint,
+    WandbIdInCheckpoint,
+    prepare_checkpoint_dir,
+    stored_wandb_id,
+    with_checkpoint_io,
+)
 from .last_checkpoint import LastCheckpoint
 from .samples import SampleGenerations
 from .throughput import ThroughputMonitor
-from .wandb_setup import wandb_offline
+from .wandb_setup import wandb_offline, wandb_run_id
 
 TRAINER_DEFAULTS = {
     "trainer.max_steps": 5000,
@@ -26,6 +33,7 @@ TRAINER_DEFAULTS = {
     "checkpoint.save_last": True,
     "checkpoint.every_n_train_steps": 500,
     "checkpoint.save_top_k": 0,
+    "checkpoint.enable_version_counter": False,  # last.ckpt is re-linked in place, never last-v1.ckpt
 }
 
 
@@ -42,7 +50,7 @@ class GPTCLI(LightningCLI):
         # One source of truth: the data module owns the vocabulary and context sizes, the model follows.
         parser.link_arguments("data.vocab_size", "model.vocab_size")
         parser.link_arguments("data.block_size", "model.block_size")
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(GPTCheckpoint, "checkpoint")
         parser.add_lightning_class_args(SampleGenerations, "samples")
         parser.add_lightning_class_args(AttentionMaps, "attention_maps")
         parser.set_defaults(TRAINER_DEFAULTS)
@@ -54,11 +62,18 @@ class GPTCLI(LightningCLI):
             _refuse_to_overwrite(run_dir)
         config.trainer.default_root_dir = str(run_dir)
         config.checkpoint.dirpath = str(run_dir / "checkpoints")
+        if self.subcommand == "fit":
+            config.ckpt_path = prepare_checkpoint_dir(run_dir / "checkpoints", config.get("ckpt_path"),
+                                                      config.data.get("cache_dir"))
         if config.trainer.logger in (None, True):
-            config.trainer.logger = _wandb_logger(run_dir, config.wandb_project, config.run_name or run_dir.name)
-        extra = [ThroughputMonitor(), LastCheckpoint()]
+            run_id = wandb_run_id(run_dir, stored_wandb_id(config.get("ckpt_path")))
+            config.trainer.logger = _wandb_logger(run_dir, config.wandb_project, config.run_name or run_dir.name,
+                                                  run_id)
+        extra = [ThroughputMonitor(), LastCheckpoint(), WandbIdInCheckpoint()]
         if config.trainer.logger is not False:  # LearningRateMonitor refuses to run without a logger
             extra.append(LearningRateMonitor(logging_interval="step"))
+        config.trainer.plugins = with_checkpoint_io(config.trainer.plugins, config.checkpoint.keep_last,
+                                                    config.checkpoint.async_save)
         self.trainer_defaults = {**self.trainer_defaults, "callbacks": extra}
 
 
@@ -74,7 +89,7 @@ def _refuse_to_overwrite(run_dir: Path) -> None:
         )
 
 
-def _wandb_logger(run_dir: Path, project: str, name: str) -> dict:
+def _wandb_logger(run_dir: Path, project: str, name: str, run_id: str) -> dict:
     offline = wandb_offline()
     run_dir.mkdir(parents=True, exist_ok=True)
     if offline:
@@ -84,5 +99,6 @@ def _wandb_logger(run_dir: Path, project: str, name: str) -> dict:
         )
     return {
         "class_path": "lightning.pytorch.loggers.WandbLogger",
-        "init_args": {"save_dir": str(run_dir), "project": project, "name": name, "offline": offline},
+        "init_args": {"save_dir": str(run_dir), "project": project, "name": name, "offline": offline, "id": run_id,
+                      "resume": "allow"},  # one wandb run across preemptions and resumes
     }
