@@ -1,6 +1,6 @@
 """Checkpoints under kill -9: a SIGKILL at every phase of a save, corrupt files, a full disk, stale temp files.
 
-The killed runs are tests/training/ckpt_worker.py subprocesses (tiny model, a checkpoint every step); one
+The killed runs are `benchmarks/checkpoint_chaos.py --worker` subprocesses (tiny model, a checkpoint every step); one
 uninterrupted run of it is the reference every resumed chain must reproduce bit for bit.
 """
 
@@ -19,7 +19,7 @@ from common.files import stale_temp_files
 from training.checkpoint_io import FAULT_ENV, PHASES
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKER = ROOT / "tests" / "training" / "ckpt_worker.py"
+WORKER = ROOT / "benchmarks" / "checkpoint_chaos.py"  # its --worker mode: tiny model, a checkpoint every step
 STEPS = 10
 SHM = Path("/dev/shm")
 
@@ -31,7 +31,8 @@ def run_worker(corpus, cache, run_dir, *flags, fault=None, env=None, expect_kill
     if fault:
         environ[FAULT_ENV] = fault
     result = subprocess.run(
-        [sys.executable, str(WORKER), str(corpus), str(cache), str(run_dir), str(STEPS), *flags],
+        [sys.executable, str(WORKER), "--worker", "--corpus", str(corpus), "--cache", str(cache), "--run_dir",
+         str(run_dir), "--steps", str(STEPS), "--n_layer", "2", "--n_embd", "32", *flags],
         cwd=ROOT, env=environ, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     expected = -9 if expect_kill else 0
@@ -101,7 +102,7 @@ def test_resume_with_dataloader_workers_is_exact(corpus, data_cache, tmp_path, s
 def corrupt_copy(straight: Path, tmp_path: Path, damage) -> Path:
     """A copy of the reference run's checkpoints (step 9, step 10 = last.ckpt) with `damage(path)` applied."""
     folder = tmp_path / "checkpoints"
-    folder.mkdir()
+    folder.mkdir(parents=True)
     for name in ("step-00000009.ckpt", "step-00000010.ckpt"):
         shutil.copyfile(straight / "checkpoints" / name, folder / name)
     os.link(folder / "step-00000010.ckpt", folder / "last.ckpt")
