@@ -7,6 +7,7 @@ import errno
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -97,9 +98,12 @@ def test_async_save_errors_surface_at_teardown_and_keep_the_previous(tmp_path, m
 
 def test_async_save_writes_a_snapshot_not_the_live_tensors(tmp_path):
     io = BackgroundCheckpointIO(keep_last=2)
+    release, write = threading.Event(), io.inner.save_checkpoint
+    io.inner.save_checkpoint = lambda *args: (release.wait(10), write(*args))  # hold the writer back
     state = checkpoint(1)
     io.save_checkpoint(state, tmp_path / "last.ckpt")
-    state["state_dict"]["w"].fill_(-1.0)  # the next optimizer step, while the writer may still be writing
+    state["state_dict"]["w"].fill_(-1.0)  # the next optimizer step, while the writer has not written yet
+    release.set()
     io.teardown()
     assert torch.load(tmp_path / "last.ckpt", weights_only=True)["state_dict"]["w"].eq(1.0).all()
 
