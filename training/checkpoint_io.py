@@ -77,17 +77,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise TypeError(f"{type(self).__name__} takes no storage_options")
         path = Path(path)
         self.saves += 1
+        rotate = path.name == LAST_NAME  # anything else (a top-k checkpoint): the same atomic write, no rotation
+        target = path.with_name(step_file_name(int(checkpoint["global_step"]))) if rotate else path
         try:
-            if path.name != LAST_NAME:  # e.g. a top-k checkpoint: same atomic write, no rotation
-                self._write(checkpoint, path)
-                return
-            step = int(checkpoint["global_step"])
-            step_path = path.with_name(step_file_name(step))
-            self._write(checkpoint, step_path)
-            self._point_last_at(step_path, path)
-            self._prune(path.parent, step)
+            self._write(checkpoint, target)
+            if rotate:
+                self._point_last_at(target, path)
+                self._prune(path.parent, int(checkpoint["global_step"]))
         except OSError as err:
-            raise _save_error(err, path) from err
+            raise _save_error(err, target) from err
 
     def remove_checkpoint(self, path: str | Path) -> None:
         """Remove a checkpoint file (ModelCheckpoint calls this for top-k files it drops)."""
@@ -179,7 +177,6 @@ def _parse_fault(spec: str | None) -> tuple[str, int] | None:
 
 
 def _save_error(err: OSError, path: Path) -> CheckpointSaveError:
-    where = err.filename or path
     if err.errno == errno.ENOSPC:
         fix = "free disk space there"
     elif err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
@@ -187,4 +184,4 @@ def _save_error(err: OSError, path: Path) -> CheckpointSaveError:
     else:
         fix = "check the checkpoint folder"
     reason = err.strerror or type(err).__name__
-    return CheckpointSaveError(f"cannot save checkpoint {where}: {reason}; {fix} (earlier checkpoints are intact)")
+    return CheckpointSaveError(f"cannot save checkpoint {path}: {reason}; {fix} (earlier checkpoints are intact)")
