@@ -8,7 +8,9 @@ Its name starts with `.` and contains TEMP_MARK, so `stale_temp_files` can find 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import socket
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -18,9 +20,29 @@ from typing import BinaryIO
 TEMP_MARK = ".partial-"
 
 
+_OWNER = re.compile(rf"{re.escape(TEMP_MARK)}(\d+)@(.+)-[0-9a-f]+$")
+
+
 def temp_path_for(path: Path) -> Path:
-    """A unique temporary name next to `path`."""
-    return path.with_name(f".{path.name}{TEMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    """A unique temporary name next to `path` that names its owner: `.<name>.partial-<pid>@<host>-<hex>`."""
+    return path.with_name(f".{path.name}{TEMP_MARK}{os.getpid()}@{socket.gethostname()}-{uuid.uuid4().hex[:8]}")
+
+
+def owner_has_exited(temp: Path) -> bool:
+    """Whether the process that made this temporary name ran on this host and no longer exists.
+
+    For folders shared by concurrent runs (the data cache), where only a dead owner's leftovers may go.
+    """
+    owner = _OWNER.search(temp.name)
+    if owner is None or owner.group(2) != socket.gethostname():
+        return False
+    try:
+        os.kill(int(owner.group(1)), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, owned by another user
+        return False
+    return False
 
 
 def fsync_dir(folder: Path) -> None:

@@ -6,13 +6,20 @@ import shutil
 import sys
 from pathlib import Path
 
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.cli import LightningCLI
 
 from common.errors import UserError
 from model.checkpoint import resolve_checkpoint
 
 from .attention_maps import AttentionMaps
+from .checkpointing import (
+    GPTCheckpoint,
+    WandbIdInCheckpoint,
+    prepare_checkpoint_dir,
+    stored_wandb_id,
+    with_checkpoint_io,
+)
 from .cli_help import order_help_sections, refuse_optimizer_flags, silence_known_noise
 from .ctrl_c import GracefulCtrlC
 from .last_checkpoint import LastCheckpoint
@@ -20,7 +27,7 @@ from .progress import progress_for_output
 from .resume import checkpoint_step, expand_run_dir_resume
 from .samples import SampleGenerations
 from .throughput import ThroughputMonitor
-from .wandb_setup import wandb_offline
+from .wandb_setup import wandb_offline, wandb_run_id
 
 TRAINER_DEFAULTS = {
     "trainer.max_steps": 5000,
@@ -34,6 +41,7 @@ TRAINER_DEFAULTS = {
     "checkpoint.save_last": True,
     "checkpoint.every_n_train_steps": 500,
     "checkpoint.save_top_k": 0,
+    "checkpoint.enable_version_counter": False,  # last.ckpt is re-linked in place, never last-v1.ckpt
 }
 
 
@@ -94,7 +102,7 @@ class GPTCLI(LightningCLI):
         # One source of truth: the data module owns the vocabulary and context sizes, the model follows.
         parser.link_arguments("data.vocab_size", "model.vocab_size")
         parser.link_arguments("data.block_size", "model.block_size")
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(GPTCheckpoint, "checkpoint")
         parser.add_lightning_class_args(SampleGenerations, "samples")
         parser.add_lightning_class_args(AttentionMaps, "attention_maps")
         parser.set_defaults(TRAINER_DEFAULTS)
@@ -107,13 +115,20 @@ class GPTCLI(LightningCLI):
         _check_ckpt_path(config.get("ckpt_path"))
         config.trainer.default_root_dir = str(run_dir)
         config.checkpoint.dirpath = str(run_dir / "checkpoints")
+        if self.subcommand == "fit":
+            config.ckpt_path = prepare_checkpoint_dir(run_dir / "checkpoints", config.get("ckpt_path"),
+                                                      config.data.get("cache_dir"))
         if config.trainer.logger in (None, True):
-            config.trainer.logger = _wandb_logger(run_dir, config.wandb_project, config.run_name or run_dir.name)
-        extra = [ThroughputMonitor(), LastCheckpoint(), self.ctrl_c]
+            run_id = wandb_run_id(run_dir, stored_wandb_id(config.get("ckpt_path")))
+            config.trainer.logger = _wandb_logger(run_dir, config.wandb_project, config.run_name or run_dir.name,
+                                                  run_id)
+        extra = [ThroughputMonitor(), LastCheckpoint(), self.ctrl_c, WandbIdInCheckpoint()]
         if config.trainer.logger is not False:  # LearningRateMonitor refuses to run without a logger
             extra.append(LearningRateMonitor(logging_interval="step"))
         if config.trainer.enable_progress_bar is not False:  # a ProgressBar callback with it False is an error
             extra.append(progress_for_output())
+        config.trainer.plugins = with_checkpoint_io(config.trainer.plugins, config.checkpoint.keep_last,
+                                                    config.checkpoint.async_save)
         self.trainer_defaults = {**self.trainer_defaults, "callbacks": extra}
 
 
@@ -148,9 +163,10 @@ def _refuse_finished_run(trainer, ckpt_path: str | None) -> None:
         )
 
 
-def _wandb_logger(run_dir: Path, project: str, name: str) -> dict:
+def _wandb_logger(run_dir: Path, project: str, name: str, run_id: str) -> dict:
     # No mkdir and no message here: both wait until the wandb run is created (see RunWandbLogger).
     return {
         "class_path": "training.wandb_logger.RunWandbLogger",
-        "init_args": {"save_dir": str(run_dir), "project": project, "name": name, "offline": wandb_offline()},
+        "init_args": {"save_dir": str(run_dir), "project": project, "name": name, "offline": wandb_offline(),
+                      "id": run_id, "resume": "allow"},  # one wandb run across preemptions and resumes
     }

@@ -8,6 +8,7 @@ applied on top of it, as usual.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -19,10 +20,12 @@ CKPT_FLAG = "--ckpt_path"
 
 
 def checkpoint_in_run(run_dir: Path) -> Path:
-    """The checkpoint file to resume `run_dir` from (the one place that decides it)."""
-    path = run_dir / "checkpoints" / "last.ckpt"
-    if not path.is_file():
-        raise UserError(f"--ckpt_path: {run_dir} has no checkpoints/last.ckpt to resume; start it afresh without --ckpt_path")
+    """The checkpoint file to resume `run_dir` from: its newest whole one (see training.resume_choice)."""
+    from .resume_choice import choose_resume_checkpoint
+
+    path = choose_resume_checkpoint(run_dir / "checkpoints", warn=lambda line: print(line, file=sys.stderr))
+    if path is None:
+        raise UserError(f"--ckpt_path: {run_dir} has no checkpoint to resume; start it afresh without --ckpt_path")
     return path
 
 

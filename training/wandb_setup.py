@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import netrc
 import os
+import secrets
+import string
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -26,3 +28,25 @@ def wandb_offline() -> bool:
     if mode:
         return mode in ("offline", "dryrun", "disabled")
     return not wandb_has_credentials()
+
+
+RUN_ID_FILE = "wandb_run_id"
+
+
+def wandb_run_id(run_dir: Path, fallback: str | None = None) -> str:
+    """The wandb run id of `run_dir`, kept in `run_dir/wandb_run_id` so every resume logs to the same run.
+
+    A run directory without the file takes `fallback` (the id stored in the checkpoint being resumed) or a
+    new id, and records it.
+    """
+    from common.files import atomic_write
+
+    path = run_dir / RUN_ID_FILE
+    if path.is_file():
+        stored = path.read_text(encoding="utf-8").strip()
+        if stored:
+            return stored
+    if fallback is None:  # the shape of wandb's own ids: 8 lowercase letters and digits
+        fallback = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    atomic_write(path, fallback + "\n")
+    return fallback

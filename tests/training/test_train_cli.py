@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_tiny_run_writes_a_self_contained_checkpoint(tiny_run):
     checkpoints = sorted(p.name for p in (tiny_run / "checkpoints").glob("*.ckpt"))
-    assert checkpoints == ["last.ckpt"]  # save_top_k 0: one rolling checkpoint, rewritten every 3 steps
+    assert checkpoints == ["last.ckpt", "step-00000003.ckpt", "step-00000006.ckpt"]  # keep_last 2, last = newest
+    assert (tiny_run / "checkpoints" / "last.ckpt").samefile(tiny_run / "checkpoints" / "step-00000006.ckpt")
     ckpt = torch.load(tiny_run / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 6
     meta = ckpt["gqa_gpt"]

@@ -1,0 +1,218 @@
+"""kill -9 at random moments during a run that checkpoints every step; resume each time; compare with a straight run.
+
+    python -m benchmarks.checkpoint_chaos                  # 20 kills (seed 0), then the save stall of a ~100M model
+    python -m benchmarks.checkpoint_chaos --kills 5 --stall_rounds 0   # a quick look, no stall measurement
+
+Chaos part: a worker (this module with --worker: a Lightning run of a small GPT on the shipped tiny Shakespeare,
+a checkpoint every step through the CheckpointIO train.py installs, half of the segments with async saving) is
+started with `--ckpt_path last` semantics (sweep, then choose_resume_checkpoint), SIGKILLed at a random moment
+after its first new checkpoint, and started again, M times; then it runs to the end. TMPDIR points at a fresh
+folder on /dev/shm (another filesystem than the run directory where available). Printed: kills survived / M
+(the next start resumed with no fallback warning and no error), temp files the sweeps removed, bytes left
+behind at the end (temporary files in the run directory plus anything in TMPDIR), and whether the final weights
+equal those of an uninterrupted run of the same settings, bit for bit.
+
+Stall part: a ~100M-parameter GPT (12 layers, 768 wide, vocab 16384) with AdamW state, as Lightning would save
+it; each round times how long `save_checkpoint` blocks the calling (training) thread, sync and async rounds
+interleaved, with a training step between saves (so the async writer competes with real work, and an async save
+waits for the previous one if it is still writing). Prints the median ms per save of each and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT / "data" / "corpora" / "tinyshakespeare.txt"
+
+
+def worker_main(args: argparse.Namespace) -> None:
+    """One training segment (the process the chaos part kills)."""
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from data import TextDataModule
+    from training import LastCheckpoint, LitGPT
+    from training.checkpointing import checkpoint_io, prepare_checkpoint_dir
+
+    run_dir = Path(args.run_dir)
+    checkpoints = run_dir / "checkpoints"
+    ckpt_path = prepare_checkpoint_dir(checkpoints, "last" if args.resume else None, args.cache)
+    print(f"resuming from: {ckpt_path}", file=sys.stderr, flush=True)
+    trainer = L.Trainer(
+        default_root_dir=run_dir, max_steps=args.steps, max_epochs=-1, accelerator="cpu", devices=1,
+        logger=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+        num_sanity_val_steps=0, gradient_clip_val=1.0, plugins=[checkpoint_io(2, args.async_save)],
+        callbacks=[ModelCheckpoint(dirpath=checkpoints, save_last=True, every_n_train_steps=1, save_top_k=0,
+                                   enable_version_counter=False), LastCheckpoint()],
+    )  # fmt: skip
+    data = TextDataModule(data_files=args.corpus, cache_dir=args.cache, vocab_size=384, block_size=32,
+                          batch_size=8, num_workers=args.workers)
+    torch.manual_seed(0)  # the same initial weights in every segment
+    module = LitGPT(vocab_size=384, block_size=32, n_layer=args.n_layer, n_head=4, n_kv_head=2, n_embd=args.n_embd,
+                    warmup_steps=2, learning_rate=3e-3)
+    trainer.fit(module, data, ckpt_path=ckpt_path)
+    torch.save(module.state_dict(), run_dir / "final.pt")
+
+
+def worker_command(args: argparse.Namespace, run_dir: Path, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "benchmarks.checkpoint_chaos", "--worker", "--run_dir", str(run_dir), "--corpus",
+            str(args.corpus), "--cache", str(args.cache), "--steps", str(args.steps), "--n_embd", str(args.n_embd),
+            "--n_layer", str(args.n_layer), *flags]  # fmt: skip
+
+
+def newest_step(checkpoints: Path) -> int:
+    from training.checkpoint_io import step_files
+
+    files = step_files(checkpoints)
+    return max(files) if files else -1
+
+
+def resumed_cleanly(output: str) -> bool:
+    """A start after a kill resumed from a checkpoint, with no fallback warning and no error."""
+    return "resuming from: None" not in output and "warning" not in output and "Traceback" not in output
+
+
+def chaos(args: argparse.Namespace, work: Path, env: dict) -> None:
+    """Kill and resume M times, then finish; print the survival figures."""
+    import torch
+
+    from common.files import stale_temp_files
+
+    rng = random.Random(args.seed)
+    run_dir, checkpoints = work / "chaos", work / "chaos" / "checkpoints"
+    outputs, left_by_kill, log = [], [], work / "segment.log"
+    for kill in range(args.kills):
+        flags = ["--resume"] + (["--async"] if kill % 2 else [])
+        start_step = newest_step(checkpoints)
+        with open(log, "w") as out:
+            process = subprocess.Popen(worker_command(args, run_dir, *flags), env=env, stdout=out, stderr=out, cwd=ROOT)
+            while process.poll() is None and newest_step(checkpoints) <= start_step:
+                time.sleep(0.01)  # wait for this segment's first own checkpoint, so every segment makes progress
+            time.sleep(rng.uniform(0, args.window_s))
+            if process.poll() is not None:
+                sys.exit(f"segment {kill + 1} finished before its kill: raise --steps ({args.steps})")
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+        outputs.append(log.read_text())
+        left_by_kill.append(bool(stale_temp_files(checkpoints)))
+    final = subprocess.run(worker_command(args, run_dir, "--resume"), env=env, capture_output=True, text=True, cwd=ROOT)
+    outputs.append(final.stdout + final.stderr)
+    straight = work / "straight"
+    subprocess.run(worker_command(args, straight), env=env, check=True, capture_output=True, cwd=ROOT)
+    same = final.returncode == 0 and _same(torch.load(run_dir / "final.pt"), torch.load(straight / "final.pt"))
+    survived = sum(resumed_cleanly(text) for text in outputs[1:])  # start k+1 tells whether kill k was survived
+    left = [p for p in run_dir.rglob("*") if ".partial-" in p.name]
+    in_tmpdir = [p for p in Path(env["TMPDIR"]).rglob("*") if p.is_file()]
+    left_bytes = sum(p.stat().st_size for p in left + in_tmpdir)
+    print(f"kills survived: {survived}/{args.kills} (the next start resumed with no fallback and no error)")
+    swept = sum(left and "removed" in text for left, text in zip(left_by_kill, outputs[1:], strict=True))
+    print(f"kills that left a temp file: {sum(left_by_kill)}; removed by the next start: {swept}")
+    print(f"bytes left behind at the end (temp files in the run dir + anything in TMPDIR): {left_bytes}")
+    print(f"final weights equal the uninterrupted run's: {same} ({args.steps} steps, "
+          f"n_layer {args.n_layer}, n_embd {args.n_embd})")
+
+
+def _same(a: dict, b: dict) -> bool:
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def stall(args: argparse.Namespace, work: Path) -> None:
+    """Median ms the training thread is blocked per save, sync vs async, for a ~100M-parameter model."""
+    import torch
+
+    from model.config import ModelConfig
+    from model.gpt import GPT
+    from training.checkpointing import checkpoint_io
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=16384, block_size=64, n_layer=12, n_head=12, n_kv_head=4, n_embd=768))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tokens = torch.randint(0, 16384, (1, 64))
+
+    def train_step() -> None:
+        loss = torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    train_step()  # creates the AdamW state, as a real checkpoint has it
+    print(f"stall model: {model.num_params() / 1e6:.1f}M parameters")
+    ios = {"sync": checkpoint_io(2, False), "async": checkpoint_io(2, True)}
+    stalls: dict[str, list[float]] = {"sync": [], "async": []}
+    for round_ in range(args.stall_rounds):
+        for mode, io in ios.items():
+            for save in range(2):  # the second async save may wait for the first: that wait is stall too
+                checkpoint = {"state_dict": model.state_dict(), "optimizer_states": [optimizer.state_dict()],
+                              "global_step": round_ * 2 + save}
+                start = time.perf_counter()
+                io.save_checkpoint(checkpoint, work / f"stall-{mode}" / "last.ckpt")
+                stalls[mode].append(time.perf_counter() - start)
+                train_step()
+            io.teardown()
+    size = (work / "stall-sync" / "last.ckpt").stat().st_size
+    sync_ms, async_ms = (statistics.median(stalls[m]) * 1e3 for m in ("sync", "async"))
+    print(f"save stall per save ({size / 1e6:.0f} MB checkpoint, median of {len(stalls['sync'])}): "
+          f"sync {sync_ms:.0f} ms, async {async_ms:.0f} ms; async/sync = {async_ms / sync_ms:.2f}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kills", type=int, default=20, help="SIGKILLs to survive (M)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
+    parser.add_argument("--window_s", type=float, default=1.5, help="a kill lands up to this long after a segment's "
+                        "first checkpoint")
+    parser.add_argument("--steps", type=int, default=300, help="optimizer steps of the whole run")
+    parser.add_argument("--n_embd", type=int, default=192)
+    parser.add_argument("--n_layer", type=int, default=4)
+    parser.add_argument("--stall_rounds", type=int, default=3, help="sync/async rounds of 2 saves each (0: skip)")
+    parser.add_argument("--workdir", type=Path, default=None, help="where runs go (default: a new folder in runs/)")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    # worker mode (internal)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--run_dir", help=argparse.SUPPRESS)
+    parser.add_argument("--corpus", default=str(CORPUS), help=argparse.SUPPRESS)
+    parser.add_argument("--cache", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--async", dest="async_save", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker_main(args)
+        return 0
+    work = args.workdir or ROOT / "runs" / f"checkpoint-chaos-{os.getpid()}"
+    work.mkdir(parents=True, exist_ok=True)
+    args.cache = str(work / "cache")
+    shm = Path("/dev/shm")
+    tmpdir = Path(tempfile.mkdtemp(prefix="chaos-tmp-", dir=shm if shm.is_dir() else None))
+    env = {**os.environ, "TMPDIR": str(tmpdir), "PYTHONPATH": str(ROOT)}
+    try:
+        if args.kills:
+            chaos(args, work, env)
+        if args.stall_rounds:
+            stall(args, work)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

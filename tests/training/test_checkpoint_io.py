@@ -1,0 +1,145 @@
+"""AtomicCheckpointIO in process: rotation, a full disk, a read-only folder, async errors, sweeping, wandb ids."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+import training.checkpoint_io as checkpoint_io_module
+from training.async_checkpoint_io import BackgroundCheckpointIO
+from training.checkpoint_io import AtomicCheckpointIO, CheckpointSaveError
+from training.sweep import sweep_stale_files
+
+
+def checkpoint(step: int) -> dict:
+    return {"global_step": step, "state_dict": {"w": torch.full((64,), float(step))}}
+
+
+def saved_step(path: Path) -> int:
+    return torch.load(path, weights_only=True)["global_step"]
+
+
+def test_keep_last_keeps_the_newest_k_and_last_links_the_newest(tmp_path):
+    io = AtomicCheckpointIO(keep_last=2)
+    for step in (1, 2, 3):
+        io.save_checkpoint(checkpoint(step), tmp_path / "last.ckpt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "step-00000002.ckpt", "step-00000003.ckpt"]
+    assert (tmp_path / "last.ckpt").samefile(tmp_path / "step-00000003.ckpt")
+    io.save_checkpoint(checkpoint(2), tmp_path / "last.ckpt")  # resumed from step 1: step 3 is abandoned
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "step-00000002.ckpt"]
+    assert saved_step(tmp_path / "last.ckpt") == 2
+
+
+def test_disk_full_names_the_path_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    io = AtomicCheckpointIO()
+    io.save_checkpoint(checkpoint(1), tmp_path / "last.ckpt")
+    before = (tmp_path / "last.ckpt").read_bytes()
+
+    def full_disk(obj, f):
+        f.write(b"PK" + b"\0" * 1000)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(checkpoint_io_module.torch, "save", full_disk)
+    with pytest.raises(CheckpointSaveError) as caught:
+        io.save_checkpoint(checkpoint(2), tmp_path / "last.ckpt")
+    message = str(caught.value)
+    assert "\n" not in message and str(tmp_path) in message and "No space left" in message
+    assert (tmp_path / "last.ckpt").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "step-00000001.ckpt"]  # no temp file
+
+
+@contextlib.contextmanager
+def read_only(folder: Path):
+    """Make `folder` unwritable, also for root (chattr +i), or skip."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        try:
+            yield
+        finally:
+            folder.chmod(0o755)
+        return
+    if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("running as root where chattr +i is unavailable: cannot make a folder read-only")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+def test_read_only_folder_names_the_path_and_keeps_the_previous_checkpoint(tmp_path):
+    io = AtomicCheckpointIO()
+    io.save_checkpoint(checkpoint(1), tmp_path / "last.ckpt")
+    before = (tmp_path / "last.ckpt").read_bytes()
+    with read_only(tmp_path), pytest.raises(CheckpointSaveError, match="writable") as caught:
+        io.save_checkpoint(checkpoint(2), tmp_path / "last.ckpt")
+    assert str(tmp_path) in str(caught.value) and "\n" not in str(caught.value)
+    assert (tmp_path / "last.ckpt").read_bytes() == before
+
+
+def test_async_save_errors_surface_at_teardown_and_keep_the_previous(tmp_path, monkeypatch):
+    io = BackgroundCheckpointIO(keep_last=2)
+    io.save_checkpoint(checkpoint(1), tmp_path / "last.ckpt")
+    io.wait()
+    monkeypatch.setattr(checkpoint_io_module.torch, "save", lambda obj, f: (_ for _ in ()).throw(
+        OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))))
+    io.save_checkpoint(checkpoint(2), tmp_path / "last.ckpt")
+    with pytest.raises(CheckpointSaveError, match="No space left"):
+        io.teardown()
+    assert saved_step(tmp_path / "last.ckpt") == 1
+
+
+def test_async_save_writes_a_snapshot_not_the_live_tensors(tmp_path):
+    io = BackgroundCheckpointIO(keep_last=2)
+    release, write = threading.Event(), io.inner.save_checkpoint
+    io.inner.save_checkpoint = lambda *args: (release.wait(10), write(*args))  # hold the writer back
+    state = checkpoint(1)
+    io.save_checkpoint(state, tmp_path / "last.ckpt")
+    state["state_dict"]["w"].fill_(-1.0)  # the next optimizer step, while the writer has not written yet
+    release.set()
+    io.teardown()
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["state_dict"]["w"].eq(1.0).all()
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_sweep_removes_killed_runs_leftovers_but_not_a_live_build(tmp_path):
+    import socket
+
+    checkpoints, corpus = tmp_path / "checkpoints", tmp_path / "cache" / "text-corpus-0123"
+    checkpoints.mkdir()
+    corpus.mkdir(parents=True)
+    (checkpoints / ".step-00000004.ckpt.partial-123-abcd1234").write_bytes(b"x" * 1000)
+    (checkpoints / "step-00000003.ckpt").write_bytes(b"keep")
+    host = socket.gethostname()
+    dead = corpus / f".staging.partial-{dead_pid()}@{host}-abc123"
+    live = corpus / f".staging.partial-{os.getpid()}@{host}-def456"
+    elsewhere = corpus / f".staging.partial-{dead_pid()}@another-node-0789"
+    for folder in (dead, live, elsewhere):
+        folder.mkdir()
+        (folder / "train.bin").write_bytes(b"y" * 10)
+    said = []
+    removed = sweep_stale_files(checkpoints, tmp_path / "cache", say=said.append)
+    assert sorted(p.name for p in removed) == sorted([".step-00000004.ckpt.partial-123-abcd1234", dead.name])
+    assert live.is_dir() and elsewhere.is_dir() and (checkpoints / "step-00000003.ckpt").is_file()
+    assert len(said) == 2 and "temporary checkpoint file" in said[0] and dead.name in said[1]
+
+
+def test_wandb_run_id_is_kept_in_the_run_dir_or_taken_from_the_checkpoint(tmp_path):
+    from training.wandb_setup import wandb_run_id
+
+    first = wandb_run_id(tmp_path / "a")
+    assert len(first) == 8 and wandb_run_id(tmp_path / "a") == first
+    assert wandb_run_id(tmp_path / "b", fallback="fromckpt") == "fromckpt"
+    assert (tmp_path / "b" / "wandb_run_id").read_text().strip() == "fromckpt"

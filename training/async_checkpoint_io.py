@@ -1,0 +1,69 @@
+"""Saving checkpoints on a background thread, with the same guarantees as the synchronous save.
+
+The training thread only snapshots the tensors (a copy in memory, so the next optimizer step cannot change what
+is being written) and hands the snapshot to one writer thread, which runs `AtomicCheckpointIO` unchanged: the
+same temporary file, fsyncs, rename and `last.ckpt` link, in the same order. At most one save is in flight: a
+new save first waits for the previous one, so memory holds at most one extra copy and files appear in step
+order. A failed save raises on the training thread at the next save, removal, load or at teardown.
+
+Lightning's own `AsyncCheckpointIO` queues without bound and runs removals outside the queue, which is why
+this small class exists.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+from lightning_utilities.core.apply_func import apply_to_collection
+
+from .checkpoint_io import AtomicCheckpointIO
+
+
+class BackgroundCheckpointIO(CheckpointIO):
+    """Runs an `AtomicCheckpointIO` on one writer thread; `stall_s` records how long each save blocked training."""
+
+    def __init__(self, keep_last: int = 2) -> None:
+        self.inner = AtomicCheckpointIO(keep_last=keep_last)
+        self.stall_s: list[float] = []
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
+        """Snapshot `checkpoint` and write it in the background (after the previous save has finished)."""
+        start = time.perf_counter()
+        self.wait()
+        snapshot = apply_to_collection(checkpoint, torch.Tensor, lambda t: t.detach().clone())
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
+        self._pending = self._executor.submit(self.inner.save_checkpoint, snapshot, path, storage_options)
+        self.stall_s.append(time.perf_counter() - start)
+
+    def wait(self) -> None:
+        """Block until the save in flight is on disk; raise its error if it failed."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def load_checkpoint(self, path: str | Path, map_location: Any = None, weights_only: bool | None = None) -> dict:
+        """Load after any save in flight has finished."""
+        self.wait()
+        return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+
+    def remove_checkpoint(self, path: str | Path) -> None:
+        """Remove in order with the saves."""
+        self.wait()
+        self.inner.remove_checkpoint(path)
+
+    def teardown(self) -> None:
+        """Finish the save in flight (Lightning calls this when fit ends, also after an exception)."""
+        try:
+            self.wait()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None

@@ -1,0 +1,187 @@
+"""Checkpoints that survive `kill -9`: step-named files written atomically, `last.ckpt` a hard link to the newest.
+
+Every save Lightning asks for as `<dir>/last.ckpt` is written as `<dir>/step-<global step>.ckpt` under a
+temporary name in `<dir>` itself (never the system temp directory, which is often another filesystem, where
+the final move would be a copy), flushed and fsynced, renamed into place, and the folder fsynced. Only then is
+`last.ckpt` re-pointed at it, and step files beyond the newest `keep_last` are removed.
+
+Why a hard link for `last.ckpt` (not a copy or a symlink): a link costs no bytes and no write time, and is made
+atomically (link to a temporary name, then `os.replace`), so `last.ckpt` always names a complete file. Unlike a
+symlink, it is an ordinary file to every tool: `generate.py`, `scp`, `cp` without `-a`, and copying a run
+directory elsewhere keep working, and removing an old step file never leaves `last.ckpt` dangling. Where the
+filesystem refuses hard links, `last.ckpt` falls back to a durable copy made the same atomic way.
+
+A kill at any moment therefore leaves the previous checkpoints whole; what it may leave is a temporary file,
+which `training.sweep` removes when the next run starts.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+from common.errors import UserError
+from common.files import atomic_write, fsync_dir, temp_path_for
+
+LAST_NAME = "last.ckpt"
+STEP_FILE = re.compile(r"^step-(\d+)\.ckpt$")
+# Test hook: "<phase>@<n>" makes the n-th save of this process SIGKILL itself at <phase> (fault injection).
+FAULT_ENV = "GQA_GPT_CHECKPOINT_FAULT"
+PHASES = ("before_write", "mid_write", "before_rename", "before_dir_fsync", "before_last_link", "before_last_replace")
+_MID_WRITE_BYTES = 64 * 1024
+
+
+class CheckpointSaveError(UserError):
+    """A save failed for a reason the user can fix (disk full, permissions); the previous checkpoint is intact."""
+
+
+def step_file_name(step: int) -> str:
+    """The name of the checkpoint saved at optimizer step `step`; zero-padded so names sort by step."""
+    return f"step-{step:08d}.ckpt"
+
+
+def step_files(folder: Path) -> dict[int, Path]:
+    """{step: path} of the step-named checkpoints in `folder`."""
+    if not folder.is_dir():
+        return {}
+    found = {}
+    for path in folder.iterdir():
+        match = STEP_FILE.match(path.name)
+        if match:
+            found[int(match.group(1))] = path
+    return dict(sorted(found.items()))
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning CheckpointIO: atomic, durable writes; `last.ckpt` -> newest of `keep_last` step files."""
+
+    def __init__(self, keep_last: int = 2) -> None:
+        if keep_last < 1:
+            raise UserError(f"checkpoint.keep_last: must be at least 1, got {keep_last}")
+        self.keep_last = keep_last
+        self.saves = 0
+        self._fault = _parse_fault(os.environ.get(FAULT_ENV))
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
+        """Write `checkpoint`; a save to `last.ckpt` becomes a step file plus an atomic re-link of `last.ckpt`."""
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options")
+        path = Path(path)
+        self.saves += 1
+        rotate = path.name == LAST_NAME  # anything else (a top-k checkpoint): the same atomic write, no rotation
+        target = path.with_name(step_file_name(int(checkpoint["global_step"]))) if rotate else path
+        try:
+            self._write(checkpoint, target)
+            if rotate:
+                self._point_last_at(target, path)
+                self._prune(path.parent, int(checkpoint["global_step"]))
+        except OSError as err:
+            raise _save_error(err, target) from err
+
+    def remove_checkpoint(self, path: str | Path) -> None:
+        """Remove a checkpoint file (ModelCheckpoint calls this for top-k files it drops)."""
+        Path(path).unlink(missing_ok=True)
+
+    def _write(self, checkpoint: dict[str, Any], path: Path) -> None:
+        # atomic_write(durable=False) + our own fsyncs: the same steps as durable=True, with the fault hooks
+        # placed between them.
+        def write(f: BinaryIO) -> None:
+            self._fault_point("before_write")
+            target = _FaultAfterBytes(f, lambda: self._fault_point("mid_write")) if self._armed("mid_write") else f
+            torch.save(checkpoint, target)
+            f.flush()
+            os.fsync(f.fileno())
+            self._fault_point("before_rename")
+
+        atomic_write(path, write, durable=False)
+        self._fault_point("before_dir_fsync")
+        fsync_dir(path.parent)
+
+    def _point_last_at(self, step_path: Path, last: Path) -> None:
+        self._fault_point("before_last_link")
+        tmp = temp_path_for(last)
+        try:
+            try:
+                os.link(step_path, tmp)
+            except OSError as err:
+                if err.errno not in (errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EMLINK, errno.EOPNOTSUPP):
+                    raise
+                _durable_copy(step_path, tmp)
+            self._fault_point("before_last_replace")
+            os.replace(tmp, last)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        fsync_dir(last.parent)
+
+    def _prune(self, folder: Path, step: int) -> None:
+        files = step_files(folder)
+        # Files past `step` come from a branch abandoned by resuming an earlier checkpoint: this run will write
+        # its own files for those steps, so they would only confuse which file is the newest.
+        stale = [path for s, path in files.items() if s > step]
+        kept = [path for s, path in files.items() if s <= step]
+        for path in stale + kept[: -self.keep_last]:
+            path.unlink(missing_ok=True)
+
+    def _armed(self, phase: str) -> bool:
+        return self._fault is not None and self._fault == (phase, self.saves)
+
+    def _fault_point(self, phase: str) -> None:
+        if self._armed(phase):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _FaultAfterBytes:
+    """A write-only file wrapper that calls `hook` once `_MID_WRITE_BYTES` have been written."""
+
+    def __init__(self, file: BinaryIO, hook: Callable[[], None]) -> None:
+        self.file, self.hook, self.written = file, hook, 0
+
+    def write(self, data: bytes) -> int:
+        self.written += len(data)
+        if self.written < _MID_WRITE_BYTES:
+            return self.file.write(data)
+        half = len(data) // 2
+        self.file.write(data[:half])
+        self.file.flush()  # the half-written bytes reach the temp file, as a kill mid-write leaves them
+        self.hook()
+        return half + self.file.write(data[half:])
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def _durable_copy(source: Path, target: Path) -> None:
+    with open(source, "rb") as src, open(target, "wb") as dst:
+        shutil.copyfileobj(src, dst, length=16 << 20)
+        dst.flush()
+        os.fsync(dst.fileno())
+
+
+def _parse_fault(spec: str | None) -> tuple[str, int] | None:
+    if not spec:
+        return None
+    phase, _, count = spec.partition("@")
+    if phase not in PHASES or not count.isdigit():
+        raise UserError(f"{FAULT_ENV}={spec!r}: expected <phase>@<save number>, phase one of {', '.join(PHASES)}")
+    return phase, int(count)
+
+
+def _save_error(err: OSError, path: Path) -> CheckpointSaveError:
+    if err.errno == errno.ENOSPC:
+        fix = "free disk space there"
+    elif err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = f"make {path.parent} writable"
+    else:
+        fix = "check the checkpoint folder"
+    reason = err.strerror or type(err).__name__
+    return CheckpointSaveError(f"cannot save checkpoint {path}: {reason}; {fix} (earlier checkpoints are intact)")

@@ -1,0 +1,97 @@
+"""The checkpoint settings of train.py: the `checkpoint.*` keys, the CheckpointIO they select, start-up checks."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from .async_checkpoint_io import BackgroundCheckpointIO
+from .checkpoint_io import AtomicCheckpointIO
+from .resume_choice import choose_resume_checkpoint
+from .sweep import sweep_stale_files
+
+WANDB_ID_KEY = "wandb_run_id"
+
+
+class GPTCheckpoint(ModelCheckpoint):
+    """ModelCheckpoint plus the two settings of the CheckpointIO that train.py installs.
+
+    Args:
+        keep_last: How many step-named checkpoints (`step-<N>.ckpt`) to keep; `last.ckpt` links to the newest.
+        async_save: Write checkpoints on a background thread; training stalls only to copy the tensors in memory.
+    """
+
+    def __init__(self, keep_last: int = 2, async_save: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.keep_last = keep_last
+        self.async_save = async_save
+
+
+def checkpoint_io(keep_last: int = 2, async_save: bool = False) -> CheckpointIO:
+    """The CheckpointIO for these settings: atomic step files, optionally written in the background."""
+    return (BackgroundCheckpointIO if async_save else AtomicCheckpointIO)(keep_last=keep_last)
+
+
+def checkpoint_io_config(keep_last: int, async_save: bool) -> dict:
+    """`checkpoint_io` as a `trainer.plugins` entry the CLI instantiates."""
+    io = BackgroundCheckpointIO if async_save else AtomicCheckpointIO
+    return {"class_path": f"{io.__module__}.{io.__qualname__}", "init_args": {"keep_last": keep_last}}
+
+
+def with_checkpoint_io(plugins: Any, keep_last: int, async_save: bool) -> list:
+    """`trainer.plugins` with our CheckpointIO for these settings (replacing ours from a saved config.yaml)."""
+    plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
+    ours = {checkpoint_io_config(keep_last, flag)["class_path"] for flag in (False, True)}
+    plugins = [p for p in plugins if str(getattr(p, "class_path", None) or _get(p, "class_path")) not in ours]
+    if any("CheckpointIO" in str(getattr(p, "class_path", None) or _get(p, "class_path")) for p in plugins):
+        return plugins  # the config chose another CheckpointIO on purpose
+    return [*plugins, checkpoint_io_config(keep_last, async_save)]
+
+
+def _get(entry: Any, key: str) -> Any:
+    return entry.get(key) if isinstance(entry, dict) else None
+
+
+def prepare_checkpoint_dir(checkpoint_dir: Path, ckpt_path: str | None, cache_dir: str | None,
+                           say: Callable[[str], None] | None = None) -> str | None:
+    """Sweep what killed runs left (rank 0 only), then resolve `ckpt_path="last"` to a resumable file.
+
+    Returns the checkpoint to resume (None to start fresh); raises a UserError when none is resumable.
+    """
+    say = say or (lambda line: print(line, file=sys.stderr))
+    if rank_zero_only.rank == 0:
+        sweep_stale_files(checkpoint_dir, cache_dir, say=say)
+    if ckpt_path != "last":
+        return ckpt_path
+    chosen = choose_resume_checkpoint(checkpoint_dir, warn=say if rank_zero_only.rank == 0 else lambda _: None)
+    if chosen is None:
+        say(f"--ckpt_path last: no checkpoint in {checkpoint_dir} yet; starting from step 0")
+        return None
+    return str(chosen)
+
+
+class WandbIdInCheckpoint(L.Callback):
+    """Store the wandb run id in every checkpoint, so a resume can log to the same run even without the run dir."""
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        from lightning.pytorch.loggers import WandbLogger
+
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger) and logger.version:
+                checkpoint[WANDB_ID_KEY] = str(logger.version)
+
+
+def stored_wandb_id(ckpt_path: str | None) -> str | None:
+    """The wandb run id saved in the checkpoint at `ckpt_path` (None without one)."""
+    if not ckpt_path or not Path(ckpt_path).is_file():
+        return None
+    from model.checkpoint import read_checkpoint
+
+    return read_checkpoint(ckpt_path)[0].get(WANDB_ID_KEY)
