@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,10 @@ TEST_ENV = {
     "HF_DATASETS_CACHE": str(_SCRATCH / "hf" / "datasets"),
 }
 os.environ.update(TEST_ENV)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(_SCRATCH, ignore_errors=True)  # the wandb/HF caches above: nothing of them outlives the session
 
 
 def run_script(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
