@@ -39,13 +39,14 @@ def running_in_ci() -> bool:
 
 @pytest.fixture
 def transformers():
-    """The transformers package. Missing locally: skip. Missing in CI: fail, so parity is never silently untested."""
+    """The transformers package. Missing locally: skip; in CI: fail, so parity is never silently untested."""
     if not running_in_ci():
         return pytest.importorskip("transformers")
     try:
         import transformers as module
     except ImportError as err:
-        pytest.fail(f"CI=true but transformers is missing ({err}); install the hf extra: pip install -e '.[hf]'")
+        pytest.fail(f"CI=true but transformers is missing ({err}); install the hf extra: pip install -e '.[hf]'",
+                    pytrace=False)
     return module
 
 

@@ -65,10 +65,11 @@ def test_attention_maps_are_the_models_own():
     maps = model.attention_maps(idx)
     assert maps.shape == (3, 2, 4, 17, 17)
     assert torch.allclose(maps.sum(-1), torch.ones(3, 2, 4, 17), atol=1e-5)
-    # Capture what each attention layer receives in the ordinary (SDPA) forward pass, then rebuild that layer's
-    # output from its map and the layer's own V: every layer's map must give the SDPA output.
+    # Capture what each attention layer receives in the ordinary (SDPA) forward pass, then rebuild that
+    # layer's output from its map and the layer's own V: every layer's map must give the SDPA output.
     inputs = []
-    hooks = [block.attn.register_forward_pre_hook(lambda _, args: inputs.append(args[0])) for block in model.blocks]
+    record = lambda _, args: inputs.append(args[0])  # noqa: E731
+    hooks = [block.attn.register_forward_pre_hook(record) for block in model.blocks]
     with torch.no_grad():
         model(idx)
     for hook in hooks:

@@ -122,7 +122,9 @@ def test_eos_stops_one_row_mid_sequence_and_pads_it_while_the_other_goes_on():
     prompt = torch.randint(0, 97, (2, 4), generator=torch.Generator().manual_seed(5))
     free = generate(model, prompt, 30, temperature=0.0)[:, 4:]
     # The stop token: the first token row 0 emits at step 3 or later that row 1 never emits.
-    eos, stop = next((int(t), i) for i, t in enumerate(free[0].tolist()) if i >= 3 and t not in free[1])
+    candidates = [(int(t), i) for i, t in enumerate(free[0].tolist()) if i >= 3 and t not in free[1]]
+    assert candidates, "every token of row 0 also appears in row 1: pick another seed"
+    eos, stop = candidates[0]
     assert stop <= 20 and (free[0, stop + 1 :] != eos).any()  # without padding, row 0 would differ
     out = generate(model, prompt, 30, temperature=0.0, eos_id=eos)[:, 4:]
     assert out.shape == (2, 30)  # row 1 never stops, so decoding runs to max_new_tokens

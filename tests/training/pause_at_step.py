@@ -1,4 +1,4 @@
-"""A callback for the SIGTERM test: print a cue at a chosen step, then hold training there until SIGTERM arrives.
+"""A callback for the SIGTERM test: print a cue at a chosen step, then hold training there until SIGTERM.
 
 Holding the step makes the test deterministic: the signal lands at a known step boundary, however fast or slow
 the machine is, and no periodic checkpoint exists yet to hide a missing SIGTERM save.

@@ -1,4 +1,4 @@
-"""Two CPU processes with DDP (gloo): each rank reads its own batches, weights stay identical, media from rank 0."""
+"""Two CPU processes with DDP (gloo): own batches per rank, identical weights, media only from rank 0."""
 
 from __future__ import annotations
 

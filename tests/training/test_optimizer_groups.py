@@ -1,4 +1,4 @@
-"""AdamW decays the matrices only: norm gains keep their scale, and every parameter is in exactly one group."""
+"""AdamW decays the matrices only: norm gains keep their scale; every parameter is in exactly one group."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ def test_weight_decay_on_matrices_only_and_each_parameter_once():
     decay, no_decay = adamw_param_groups(model, weight_decay=0.1)
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     names = {id(p): name for name, p in model.named_parameters()}  # a tied weight appears once
-    assert sorted(names[id(p)] for p in no_decay["params"]) == sorted(n for n in names.values() if "norm" in n)
+    norms = sorted(n for n in names.values() if "norm" in n)
+    assert sorted(names[id(p)] for p in no_decay["params"]) == norms
     assert all(p.dim() == 2 for p in decay["params"])
     assert len(decay["params"]) + len(no_decay["params"]) == len(names)

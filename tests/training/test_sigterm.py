@@ -1,4 +1,4 @@
-"""SIGTERM mid-run: last.ckpt is saved at the step the message names, exit 143, resuming matches a straight run."""
+"""SIGTERM mid-run: last.ckpt saved at the step the message names, exit 143, resume equals a straight run."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def final_weights(run_dir: Path) -> dict:
 def test_sigterm_saves_then_resume_matches_uninterrupted(script, tiny_args, tmp_path):
     pause = {"class_path": "tests.training.pause_at_step.PauseAtStep", "init_args": {"step": STOP_AT}}
     args = tiny_args(tmp_path / "stopped", *QUIET, f"--trainer.callbacks+={json.dumps(pause)}")
-    with open(tmp_path / "stderr.txt", "w+") as stderr_file:  # a file, so a chatty stderr cannot block the pipe
+    # stderr goes to a file, so a chatty stderr cannot fill its pipe and block the run.
+    with open(tmp_path / "stderr.txt", "w+") as stderr_file:
         proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr_file,
                                 text=True, env=dict(os.environ))  # fmt: skip
         cue = next((line for line in proc.stdout if CUE in line), None)
@@ -47,7 +48,8 @@ def test_sigterm_saves_then_resume_matches_uninterrupted(script, tiny_args, tmp_
 
     script(*tiny_args(tmp_path / "stopped", *QUIET, "--ckpt_path", "last"))
     script(*tiny_args(tmp_path / "straight", *QUIET))
-    resumed, straight = final_weights(tmp_path / "stopped" / "tiny"), final_weights(tmp_path / "straight" / "tiny")
+    resumed = final_weights(tmp_path / "stopped" / "tiny")
+    straight = final_weights(tmp_path / "straight" / "tiny")
     assert straight.keys() == resumed.keys()
     for name, tensor in straight.items():
         assert torch.equal(tensor, resumed[name]), name
