@@ -226,7 +226,9 @@ def first_failure(output: str) -> str:
     found = re.search(r"^(?:FAILED|ERROR) (\S+)", output, re.MULTILINE)
     error = re.search(r"^E +(.+)$", output, re.MULTILINE)
     test = found[1].split("/")[-1] if found else "?"
-    return f"{test}: {error[1][:70]}" if error else test
+    if not error:
+        return test
+    return f"{test}: " + "".join(c if c.isprintable() else "?" for c in error[1][:70])  # generated text is raw
 
 
 def check(repo: Path, mutation: Mutation, timeout: float) -> tuple[str, str]:
