@@ -37,7 +37,7 @@ os.environ.update(TEST_ENV)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    shutil.rmtree(_SCRATCH, ignore_errors=True)
+    shutil.rmtree(_SCRATCH, ignore_errors=True)  # the wandb/HF caches above do not outlive the session
 
 
 def run_script(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:

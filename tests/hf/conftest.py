@@ -18,6 +18,24 @@ TOKENIZER_VOCAB = 320
 WORDS = ["the", "cat", "sat", "on", "mat", "héllo", "wörld", "naïve", "日本語", "Ελληνικά", "🙂", "don't", "  x"]
 
 
+def running_in_ci() -> bool:
+    """CI services set CI=true (.ci/run sets it too); there the hf extra is installed and must be used."""
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
+@pytest.fixture
+def transformers():
+    """The transformers package. Missing locally: skip; in CI: fail, so parity is never silently untested."""
+    if not running_in_ci():
+        return pytest.importorskip("transformers")
+    try:
+        import transformers as module
+    except ImportError as err:
+        pytest.fail(f"CI=true but transformers is missing ({err}); install the hf extra: pip install -e '.[hf]'",
+                    pytrace=False)
+    return module
+
+
 def training_texts() -> list[str]:
     """A deterministic multilingual corpus, repeated enough that BPE learns merges across scripts."""
     generator = torch.Generator().manual_seed(0)

@@ -10,8 +10,6 @@ import torch
 from model import generate
 from model.export_hf import export_hf
 
-transformers = pytest.importorskip("transformers")
-
 # (n_kv_head, tie_embeddings) with n_head = 4: MHA and GQA, tied and untied.
 VARIANTS = [(4, True), (4, False), (2, True), (2, False)]
 TEXTS = [
@@ -32,7 +30,7 @@ def exported(request, make_model, tokenizer_json, tmp_path_factory):
     return model, out
 
 
-def load_hf(path: Path, attn: str):
+def load_hf(transformers, path: Path, attn: str):
     hf, info = transformers.AutoModelForCausalLM.from_pretrained(
         path, attn_implementation=attn, dtype=torch.float32, output_loading_info=True
     )
@@ -42,9 +40,9 @@ def load_hf(path: Path, attn: str):
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_logits_match_transformers(exported, attn):
+def test_logits_match_transformers(transformers, exported, attn):
     model, out = exported
-    hf = load_hf(out, attn)
+    hf = load_hf(transformers, out, attn)
     assert type(hf).__name__ == "LlamaForCausalLM"
     idx = torch.randint(model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -53,7 +51,7 @@ def test_logits_match_transformers(exported, attn):
     assert (ours - theirs).abs().max().item() <= 1e-5
 
 
-def test_tokenizer_gives_our_ids(exported, encode):
+def test_tokenizer_gives_our_ids(transformers, exported, encode):
     _, out = exported
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     for text in TEXTS:
@@ -64,9 +62,9 @@ def test_tokenizer_gives_our_ids(exported, encode):
     assert hf_tokenizer.eos_token_id == encode("<|endoftext|>")[0]
 
 
-def test_greedy_generation_matches_transformers(exported, encode):
+def test_greedy_generation_matches_transformers(transformers, exported, encode):
     model, out = exported
-    hf = load_hf(out, "sdpa")
+    hf = load_hf(transformers, out, "sdpa")
     prompt = torch.tensor([encode("héllo wörld, the cat")])
     eos_id = hf.generation_config.eos_token_id
     ours = generate(model, prompt, 40, temperature=0, eos_id=eos_id)

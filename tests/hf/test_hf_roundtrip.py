@@ -52,8 +52,7 @@ def test_bfloat16_export_round_trips(make_model, tokenizer_json, tmp_path):
     assert_same_weights(model, GPT.from_hf(out))
 
 
-def test_sharded_folder_written_by_transformers_loads(make_model, tokenizer_json, tmp_path):
-    transformers = pytest.importorskip("transformers")
+def test_sharded_folder_written_by_transformers_loads(transformers, make_model, tokenizer_json, tmp_path):
     model = make_model(tie=False)
     hf = transformers.AutoModelForCausalLM.from_pretrained(export_hf(model, tokenizer_json, tmp_path / "hf"))
     hf.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")

@@ -118,3 +118,20 @@ def test_head_statistics_on_a_tiny_gpt():
     assert ((stats["entropy"] >= 0) & (stats["entropy"] <= math.log(16))).all()
     with pytest.raises(ValueError, match="block_size 32"):
         head_statistics(model, probe, induction_period=17)
+
+
+def test_head_statistics_induction_uses_the_models_maps_of_the_repeated_sequence():
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_kv_head=2, n_embd=32)
+    model = GPT(config).eval()
+    with torch.no_grad():  # large weights: maps that depend on the tokens, not the near-uniform ones of init
+        for name, param in model.named_parameters():
+            param.normal_(1.0, 0.3) if name.endswith("norm.weight") else param.normal_(0.0, 0.3)
+    probe = torch.randint(0, 64, (2, 16))
+    stats = head_statistics(model, probe, induction_period=8, induction_batch=3,
+                            generator=torch.Generator().manual_seed(7))  # fmt: skip
+    repeated = repeated_random_tokens(64, 8, 3, torch.Generator().manual_seed(7))
+    expected = induction_score(model.attention_maps(repeated), 8)
+    assert torch.allclose(stats["induction"], expected, atol=1e-6)
+    # The same score on the probe's maps is far off, so the equality above says which maps were used.
+    assert (induction_score(model.attention_maps(probe), 8) - expected).abs().max() > 0.05

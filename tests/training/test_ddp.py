@@ -1,4 +1,4 @@
-"""Two CPU processes with DDP (gloo): identical weights on both ranks, media only from rank 0."""
+"""Two CPU processes with DDP (gloo): own batches per rank, identical weights, media only from rank 0."""
 
 from __future__ import annotations
 
@@ -17,6 +17,10 @@ def test_two_process_ddp_keeps_ranks_in_sync(script, tiny_args, tmp_path):
     ), timeout=400)  # fmt: skip
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
     assert rank0["world_size"] == rank1["world_size"] == 2
+    # Equal weights hold whatever each rank reads; different inputs at every step show the data is split.
+    assert len(rank0["inputs"]) == len(rank1["inputs"]) == 4
+    for step, (x0, x1) in enumerate(zip(rank0["inputs"], rank1["inputs"], strict=True)):
+        assert x0.shape == x1.shape and not torch.equal(x0, x1), step
     for name, tensor in rank0["state"].items():
         assert torch.equal(tensor, rank1["state"][name]), name
     assert rank0["sample_rows"] > 0 and rank1["sample_rows"] == 0

@@ -1,38 +1,55 @@
-"""SIGTERM mid-run: a checkpoint is saved, the exit code is non-zero, and resuming matches a straight run."""
+"""SIGTERM mid-run: last.ckpt saved at the step the message names, exit 143, resume equals a straight run."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import signal
-import time
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
+ROOT = Path(__file__).resolve().parents[2]
+CUE = "paused at step"  # printed by pause_at_step.PauseAtStep (a subprocess, so not imported here)
+MAX_STEPS, STOP_AT = 12, 5
+# Periodic saving is off (its interval is beyond max_steps): only the SIGTERM handler can write last.ckpt.
 QUIET = ["--trainer.logger", "false", "--samples.every_n_steps", "0", "--attention_maps.every_n_steps", "0",
-         "--trainer.max_steps", "24", "--checkpoint.every_n_train_steps", "3", "--trainer.limit_val_batches", "0"]
+         "--trainer.max_steps", str(MAX_STEPS), "--checkpoint.every_n_train_steps", "1000",
+         "--trainer.limit_val_batches", "0"]  # fmt: skip
 
 
-def final_weights(run_dir):
+def final_weights(run_dir: Path) -> dict:
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
-    assert ckpt["global_step"] == 24
+    assert ckpt["global_step"] == MAX_STEPS
     return ckpt["state_dict"]
 
 
-def test_sigterm_saves_then_resume_matches_uninterrupted(script, start_script, tiny_args, tmp_path):
-    proc = start_script(*tiny_args(tmp_path / "stopped", *QUIET))
-    last = tmp_path / "stopped" / "tiny" / "checkpoints" / "last.ckpt"
-    deadline = time.monotonic() + 240
-    while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert proc.poll() is None, "training ended before it could be interrupted:\n" + proc.communicate()[1][-2000:]
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=120)
+def test_sigterm_saves_then_resume_matches_uninterrupted(script, tiny_args, tmp_path):
+    pause = {"class_path": "tests.training.pause_at_step.PauseAtStep", "init_args": {"step": STOP_AT}}
+    args = tiny_args(tmp_path / "stopped", *QUIET, f"--trainer.callbacks+={json.dumps(pause)}")
+    # stderr goes to a file, so a chatty stderr cannot fill its pipe and block the run.
+    with open(tmp_path / "stderr.txt", "w+") as stderr_file:
+        proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr_file,
+                                text=True, env=dict(os.environ))  # fmt: skip
+        cue = next((line for line in proc.stdout if CUE in line), None)
+        assert cue is not None, "training never paused:\n" + (tmp_path / "stderr.txt").read_text()[-2000:]
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+        stderr_file.seek(0)
+        stderr = stderr_file.read()
     assert proc.returncode == 143, stderr[-2000:]
-    assert "SIGTERM" in stderr
-    stopped_at = torch.load(last, weights_only=True)["global_step"]
-    assert 3 <= stopped_at < 24
+    reported = re.search(r"SIGTERM\b.*\bstep (\d+)", stderr)
+    assert reported is not None, stderr[-2000:]
+    last = tmp_path / "stopped" / "tiny" / "checkpoints" / "last.ckpt"
+    assert int(reported[1]) == STOP_AT == torch.load(last, weights_only=True)["global_step"]
 
     script(*tiny_args(tmp_path / "stopped", *QUIET, "--ckpt_path", "last"))
     script(*tiny_args(tmp_path / "straight", *QUIET))
-    resumed, straight = final_weights(tmp_path / "stopped" / "tiny"), final_weights(tmp_path / "straight" / "tiny")
+    resumed = final_weights(tmp_path / "stopped" / "tiny")
+    straight = final_weights(tmp_path / "straight" / "tiny")
+    assert straight.keys() == resumed.keys()
     for name, tensor in straight.items():
         assert torch.equal(tensor, resumed[name]), name
