@@ -9,6 +9,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from .attention_maps import AttentionMaps
+from .fit_report import FitReport
 from .last_checkpoint import LastCheckpoint
 from .samples import SampleGenerations
 from .throughput import ThroughputMonitor
@@ -56,7 +57,7 @@ class GPTCLI(LightningCLI):
         config.checkpoint.dirpath = str(run_dir / "checkpoints")
         if config.trainer.logger in (None, True):
             config.trainer.logger = _wandb_logger(run_dir, config.wandb_project, config.run_name or run_dir.name)
-        extra = [ThroughputMonitor(), LastCheckpoint()]
+        extra = [ThroughputMonitor(), LastCheckpoint(), FitReport()]
         if config.trainer.logger is not False:  # LearningRateMonitor refuses to run without a logger
             extra.append(LearningRateMonitor(logging_interval="step"))
         self.trainer_defaults = {**self.trainer_defaults, "callbacks": extra}

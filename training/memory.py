@@ -75,7 +75,8 @@ def activation_bytes(config: ModelConfig, batch_size: int, seq_len: int, precisi
     """Bytes of activations kept for backward by one micro-batch of `batch_size` x `seq_len` tokens."""
     _, a = dtype_bytes(precision)
     mixed = str(precision).endswith("-mixed")
-    rope_tables = 2 * seq_len * config.head_dim * 4  # cos and sin, float32, shared by all layers
+    # cos and sin in float32, shared by all layers; model/rope.py caches them for a power-of-two length.
+    rope_tables = 2 * (1 << (seq_len - 1).bit_length()) * config.head_dim * 4
     weight_copies = a * matmul_params(config) if mixed else 0  # autocast keeps the cast weights for backward
     per_token = activation_bytes_per_token(config, precision)
     return batch_size * seq_len * per_token + rope_tables + weight_copies
