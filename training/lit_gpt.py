@@ -13,6 +13,7 @@ from model import GPT, ModelConfig
 from model.checkpoint import META_KEY
 
 from .schedule import Schedule, adamw_param_groups, lr_multiplier
+from .sharding import shard_model
 
 
 class NonFiniteLossError(RuntimeError):
@@ -82,6 +83,11 @@ class LitGPT(L.LightningModule):
         if compile:
             self.model.compile()  # in place, so state_dict keys stay unprefixed
         self.skipped_batches = 0
+
+    def configure_model(self) -> None:
+        # Only ModelParallelStrategy sets a device mesh: it shards with FSDP2; other strategies keep the model whole.
+        if self.device_mesh is not None:
+            shard_model(self.model, self.device_mesh)
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy in nats per token."""

@@ -1,0 +1,32 @@
+"""A callback for the 2-process tests: each rank writes its losses, the batches it read and the full weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import torch
+
+
+class StepDump(L.Callback):
+    """Records {global step: loss} and {global step: input batch} per rank; writes them with the final full
+    state dict (gathered from the shards on every rank under FSDP) to `<out_dir>/rank<r>.pt`."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+        self.losses: dict[int, float] = {}
+        self.batches: dict[int, torch.Tensor] = {}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.losses[trainer.global_step] = float(outputs["loss"])
+        self.batches[trainer.global_step] = batch[0].detach().cpu().clone()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        # A collective under FSDP: every rank gathers the full tensors.
+        state = get_model_state_dict(pl_module.model, options=StateDictOptions(full_state_dict=True))
+        record = {"losses": self.losses, "batches": self.batches, "world_size": trainer.world_size,
+                  "state": {k: v.detach().cpu().clone() for k, v in state.items()},
+                  "strategy": type(trainer.strategy).__name__}
+        torch.save(record, self.out_dir / f"rank{trainer.global_rank}.pt")
