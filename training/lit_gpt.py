@@ -134,6 +134,10 @@ class LitGPT(L.LightningModule):
         hp = self.hparams
         # One fused pass over all tensors: ~6% faster training steps on 2 CPU cores for the Shakespeare model.
         fused = all(p.device.type in ("cpu", "cuda") for p in self.parameters())
+        # Lightning's mixed-precision plugin refuses gradient clipping with a fused optimizer (it would unscale
+        # fp16 gradients inside step), even for bf16, which has no scaler: bf16-mixed + clipping needs foreach.
+        if self._trainer is not None and str(self.trainer.precision).endswith("-mixed"):
+            fused = False
         return torch.optim.AdamW(
             adamw_param_groups(self.model, hp.weight_decay), lr=hp.learning_rate, betas=(hp.beta1, hp.beta2),
             fused=fused or None,
