@@ -12,8 +12,12 @@ from .flops import device_peak_flops, training_flops_per_token
 from .memory import MemoryEstimate, estimate_training_memory
 
 
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
+def _size(n: float) -> str:
+    """Bytes in the largest binary unit that keeps the number at or above 1 (GiB at most)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
 
 
 def fit_report(config: ModelConfig, batch_size: int, seq_len: int, precision: str, shards: int = 1,
@@ -23,13 +27,13 @@ def fit_report(config: ModelConfig, batch_size: int, seq_len: int, precision: st
     sharded = f", sharded {shards} ways" if shards > 1 else ""
     lines = [
         f"parameters: {est.parameters:,} ({est.parameters / 1e6:.1f} M)",
-        f"weights + grads: {_gib(est.weight_bytes + est.grad_bytes)}{sharded} ({precision})",
-        f"AdamW state: {_gib(est.optimizer_bytes)}{sharded}",
-        f"activations: {_gib(est.activation_bytes)} for a micro-batch of {batch_size} x {seq_len} tokens "
+        f"weights + grads: {_size(est.weight_bytes + est.grad_bytes)}{sharded} ({precision})",
+        f"AdamW state: {_size(est.optimizer_bytes)}{sharded}",
+        f"activations: {_size(est.activation_bytes)} for a micro-batch of {batch_size} x {seq_len} tokens "
         "(eager estimate; transient buffers come on top)",
-        f"total per device: {_gib(est.total_bytes)}",
+        f"total per device: {_size(est.total_bytes)}",
         f"KV cache: {est.kv_cache_bytes_per_token:,} bytes per token "
-        f"({_gib(est.kv_cache_bytes_per_token * seq_len)} per full-context sequence)",
+        f"({_size(est.kv_cache_bytes_per_token * seq_len)} per full-context sequence)",
     ]
     flops = training_flops_per_token(config, seq_len)
     line = f"training FLOPs per token: {flops / 1e6:.1f} M (6N + attention)"
@@ -38,7 +42,7 @@ def fit_report(config: ModelConfig, batch_size: int, seq_len: int, precision: st
     lines.append(line)
     if device_bytes is not None:
         verdict = "fits" if est.total_bytes < device_bytes else "DOES NOT FIT: lower data.batch_size or shard"
-        lines.append(f"device memory: {_gib(device_bytes)}: {verdict}")
+        lines.append(f"device memory: {_size(device_bytes)}: {verdict}")
     return lines
 
 
