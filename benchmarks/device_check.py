@@ -42,7 +42,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from data import TextDataModule
 from data.datamodule import TINY_SHAKESPEARE
-from model import GPT, ModelConfig, generate
+from model import GPT, generate
 from model.attention import explicit_attention, sdpa_attention
 from training import LitGPT
 from training.flops import device_peak_flops, mfu, training_flops_per_token

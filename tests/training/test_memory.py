@@ -8,7 +8,12 @@ import torch.nn.functional as F
 
 from model import GPT, KVCache, ModelConfig
 from training.fit_report import fit_report
-from training.memory import activation_bytes, count_parameters, estimate_training_memory, kv_cache_bytes_per_token
+from training.memory import (
+    activation_bytes,
+    count_parameters,
+    estimate_training_memory,
+    kv_cache_bytes_per_token,
+)
 
 SMALL = ModelConfig(vocab_size=512, block_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=64, mlp_hidden=96)
 GPT2_SMALL = ModelConfig(vocab_size=32768, block_size=1024, n_layer=12, n_head=12, n_kv_head=4, n_embd=768)
