@@ -23,10 +23,17 @@ class StepDump(L.Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.tensor import DTensor
 
+        params = list(pl_module.model.parameters())
         # A collective under FSDP: every rank gathers the full tensors.
         state = get_model_state_dict(pl_module.model, options=StateDictOptions(full_state_dict=True))
-        record = {"losses": self.losses, "batches": self.batches, "world_size": trainer.world_size,
-                  "state": {k: v.detach().cpu().clone() for k, v in state.items()},
-                  "strategy": type(trainer.strategy).__name__}
+        record = {
+            "sharded": bool(params) and all(isinstance(p, DTensor) for p in params),
+            "local_numel": sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in params),
+            "full_numel": sum(p.numel() for p in params),  # a DTensor's numel is its global size
+            "losses": self.losses, "batches": self.batches, "world_size": trainer.world_size,
+            "state": {k: v.detach().cpu().clone() for k, v in state.items()},
+            "strategy": type(trainer.strategy).__name__,
+        }
         torch.save(record, self.out_dir / f"rank{trainer.global_rank}.pt")

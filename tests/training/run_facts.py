@@ -18,8 +18,10 @@ class RunFacts(L.Callback):
     def __init__(self, out_dir: str) -> None:
         self.out_dir = Path(out_dir)
         self.autocast_dtype: str | None = "not seen"
+        self.batch_shape: list[int] = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.batch_shape = list(batch[0].shape)
         if self.autocast_dtype == "not seen":
             handle = pl_module.model.wte.register_forward_hook(self._record_autocast)
             self._handle = handle
@@ -35,6 +37,9 @@ class RunFacts(L.Callback):
         samples = next(c for c in trainer.callbacks if isinstance(c, SampleGenerations))
         maps = next(c for c in trainer.callbacks if isinstance(c, AttentionMaps))
         checkpoint = trainer.checkpoint_callback
+        optimizer = trainer.optimizers[0]
+        datamodule = trainer.datamodule
+        source = datamodule.source
         facts = {
             "strategy": type(trainer.strategy).__name__, "precision": trainer.precision,
             "world_size": trainer.world_size, "num_nodes": trainer.num_nodes,
@@ -48,5 +53,12 @@ class RunFacts(L.Callback):
             "checkpoint": {"every_n_train_steps": checkpoint._every_n_train_steps},
             "batches_per_rank": trainer.fit_loop.epoch_loop.batch_progress.total.completed,
             "num_workers": trainer.train_dataloader.num_workers,
+            "optimizer": {"learning_rate": optimizer.param_groups[0]["initial_lr"],
+                          "weight_decay": optimizer.param_groups[0]["weight_decay"],
+                          "betas": list(optimizer.param_groups[0]["betas"])},
+            "data": {"dataset": source.dataset, "text_column": source.text_column, "streaming": source.streaming,
+                     "vocab_size": datamodule.vocab_size, "block_size": datamodule.block_size,
+                     "batch_size": datamodule.batch_size, "num_workers": datamodule.num_workers,
+                     "batch_shape": self.batch_shape},
         }  # fmt: skip
         (self.out_dir / "facts.json").write_text(json.dumps(facts, indent=1), encoding="utf-8")

@@ -141,8 +141,15 @@ def assert_parsed_and_used(run_dir: Path, shipped: dict, overridden: set[str], f
         if key not in overridden:
             assert saved[key] == value, f"{key}: the YAML says {value!r}, the run resolved {saved[key]!r}"
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    # What ran, most direct source last: the arguments given, then the model's own ModelConfig, the optimizer
+    # and the data module's attributes.
     used = {f"model.{k}": v for k, v in ckpt["hyper_parameters"].items()}
     used |= {f"data.{k}": v for k, v in ckpt["datamodule_hyper_parameters"].items()}
+    used |= {f"model.{k}": v for k, v in ckpt["gqa_gpt"]["model_config"].items()}
+    if facts is not None:
+        used |= {f"model.{k}": v for k, v in facts["optimizer"].items()}
+        used |= {f"data.{k}": v for k, v in facts["data"].items()}
+        assert facts["data"]["batch_shape"] == [saved["data.batch_size"], saved["data.block_size"]]
     for key in shipped:
         if key.startswith(("model.", "data.")) and key not in USED:
             assert used[key] == saved[key], f"{key}: resolved {saved[key]!r}, the run used {used[key]!r}"

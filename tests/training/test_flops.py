@@ -79,7 +79,8 @@ def test_mfu_is_logged_from_tokens_per_second_and_the_flop_count(corpus, data_ca
                         enable_checkpointing=False, callbacks=[ThroughputMonitor(peak_flops=peak), recorder])
     data = TextDataModule(data_files=str(corpus), cache_dir=str(data_cache), vocab_size=384, block_size=32,
                           batch_size=4)
-    module = LitGPT(vocab_size=384, block_size=32, n_layer=1, n_head=2, n_kv_head=1, n_embd=32, warmup_steps=1)
+    # The model's context (64) is longer than the batches' (32): MFU must count the attention actually run.
+    module = LitGPT(vocab_size=384, block_size=64, n_layer=1, n_head=2, n_kv_head=1, n_embd=32, warmup_steps=1)
     trainer.fit(module, data)
     assert len(recorder.rows) == 3  # steps 2, 4, 6
     flops = training_flops_per_token(module.model.config, 32)

@@ -73,6 +73,13 @@ def test_resumed_run_repeats_the_straight_run_exactly(fsdp_runs):
         assert torch.equal(tensor, rank1["state"][name]), name
 
 
+def test_each_rank_holds_only_its_shard_of_the_weights(fsdp_runs):
+    for record in fsdp_runs["straight"]:
+        assert record["sharded"], "every parameter is a DTensor shard"
+        # Each tensor is split along dim 0 into 2 (the first shard takes the odd row): about half per rank.
+        assert record["local_numel"] <= record["full_numel"] // 2 + 1024
+
+
 def test_ranks_read_their_own_part_of_the_stream(fsdp_runs):
     train = np.memmap(next(fsdp_runs["cache"].rglob("train.bin")), dtype=np.uint16, mode="r")
     windows = []
