@@ -20,8 +20,15 @@ def _size(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def fit_report(config: ModelConfig, batch_size: int, seq_len: int, precision: str, shards: int = 1,
-               device_bytes: int | None = None, peak_flops: float | None = None) -> list[str]:
+def fit_report(
+    config: ModelConfig,
+    batch_size: int,
+    seq_len: int,
+    precision: str,
+    shards: int = 1,
+    device_bytes: int | None = None,
+    peak_flops: float | None = None,
+) -> list[str]:
     """The lines of the report: parameters, per-device memory by kind, KV cache per token, FLOPs per token."""
     est: MemoryEstimate = estimate_training_memory(config, batch_size, seq_len, precision, shards)
     sharded = f", sharded {shards} ways" if shards > 1 else ""
@@ -57,10 +64,19 @@ class FitReport(L.Callback):
         if batch_size is None:
             return
         device = pl_module.device
-        device_bytes = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+        device_bytes = (
+            torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+        )
         shards = trainer.world_size if _shards_parameters(trainer.strategy) else 1
-        lines = fit_report(config, batch_size, seq_len, str(trainer.precision), shards, device_bytes,
-                           device_peak_flops(device))
+        lines = fit_report(
+            config,
+            batch_size,
+            seq_len,
+            str(trainer.precision),
+            shards,
+            device_bytes,
+            device_peak_flops(device),
+        )
         rank_zero_info("Run size (estimate):\n  " + "\n  ".join(lines))
 
 

@@ -44,7 +44,7 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
 
 
 def matmul_params(config: ModelConfig) -> int:
-    """N of the 6N rule: weights used in matmuls (blocks' linear layers + LM head), see the module docstring."""
+    """N of the 6N rule: the weights used in matmuls (blocks' linear layers + LM head); see the module doc."""
     c, d = config.n_embd, config.head_dim
     attention = c * (config.n_head + 2 * config.n_kv_head) * d + config.n_head * d * c  # qkv + proj
     mlp = c * 2 * config.hidden_dim + config.hidden_dim * c  # gate_up + down
@@ -62,7 +62,7 @@ def training_flops_per_token(config: ModelConfig, seq_len: int) -> int:
 
 
 def peak_bf16_flops(device_name: str) -> float | None:
-    """Dense bf16 peak FLOP/s of a GPU by its name (torch.cuda.get_device_name), None when not in the table."""
+    """Dense bf16 peak FLOP/s of a GPU by its torch.cuda.get_device_name, None when not in the table."""
     words = _words(device_name)
     return next((flops for key, flops in PEAK_BF16_FLOPS if _words(key) <= words), None)
 

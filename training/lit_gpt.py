@@ -85,7 +85,7 @@ class LitGPT(L.LightningModule):
         self.skipped_batches = 0
 
     def configure_model(self) -> None:
-        # Only ModelParallelStrategy sets a device mesh: it shards with FSDP2; other strategies keep the model whole.
+        # Only ModelParallelStrategy sets a device mesh: it shards with FSDP2; the others keep the model whole.
         if self.device_mesh is not None:
             shard_model(self.model, self.device_mesh)
 

@@ -61,7 +61,7 @@ def count_parameters(config: ModelConfig) -> int:
 
 
 def activation_bytes_per_token(config: ModelConfig, precision: str) -> int:
-    """Bytes autograd keeps per token for the backward pass (eager, dropout 0), excluding per-batch constants."""
+    """Bytes autograd keeps per token for backward (eager, dropout 0), without the per-batch constants."""
     p, a = dtype_bytes(precision)
     c, h, hkv, d, f = config.n_embd, config.n_head, config.n_kv_head, config.head_dim, config.hidden_dim
     norm = 4 * c + 4 + p * c + a * c
@@ -88,8 +88,9 @@ def kv_cache_bytes_per_token(config: ModelConfig, precision: str) -> int:
     return 2 * config.n_layer * config.n_kv_head * config.head_dim * a
 
 
-def estimate_training_memory(config: ModelConfig, batch_size: int, seq_len: int, precision: str,
-                             shards: int = 1) -> MemoryEstimate:
+def estimate_training_memory(
+    config: ModelConfig, batch_size: int, seq_len: int, precision: str, shards: int = 1
+) -> MemoryEstimate:
     """Per-device bytes of a training run with AdamW; `shards` > 1 divides weights, grads and optimizer
     state as FSDP does (DDP replicates them: shards=1)."""
     p, _ = dtype_bytes(precision)

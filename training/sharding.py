@@ -47,4 +47,3 @@ def runs_on_this_rank(trainer, module: nn.Module) -> bool:
     """Rank-0 work that runs the model (samples, attention maps) must run on every rank of a sharded model,
     or rank 0 waits forever for the others to join the weight all-gather."""
     return trainer.is_global_zero or is_sharded(module)
-

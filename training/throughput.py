@@ -14,8 +14,8 @@ class ThroughputMonitor(L.Callback):
     logging points (trainer.log_every_n_steps).
 
     Args:
-        peak_flops: Peak FLOP/s of one device for MFU; None looks the GPU up in `training.flops.PEAK_BF16_FLOPS`
-            (no MFU on CPU or on GPUs missing from the table).
+        peak_flops: Peak FLOP/s of one device for MFU; None looks the GPU up in
+            `training.flops.PEAK_BF16_FLOPS` (no MFU on CPU or on GPUs missing from the table).
     """
 
     def __init__(self, peak_flops: float | None = None) -> None:

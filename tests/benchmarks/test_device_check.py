@@ -22,7 +22,7 @@ def test_cpu_smoke_runs_every_check_and_passes(script):
 
 
 def _attention_with_dropout(q, k, v):
-    # Attention dropout is what the CPU flash kernel cannot do (DESIGN.md section 4): it would run the math kernel.
+    # Attention dropout is what the CPU flash kernel cannot do (DESIGN.md section 4): math would run it.
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.1, enable_gqa=True)
 
 
@@ -34,10 +34,16 @@ def test_sdpa_check_fails_when_attention_falls_back_to_math():
 
 
 def test_profiled_attention_ops_must_all_be_fused():
-    flash = {"aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention",
-             "aten::_scaled_dot_product_flash_attention_backward", "aten::mm"}
-    assert fused_attention_ops(flash) == (True, ["aten::_scaled_dot_product_flash_attention",
-                                                 "aten::_scaled_dot_product_flash_attention_backward"])
+    flash = {
+        "aten::scaled_dot_product_attention",
+        "aten::_scaled_dot_product_flash_attention",
+        "aten::_scaled_dot_product_flash_attention_backward",
+        "aten::mm",
+    }
+    assert fused_attention_ops(flash) == (
+        True,
+        ["aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_flash_attention_backward"],
+    )
     assert fused_attention_ops({"aten::_scaled_dot_product_cudnn_attention"})[0]
     assert not fused_attention_ops(flash | {"aten::_scaled_dot_product_attention_math"})[0]
     assert not fused_attention_ops({"aten::_scaled_dot_product_efficient_attention"})[0]

@@ -1,4 +1,4 @@
-"""A callback for the 2-process tests: each rank writes its losses, the batches it read and the full weights."""
+"""A callback for the 2-process tests: each rank writes its losses, batches read and the full weights."""
 
 from __future__ import annotations
 
@@ -32,7 +32,9 @@ class StepDump(L.Callback):
             "sharded": bool(params) and all(isinstance(p, DTensor) for p in params),
             "local_numel": sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in params),
             "full_numel": sum(p.numel() for p in params),  # a DTensor's numel is its global size
-            "losses": self.losses, "batches": self.batches, "world_size": trainer.world_size,
+            "losses": self.losses,
+            "batches": self.batches,
+            "world_size": trainer.world_size,
             "state": {k: v.detach().cpu().clone() for k, v in state.items()},
             "strategy": type(trainer.strategy).__name__,
         }

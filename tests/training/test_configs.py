@@ -23,21 +23,43 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
-SHRINK = ["--trainer.max_steps", "2", "--trainer.limit_val_batches", "2", "--checkpoint.every_n_train_steps", "2",
-          "--samples.every_n_steps", "2", "--samples.max_new_tokens", "4", "--attention_maps.every_n_steps", "2",
-          "--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]  # fmt: skip
+SHRINK = [
+    "--trainer.max_steps",
+    "2",
+    "--trainer.limit_val_batches",
+    "2",
+    "--checkpoint.every_n_train_steps",
+    "2",
+    "--samples.every_n_steps",
+    "2",
+    "--samples.max_new_tokens",
+    "4",
+    "--attention_maps.every_n_steps",
+    "2",
+    "--trainer.logger",
+    "false",
+    "--trainer.enable_progress_bar",
+    "false",
+]
 GPU = ["--trainer.accelerator", "cpu", "--data.block_size", "64", "--data.batch_size", "4"]
 # Keys checked for use by the trainer and callbacks: YAML key -> RunFacts key.
 USED = {
-    "trainer.max_steps": "max_steps", "trainer.val_check_interval": "val_check_interval",
-    "trainer.limit_val_batches": "limit_val_batches", "trainer.log_every_n_steps": "log_every_n_steps",
-    "trainer.num_nodes": "num_nodes", "trainer.precision": "precision",
-    "trainer.accumulate_grad_batches": "accumulate_grad_batches", "model.compile": "compiled",
+    "trainer.max_steps": "max_steps",
+    "trainer.val_check_interval": "val_check_interval",
+    "trainer.limit_val_batches": "limit_val_batches",
+    "trainer.log_every_n_steps": "log_every_n_steps",
+    "trainer.num_nodes": "num_nodes",
+    "trainer.precision": "precision",
+    "trainer.accumulate_grad_batches": "accumulate_grad_batches",
+    "model.compile": "compiled",
     "checkpoint.every_n_train_steps": "checkpoint.every_n_train_steps",
-    "samples.every_n_steps": "samples.every_n_steps", "samples.prompts": "samples.prompts",
-    "samples.max_new_tokens": "samples.max_new_tokens", "attention_maps.every_n_steps": "attention_maps.every_n_steps",
-    "attention_maps.induction_period": "attention_maps.induction_period", "data.num_workers": "num_workers",
-}  # fmt: skip
+    "samples.every_n_steps": "samples.every_n_steps",
+    "samples.prompts": "samples.prompts",
+    "samples.max_new_tokens": "samples.max_new_tokens",
+    "attention_maps.every_n_steps": "attention_maps.every_n_steps",
+    "attention_maps.induction_period": "attention_maps.induction_period",
+    "data.num_workers": "num_workers",
+}
 # Checked by name in the test: strategy, device count and accelerator from the facts, seed from the samples.
 CHECKED_APART = {"trainer.strategy", "trainer.devices", "trainer.accelerator", "seed_everything"}
 
@@ -51,16 +73,49 @@ class Case:
 
 CASES = {
     "shakespeare": Case(["--trainer.val_check_interval", "2"]),
-    "tinystories": Case(["--trainer.val_check_interval", "2", *GPU, "--model.n_layer", "2", "--model.n_embd", "64",
-                         "--data.num_workers", "0"], hub_stand_in="parquet"),
+    "tinystories": Case(
+        [
+            "--trainer.val_check_interval",
+            "2",
+            *GPU,
+            "--model.n_layer",
+            "2",
+            "--model.n_embd",
+            "64",
+            "--data.num_workers",
+            "0",
+        ],
+        hub_stand_in="parquet",
+    ),
     # 2 processes (DDP, gloo) on the streamed corpus; 4 accumulated micro-batches per step, validation twice.
-    "gpt2-small": Case(["--trainer.val_check_interval", "4", *GPU, "--trainer.devices", "2", "--model.n_layer", "2",
-                        "--model.n_embd", "96", "--model.compile", "false", "--data.num_workers", "1"],
-                       hub_stand_in="json", extra=["--data.tokenizer_train_docs", "60"]),
-}  # fmt: skip
+    "gpt2-small": Case(
+        [
+            "--trainer.val_check_interval",
+            "4",
+            *GPU,
+            "--trainer.devices",
+            "2",
+            "--model.n_layer",
+            "2",
+            "--model.n_embd",
+            "96",
+            "--model.compile",
+            "false",
+            "--data.num_workers",
+            "1",
+        ],
+        hub_stand_in="json",
+        extra=["--data.tokenizer_train_docs", "60"],
+    ),
+}
 # tiny.yaml runs once for the whole suite (tests/conftest.py tiny_run); these are that run's overrides.
-TINY_OVERRIDES = {"trainer.max_steps", "trainer.val_check_interval", "checkpoint.every_n_train_steps",
-                  "samples.every_n_steps", "attention_maps.every_n_steps"}
+TINY_OVERRIDES = {
+    "trainer.max_steps",
+    "trainer.val_check_interval",
+    "checkpoint.every_n_train_steps",
+    "samples.every_n_steps",
+    "attention_maps.every_n_steps",
+}
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
@@ -111,13 +166,33 @@ def config_run(corpus, tmp_path_factory):
             write_hub_stand_in(work, shipped["data.dataset"], case.hub_stand_in, paragraphs)
             data_args = []  # data.dataset stays the Hub id of the YAML; the cwd holds the stand-in
         facts = {"class_path": "tests.training.run_facts.RunFacts", "init_args": {"out_dir": str(work)}}
-        args = [str(ROOT / "train.py"), "fit", "--config", str(CONFIGS / f"{name}.yaml"), *case.overrides, *SHRINK,
-                *data_args, *case.extra, "--data.cache_dir", str(work / "cache"), "--trainer.default_root_dir",
-                str(work / "runs"), f"--trainer.callbacks+={json.dumps(facts)}"]  # fmt: skip
-        result = subprocess.run([sys.executable, *args], cwd=work, capture_output=True, text=True, timeout=900,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)})  # tests/conftest.py set the offline env
+        args = [
+            str(ROOT / "train.py"),
+            "fit",
+            "--config",
+            str(CONFIGS / f"{name}.yaml"),
+            *case.overrides,
+            *SHRINK,
+            *data_args,
+            *case.extra,
+            "--data.cache_dir",
+            str(work / "cache"),
+            "--trainer.default_root_dir",
+            str(work / "runs"),
+            f"--trainer.callbacks+={json.dumps(facts)}",
+        ]
+        result = subprocess.run(
+            [sys.executable, *args],
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # tests/conftest.py set the offline env
         if result.returncode != 0:
-            raise AssertionError(f"{name} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+            raise AssertionError(
+                f"{name} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+            )
         (work / "stdout.txt").write_text(result.stdout + result.stderr, encoding="utf-8")
         runs[name] = (work / "runs" / name, shipped, set(overrides(case.overrides + SHRINK)))
         return runs[name]
@@ -132,7 +207,10 @@ def test_every_shipped_config_has_a_case():
 def test_every_yaml_key_is_checked_for_use():
     for path in CONFIGS.glob("*.yaml"):
         for key in flatten(yaml.safe_load(path.read_text())):
-            assert key in USED or key in CHECKED_APART or key.split(".")[0] in ("model", "data"), (path.name, key)
+            assert key in USED or key in CHECKED_APART or key.split(".")[0] in ("model", "data"), (
+                path.name,
+                key,
+            )
 
 
 def assert_parsed_and_used(run_dir: Path, shipped: dict, overridden: set[str], facts: dict | None) -> dict:
@@ -156,7 +234,9 @@ def assert_parsed_and_used(run_dir: Path, shipped: dict, overridden: set[str], f
     if facts is not None:
         for key, fact in USED.items():
             if key in shipped:
-                assert lookup(facts, fact) == _as_run(saved[key]), f"{key}: resolved {saved[key]!r}, ran with {lookup(facts, fact)!r}"
+                assert lookup(facts, fact) == _as_run(saved[key]), (
+                    f"{key}: resolved {saved[key]!r}, ran with {lookup(facts, fact)!r}"
+                )
     return ckpt
 
 
@@ -171,8 +251,9 @@ def _as_run(value):
 
 
 def test_tiny_config(tiny_run):
-    ckpt = assert_parsed_and_used(tiny_run, flatten(yaml.safe_load((CONFIGS / "tiny.yaml").read_text())),
-                                  TINY_OVERRIDES, facts=None)
+    ckpt = assert_parsed_and_used(
+        tiny_run, flatten(yaml.safe_load((CONFIGS / "tiny.yaml").read_text())), TINY_OVERRIDES, facts=None
+    )
     assert ckpt["global_step"] == 6
 
 
@@ -183,7 +264,10 @@ def test_config_trains_on_cpu(name, config_run):
     ckpt = assert_parsed_and_used(run_dir, shipped, overridden, facts)
     assert ckpt["global_step"] == facts["global_step"] == 2
     assert facts["world_size"] == int(overrides(CASES[name].overrides).get("trainer.devices", 1))
-    assert facts["strategy"] == {"ddp": "DDPStrategy", "auto": "SingleDeviceStrategy"}[shipped.get("trainer.strategy", "auto")]
+    assert (
+        facts["strategy"]
+        == {"ddp": "DDPStrategy", "auto": "SingleDeviceStrategy"}[shipped.get("trainer.strategy", "auto")]
+    )
     assert facts["batches_per_rank"] == 2 * shipped.get("trainer.accumulate_grad_batches", 1)
     mixed = shipped.get("trainer.precision") == "bf16-mixed"
     assert facts["autocast_dtype"] == ("torch.bfloat16" if mixed else None)

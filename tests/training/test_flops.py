@@ -30,8 +30,9 @@ def test_flops_of_the_124m_config_match_a_hand_count():
 
 @pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
 def test_flops_match_torchs_flop_counter(tie):
-    config = ModelConfig(vocab_size=512, block_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=64,
-                         tie_embeddings=tie)
+    config = ModelConfig(
+        vocab_size=512, block_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=64, tie_embeddings=tie
+    )
     model, batch, seq = GPT(config), 3, 48
     idx = torch.randint(0, config.vocab_size, (batch, seq))
     # The math backend spells attention out as matmuls the counter sees (the CPU flash op is not counted).
@@ -51,12 +52,21 @@ def test_matmul_params_are_the_linear_weights_of_the_model():
 @pytest.mark.parametrize(
     ("name", "peak"),
     [
-        ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA A100 80GB PCIe", 312e12), ("NVIDIA H100 80GB HBM3", 989e12),
-        ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H100 NVL", 835e12), ("NVIDIA H200", 989e12),
-        ("NVIDIA H200 NVL", 835e12), ("NVIDIA L4", 121e12), ("NVIDIA L40S", 362e12),
-        ("NVIDIA GeForce RTX 4090", 165e12), ("NVIDIA A10", 125e12), ("NVIDIA A10G", None), ("Tesla T4", None),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA A100 80GB PCIe", 312e12),
+        ("NVIDIA H100 80GB HBM3", 989e12),
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H100 NVL", 835e12),
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA H200 NVL", 835e12),
+        ("NVIDIA L4", 121e12),
+        ("NVIDIA L40S", 362e12),
+        ("NVIDIA GeForce RTX 4090", 165e12),
+        ("NVIDIA A10", 125e12),
+        ("NVIDIA A10G", None),
+        ("Tesla T4", None),
     ],
-)  # fmt: skip
+)
 def test_peak_table_matches_device_names(name, peak):
     assert peak_bf16_flops(name) == peak
 
@@ -66,7 +76,11 @@ class _Metrics(L.Callback):
         self.rows: list[dict[str, float]] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k in ("train/mfu", "train/tokens_per_s")}
+        metrics = {
+            k: float(v)
+            for k, v in trainer.callback_metrics.items()
+            if k in ("train/mfu", "train/tokens_per_s")
+        }
         if metrics and metrics not in self.rows:
             self.rows.append(metrics)
 
@@ -74,13 +88,26 @@ class _Metrics(L.Callback):
 def test_mfu_is_logged_from_tokens_per_second_and_the_flop_count(corpus, data_cache):
     peak = 1e9  # a stand-in peak: CPUs are not in the table
     recorder = _Metrics()
-    trainer = L.Trainer(max_steps=6, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, log_every_n_steps=2,
-                        enable_checkpointing=False, callbacks=[ThroughputMonitor(peak_flops=peak), recorder])
-    data = TextDataModule(data_files=str(corpus), cache_dir=str(data_cache), vocab_size=384, block_size=32,
-                          batch_size=4)
+    trainer = L.Trainer(
+        max_steps=6,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        log_every_n_steps=2,
+        enable_checkpointing=False,
+        callbacks=[ThroughputMonitor(peak_flops=peak), recorder],
+    )
+    data = TextDataModule(
+        data_files=str(corpus), cache_dir=str(data_cache), vocab_size=384, block_size=32, batch_size=4
+    )
     # The model's context (64) is longer than the batches' (32): MFU must count the attention actually run.
-    module = LitGPT(vocab_size=384, block_size=64, n_layer=1, n_head=2, n_kv_head=1, n_embd=32, warmup_steps=1)
+    module = LitGPT(
+        vocab_size=384, block_size=64, n_layer=1, n_head=2, n_kv_head=1, n_embd=32, warmup_steps=1
+    )
     trainer.fit(module, data)
     assert len(recorder.rows) == 3  # steps 2, 4, 6
     flops = training_flops_per_token(module.model.config, 32)

@@ -22,14 +22,48 @@ BATCH, BLOCK, SEED = 4, 32, 1337
 def _fsdp_args(tiny_args, root: Path, corpus: Path, cache: Path, dump: Path, *extra: str) -> list[str]:
     callback = {"class_path": "tests.training.fsdp_dump.StepDump", "init_args": {"out_dir": str(dump)}}
     return tiny_args(
-        root, "--trainer.strategy", json.dumps(FSDP2), "--trainer.devices", "2", "--trainer.max_steps", "4",
-        "--trainer.logger", "false", "--trainer.log_every_n_steps", "2", "--trainer.limit_val_batches", "2",
-        "--trainer.val_check_interval", "2", "--checkpoint.every_n_train_steps", "2", "--checkpoint.save_top_k",
-        "-1", "--samples.every_n_steps", "2", "--samples.max_new_tokens", "4", "--attention_maps.every_n_steps",
-        "2", "--data.dataset", "json", "--data.data_files", str(corpus), "--data.streaming", "true",
-        "--data.tokenizer_train_docs", "40", "--data.cache_dir", str(cache), "--data.block_size", str(BLOCK),
-        "--data.batch_size", str(BATCH), f"--trainer.callbacks+={json.dumps(callback)}", *extra,
-    )  # fmt: skip
+        root,
+        "--trainer.strategy",
+        json.dumps(FSDP2),
+        "--trainer.devices",
+        "2",
+        "--trainer.max_steps",
+        "4",
+        "--trainer.logger",
+        "false",
+        "--trainer.log_every_n_steps",
+        "2",
+        "--trainer.limit_val_batches",
+        "2",
+        "--trainer.val_check_interval",
+        "2",
+        "--checkpoint.every_n_train_steps",
+        "2",
+        "--checkpoint.save_top_k",
+        "-1",
+        "--samples.every_n_steps",
+        "2",
+        "--samples.max_new_tokens",
+        "4",
+        "--attention_maps.every_n_steps",
+        "2",
+        "--data.dataset",
+        "json",
+        "--data.data_files",
+        str(corpus),
+        "--data.streaming",
+        "true",
+        "--data.tokenizer_train_docs",
+        "40",
+        "--data.cache_dir",
+        str(cache),
+        "--data.block_size",
+        str(BLOCK),
+        "--data.batch_size",
+        str(BATCH),
+        f"--trainer.callbacks+={json.dumps(callback)}",
+        *extra,
+    )
 
 
 def _ranks(folder: Path) -> list[dict]:
@@ -48,10 +82,26 @@ def fsdp_runs(script, tiny_args, corpus, tmp_path_factory):
     (tmp / "resumed").mkdir()
     script(*_fsdp_args(tiny_args, tmp / "runs", stream, cache, tmp / "straight"), timeout=600)
     step2 = tmp / "runs" / "tiny" / "checkpoints" / "epoch=0-step=2.ckpt"
-    script(*_fsdp_args(tiny_args, tmp / "runs", stream, cache, tmp / "resumed", "--run_name", "resumed",
-                       "--ckpt_path", str(step2)), timeout=600)  # fmt: skip
-    return {"straight": _ranks(tmp / "straight"), "resumed": _ranks(tmp / "resumed"), "step2": step2,
-            "cache": cache}
+    script(
+        *_fsdp_args(
+            tiny_args,
+            tmp / "runs",
+            stream,
+            cache,
+            tmp / "resumed",
+            "--run_name",
+            "resumed",
+            "--ckpt_path",
+            str(step2),
+        ),
+        timeout=600,
+    )
+    return {
+        "straight": _ranks(tmp / "straight"),
+        "resumed": _ranks(tmp / "resumed"),
+        "step2": step2,
+        "cache": cache,
+    }
 
 
 def test_checkpoint_is_sharded_one_file_per_rank(fsdp_runs):

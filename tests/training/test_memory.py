@@ -60,7 +60,10 @@ def test_memory_of_the_124m_config_matches_a_hand_count():
     assert est.activation_bytes == 16 * 1024 * per_token + rope + weight_copies
     assert est.kv_cache_bytes_per_token == 2 * 12 * 4 * 64 * 2  # 12,288: GQA stores 4 of the 12 heads
     sharded = estimate_training_memory(GPT2_SMALL, 16, 1024, "bf16-mixed", shards=8)
-    assert sharded.optimizer_bytes == est.optimizer_bytes // 8 and sharded.activation_bytes == est.activation_bytes
+    assert (
+        sharded.optimizer_bytes == est.optimizer_bytes // 8
+        and sharded.activation_bytes == est.activation_bytes
+    )
 
 
 @pytest.mark.parametrize(("precision", "dtype"), [("32-true", torch.float32), ("bf16-mixed", torch.bfloat16)])
