@@ -25,6 +25,8 @@ class StepDump(L.Callback):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
         from torch.distributed.tensor import DTensor
 
+        if hasattr(pl_module.model, "reshard"):  # FSDP2 keeps the root gathered after a forward (the samples)
+            pl_module.model.reshard()
         params = list(pl_module.model.parameters())
         # A collective under FSDP: every rank gathers the full tensors.
         state = get_model_state_dict(pl_module.model, options=StateDictOptions(full_state_dict=True))
