@@ -32,9 +32,6 @@ import tempfile
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "data" / "corpora" / "tinyshakespeare.txt"
 
@@ -45,7 +42,7 @@ def worker_main(args: argparse.Namespace) -> None:
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from data import TextDataModule
+    from data.datamodule import TextDataModule
     from training import LastCheckpoint, LitGPT
     from training.checkpointing import checkpoint_io, prepare_checkpoint_dir
 

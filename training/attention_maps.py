@@ -9,6 +9,8 @@ from lightning.pytorch.loggers import WandbLogger
 from inspection.attention_image import draw_attention_grid
 from inspection.attention_stats import head_statistics
 
+from .sharding import runs_on_this_rank
+
 DEFAULT_PROBE = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak."
 STATISTICS = ("entropy", "sink_mass", "previous_token", "induction")
 
@@ -42,7 +44,7 @@ class AttentionMaps(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
-        if not self.every_n_steps or step % self.every_n_steps or not trainer.is_global_zero:
+        if not self.every_n_steps or step % self.every_n_steps or not runs_on_this_rank(trainer, pl_module):
             return
         model, tokenizer = pl_module.model, trainer.datamodule.tokenizer
         ids = tokenizer.encode(self.probe_text)[: model.config.block_size]
@@ -56,6 +58,8 @@ class AttentionMaps(L.Callback):
             stats = head_statistics(model, probe, period, generator=generator, probe_maps=maps)
         finally:
             pl_module.train(was_training)
+        if not trainer.is_global_zero:  # a sharded model computed the maps on every rank; rank 0 logs them
+            return
         labels = [tokenizer.decode([i]) for i in ids]
         self._log(trainer, step, maps, labels, {k: v.cpu() for k, v in stats.items()})
 

@@ -22,6 +22,7 @@ from .checkpointing import (
 )
 from .cli_help import order_help_sections, refuse_optimizer_flags, silence_known_noise
 from .ctrl_c import GracefulCtrlC
+from .fit_report import FitReport
 from .last_checkpoint import LastCheckpoint
 from .progress import progress_for_output
 from .resume import checkpoint_step, expand_run_dir_resume
@@ -122,7 +123,7 @@ class GPTCLI(LightningCLI):
             run_id = wandb_run_id(run_dir, stored_wandb_id(config.get("ckpt_path")))
             config.trainer.logger = _wandb_logger(run_dir, config.wandb_project, config.run_name or run_dir.name,
                                                   run_id)
-        extra = [ThroughputMonitor(), LastCheckpoint(), self.ctrl_c, WandbIdInCheckpoint()]
+        extra = [ThroughputMonitor(), LastCheckpoint(), self.ctrl_c, WandbIdInCheckpoint(), FitReport()]
         if config.trainer.logger is not False:  # LearningRateMonitor refuses to run without a logger
             extra.append(LearningRateMonitor(logging_interval="step"))
         if config.trainer.enable_progress_bar is not False:  # a ProgressBar callback with it False is an error

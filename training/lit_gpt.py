@@ -14,6 +14,7 @@ from model import GPT, ModelConfig
 from model.checkpoint import META_KEY, checkpoint_metadata, stored_skipped_batches
 
 from .schedule import Schedule, adamw_param_groups, lr_multiplier
+from .sharding import shard_model
 
 
 class NonFiniteLossError(UserError):
@@ -66,6 +67,11 @@ class LitGPT(L.LightningModule):
             self.model.compile()  # in place, so state_dict keys stay unprefixed
         self.skipped_batches = 0
 
+    def configure_model(self) -> None:
+        # Only ModelParallelStrategy sets a device mesh: it shards with FSDP2; the others keep the model whole.
+        if self.device_mesh is not None:
+            shard_model(self.model, self.device_mesh)
+
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy in nats per token."""
         logits = self.model(x)
@@ -111,6 +117,10 @@ class LitGPT(L.LightningModule):
         hp = self.hparams
         # One fused pass over all tensors instead of a loop per tensor (README "Results" has the gain on CPU).
         fused = all(p.device.type in ("cpu", "cuda") for p in self.parameters())
+        # Lightning's mixed-precision plugin refuses gradient clipping with a fused optimizer (it would unscale
+        # fp16 gradients inside step), even for bf16, which has no scaler: bf16-mixed + clipping needs foreach.
+        if self._trainer is not None and str(self.trainer.precision).endswith("-mixed"):
+            fused = False
         return torch.optim.AdamW(
             adamw_param_groups(self.model, hp.weight_decay), lr=hp.learning_rate, betas=(hp.beta1, hp.beta2),
             fused=fused or None,

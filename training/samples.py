@@ -8,6 +8,8 @@ from lightning.pytorch.loggers import WandbLogger
 
 from model import generate
 
+from .sharding import runs_on_this_rank
+
 
 class SampleGenerations(L.Callback):
     """Every `every_n_steps` optimizer steps, on rank 0, continue each prompt and log a table.
@@ -37,7 +39,7 @@ class SampleGenerations(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
-        if not self.every_n_steps or step % self.every_n_steps or not trainer.is_global_zero:
+        if not self.every_n_steps or step % self.every_n_steps or not runs_on_this_rank(trainer, pl_module):
             return
         tokenizer = trainer.datamodule.tokenizer
         was_training = pl_module.training

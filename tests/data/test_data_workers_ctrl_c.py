@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from data import TextDataModule
+from data.datamodule import TextDataModule
 
 
 @pytest.mark.parametrize("loader", ["train", "val"])

@@ -5,6 +5,7 @@ The offline environment (no network, Hugging Face caches in a temporary folder) 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import pytest

@@ -1,0 +1,142 @@
+"""FSDP2 (ModelParallelStrategy + fully_shard) in 2 CPU processes (gloo) on a streamed corpus: sharded
+weights, a sharded checkpoint, an exact resume, and each rank reading its own part of the stream."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from data.batches import TrainBatches
+
+FSDP2 = {
+    "class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
+    "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1},
+}
+BATCH, BLOCK, SEED = 4, 32, 1337
+
+
+def _fsdp_args(tiny_args, root: Path, corpus: Path, cache: Path, dump: Path, *extra: str) -> list[str]:
+    callback = {"class_path": "tests.training.fsdp_dump.StepDump", "init_args": {"out_dir": str(dump)}}
+    return tiny_args(
+        root,
+        "--trainer.strategy",
+        json.dumps(FSDP2),
+        "--trainer.devices",
+        "2",
+        "--trainer.max_steps",
+        "4",
+        "--trainer.logger",
+        "false",
+        "--trainer.log_every_n_steps",
+        "2",
+        "--trainer.limit_val_batches",
+        "2",
+        "--trainer.val_check_interval",
+        "2",
+        "--checkpoint.every_n_train_steps",
+        "2",
+        "--checkpoint.save_top_k",
+        "-1",
+        "--samples.every_n_steps",
+        "2",
+        "--samples.max_new_tokens",
+        "4",
+        "--attention_maps.every_n_steps",
+        "2",
+        "--data.dataset",
+        "json",
+        "--data.data_files",
+        str(corpus),
+        "--data.streaming",
+        "true",
+        "--data.tokenizer_train_docs",
+        "40",
+        "--data.cache_dir",
+        str(cache),
+        "--data.block_size",
+        str(BLOCK),
+        "--data.batch_size",
+        str(BATCH),
+        f"--trainer.callbacks+={json.dumps(callback)}",
+        *extra,
+    )
+
+
+def _ranks(folder: Path) -> list[dict]:
+    return [torch.load(folder / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(script, tiny_args, corpus, tmp_path_factory):
+    """A straight 4-step FSDP2 run, and a second one resumed from its step-2 sharded checkpoint."""
+    tmp = tmp_path_factory.mktemp("fsdp")
+    paragraphs = corpus.read_text(encoding="utf-8").split("\n\n")[:300]
+    stream = tmp / "stream.jsonl"  # one JSON document per paragraph, read with streaming=True
+    stream.write_text("".join(json.dumps({"text": p}) + "\n" for p in paragraphs), encoding="utf-8")
+    cache = tmp / "cache"
+    (tmp / "straight").mkdir()
+    (tmp / "resumed").mkdir()
+    script(*_fsdp_args(tiny_args, tmp / "runs", stream, cache, tmp / "straight"), timeout=600)
+    step2 = tmp / "runs" / "tiny" / "checkpoints" / "epoch=0-step=2.ckpt"
+    script(
+        *_fsdp_args(
+            tiny_args,
+            tmp / "runs",
+            stream,
+            cache,
+            tmp / "resumed",
+            "--run_name",
+            "resumed",
+            "--ckpt_path",
+            str(step2),
+        ),
+        timeout=600,
+    )
+    return {
+        "straight": _ranks(tmp / "straight"),
+        "resumed": _ranks(tmp / "resumed"),
+        "step2": step2,
+        "cache": cache,
+    }
+
+
+def test_checkpoint_is_sharded_one_file_per_rank(fsdp_runs):
+    files = sorted(p.name for p in fsdp_runs["step2"].iterdir())
+    assert files == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]
+    meta = torch.load(fsdp_runs["step2"] / "meta.pt", weights_only=True)
+    assert meta["global_step"] == 2 and meta["gqa_gpt"]["model_config"]["n_layer"] == 2
+
+
+def test_resumed_run_repeats_the_straight_run_exactly(fsdp_runs):
+    for straight, resumed in zip(fsdp_runs["straight"], fsdp_runs["resumed"], strict=True):
+        assert straight["strategy"] == "ModelParallelStrategy" and straight["world_size"] == 2
+        assert sorted(straight["losses"]) == [1, 2, 3, 4] and sorted(resumed["losses"]) == [3, 4]
+        assert all(straight["losses"][s] == resumed["losses"][s] for s in (3, 4))  # tolerance 0
+        for name, tensor in straight["state"].items():
+            assert torch.equal(tensor, resumed["state"][name]), name
+    rank0, rank1 = fsdp_runs["straight"]
+    for name, tensor in rank0["state"].items():  # the shards gathered on each rank are one model
+        assert torch.equal(tensor, rank1["state"][name]), name
+
+
+def test_each_rank_holds_only_its_shard_of_the_weights(fsdp_runs):
+    for record in fsdp_runs["straight"]:
+        assert record["sharded"], "every parameter is a DTensor shard"
+        # Each tensor is split along dim 0 into 2 (the first shard takes the odd row): about half per rank.
+        assert record["local_numel"] <= record["full_numel"] // 2 + 1024
+
+
+def test_ranks_read_their_own_part_of_the_stream(fsdp_runs):
+    train = np.memmap(next(fsdp_runs["cache"].rglob("train.bin")), dtype=np.uint16, mode="r")
+    windows = []
+    for rank, record in enumerate(fsdp_runs["straight"]):
+        expected = TrainBatches(train, BLOCK, BATCH, SEED, rank=rank, world_size=2)
+        for step, batch in record["batches"].items():
+            assert torch.equal(batch, expected.batch(step - 1)[0]), (rank, step)
+        windows.append({tuple(row.tolist()) for batch in record["batches"].values() for row in batch})
+    assert len(windows[0]) == len(windows[1]) == 4 * BATCH, "no window twice on one rank"
+    assert not windows[0] & windows[1], "no window on both ranks"

@@ -1,0 +1,83 @@
+"""Training FLOPs per token and the bf16 peak of known GPUs: what `train/mfu` divides.
+
+Convention (PaLM appendix B; also nanoGPT, nanochat and torchtitan, so MFU figures compare):
+    training FLOPs per token = 6 * N + 12 * L * H * D * T
+- N counts every weight that takes part in a matmul: the blocks' linear layers and the LM head. With tied
+  embeddings the shared matrix counts once, as the head (the embedding lookup itself does no arithmetic);
+  untied, the input embedding is left out. RMSNorm gains are left out too (elementwise, < 0.1% of N).
+- 6 = 2 FLOPs per multiply-add in the forward pass, twice that in the backward (input and weight grads).
+- The attention term is q kᵀ and probs · v: 2 matmuls x 2 FLOPs x H * D x T keys per token, times 3 for
+  the backward. T is the full context, not the causal average T / 2, as in PaLM: the kernels skip the
+  masked half, so this overstates the work done by attention (it is the published convention, not a bug).
+  GQA shares key/value heads but every one of the H query heads still does its own matmuls.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from model import ModelConfig
+
+# Dense (no structured sparsity) bf16 tensor-core peak in FLOP/s, from NVIDIA's datasheets: A100 "BF16
+# Tensor Core 312 TFLOPS" (624 is with sparsity); H100 SXM 989, H100 NVL 835, H100 PCIe 756 (datasheet
+# figures 1979 / 1671 / 1513 are with sparsity); H200 SXM 989, H200 NVL 835 (same halving); L4 121 (datasheet
+# 242 with sparsity); L40S 362 (733 with sparsity); A10 125 (250 with sparsity); RTX 4090 165 (Ada
+# whitepaper, FP32 accumulate); L40 181 (362 with sparsity). A key matches when all its words are words of
+# torch.cuda.get_device_name ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"; split at spaces and
+# hyphens, case ignored), first match wins: the NVL/PCIe variants come before
+# the SXM default, and whole words keep "A10" off "A10G" (a different chip, not listed) and "L4" off "L40S".
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    ("H200 NVL", 835e12),
+    ("H200", 989e12),
+    ("H100 NVL", 835e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),
+    ("A100", 312e12),
+    ("A10", 125e12),
+    ("L40S", 362e12),
+    ("L40", 181e12),
+    ("L4", 121e12),
+    ("4090", 165e12),
+)
+
+
+def matmul_params(config: ModelConfig) -> int:
+    """N of the 6N rule: the weights used in matmuls (blocks' linear layers + LM head); see the module doc."""
+    c, d = config.n_embd, config.head_dim
+    attention = c * (config.n_head + 2 * config.n_kv_head) * d + config.n_head * d * c  # qkv + proj
+    mlp = c * 2 * config.hidden_dim + config.hidden_dim * c  # gate_up + down
+    return config.n_layer * (attention + mlp) + c * config.vocab_size
+
+
+def attention_flops_per_token(config: ModelConfig, seq_len: int) -> int:
+    """Training FLOPs per token of the attention matmuls over `seq_len` keys (12 * L * H * D * T)."""
+    return 12 * config.n_layer * config.n_head * config.head_dim * seq_len
+
+
+def training_flops_per_token(config: ModelConfig, seq_len: int) -> int:
+    """Forward + backward FLOPs per token at context `seq_len`: 6 N + the attention term."""
+    return 6 * matmul_params(config) + attention_flops_per_token(config, seq_len)
+
+
+def peak_bf16_flops(device_name: str) -> float | None:
+    """Dense bf16 peak FLOP/s of a GPU by its torch.cuda.get_device_name, None when not in the table."""
+    words = _words(device_name)
+    return next((flops for key, flops in PEAK_BF16_FLOPS if _words(key) <= words), None)
+
+
+def _words(name: str) -> set[str]:
+    return set(re.split(r"[\s\-_]+", name.lower()))
+
+
+def device_peak_flops(device: torch.device) -> float | None:
+    """Dense bf16 peak of `device`: None on CPU and on GPUs missing from the table."""
+    if device.type != "cuda":
+        return None
+    return peak_bf16_flops(torch.cuda.get_device_name(device))
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float, world_size: int = 1) -> float:
+    """Model FLOPs utilisation: achieved model FLOP/s over the peak of all `world_size` devices."""
+    return tokens_per_s * flops_per_token / (peak_flops * world_size)

@@ -1,0 +1,105 @@
+"""How much memory a training run needs per device, counted from the config before anything is allocated.
+
+The activation count is the set of tensors autograd keeps for the backward pass of the eager model with
+dropout 0 (tests/training/test_memory.py checks it byte for byte against what autograd actually saves, in
+float32 and under bf16 autocast). Per token and layer, with C n_embd, H/Hkv heads of D dims, F the MLP
+width, `a` the bytes of the compute dtype and `p` those of the residual stream (the parameters' dtype):
+- each of the two RMSNorms: its float32 input (4C), the float32 rstd (4), the normed output (pC) and the
+  matmul input in the compute dtype (aC; under autocast this is the cast copy);
+- attention: the whole qkv output (a (H + 2Hkv) D: v is a view of it), the roped q and k (a (H + Hkv) D),
+  the fused kernel's output (a H D; its layout makes the proj input a view of it) and logsumexp (4H);
+- SwiGLU: the gate/up output (2aF; the gate is a view of it), silu(gate) (aF) and the down input (aF).
+Plus, once: the final norm, float32 log-probabilities (4V), int64 inputs and targets (16), the RoPE tables,
+and under autocast one compute-dtype copy of every matmul weight. torch.compile usually keeps less
+(fused elementwise ops); transient buffers (the logits before log_softmax, the backward's temporaries) come
+on top, so leave headroom.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from model import ModelConfig
+
+from .flops import matmul_params
+
+HALF_PRECISIONS = ("bf16-mixed", "16-mixed", "bf16-true", "16-true", "bf16", "16")
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per device for one training configuration (see the module docstring for what is counted)."""
+
+    parameters: int
+    weight_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int
+    kv_cache_bytes_per_token: int
+
+    @property
+    def total_bytes(self) -> int:
+        """Weights, gradients, AdamW state and activations together."""
+        return self.weight_bytes + self.grad_bytes + self.optimizer_bytes + self.activation_bytes
+
+
+def dtype_bytes(precision: str) -> tuple[int, int]:
+    """(parameter bytes, compute bytes) of a Lightning precision string ("32-true", "bf16-mixed", ...)."""
+    precision = str(precision)
+    if precision.startswith("64"):
+        return 8, 8
+    compute = 2 if precision in HALF_PRECISIONS else 4
+    params = 2 if precision.endswith("-true") and compute == 2 else 4
+    return params, compute
+
+
+def count_parameters(config: ModelConfig) -> int:
+    """All parameters, a tied embedding counted once: matmul weights, the embedding if untied, norm gains."""
+    untied_embedding = 0 if config.tie_embeddings else config.vocab_size * config.n_embd
+    norms = (2 * config.n_layer + 1) * config.n_embd
+    return matmul_params(config) + untied_embedding + norms
+
+
+def activation_bytes_per_token(config: ModelConfig, precision: str) -> int:
+    """Bytes autograd keeps per token for backward (eager, dropout 0), without the per-batch constants."""
+    p, a = dtype_bytes(precision)
+    c, h, hkv, d, f = config.n_embd, config.n_head, config.n_kv_head, config.head_dim, config.hidden_dim
+    norm = 4 * c + 4 + p * c + a * c
+    attention = a * ((h + 2 * hkv) * d + (h + hkv) * d + h * d) + 4 * h
+    mlp = a * 4 * f
+    per_layer = 2 * norm + attention + mlp
+    return config.n_layer * per_layer + norm + 4 * config.vocab_size + 16
+
+
+def activation_bytes(config: ModelConfig, batch_size: int, seq_len: int, precision: str) -> int:
+    """Bytes of activations kept for backward by one micro-batch of `batch_size` x `seq_len` tokens."""
+    _, a = dtype_bytes(precision)
+    mixed = str(precision).endswith("-mixed")
+    # cos and sin in float32, shared by all layers; model/rope.py caches them for a power-of-two length.
+    rope_tables = 2 * (1 << (seq_len - 1).bit_length()) * config.head_dim * 4
+    weight_copies = a * matmul_params(config) if mixed else 0  # autocast keeps the cast weights for backward
+    per_token = activation_bytes_per_token(config, precision)
+    return batch_size * seq_len * per_token + rope_tables + weight_copies
+
+
+def kv_cache_bytes_per_token(config: ModelConfig, precision: str) -> int:
+    """Bytes one generated token adds to the KV cache (all layers, keys and values) in the compute dtype."""
+    _, a = dtype_bytes(precision)
+    return 2 * config.n_layer * config.n_kv_head * config.head_dim * a
+
+
+def estimate_training_memory(
+    config: ModelConfig, batch_size: int, seq_len: int, precision: str, shards: int = 1
+) -> MemoryEstimate:
+    """Per-device bytes of a training run with AdamW; `shards` > 1 divides weights, grads and optimizer
+    state as FSDP does (DDP replicates them: shards=1)."""
+    p, _ = dtype_bytes(precision)
+    n = count_parameters(config)
+    return MemoryEstimate(
+        parameters=n,
+        weight_bytes=p * n // shards,
+        grad_bytes=p * n // shards,
+        optimizer_bytes=2 * p * n // shards,  # AdamW's exp_avg and exp_avg_sq, in the parameters' dtype
+        activation_bytes=activation_bytes(config, batch_size, seq_len, precision),
+        kv_cache_bytes_per_token=kv_cache_bytes_per_token(config, precision),
+    )
