@@ -15,6 +15,7 @@ case; real maps deflate well (see `tests/inspection/test_explorer_size.py` for t
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import json
 import zlib
@@ -37,7 +38,6 @@ STATISTICS = {  # key in head_statistics -> column title in the explorer
     "previous_token": "previous token",
     "induction": "induction",
 }
-_ASSETS = ("explorer.css", "explorer.js")
 
 
 def quantise_rows(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -45,19 +45,39 @@ def quantise_rows(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     Row i keeps keys 0..i, quantised as round(255 * p / row_max): the largest weight of every row is
     exactly 255, so the order of a row's strongest keys survives unless two differ by less than a step.
+    Raises ValueError unless every row's kept weights sum to 1 (softmax rows, nothing above the diagonal).
     """
     t = probs.shape[-1]
+    rows, cols = _lower_triangle(t)
+    lower = probs[rows, cols]  # (T (T + 1) / 2,) keys 0..i of row i, row after row
+    row_sums = np.add.reduceat(lower, _row_starts(t))
+    if not np.allclose(row_sums, 1.0, atol=1e-3):
+        worst = int(np.abs(row_sums - 1.0).argmax())
+        raise ValueError(
+            f"row {worst} of an attention map sums to {row_sums[worst]:.4f} over keys 0..{worst}; the explorer "
+            "needs causal softmax probabilities (rows summing to 1, nothing above the diagonal)"
+        )
     row_max = probs.max(axis=1).astype(np.float32)  # (T,)
-    scaled = np.rint(probs / np.maximum(row_max, np.finfo(np.float32).tiny)[:, None] * 255.0)
-    rows, cols = np.tril_indices(t)
-    return row_max, scaled[rows, cols].astype(np.uint8)
+    scaled = np.rint(lower / np.maximum(row_max, np.finfo(np.float32).tiny)[rows] * 255.0)
+    return row_max, scaled.astype(np.uint8)
+
+
+@functools.lru_cache(maxsize=4)
+def _lower_triangle(t: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.tril_indices(t)
+
+
+@functools.lru_cache(maxsize=4)
+def _row_starts(t: int) -> np.ndarray:
+    i = np.arange(t)
+    return i * (i + 1) // 2
 
 
 def dequantise_rows(row_max: np.ndarray, triangle: np.ndarray) -> np.ndarray:
     """The inverse of `quantise_rows` up to rounding: (T, T) float32 with zeros above the diagonal."""
     t = row_max.shape[0]
     out = np.zeros((t, t), dtype=np.float32)
-    out[np.tril_indices(t)] = triangle.astype(np.float32) / 255.0
+    out[_lower_triangle(t)] = triangle.astype(np.float32) / 255.0
     return out * row_max[:, None]
 
 
@@ -94,9 +114,9 @@ def build_explorer(
             row_max, triangle = quantise_rows(maps[layer, head])
             head_blocks.append(_pack(row_max.astype("<f4").tobytes() + triangle.tobytes()))
             relative = np.zeros((t, t), dtype=np.uint8)
-            relative[np.tril_indices(t)] = triangle
+            relative[_lower_triangle(t)] = triangle
             thumbs_row.append(max_pool(relative, thumb))
-            thumbs_prob.append(max_pool(np.rint(maps[layer, head] * 255.0).astype(np.uint8), thumb))
+            thumbs_prob.append(np.rint(max_pool(maps[layer, head], thumb) * 255.0).astype(np.uint8))
     meta = {
         "version": 1,
         "title": title,
@@ -160,11 +180,7 @@ def _checked_maps(maps: torch.Tensor, tokens: Sequence[str]) -> np.ndarray:
         raise ValueError(f"expected attention maps (L, H, T, T), got {tuple(maps.shape)}")
     if len(tokens) != maps.shape[-1]:
         raise ValueError(f"got {len(tokens)} tokens for maps over {maps.shape[-1]} positions")
-    array = maps.detach().float().cpu().numpy()
-    above = np.triu(np.ones(array.shape[-2:], dtype=bool), k=1)
-    if np.abs(array[..., above]).max(initial=0.0) > 1e-6:  # the explorer stores only the causal triangle
-        raise ValueError("the attention maps put weight above the diagonal; the explorer needs causal maps")
-    return array
+    return maps.detach().float().cpu().numpy()
 
 
 def _nested(values: torch.Tensor, n_layer: int, n_head: int) -> list[list[float]]:
