@@ -45,12 +45,13 @@ def quantise_rows(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     Row i keeps keys 0..i, quantised as round(255 * p / row_max): the largest weight of every row is
     exactly 255, so the order of a row's strongest keys survives unless two differ by less than a step.
-    Raises ValueError unless every row's kept weights sum to 1 (softmax rows, nothing above the diagonal).
+    Raises ValueError unless every row sums to 1 over keys 0..i and over all keys (causal softmax rows).
     """
     t = probs.shape[-1]
     rows, cols = _lower_triangle(t)
     lower = probs[rows, cols]  # (T (T + 1) / 2,) keys 0..i of row i, row after row
-    row_sums = np.add.reduceat(lower, _row_starts(t))
+    # Rows summing to 1 over keys 0..i and over all keys: softmax rows with nothing above the diagonal.
+    row_sums = np.minimum(np.add.reduceat(lower, _row_starts(t)), 2.0 - probs.sum(axis=1))
     if not np.allclose(row_sums, 1.0, atol=1e-3):
         worst = int(np.abs(row_sums - 1.0).argmax())
         raise ValueError(

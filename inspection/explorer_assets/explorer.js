@@ -468,6 +468,7 @@
     document.documentElement.dataset.ready = "1";
   }
 
-  window.explorer = { state, select, pin, topKeys: (i, k) => headData(state.layer * H + state.head).then((d) => topKeys(d, i, k)) };
+  // For scripts and tests: the state, selection by code, and how many heads were decoded so far.
+  window.explorer = { state, select, pin, decodedHeads: () => heads.size };
   start().catch((err) => { fail(err.message); throw err; });
 })();
