@@ -219,3 +219,16 @@ def test_12x12x1024_becomes_interactive(browser, big, explorer_kit):
     opened.page.hover(f"#text span[data-i='{i}']")
     opened.page.wait_for_function(f"() => document.querySelector('#text').dataset.query === '{i}'")
     assert opened.top_keys() == explorer_kit.expected_top_keys(probs, i, 3)
+
+
+def test_explorer_logged_to_wandb_opens(browser, tiny_run, wandb_history):
+    """The page in the offline run's media (what the wandb panel shows) is the run directory's explorer."""
+    run = next((tiny_run / "wandb").glob("offline-run-*"))
+    logged = {row["trainer/global_step"]: row["attention/explorer/path"]
+              for row in wandb_history(run) if "attention/explorer/path" in row}  # fmt: skip
+    media = run / "files" / logged[max(logged)]
+    assert media.read_bytes() == (tiny_run / "attention" / "explorer.html").read_bytes()
+    opened = Opened(browser, media)
+    assert opened.errors == [] and opened.requests == [opened.url]
+    assert len(opened.page.query_selector_all(".thumb")) == 2 * 4  # configs/tiny.yaml: 2 layers x 4 heads
+    assert opened.page.is_visible("#history-panel")  # six logged steps
