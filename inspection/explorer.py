@@ -8,8 +8,8 @@ What the file holds, so that 12 layers x 12 heads x 1024 tokens stays small and 
 - per head, two thumbnails (max-pooled to at most THUMB_SIZE pixels a side: probability and row-relative);
 - the head statistics (exactly the numbers given, e.g. `head_statistics`), their history over training
   steps, and the steps at which induction heads formed.
-Size budget: at most 4/3 byte per stored weight (uint8 + base64) plus thumbnails and labels in the worst
-case; real maps deflate well (see `tests/inspection/test_explorer_size.py` for the measured figure).
+Size budget: 32 MB for 12 x 12 x 1024 (README "Attention explorer"; asserted on noisy maps in
+tests/inspection/test_explorer_browser.py). Incompressible maps would cost 4/3 byte per stored weight.
 """
 
 from __future__ import annotations
