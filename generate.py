@@ -51,6 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no_cache", action="store_true", help="recompute the whole context every step (reference path)")
     p.add_argument("--benchmark", action="store_true", help="print prefill/decode speed and KV-cache size")
     p.add_argument("--attention_map", metavar="PNG", help="draw the attention of --layer over prompt + output")
+    p.add_argument("--attention_html", metavar="HTML", help="write an interactive attention explorer of prompt + output")
     p.add_argument("--explain_attention", metavar="TEXT", help="print scores, mask and softmax of --layer/--head")
     p.add_argument("--layer", type=int, default=None, help="layer for --attention_map (default last) or explain (0)")
     p.add_argument("--head", type=int, default=0, help="head for --explain_attention")
@@ -168,6 +169,8 @@ def run(args: argparse.Namespace) -> None:
         print()
     if args.attention_map:
         write_attention_map(model, tokenizer, out[:1], args.attention_map, args.layer)
+    if args.attention_html:
+        write_attention_html(model, tokenizer, out[:1], args.attention_html)
 
 
 def _until_eos(ids: list[int], eos_id: int) -> list[int]:
@@ -215,6 +218,20 @@ def write_attention_map(model, tokenizer: Tokenizer, ids: torch.Tensor, path: st
     labels = [tokenizer.decode([i]) for i in ids[0].tolist()]
     save_attention_png(draw_attention_grid(probs, labels, f"layer {layer}"), path)
     print(f"wrote {path} (layer {layer}, {ids.shape[1]} tokens)", file=sys.stderr)
+
+
+def write_attention_html(model, tokenizer: Tokenizer, ids: torch.Tensor, path: str) -> None:
+    from inspection.explorer import model_explorer, write_explorer
+
+    ids = ids[:, -model.config.block_size :]
+    labels = [tokenizer.decode([i]) for i in ids[0].tolist()]
+    generator = torch.Generator().manual_seed(0)  # the induction probe, as in training: comparable scores
+    page = model_explorer(model.float(), ids, labels, induction_period=32, generator=generator, title="generate.py")
+    try:
+        write_explorer(path, page)
+    except OSError as err:
+        raise ValueError(f"--attention_html {path}: {err.strerror}; pass a writable .html file path") from None
+    print(f"wrote {path} (attention explorer, {ids.shape[1]} tokens)", file=sys.stderr)
 
 
 def explain(model, tokenizer: Tokenizer, text: str, layer: int, head: int, device: torch.device) -> None:

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from inspection.attention_stats import head_statistics, repeated_random_tokens
+from inspection.phase_change import PhaseChangeDetector
 from model import GPT, ModelConfig
 from training.schedule import adamw_param_groups
 
@@ -174,6 +175,7 @@ def run(args: argparse.Namespace) -> None:
           f"periods {periods} (tile {args.tile}), eval periods {args.eval_periods}; ln(vocab) = {math.log(args.vocab_size):.3f}")  # fmt: skip
     print(header(args.n_layer))
     history, recent, start = [], [], time.perf_counter()
+    detector = PhaseChangeDetector(args.threshold)  # one line per head, at the evaluation where it crosses
     for step in range(1, args.steps + 1):
         tokens = repeat_batch(args.vocab_size, args.block_size, args.batch_size, periods, generator, args.tile)
         recent.append(train_step(model, optimizer, scheduler, tokens))
@@ -181,6 +183,8 @@ def run(args: argparse.Namespace) -> None:
             result = evaluate(model, args)
             history.append((step, result))
             print(format_row(step, time.perf_counter() - start, sum(recent) / len(recent), result), flush=True)
+            for formation in detector.update(step, result["induction"]):
+                print(formation.message(), flush=True)
             recent = []
     print(verdict(history, args))
 

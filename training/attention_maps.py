@@ -1,6 +1,9 @@
-"""Log what every attention head looks at while the model trains: images, per-head scalars and a table."""
+"""Log what every attention head looks at while the model trains: images, scalars, a table and an explorer."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -8,6 +11,8 @@ from lightning.pytorch.loggers import WandbLogger
 
 from inspection.attention_image import draw_attention_grid
 from inspection.attention_stats import head_statistics
+from inspection.explorer import build_explorer, write_explorer
+from inspection.phase_change import Formation, PhaseChangeDetector
 
 from .sharding import runs_on_this_rank
 
@@ -20,8 +25,11 @@ class AttentionMaps(L.Callback):
 
     The training kernel never materialises attention, so the maps come from `GPT.attention_maps`, the
     explicit path that tests prove equal to it. Logged: `attention/layer_<l>` images (a grid of heads),
-    `attention/<statistic>/L<l>H<h>` scalars, and an `attention/heads` table sorted by induction score, so
-    induction heads can be spotted as they form.
+    `attention/<statistic>/L<l>H<h>` scalars, an `attention/heads` table sorted by induction score, and the
+    interactive explorer (`inspection.explorer`) as an `attention/explorer` HTML panel, also written to
+    `<run dir>/attention/explorer.html` so it works without a wandb account. When a head's induction score
+    first rises above `induction_threshold`, one console line says so, the step goes to the wandb summary
+    as `attention/induction_formed/L<l>H<h>`, and the explorer marks the head.
 
     Args:
         every_n_steps: Interval in optimizer steps; 0 disables the callback.
@@ -29,6 +37,8 @@ class AttentionMaps(L.Callback):
         layers: Layers to draw; null draws all of them (the statistics always cover every layer).
         heads: Heads to draw in each grid; null draws all of them.
         induction_period: Length of the random segment repeated to measure induction (<= block_size / 2).
+        induction_threshold: Induction score above which a head counts as an induction head.
+        explorer: Build the HTML explorer at each attention step.
     """
 
     def __init__(
@@ -38,9 +48,14 @@ class AttentionMaps(L.Callback):
         layers: list[int] | None = None,
         heads: list[int] | None = None,
         induction_period: int = 32,
+        induction_threshold: float = 0.5,
+        explorer: bool = True,
     ) -> None:
         self.every_n_steps, self.probe_text = every_n_steps, probe_text
         self.layers, self.heads, self.induction_period = layers, heads, induction_period
+        self.explorer = explorer
+        self.detector = PhaseChangeDetector(induction_threshold)
+        self.history: list[tuple[int, dict[str, torch.Tensor]]] = []  # (step, statistics) for the explorer
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
@@ -61,7 +76,44 @@ class AttentionMaps(L.Callback):
         if not trainer.is_global_zero:  # a sharded model computed the maps on every rank; rank 0 logs them
             return
         labels = [tokenizer.decode([i]) for i in ids]
-        self._log(trainer, step, maps, labels, {k: v.cpu() for k, v in stats.items()})
+        stats = {k: v.cpu() for k, v in stats.items()}
+        self.history.append((step, stats))
+        self._report_formations(trainer, self.detector.update(step, stats["induction"]))
+        self._log(trainer, step, maps, labels, stats)
+        if self.explorer:
+            self._log_explorer(trainer, step, maps[:, 0], labels)
+
+    def _report_formations(self, trainer, formations: list[Formation]) -> None:
+        """One console line per newly formed induction head, and its step in the wandb summary."""
+        for formation in formations:
+            print(formation.message(), flush=True)
+            for logger in trainer.loggers:
+                if isinstance(logger, WandbLogger):
+                    logger.experiment.summary[f"attention/induction_formed/{formation.name}"] = formation.step
+
+    def _log_explorer(self, trainer, step: int, maps: torch.Tensor, labels: list[str]) -> None:
+        page = build_explorer(
+            maps, labels, self.history[-1][1], title=f"attention at step {step}", step=step,
+            history=self.history, formations=self.detector.formations, threshold=self.detector.threshold,
+        )  # fmt: skip
+        write_explorer(Path(trainer.default_root_dir) / "attention" / "explorer.html", page)
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                import wandb  # only here: the callback works without wandb when no WandbLogger is used
+
+                # inject=False: wandb would otherwise add a stylesheet link, a network request.
+                logger.log_metrics({"attention/explorer": wandb.Html(page, inject=False)}, step=step)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The statistics history and the formed heads, so a resumed run neither forgets nor repeats them."""
+        return {
+            "history": [(step, {k: v.tolist() for k, v in stats.items()}) for step, stats in self.history],
+            "formed": [vars(f) for f in self.detector.formations],
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = [(step, {k: torch.tensor(v) for k, v in s.items()}) for step, s in state_dict["history"]]
+        self.detector.formed = {(f["layer"], f["head"]): Formation(**f) for f in state_dict["formed"]}
 
     def _log(self, trainer, step: int, maps: torch.Tensor, labels: list[str], stats: dict) -> None:
         n_layer, n_head = stats["entropy"].shape

@@ -1,0 +1,207 @@
+"""An interactive attention explorer as one self-contained HTML file (inline JS and CSS, no network).
+
+What the file holds, so that 12 layers x 12 heads x 1024 tokens stays small and quick to open:
+- per head, the causal (lower) triangle of its map, each row quantised to uint8 relative to the row's
+  largest weight (q = round(255 p / row_max)), plus the row maxima as float32, so p = q / 255 * row_max;
+  weights below row_max / 510 become 0. Deflated with zlib and base64-encoded, one block per head, decoded
+  by the browser (DecompressionStream) only when that head is opened;
+- per head, two thumbnails (max-pooled to at most THUMB_SIZE pixels a side: probability and row-relative);
+- the head statistics (exactly the numbers given, e.g. `head_statistics`), their history over training
+  steps, and the steps at which induction heads formed.
+Size budget: 32 MB for 12 x 12 x 1024 (README "Attention explorer"; asserted on noisy maps in
+tests/inspection/test_explorer_browser.py). Incompressible maps would cost 4/3 byte per stored weight.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import html
+import json
+import zlib
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common.files import atomic_write
+from inspection.attention_image import colour_table, printable_label
+from inspection.attention_stats import head_statistics
+from inspection.phase_change import Formation
+
+THUMB_SIZE = 48  # thumbnail side in pixels: 12 heads fit a laptop screen's width next to the detail view
+STATISTICS = {  # key in head_statistics -> column title in the explorer
+    "entropy": "entropy (nats)",
+    "sink_mass": "sink",
+    "previous_token": "previous token",
+    "induction": "induction",
+}
+
+
+def quantise_rows(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(T, T) causal probabilities -> (row maxima float32 (T,), lower triangle uint8 row by row).
+
+    Row i keeps keys 0..i, quantised as round(255 * p / row_max): the largest weight of every row is
+    exactly 255, so the order of a row's strongest keys survives unless two differ by less than a step.
+    Raises ValueError unless every row sums to 1 over keys 0..i and over all keys (causal softmax rows).
+    """
+    t = probs.shape[-1]
+    rows, cols = _lower_triangle(t)
+    lower = probs[rows, cols]  # (T (T + 1) / 2,) keys 0..i of row i, row after row
+    # Rows summing to 1 over keys 0..i and over all keys: softmax rows with nothing above the diagonal.
+    row_sums = np.minimum(np.add.reduceat(lower, _row_starts(t)), 2.0 - probs.sum(axis=1))
+    if not np.allclose(row_sums, 1.0, atol=1e-3):
+        worst = int(np.abs(row_sums - 1.0).argmax())
+        raise ValueError(
+            f"row {worst} of an attention map sums to {row_sums[worst]:.4f} over keys 0..{worst}; the explorer "
+            "needs causal softmax probabilities (rows summing to 1, nothing above the diagonal)"
+        )
+    row_max = probs.max(axis=1).astype(np.float32)  # (T,)
+    scaled = np.rint(lower / np.maximum(row_max, np.finfo(np.float32).tiny)[rows] * 255.0)
+    return row_max, scaled.astype(np.uint8)
+
+
+@functools.lru_cache(maxsize=4)
+def _lower_triangle(t: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.tril_indices(t)
+
+
+@functools.lru_cache(maxsize=4)
+def _row_starts(t: int) -> np.ndarray:
+    i = np.arange(t)
+    return i * (i + 1) // 2
+
+
+def dequantise_rows(row_max: np.ndarray, triangle: np.ndarray) -> np.ndarray:
+    """The inverse of `quantise_rows` up to rounding: (T, T) float32 with zeros above the diagonal."""
+    t = row_max.shape[0]
+    out = np.zeros((t, t), dtype=np.float32)
+    out[_lower_triangle(t)] = triangle.astype(np.float32) / 255.0
+    return out * row_max[:, None]
+
+
+def max_pool(image: np.ndarray, size: int) -> np.ndarray:
+    """(T, T) -> (size, size) block maxima, with block edges at round(k * T / size); size <= T."""
+    t = image.shape[0]
+    edges = np.floor(np.arange(size) * t / size).astype(np.int64)
+    return np.maximum.reduceat(np.maximum.reduceat(image, edges, axis=0), edges, axis=1)
+
+
+def build_explorer(
+    maps: torch.Tensor,
+    tokens: Sequence[str],
+    statistics: Mapping[str, torch.Tensor],
+    *,
+    title: str = "attention explorer",
+    step: int | None = None,
+    history: Sequence[tuple[int, Mapping[str, torch.Tensor]]] = (),
+    formations: Sequence[Formation] = (),
+    threshold: float | None = None,
+) -> str:
+    """The explorer's HTML for `maps` (L, H, T, T) of one text, its `tokens` (T strings) and `statistics`.
+
+    `statistics` maps each name in STATISTICS to an (L, H) tensor (e.g. `head_statistics`). `history` lists
+    (step, statistics) pairs for the heads-over-training view (shown from two steps on); `formations` are
+    the induction heads that formed, found with `threshold`.
+    """
+    maps = _checked_maps(maps, tokens)
+    n_layer, n_head, t, _ = maps.shape
+    thumb = min(t, THUMB_SIZE)
+    head_blocks, thumbs_prob, thumbs_row = [], [], []
+    for layer in range(n_layer):
+        for head in range(n_head):
+            row_max, triangle = quantise_rows(maps[layer, head])
+            head_blocks.append(_pack(row_max.astype("<f4").tobytes() + triangle.tobytes()))
+            relative = np.zeros((t, t), dtype=np.uint8)
+            relative[_lower_triangle(t)] = triangle
+            thumbs_row.append(max_pool(relative, thumb))
+            thumbs_prob.append(np.rint(max_pool(maps[layer, head], thumb) * 255.0).astype(np.uint8))
+    meta = {
+        "version": 1,
+        "title": title,
+        "step": step,
+        "n_layer": n_layer,
+        "n_head": n_head,
+        "n_tokens": t,
+        "thumb": thumb,
+        "tokens": list(tokens),
+        "labels": [printable_label(x, 16) for x in tokens],
+        "statistics": STATISTICS,
+        "stats": {name: _nested(statistics[name], n_layer, n_head) for name in STATISTICS},
+        "history": [
+            {"step": int(s), "stats": {name: _nested(values[name], n_layer, n_head) for name in STATISTICS}}
+            for s, values in history
+        ],
+        "formations": [
+            {"layer": f.layer, "head": f.head, "step": f.step, "score": f.score} for f in formations
+        ],
+        "threshold": threshold,
+        "colours": colour_table().tolist(),
+    }
+    thumbs = np.stack(thumbs_prob + thumbs_row)  # (2 * L * H, thumb, thumb)
+    data = [_script("explorer-meta", "application/json", _json_for_html(meta))]
+    data.append(_script("explorer-thumbs", "application/octet-stream", _pack(thumbs.tobytes())))
+    for i, block in enumerate(head_blocks):
+        data.append(_script(f"explorer-head-{i}", "application/octet-stream", block))
+    template = _asset("explorer.html")
+    return (
+        template.replace("{{TITLE}}", html.escape(title))
+        .replace("/*{{CSS}}*/", _asset("explorer.css"))
+        .replace("{{DATA}}", "\n".join(data))
+        .replace("/*{{JS}}*/", _asset("explorer.js"))
+    )
+
+
+def model_explorer(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    tokens: Sequence[str],
+    induction_period: int,
+    *,
+    generator: torch.Generator | None = None,
+    **kwargs,
+) -> str:
+    """The explorer of `model` (in eval mode) on ids (1, T) with the statistics of `head_statistics`."""
+    with torch.no_grad():
+        maps = model.attention_maps(ids).float()  # (L, 1, H, T, T)
+        period = min(induction_period, model.config.block_size // 2)
+        stats = head_statistics(model, ids, period, generator=generator, probe_maps=maps)
+    return build_explorer(maps[:, 0], tokens, stats, **kwargs)
+
+
+def write_explorer(path: str | Path, page: str) -> Path:
+    """Write the explorer to `path` atomically (readers see the old page or the new one)."""
+    return atomic_write(path, page)
+
+
+def _checked_maps(maps: torch.Tensor, tokens: Sequence[str]) -> np.ndarray:
+    if maps.dim() != 4 or maps.shape[-1] != maps.shape[-2]:
+        raise ValueError(f"expected attention maps (L, H, T, T), got {tuple(maps.shape)}")
+    if len(tokens) != maps.shape[-1]:
+        raise ValueError(f"got {len(tokens)} tokens for maps over {maps.shape[-1]} positions")
+    return maps.detach().float().cpu().numpy()
+
+
+def _nested(values: torch.Tensor, n_layer: int, n_head: int) -> list[list[float]]:
+    if tuple(values.shape) != (n_layer, n_head):
+        raise ValueError(f"expected a statistic of shape ({n_layer}, {n_head}), got {tuple(values.shape)}")
+    return values.detach().double().cpu().tolist()
+
+
+def _pack(raw: bytes) -> str:
+    return base64.b64encode(zlib.compress(raw, 6)).decode("ascii")
+
+
+def _json_for_html(value: object) -> str:
+    # "<" escaped as \u003c, so a token such as "</script>" cannot end the data block early.
+    return json.dumps(value, ensure_ascii=False, allow_nan=False).replace("<", "\\u003c")
+
+
+def _script(element_id: str, kind: str, body: str) -> str:
+    return f'<script id="{element_id}" type="{kind}">{body}</script>'
+
+
+def _asset(name: str) -> str:
+    return resources.files("inspection").joinpath("explorer_assets", name).read_text(encoding="utf-8")

@@ -1,0 +1,126 @@
+"""The explorer's data without a browser: quantisation, thumbnails, escaping, statistics, size, phase changes."""
+
+import importlib.util
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from inspection.attention_stats import head_statistics
+from inspection.explorer import build_explorer, dequantise_rows, max_pool, model_explorer, quantise_rows
+from inspection.phase_change import Formation, PhaseChangeDetector
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def stats_for(maps: torch.Tensor) -> dict[str, torch.Tensor]:
+    n_layer, n_head = maps.shape[:2]
+    return {name: torch.rand(n_layer, n_head) for name in ("entropy", "sink_mass", "previous_token", "induction")}
+
+
+def test_quantised_rows_keep_each_weight_within_half_a_step(explorer_kit):
+    probs = explorer_kit.noisy_maps(1, 1, 40)[0, 0].numpy()
+    row_max, triangle = quantise_rows(probs)
+    assert triangle.shape == (40 * 41 // 2,) and triangle.dtype == np.uint8
+    assert np.array_equal(row_max, probs.max(axis=1))
+    back = dequantise_rows(row_max, triangle)
+    assert np.all(np.abs(back - probs) <= row_max[:, None] / 510 + 1e-7)
+    assert np.all(np.triu(back, k=1) == 0)
+
+
+def test_maps_that_are_not_causal_softmax_rows_are_refused(explorer_kit):
+    maps = explorer_kit.noisy_maps(1, 2, 8)
+    maps[0, 1, 2, 5] = 0.3  # weight on a later key
+    with pytest.raises(ValueError, match="causal softmax"):
+        build_explorer(maps, [str(i) for i in range(8)], stats_for(maps))
+    with pytest.raises(ValueError, match="9 tokens"):
+        build_explorer(explorer_kit.noisy_maps(1, 1, 8), [str(i) for i in range(9)], stats_for(maps))
+
+
+def test_thumbnails_are_block_maxima():
+    image = np.random.default_rng(0).random((10, 10))
+    pooled = max_pool(image, 4)  # blocks start at 0, 2, 5, 7
+    edges = [0, 2, 5, 7, 10]
+    expected = [[image[edges[r] : edges[r + 1], edges[c] : edges[c + 1]].max() for c in range(4)] for r in range(4)]
+    assert np.array_equal(pooled, np.array(expected))
+
+
+class TagCollector(HTMLParser):
+    """Every start tag with its attributes, as a browser's tokenizer sees them (script bodies are raw text)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+
+    def handle_starttag(self, tag, attrs) -> None:
+        self.tags.append((tag, dict(attrs)))
+
+
+def test_page_is_self_contained_and_tokens_cannot_break_out(explorer_kit):
+    maps = explorer_kit.noisy_maps(1, 2, 6)
+    evil = ['</script><img src="https://example.com/x.png">', "a", "\n", "<!--", "é", " "]
+    page = build_explorer(maps, evil, stats_for(maps), title="<b>title</b>")
+    collector = TagCollector()
+    collector.feed(page)
+    tags = [tag for tag, _ in collector.tags]
+    assert "img" not in tags and "<title>&lt;b&gt;title&lt;/b&gt;</title>" in page
+    # Nothing the browser could fetch: no src attribute, no link but the empty inline favicon.
+    assert not any("src" in attrs for _, attrs in collector.tags)
+    assert [attrs["href"] for tag, attrs in collector.tags if "href" in attrs] == ["data:,"]
+    assert explorer_kit.meta(page)["tokens"] == evil
+    code = page.split('<script id="explorer-meta"')[0] + page.split("</script>")[-2]  # head, CSS and the JS
+    assert not re.search(r"https?://|url\(|@import|fetch\(|XMLHttpRequest", code)
+
+
+def test_statistics_in_the_page_are_head_statistics(explorer_kit):
+    model = explorer_kit.sharp_model()
+    ids = torch.randint(64, (1, 20), generator=torch.Generator().manual_seed(1))
+    page = model_explorer(model, ids, [str(i) for i in range(20)], 8, generator=torch.Generator().manual_seed(3))
+    expected = head_statistics(model, ids, 8, generator=torch.Generator().manual_seed(3))
+    meta = explorer_kit.meta(page)
+    for name, values in expected.items():
+        assert torch.equal(torch.tensor(meta["stats"][name], dtype=torch.float64), values.double()), name
+
+
+def test_phase_change_is_reported_once_at_the_first_crossing():
+    detector = PhaseChangeDetector(threshold=0.5)
+    sequence = {  # step -> induction scores (L=2, H=2)
+        100: [[0.1, 0.2], [0.3, 0.5]],  # 0.5 is not above the threshold
+        200: [[0.1, 0.2], [0.6, 0.4]],  # L1H0 crosses
+        300: [[0.1, 0.2], [0.4, 0.7]],  # L1H0 dips (still formed), L1H1 crosses
+        400: [[0.1, 0.2], [0.8, 0.9]],  # both above again: nothing new
+    }
+    reported = {step: detector.update(step, torch.tensor(scores)) for step, scores in sequence.items()}
+    assert reported[100] == [] and reported[400] == []
+    assert reported[200] == [Formation(1, 0, 200, pytest.approx(0.6))]
+    assert [f.name for f in reported[300]] == ["L1H1"]
+    assert [f.message() for f in detector.formations] == [
+        "induction head L1H0 formed at step 200 (score 0.60)", "induction head L1H1 formed at step 300 (score 0.70)"
+    ]
+
+
+def test_induction_benchmark_prints_the_formation_once_at_the_crossing_step(monkeypatch, capsys):
+    spec = importlib.util.spec_from_file_location("induction_benchmark", ROOT / "benchmarks" / "induction.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    scores = iter([0.1, 0.3, 0.55, 0.45, 0.8, 0.9])  # L1H0's score at steps 1..6: crosses 0.5 at step 3
+
+    def fake_evaluate(model, args):
+        induction = torch.zeros(2, 2)
+        induction[1, 0] = next(scores)
+        return {"first": 5.5, "second": 5.0, "induction": induction, "previous": torch.zeros(2, 2)}
+
+    monkeypatch.setattr(bench, "evaluate", fake_evaluate)
+    args = SimpleNamespace(
+        seed=0, steps=6, eval_every=1, vocab_size=16, block_size=8, n_layer=2, n_head=2, n_kv_head=1, n_embd=16,
+        batch_size=2, lr=1e-3, warmup=1, weight_decay=0.0, min_period=2, max_period=4, tile=True,
+        eval_periods=(2,), eval_batch=1, threshold=0.5,
+    )  # fmt: skip
+    bench.run(args)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "formed at" in line]
+    assert lines[0] == "induction head L1H0 formed at step 3 (score 0.55)"
+    assert len(lines) == 2 and lines[1].startswith("induction head formed at step 3")  # and the verdict
