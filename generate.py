@@ -186,7 +186,8 @@ def run_speculative(model, loaded, tokenizer: Tokenizer, prompt: torch.Tensor, a
         start = time.perf_counter()
         out, stats = speculative(stream)
         seconds = time.perf_counter() - start
-        print(f"\n[{stats.new_tokens} tokens, {stats.target_forwards} target forwards, acceptance "
+        print()
+        print(f"[{stats.new_tokens} tokens, {stats.target_forwards} target forwards, acceptance "
               f"{stats.acceptance:.0%}, {stats.new_tokens / seconds:.1f} tokens/s]", file=sys.stderr)
         return
     speculative()  # warm-up
