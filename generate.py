@@ -21,6 +21,7 @@ from model import KVCache, generate
 from model.checkpoint import load_checkpoint
 from model.config import DTYPES
 from model.sampling import check_sampling_args
+from model.speculative import DraftModel, PromptLookup, Sampler, check_draft, speculative_generate
 
 
 class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
@@ -50,6 +51,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=[*DTYPES, "auto"], default="auto", help="auto: bfloat16 on CUDA, else float32")
     p.add_argument("--no_cache", action="store_true", help="recompute the whole context every step (reference path)")
     p.add_argument("--benchmark", action="store_true", help="print prefill/decode speed and KV-cache size")
+    p.add_argument("--compile", action="store_true", help="decode with the compiled static-shape step (same tokens)")
+    p.add_argument("--draft", metavar="CKPT", help="speculative decoding: a smaller checkpoint with the same tokenizer")
+    p.add_argument("--prompt_lookup", action="store_true", help="speculative decoding, drafting by n-gram copy")
+    p.add_argument("--draft_k", type=int, default=4, help="tokens drafted per target forward (speculative)")
     p.add_argument("--attention_map", metavar="PNG", help="draw the attention of --layer over prompt + output")
     p.add_argument("--attention_html", metavar="HTML", help="write an interactive attention explorer of prompt + output")
     p.add_argument("--explain_attention", metavar="TEXT", help="print scores, mask and softmax of --layer/--head")
@@ -64,6 +69,18 @@ def check_args(args: argparse.Namespace) -> None:
                         args.repetition_penalty, prefix="--")
     if args.num_samples < 1:
         raise UserError(f"--num_samples must be at least 1, got {args.num_samples}")
+    if args.draft and args.prompt_lookup:
+        raise UserError("--draft and --prompt_lookup are two ways of drafting; pick one")
+    if args.draft or args.prompt_lookup:
+        if args.num_samples != 1 or args.no_cache or args.compile or args.repetition_penalty != 1.0:
+            raise UserError(
+                "speculative decoding (--draft/--prompt_lookup) takes one sample from the cache: drop --num_samples, "
+                "--no_cache, --compile and --repetition_penalty"
+            )
+        if args.draft_k < 1:
+            raise UserError(f"--draft_k must be at least 1, got {args.draft_k}")
+    if args.compile and args.no_cache:
+        raise UserError("--compile decodes from the KV cache; drop --no_cache")
 
 
 def read_prompt(args: argparse.Namespace) -> str:
@@ -145,17 +162,19 @@ def run(args: argparse.Namespace) -> None:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         repetition_penalty=args.repetition_penalty, eos_id=tokenizer.eos_id,
     )  # fmt: skip
+    echo = "" if args.no_echo else prompt_text
+    if args.draft or args.prompt_lookup:
+        return run_speculative(model, loaded, tokenizer, prompt, args, sample, echo)
     if args.benchmark:
         return benchmark(model, prompt.expand(args.num_samples, -1), args, sample)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     stream = TextStream(tokenizer) if args.num_samples == 1 else None
-    echo = "" if args.no_echo else prompt_text
     try:
         if stream is not None:
             print(echo, end="", flush=True)
         out = generate(
             model, prompt.expand(args.num_samples, -1).contiguous(), args.max_new_tokens, generator=generator,
-            use_cache=not args.no_cache, on_token=stream, **sample,
+            use_cache=not args.no_cache, on_token=stream, compile=args.compile, **sample,
         )  # fmt: skip
     except KeyboardInterrupt:
         if stream is not None:
@@ -171,6 +190,53 @@ def run(args: argparse.Namespace) -> None:
         write_attention_map(model, tokenizer, out[:1], args.attention_map, args.layer)
     if args.attention_html:
         write_attention_html(model, tokenizer, out[:1], args.attention_html)
+
+
+def load_drafter(args: argparse.Namespace, loaded, device: torch.device, dtype: torch.dtype):
+    """The drafter the flags ask for; a draft checkpoint must share the target's tokenizer and vocabulary."""
+    if args.prompt_lookup:
+        return PromptLookup()
+    draft = load_checkpoint(args.draft)
+    check_draft(loaded.model, draft.model, loaded.meta["tokenizer_sha256"], draft.meta["tokenizer_sha256"])
+    return DraftModel(draft.model.to(device=device, dtype=dtype), device, dtype)
+
+
+def run_speculative(model, loaded, tokenizer: Tokenizer, prompt: torch.Tensor, args, sample: dict, echo: str) -> None:
+    """Speculative decoding; prints the acceptance rate, and with --benchmark the speed-up over plain decoding."""
+    sample = {key: sample[key] for key in ("temperature", "top_k", "top_p", "min_p")}
+    eos_id = None if args.benchmark else tokenizer.eos_id  # a benchmark decodes the same count on both sides
+    dtype = next(model.parameters()).dtype
+
+    def speculative(on_token=None):
+        sampler = Sampler(generator=torch.Generator(device=prompt.device).manual_seed(args.seed), **sample)
+        drafter = load_drafter(args, loaded, prompt.device, dtype)
+        return speculative_generate(model, prompt, args.max_new_tokens, drafter, k=args.draft_k, sampler=sampler,
+                                    eos_id=eos_id, on_token=on_token)
+
+    if not args.benchmark:
+        stream = TextStream(tokenizer)
+        print(echo, end="", flush=True)
+        start = time.perf_counter()
+        out, stats = speculative(stream)
+        seconds = time.perf_counter() - start
+        print()
+        print(f"[{stats.new_tokens} tokens, {stats.target_forwards} target forwards, acceptance "
+              f"{stats.acceptance:.0%}, {stats.new_tokens / seconds:.1f} tokens/s]", file=sys.stderr)
+        return
+    speculative()  # warm-up
+    generate(model, prompt, 4, temperature=0.0)
+    start = time.perf_counter()
+    out, stats = speculative()
+    spec_s = time.perf_counter() - start
+    generator = torch.Generator(device=prompt.device).manual_seed(args.seed)
+    start = time.perf_counter()
+    plain = generate(model, prompt, args.max_new_tokens, generator=generator, **sample)
+    plain_s = time.perf_counter() - start
+    print(f"speculative: {stats.new_tokens / spec_s:.1f} tokens/s, acceptance {stats.acceptance:.0%} "
+          f"({stats.accepted}/{stats.drafted}), {stats.target_forwards} target forwards")
+    print(f"plain:       {args.max_new_tokens / plain_s:.1f} tokens/s")
+    print(f"speed-up:    {plain_s / spec_s * stats.new_tokens / args.max_new_tokens:.2f}x, "
+          f"same tokens: {torch.equal(out, plain)}")
 
 
 def _until_eos(ids: list[int], eos_id: int) -> list[int]:
@@ -230,7 +296,7 @@ def write_attention_html(model, tokenizer: Tokenizer, ids: torch.Tensor, path: s
     try:
         write_explorer(path, page)
     except OSError as err:
-        raise ValueError(f"--attention_html {path}: {err.strerror}; pass a writable .html file path") from None
+        raise UserError(f"--attention_html {path}: {err.strerror}; pass a writable .html file path") from None
     print(f"wrote {path} (attention explorer, {ids.shape[1]} tokens)", file=sys.stderr)
 
 

@@ -1,10 +1,13 @@
-"""Decode speed with the KV cache against recomputing the whole context each step, in one run.
+"""Decode speed: the KV cache against recomputing the context, the compiled step, and batch throughput.
 
-    python -m benchmarks.decode                          # random small model: 4 layers, 256 wide, 8/2 heads
+    python -m benchmarks.decode                          # 1024-context model: cached vs recompute vs compiled
+    python -m benchmarks.decode --batches 1 8 32         # tokens/s at batch 1, 8 and 32, one cache each
     python -m benchmarks.decode --checkpoint runs/tiny   # a trained checkpoint, through generate.py's CLI path
 
-Prompt 64 tokens, 512 new tokens, batch 1, greedy, fp32 on CPU (or --device). Prints tokens/s of both paths
-and the ratio; the target is a cached path at least 10x faster.
+Random model: 4 layers, 256 wide, 8/2 heads, block_size 1024, vocab 1024. Prompt 64 tokens, 512 new, greedy,
+fp32 on CPU (or --device). The paths alternate within each repeat and medians are printed with the ratios; the
+target is a cached path at least 10x faster than recomputing. `gpu_decode_report` is the GPU check that
+benchmarks.device_check calls: the compiled decode of a 124 M model in bf16, tokens/s and bandwidth use.
 """
 
 from __future__ import annotations
@@ -17,29 +20,98 @@ import torch
 
 from model import GPT, ModelConfig, generate
 
+SMALL_1024 = ModelConfig(vocab_size=1024, block_size=1024, n_layer=4, n_head=8, n_kv_head=2, n_embd=256)
+GPT_124M = ModelConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_kv_head=4, n_embd=768)
 
-def tokens_per_s(model: GPT, prompt: torch.Tensor, new_tokens: int, use_cache: bool) -> float:
-    start = time.perf_counter()
-    generate(model, prompt, new_tokens, temperature=0.0, use_cache=use_cache)
-    return new_tokens * prompt.shape[0] / (time.perf_counter() - start)
+
+def tokens_per_s(model: GPT, prompt: torch.Tensor, new_tokens: int, **kwargs) -> float:
+    """Decode tokens/s of one greedy `generate` call, the prefill excluded (timed from the first new token)."""
+    stamps: list[float] = []
+    generate(model, prompt, new_tokens + 1, temperature=0.0, on_token=lambda _: stamps.append(time.perf_counter()),
+             **kwargs)
+    if prompt.device.type == "cuda":
+        torch.cuda.synchronize()
+        stamps[-1] = time.perf_counter()
+    return new_tokens * prompt.shape[0] / (stamps[-1] - stamps[0])
+
+
+def compare_paths(model: GPT, prompt: torch.Tensor, new_tokens: int, repeats: int, paths: dict) -> dict[str, float]:
+    """Median tokens/s of each path (name -> generate kwargs), alternating the paths in every repeat."""
+    for kwargs in paths.values():
+        tokens_per_s(model, prompt, 8, **kwargs)  # warm-up: thread pools, kernels, the compile
+    results: dict[str, list[float]] = {name: [] for name in paths}
+    for _ in range(repeats):
+        for name, kwargs in paths.items():
+            results[name].append(tokens_per_s(model, prompt, new_tokens, **kwargs))
+    return {name: statistics.median(values) for name, values in results.items()}
 
 
 def bench_random_model(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=1024, block_size=1024, n_layer=4, n_head=8, n_kv_head=2, n_embd=256)
-    model = GPT(config).to(args.device).eval()
-    prompt = torch.randint(0, config.vocab_size, (1, args.prompt_len), device=args.device)
-    tokens_per_s(model, prompt, 16, True)  # warm-up: thread pools and kernels
-    results = {True: [], False: []}
-    for _ in range(args.repeats):  # alternate the paths so machine noise hits both alike
-        for use_cache in (True, False):
-            results[use_cache].append(tokens_per_s(model, prompt, args.new_tokens, use_cache))
-    cached, uncached = statistics.median(results[True]), statistics.median(results[False])
-    print(f"model: {config.n_layer} layers, {config.n_embd} wide, {config.n_head} heads / {config.n_kv_head} kv heads")
-    print(f"prompt {args.prompt_len}, {args.new_tokens} new tokens, median of {args.repeats}")
-    print(f"cached:    {cached:9.1f} tokens/s")
-    print(f"no cache:  {uncached:9.1f} tokens/s")
-    print(f"speed-up:  {cached / uncached:9.1f}x (target >= 10x)")
+    model = GPT(SMALL_1024).to(args.device).eval()
+    prompt = torch.randint(0, SMALL_1024.vocab_size, (1, args.prompt_len), device=args.device)
+    paths = {"cached": {}, "no cache": {"use_cache": False}}
+    if not args.no_compile:
+        paths["compiled"] = {"compile": True}
+    tps = compare_paths(model, prompt, args.new_tokens, args.repeats, paths)
+    c = SMALL_1024
+    print(f"model: {c.n_layer} layers, {c.n_embd} wide, {c.n_head}/{c.n_kv_head} heads, block_size {c.block_size}; "
+          f"{torch.get_num_threads()} threads; prompt {args.prompt_len}, {args.new_tokens} new, median of {args.repeats}")
+    for name, value in tps.items():
+        print(f"{name:>9}: {value:9.1f} tokens/s  ({value / tps['no cache']:5.1f}x recompute)")
+    print("target: cached >= 10x recompute")
+
+
+def bench_batches(args: argparse.Namespace) -> None:
+    """Tokens/s summed over the batch, for each batch size: one cache holds every sequence."""
+    torch.manual_seed(0)
+    model = GPT(SMALL_1024).to(args.device).eval()
+    print(f"batch throughput, {torch.get_num_threads()} threads, prompt {args.prompt_len}, {args.new_tokens} new")
+    for batch in args.batches:
+        prompt = torch.randint(0, SMALL_1024.vocab_size, (batch, args.prompt_len), device=args.device)
+        paths = {"cached": {}} | ({} if args.no_compile else {"compiled": {"compile": True}})
+        tps = compare_paths(model, prompt, args.new_tokens, args.repeats, paths)
+        print(f"batch {batch:>3}: " + ", ".join(f"{name} {value:9.1f} tokens/s" for name, value in tps.items()))
+
+
+def read_bandwidth(device: torch.device, megabytes: int = 512) -> float:
+    """Bytes/s of the device reading a large tensor once (a sum), median of 5: the bandwidth a decode can use."""
+    data = torch.ones(megabytes * 2**20 // 4, device=device)
+    times = []
+    for _ in range(6):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        data.sum().item()
+        times.append(time.perf_counter() - start)
+    return data.nbytes / statistics.median(times[1:])
+
+
+def bytes_per_token(model: GPT, context: int, batch: int = 1) -> int:
+    """Bytes one decode step reads: every weight once (a tied embedding once) plus the keys/values in use."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    c = model.config
+    cache = 2 * c.n_layer * batch * c.n_kv_head * context * c.head_dim * next(model.parameters()).element_size()
+    return weights + cache
+
+
+def gpu_decode_report(new_tokens: int = 256, prompt_len: int = 64, device: str = "cuda") -> dict[str, float]:
+    """The GPU check: compiled (CUDA graph) vs eager decode of a 124 M model in bf16, with tok/s and MBU.
+
+    MBU = bytes read per token (weights + cache at the mean context) x tokens/s / read bandwidth measured here.
+    """
+    torch.manual_seed(0)
+    model = GPT(GPT_124M).to(device=device, dtype=torch.bfloat16).eval()
+    prompt = torch.randint(0, GPT_124M.vocab_size, (1, prompt_len), device=device)
+    tps = compare_paths(model, prompt, new_tokens, 3, {"eager": {}, "compiled": {"compile": True}})
+    bandwidth = read_bandwidth(torch.device(device), 2048)
+    per_token = bytes_per_token(model, prompt_len + new_tokens // 2)
+    report = {"eager_tok_s": tps["eager"], "compiled_tok_s": tps["compiled"], "read_gb_s": bandwidth / 1e9,
+              "bytes_per_token": per_token, "compiled_mbu": per_token * tps["compiled"] / bandwidth,
+              "eager_mbu": per_token * tps["eager"] / bandwidth}
+    for key, value in report.items():
+        print(f"{key:>16}: {value:,.3f}")
+    return report
 
 
 def bench_checkpoint(args: argparse.Namespace) -> None:
@@ -55,13 +127,20 @@ def bench_checkpoint(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", help="benchmark this checkpoint through generate.py --benchmark --no_cache")
+    parser.add_argument("--batches", type=int, nargs="+", help="report tokens/s at these batch sizes instead")
+    parser.add_argument("--gpu", action="store_true", help="run the GPU check (124 M model, bf16, compiled)")
+    parser.add_argument("--no_compile", action="store_true", help="skip the compiled path (its compile is slow)")
     parser.add_argument("--prompt_len", type=int, default=64)
     parser.add_argument("--new_tokens", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
-    if args.checkpoint:
+    if args.gpu:
+        gpu_decode_report(args.new_tokens, args.prompt_len)
+    elif args.checkpoint:
         bench_checkpoint(args)
+    elif args.batches:
+        bench_batches(args)
     else:
         bench_random_model(args)
 

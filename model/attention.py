@@ -21,13 +21,18 @@ def causal_mask(t: int, s: int, device: torch.device | None = None) -> torch.Ten
     return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)
 
 
-def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def sdpa_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None = None
+) -> torch.Tensor:
     """Causal attention of q (B, H, T, D) over k, v (B, Hkv, S, D) with the fused kernel.
 
     `is_causal=True` aligns the triangle top-left, which is only right when T == S. So the three cases are
     handled apart (README "How attention works here", causal mask): T == S uses is_causal, a one-token
-    decode needs no mask, and only chunked prefill pays for an explicit bottom-right mask.
+    decode needs no mask, and only chunked prefill pays for an explicit bottom-right mask. A static-shape cache passes
+    `visible` (bool, broadcastable to (B, H, T, S)) because it hands over its whole buffer.
     """
+    if visible is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
     t, s = q.shape[2], k.shape[2]
     if t == s:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
@@ -86,10 +91,12 @@ class CausalSelfAttention(nn.Module):
     ) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C). With `probs_out`, the explicit path runs and appends its probabilities."""
         q, k, v = self.project(x, cos, sin)
+        visible = None
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, D)
+            visible = cache.visible
         if probs_out is None:
-            y = sdpa_attention(q, k, v)
+            y = sdpa_attention(q, k, v, visible)
         else:
             y, probs = explicit_attention(q, k, v)
             probs_out.append(probs)

@@ -39,6 +39,14 @@ class KVCache:
         return cls(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
 
     @property
+    def visible(self) -> None:
+        """No mask: `update` returns only the filled keys, so the masking rule of `sdpa_attention` applies.
+
+        The static-shape decode step (model/static_decode.py) returns the whole buffer and a mask instead.
+        """
+        return None
+
+    @property
     def max_len(self) -> int:
         return self.k.shape[3]
 
@@ -66,6 +74,18 @@ class KVCache:
 
     def advance(self, n_tokens: int) -> None:
         self.pos += n_tokens
+
+    def rollback(self, pos: int) -> None:
+        """Forget the positions from `pos` on, zeroing them, as if those tokens had never been fed.
+
+        Speculative decoding calls it after the target rejects draft tokens; the zeros make the buffers equal
+        to those of a fresh prefill of the kept tokens.
+        """
+        if not 0 <= pos <= self.pos:
+            raise ValueError(f"KVCache.rollback position must be in 0..{self.pos}, got {pos}")
+        self.k[:, :, :, pos : self.pos] = 0
+        self.v[:, :, :, pos : self.pos] = 0
+        self.pos = pos
 
     def reset(self) -> None:
         """Forget every position; the buffers are overwritten by the next prefill."""

@@ -9,6 +9,7 @@ import torch
 from common.errors import UserError
 
 from .cache import KVCache
+from .static_decode import static_decoder
 
 
 def filter_logits(
@@ -84,6 +85,7 @@ def generate(
     generator: torch.Generator | None = None,
     use_cache: bool = True,
     on_token: Callable[[torch.Tensor], None] | None = None,
+    compile: bool | str = False,
 ) -> torch.Tensor:
     """Continue idx (B, T) by up to max_new_tokens tokens and return (B, T + new) token ids.
 
@@ -91,12 +93,21 @@ def generate(
     `use_cache=False` the whole window is recomputed every step (the reference the cache is tested
     against). Rows that emit `eos_id` keep emitting it; decoding stops when every row has. `on_token`
     receives each new column (B,) as soon as it is chosen, for streaming.
+
+    `compile=True` decodes with the static-shape step of model/static_decode.py compiled by inductor (a
+    string names another `torch.compile` backend); the same tokens, one graph for every position.
     """
     check_sampling_args(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty)
+    if compile and not use_cache:
+        raise UserError("compile=True needs use_cache=True: the compiled step decodes from the KV cache")
     block_size = model.config.block_size
     start = max(0, idx.shape[1] - block_size)
-    cache = None
-    if use_cache:
+    cache, decoder = None, None
+    if compile:
+        decoder = static_decoder(model, idx.shape[0], "inductor" if compile is True else compile)
+        cache = decoder.cache
+        cache.reset()
+    elif use_cache:
         dtype = next(model.parameters()).dtype
         cache = KVCache.allocate(model.config, idx.shape[0], block_size, device=idx.device, dtype=dtype)
     logits = model(idx[:, start:], cache)[:, -1]
@@ -116,7 +127,7 @@ def generate(
             break
         new_start = context_start(start, idx.shape[1], block_size)
         if cache is not None and new_start == start:
-            logits = model(token[:, None], cache)[:, -1]
+            logits = decoder.decode(token) if decoder else model(token[:, None], cache)[:, -1]
             continue
         start = new_start
         if cache is not None:

@@ -1,0 +1,125 @@
+"""A static-shape decode step: one graph for every position, so it can be compiled once.
+
+The eager path (`GPT.forward` with a `KVCache`) slices the cache to `[:pos + T]`, so every step has a new key
+length and a compiled graph would be rebuilt (or made dynamic) as the position moves. Here the position is a
+tensor: a step writes its key/value at `pos` with `index_copy_` and attends over the whole fixed-length buffer
+with a mask that hides the positions after `pos`. Shapes never change, so `torch.compile(fullgraph=True)`
+builds one graph, and on CUDA `mode="reduce-overhead"` replays it as a CUDA graph.
+
+Prefill stays eager (`GPT.forward` into the same `KVCache` buffers); only the one-token step is compiled.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from .cache import KVCache
+from .gpt import GPT
+from .rope import rope_tables
+
+
+class StaticStepCache:
+    """The view of a `KVCache` that one static step hands to the attention layers.
+
+    `update` writes the new key/value (B, Hkv, 1, D) at the tensor position and returns the whole buffers
+    (B, Hkv, max_len, D); `visible` is the bool mask (1, 1, 1, max_len) of the positions written so far.
+    """
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, visible: torch.Tensor) -> None:
+        self.k, self.v, self.pos, self.visible = k, v, pos, visible
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k[layer].index_copy_(2, self.pos, k)
+        self.v[layer].index_copy_(2, self.pos, v)
+        return self.k[layer], self.v[layer]
+
+
+def static_step(
+    model: GPT,
+    token: torch.Tensor,
+    pos: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos_table: torch.Tensor,
+    sin_table: torch.Tensor,
+) -> torch.Tensor:
+    """Logits (B, V) of one token (B, 1) at position `pos` (1,), writing its keys/values into k, v.
+
+    k, v are the full buffers (L, B, Hkv, max_len, D); cos/sin tables cover every position (max_len, D).
+    Mirrors `GPT._run` with the position as a tensor.
+    """
+    cos, sin = cos_table.index_select(0, pos), sin_table.index_select(0, pos)  # (1, D)
+    key_pos = torch.arange(k.shape[3], device=pos.device)
+    cache = StaticStepCache(k, v, pos, (key_pos <= pos).view(1, 1, 1, -1))  # (1, 1, 1, S)
+    x = model.wte(token)  # (B, 1, C)
+    for block in model.blocks:
+        x = block(x, cos, sin, cache)
+    return model.lm_head(model.norm(x))[:, -1]  # (B, V)
+
+
+class StaticDecoder:
+    """Runs `static_step` on a `KVCache`, compiled or eager; eager prefill fills the same buffers.
+
+    Args:
+        model: the GPT, in eval mode.
+        cache: the caller's cache; its buffers are written in place by prefill and by every step.
+        compile: wrap the step in `torch.compile(fullgraph=True, dynamic=False)`.
+        backend: the compile backend; "inductor" generates kernels, "aot_eager" only traces (quick, for tests).
+        mode: the compile mode; None picks "reduce-overhead" (CUDA graphs) on CUDA with inductor.
+    """
+
+    def __init__(
+        self, model: GPT, cache: KVCache, compile: bool = True, backend: str = "inductor", mode: str | None = None
+    ) -> None:
+        self.model, self.cache = model, cache
+        self.key: tuple = ()
+        config = model.config
+        cos, sin = rope_tables(config.head_dim, 0, cache.max_len, config.rope_theta, cache.k.device)
+        self.cos, self.sin = cos.clone(), sin.clone()  # own tables: the shared ones are views of a bigger cache
+        self.pos = torch.zeros(1, dtype=torch.long, device=cache.k.device)
+        self.on_cuda = cache.k.device.type == "cuda"
+        self.step = static_step
+        if compile:
+            if mode is None and backend == "inductor" and self.on_cuda:
+                mode = "reduce-overhead"
+            # A static address lets the CUDA graph keep pointing at the caller's buffers across replays.
+            torch._dynamo.mark_static_address(cache.k)
+            torch._dynamo.mark_static_address(cache.v)
+            self.step = torch.compile(static_step, fullgraph=True, dynamic=False, backend=backend, mode=mode)
+
+    def prefill(self, idx: torch.Tensor) -> torch.Tensor:
+        """Forget the cache, feed idx (B, T) through the eager forward and return the last logits (B, V)."""
+        self.cache.reset()
+        return self.model(idx, self.cache)[:, -1]
+
+    def decode(self, token: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row (B,) at the cache's position; the logits (B, V) of the next token."""
+        if self.cache.pos >= self.cache.max_len:
+            raise ValueError(f"KVCache is full at position {self.cache.pos}; reset it or allocate a longer one")
+        self.pos.fill_(self.cache.pos)
+        logits = self.step(self.model, token[:, None], self.pos, self.cache.k, self.cache.v, self.cos, self.sin)
+        self.cache.advance(1)
+        # A CUDA graph reuses its output buffer on the next replay, so the caller gets its own copy.
+        return logits.clone() if self.on_cuda else logits
+
+
+_DECODERS: weakref.WeakKeyDictionary[GPT, StaticDecoder] = weakref.WeakKeyDictionary()
+
+
+def static_decoder(model: GPT, batch_size: int, backend: str = "inductor") -> StaticDecoder:
+    """The compiled decoder of `model` for this batch size, dtype and device, kept between `generate` calls.
+
+    Reusing it keeps one cache and one compiled graph: a second `generate` call neither recompiles nor
+    allocates. A new batch size, dtype, device or backend replaces it (and compiles once more).
+    """
+    param = next(model.parameters())
+    decoder = _DECODERS.get(model)
+    key = (batch_size, param.dtype, param.device, backend)
+    if decoder is None or decoder.key != key:
+        cache = KVCache.allocate(model.config, batch_size, model.config.block_size, param.device, param.dtype)
+        decoder = StaticDecoder(model, cache, compile=True, backend=backend)
+        decoder.key = key
+        _DECODERS[model] = decoder
+    return decoder

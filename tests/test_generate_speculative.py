@@ -1,0 +1,61 @@
+"""generate.py --prompt_lookup / --draft: the same greedy text as plain decoding, and bad drafts refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import generate as cli
+from model import GPT, ModelConfig
+from model.checkpoint import META_KEY, STATE_PREFIX, read_checkpoint
+
+
+@pytest.fixture(scope="module")
+def ckpt(tiny_run):
+    return str(tiny_run / "checkpoints" / "last.ckpt")
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def write_draft(ckpt: str, path, vocab_delta: int = 0, tokenizer_suffix: str = "") -> str:
+    """A 1-layer draft checkpoint next to the target's, with its vocabulary or tokenizer changed if asked."""
+    import hashlib
+
+    raw, _ = read_checkpoint(ckpt)
+    config = ModelConfig(**raw[META_KEY]["model_config"])
+    draft = GPT(ModelConfig(**{**config.to_dict(), "n_layer": 1, "vocab_size": config.vocab_size + vocab_delta}))
+    tokenizer_json = raw[META_KEY]["tokenizer_json"] + tokenizer_suffix
+    meta = {**raw[META_KEY], "model_config": draft.config.to_dict(), "tokenizer_json": tokenizer_json,
+            "tokenizer_sha256": hashlib.sha256(tokenizer_json.encode("utf-8")).hexdigest()}
+    state = {STATE_PREFIX + key: value for key, value in draft.state_dict().items()}
+    torch.save({"state_dict": state, META_KEY: meta}, path)
+    return str(path)
+
+
+def test_speculative_greedy_text_equals_plain_greedy(ckpt, tmp_path, capsys):
+    args = ["--checkpoint", ckpt, "--prompt", "ROMEO:\nWhat say you?\nROMEO:", "--temperature", "0",
+            "--max_new_tokens", "60"]
+    code, plain, _ = run_cli(capsys, *args)
+    assert code == 0 and len(plain) > 1
+    code, lookup, err = run_cli(capsys, *args, "--prompt_lookup")
+    assert code == 0 and lookup == plain and "acceptance" in err
+    code, drafted, err = run_cli(capsys, *args, "--draft", write_draft(ckpt, tmp_path / "draft.ckpt"))
+    assert code == 0 and drafted == plain and "target forwards" in err
+
+
+@pytest.mark.parametrize(("change", "words"), [({"vocab_delta": 3}, "--draft vocab_size"),
+                                                ({"tokenizer_suffix": " "}, "different tokenizer")])
+def test_a_draft_with_another_vocabulary_or_tokenizer_is_one_line_exit_2(ckpt, tmp_path, capsys, change, words):
+    draft = write_draft(ckpt, tmp_path / "other.ckpt", **change)
+    code, out, err = run_cli(capsys, "--checkpoint", ckpt, "--prompt", "a", "--draft", draft)
+    assert code == 2 and out == ""
+    assert words in err and err.count("\n") == 1
+
+
+def test_speculative_flags_that_do_not_combine_are_refused(ckpt, capsys):
+    code, _, err = run_cli(capsys, "--checkpoint", ckpt, "--prompt", "a", "--prompt_lookup", "--num_samples", "2")
+    assert code == 2 and "--num_samples" in err
