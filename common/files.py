@@ -7,9 +7,10 @@ Its name starts with `.` and contains TEMP_MARK, so `stale_temp_files` can find 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -58,6 +59,28 @@ def atomic_write(path: str | Path, content: bytes | str | Callable[[BinaryIO], N
     if durable:
         fsync_dir(path.parent)
     return path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path, *, durable: bool = False) -> Iterator[Path]:
+    """Yield a temporary path next to `path` for a writer that insists on opening the file itself.
+
+    On a clean exit the temporary file replaces `path` (as `atomic_write` does); on any error it is removed.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path_for(path)
+    try:
+        yield tmp
+        if durable:
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if durable:
+        fsync_dir(path.parent)
 
 
 def stale_temp_files(folder: str | Path) -> list[Path]:
