@@ -4,7 +4,6 @@ in one line without overwriting anything. llama.cpp itself is exercised in test_
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,14 +11,13 @@ import pytest
 import torch
 
 import model.export_gguf as export_module
-from common.errors import UserError
+from common.errors import UserError, run_command
 from model.export_gguf import export_gguf, main
 from model.gguf_layout import CONTROL, NORMAL, UNUSED, from_interleaved_rope, to_interleaved_rope
 from model.rope import apply_rope, rope_tables
 from tests.hf.test_hf_export_cli import write_checkpoint
 
 gguf = pytest.importorskip("gguf", reason='the GGUF export needs pip install -e ".[gguf]"')
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def read_gguf(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
@@ -170,18 +168,18 @@ def test_missing_gguf_package_is_one_line_naming_the_extra(monkeypatch):
         export_module.import_gguf()
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "model.export_gguf", *args], capture_output=True, text=True,
-                          cwd=REPO_ROOT, timeout=300)
+def run_cli(capsys, *args: str) -> tuple[int, str]:
+    """Exit code and stderr of the command, run in-process through the same handler as `python -m`."""
+    code = run_command(lambda: main(list(args)))
+    return code, capsys.readouterr().err
 
 
-def test_cli_exports_a_checkpoint_and_refuses_in_one_line(make_model, tokenizer_json, tmp_path):
+def test_cli_exports_a_checkpoint_and_refuses_in_one_line(make_model, tokenizer_json, tmp_path, capsys):
     ckpt = write_checkpoint(make_model(), tokenizer_json, tmp_path / "run" / "checkpoints" / "last.ckpt")
-    done = run_cli("--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "m.gguf"))
-    assert done.returncode == 0, done.stderr
+    assert run_cli(capsys, "--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "m.gguf"))[0] == 0
     assert (tmp_path / "m.gguf").read_bytes()[:4] == b"GGUF"
-    again = run_cli("--checkpoint", str(ckpt), "--out", str(tmp_path / "m.gguf"))
-    missing = run_cli("--checkpoint", str(tmp_path / "nope.ckpt"), "--out", str(tmp_path / "n.gguf"))
-    for failed, words in [(again, "--force"), (missing, "nope.ckpt")]:
-        assert failed.returncode == 2 and failed.stderr.count("\n") == 1 and words in failed.stderr, failed.stderr
+    again = run_cli(capsys, "--checkpoint", str(ckpt), "--out", str(tmp_path / "m.gguf"))
+    missing = run_cli(capsys, "--checkpoint", str(tmp_path / "nope.ckpt"), "--out", str(tmp_path / "n.gguf"))
+    for (code, err), words in [(again, "--force"), (missing, "nope.ckpt")]:
+        assert code == 2 and err.count("\n") == 1 and err.startswith("error:") and words in err, err
     assert not (tmp_path / "n.gguf").exists()

@@ -70,6 +70,8 @@ int generate(llama_model * model, int n_new, int n_threads) {
     params.n_ctx = (uint32_t) (prompt.size() + n_new);
     params.n_batch = params.n_ubatch = (uint32_t) prompt.size();
     params.n_threads = params.n_threads_batch = n_threads;
+    // An f32 KV cache, as ours: the default f16 cache rounds keys and values, which can flip a greedy near-tie.
+    params.type_k = params.type_v = GGML_TYPE_F32;
     llama_context * ctx = llama_init_from_model(model, params);
     if (ctx == nullptr) {
         return fail("cannot create a context");
