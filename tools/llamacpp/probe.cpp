@@ -3,8 +3,8 @@
 //   llamacpp-probe tokenize MODEL.gguf            < text     ids of stdin's text, one line
 //   llamacpp-probe generate MODEL.gguf N THREADS  < ids      greedy ids of N new tokens after the prompt ids
 //
-// `generate` prints the new ids on one line and then "decode_seconds S" for the N single-token steps
-// (prefill and model loading excluded), so a benchmark can compare decode speed alone.
+// `generate` prints the new ids on one line, then "seconds PREFILL DECODE": the prompt's forward pass and the
+// N - 1 single-token steps after it (model loading excluded), so a benchmark can time what `generate` does.
 #include "llama.h"
 
 #include <chrono>
@@ -78,11 +78,12 @@ int generate(llama_model * model, int n_new, int n_threads) {
     }
     const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
     std::vector<llama_token> out;
+    const auto start = std::chrono::steady_clock::now();
     if (llama_decode(ctx, llama_batch_get_one(prompt.data(), (int) prompt.size())) != 0) {
         return fail("prefill failed");
     }
     llama_token next = argmax(llama_get_logits_ith(ctx, -1), n_vocab);
-    const auto start = std::chrono::steady_clock::now();
+    const auto prefilled = std::chrono::steady_clock::now();
     for (int i = 0; i < n_new; ++i) {
         out.push_back(next);
         if (i + 1 == n_new) {
@@ -93,9 +94,10 @@ int generate(llama_model * model, int n_new, int n_threads) {
         }
         next = argmax(llama_get_logits_ith(ctx, -1), n_vocab);
     }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const auto end = std::chrono::steady_clock::now();
     print_ids(out);
-    std::printf("decode_seconds %.6f\n", seconds);
+    std::printf("seconds %.6f %.6f\n", std::chrono::duration<double>(prefilled - start).count(),
+                std::chrono::duration<double>(end - prefilled).count());
     llama_free(ctx);
     return 0;
 }
