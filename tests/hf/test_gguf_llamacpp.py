@@ -1,7 +1,8 @@
 """llama.cpp itself loads our GGUF, tokenizes as we do and decodes our greedy tokens.
 
 Needs the probe built by tools/llamacpp/build.sh (cached under ~/.cache). Outside CI a missing build skips
-these tests with the command to run; with CI=true it fails them, so a broken build cannot pass silently.
+these tests with the command to run; with CI=true or GQA_REQUIRE_LLAMACPP=1 (.ci/run sets it) it fails them,
+so a broken build cannot pass silently.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def probe() -> Path:
     path = Path(where.stdout.strip())
     if not os.access(path, os.X_OK):
         message = f"llama.cpp probe not built at {path}; run tools/llamacpp/build.sh"
-        if os.environ.get("CI", "").lower() == "true":
+        if os.environ.get("CI", "").lower() == "true" or os.environ.get("GQA_REQUIRE_LLAMACPP") == "1":
             pytest.fail(message)
         pytest.skip(message)
     return path

@@ -21,8 +21,8 @@ fi
 SDIST="$ROOT/llama_cpp_python-$VERSION.tar.gz"
 if [[ ! -f "$SDIST" ]]; then
     mkdir -p "$ROOT"
-    python -m pip download --quiet --no-deps --no-binary :all: --no-build-isolation "llama-cpp-python==$VERSION" \
-        -d "$ROOT"
+    # pip prepares the sdist's metadata in an isolated environment (a minute or more); done once per version.
+    python -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$ROOT"
 fi
 SRC="$ROOT/src-$VERSION"
 if [[ ! -f "$SRC/vendor/llama.cpp/include/llama.h" ]]; then
