@@ -7,12 +7,13 @@ Its name starts with `.` and contains TEMP_MARK, so `stale_temp_files` can find 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
@@ -57,23 +58,19 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str | Path, content: bytes | str | Callable[[BinaryIO], None], *, durable: bool = False) -> Path:
-    """Write `content` (bytes, text as UTF-8, or a function that writes to a binary file) to `path` atomically.
+@contextlib.contextmanager
+def atomic_path(path: str | Path, *, durable: bool = False) -> Iterator[Path]:
+    """Yield a temporary path next to `path` for a writer that insists on opening the file itself.
 
-    durable=True also fsyncs the file before the rename and the folder after it, so the new file survives a
-    power loss or a killed node (checkpoints). The file gets the usual permissions (0666 minus the umask).
+    On a clean exit the temporary file replaces `path` (as `atomic_write` does); on any error it is removed.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path_for(path)
     try:
-        with open(tmp, "wb") as f:
-            if callable(content):
-                content(f)
-            else:
-                f.write(content.encode("utf-8") if isinstance(content, str) else content)
-            f.flush()
-            if durable:
+        yield tmp
+        if durable:
+            with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -81,7 +78,20 @@ def atomic_write(path: str | Path, content: bytes | str | Callable[[BinaryIO], N
         raise
     if durable:
         fsync_dir(path.parent)
-    return path
+
+
+def atomic_write(path: str | Path, content: bytes | str | Callable[[BinaryIO], None], *, durable: bool = False) -> Path:
+    """Write `content` (bytes, text as UTF-8, or a function that writes to a binary file) to `path` atomically.
+
+    durable=True also fsyncs the file before the rename and the folder after it, so the new file survives a
+    power loss or a killed node (checkpoints). The file gets the usual permissions (0666 minus the umask).
+    """
+    with atomic_path(path, durable=durable) as tmp, open(tmp, "wb") as f:
+        if callable(content):
+            content(f)
+        else:
+            f.write(content.encode("utf-8") if isinstance(content, str) else content)
+    return Path(path)
 
 
 class StagedFolder:

@@ -1,0 +1,137 @@
+"""Export a checkpoint to one GGUF file that llama.cpp, Ollama, LM Studio and llama-cpp-python load.
+
+    python -m model.export_gguf --checkpoint runs/x --out x.gguf [--dtype f32|f16|bf16|q8_0] [--force]
+
+Needs the optional `gguf` package: pip install -e ".[gguf]". The file is written under a temporary name in
+the same folder and renamed into place, so an interrupted export never leaves a partial file at `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Literal
+
+import torch
+
+from common.errors import UserError, run_command
+from common.files import atomic_path
+
+from .checkpoint import CheckpointError, load_checkpoint
+from .gguf_layout import ARCHITECTURE, PRE_TOKENIZER, gguf_tensors, gguf_vocab, hyperparameters
+from .gpt import GPT
+
+GGUFDtype = Literal["f32", "f16", "bf16", "q8_0"]
+GGUF_DTYPES: tuple[GGUFDtype, ...] = ("f32", "f16", "bf16", "q8_0")
+Q8_0_BLOCK = 32  # q8_0 quantises rows in blocks of 32 values
+
+
+def import_gguf() -> ModuleType:
+    """The `gguf` package, or a one-line UserError saying how to install it."""
+    try:
+        import gguf
+    except ImportError as err:
+        raise UserError('the GGUF export needs the gguf package; install it with pip install -e ".[gguf]"') from err
+    return gguf
+
+
+def export_gguf(model: GPT, tokenizer_json: str, out: str | Path, dtype: GGUFDtype = "f32",
+                force: bool = False) -> Path:
+    """Write `model` and its tokenizer as a llama.cpp `llama` GGUF file at `out` and return its path.
+
+    Norm weights stay float32 whatever `dtype` is (llama.cpp keeps 1-D tensors in f32); with q8_0, a matrix
+    whose rows are not a multiple of 32 falls back to f16. An existing `out` is replaced only with `force`.
+    """
+    gguf = import_gguf()
+    out = Path(out).expanduser()
+    refuse_existing(out, force)
+    if dtype not in GGUF_DTYPES:
+        raise UserError(f"--dtype {dtype!r} is not one of {', '.join(GGUF_DTYPES)}")
+    vocab = gguf_vocab(tokenizer_json, model.config.vocab_size)
+    with atomic_path(out) as tmp:
+        writer = gguf.GGUFWriter(tmp, ARCHITECTURE)
+        write_metadata(gguf, writer, model, vocab, dtype, name=out.stem)
+        for name, tensor in gguf_tensors(model).items():
+            data, raw_dtype = encode_tensor(gguf, tensor, dtype)
+            writer.add_tensor(name, data, raw_dtype=raw_dtype)
+        try:
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()
+    return out
+
+
+def refuse_existing(out: Path, force: bool) -> None:
+    """A UserError unless `out` is free or `force` allows replacing it."""
+    if out.is_dir():
+        raise UserError(f"--out {out} is a folder; pass a file path such as {out / 'model.gguf'}")
+    if out.exists() and not force:
+        raise UserError(f"--out {out} already exists; pass --force to replace it")
+
+
+def write_metadata(gguf: ModuleType, writer, model: GPT, vocab, dtype: GGUFDtype, name: str) -> None:
+    """Architecture hyperparameters and the `gpt2` tokenizer, keyed as llama.cpp reads them."""
+    file_types = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0"}
+    writer.add_name(name)
+    writer.add_file_type(int(getattr(gguf.LlamaFileType, file_types[dtype])))
+    for key, value in hyperparameters(model).items():
+        full_key = f"{ARCHITECTURE}.{key}"
+        if isinstance(value, float):
+            writer.add_float32(full_key, value)
+        else:
+            writer.add_uint32(full_key, value)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(PRE_TOKENIZER)
+    writer.add_token_list(vocab.tokens)
+    writer.add_token_types(vocab.token_types)
+    writer.add_token_merges(vocab.merges)
+    # Training puts <|endoftext|> between documents, so it is both where a text starts and where it ends.
+    writer.add_bos_token_id(vocab.eos_id)
+    writer.add_eos_token_id(vocab.eos_id)
+    writer.add_add_bos_token(False)  # our prompts carry no BOS; llama.cpp must not prepend one
+    writer.add_add_eos_token(False)
+    writer.add_add_space_prefix(False)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+def encode_tensor(gguf: ModuleType, tensor: torch.Tensor, dtype: GGUFDtype):
+    """(numpy data, raw ggml type or None) of one float32 tensor in the export dtype."""
+    array = tensor.numpy()
+    if dtype == "f32" or array.ndim == 1:
+        return array, None
+    if dtype == "f16" or (dtype == "q8_0" and array.shape[-1] % Q8_0_BLOCK):
+        return array.astype("float16"), None
+    qtype = gguf.GGMLQuantizationType.BF16 if dtype == "bf16" else gguf.GGMLQuantizationType.Q8_0
+    return gguf.quants.quantize(array, qtype), qtype
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m model.export_gguf", description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", required=True, help="a .ckpt file or a run directory")
+    parser.add_argument("--out", required=True, help="file to create, e.g. exports/<run>.gguf")
+    parser.add_argument("--dtype", choices=GGUF_DTYPES, default="f32",
+                        help="weight type (default: f32; norms always stay f32)")
+    parser.add_argument("--force", action="store_true", help="replace --out if it already exists")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point: writes the file and prints how to run it."""
+    args = parse_args(argv)
+    import_gguf()  # before reading a possibly large checkpoint
+    refuse_existing(Path(args.out).expanduser(), args.force)
+    try:
+        loaded = load_checkpoint(args.checkpoint)
+    except CheckpointError as err:  # a plain ValueError until the checkpoint module subclasses UserError
+        raise UserError(str(err)) from err
+    out = export_gguf(loaded.model, loaded.tokenizer_json, args.out, dtype=args.dtype, force=args.force)
+    print(f"exported {loaded.path} -> {out} ({args.dtype}); run it with: llama-cli -m {out} -p \"...\"")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_command(main))

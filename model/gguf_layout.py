@@ -1,0 +1,144 @@
+"""What a GGUF file of our model holds, in llama.cpp's `llama` layout: tensor names, metadata and vocabulary.
+
+Torch and the standard library only; model/export_gguf.py hands these to the `gguf` writer.
+
+RoPE layout: our RoPE is rotate-half (Hugging Face Llama), pairing dimension i of a head with i + D/2. llama.cpp's
+`llama` architecture rotates adjacent pairs (2i, 2i + 1), the layout of Meta's original checkpoints. Both use
+frequency theta^(-2i/D) for pair i, so moving row i + D/2 next to row i in every q and k head makes the two
+compute the same attention; v and the output projection do not meet RoPE and map over as they are.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import torch
+
+from common.errors import UserError
+
+from .gpt import GPT
+
+ARCHITECTURE = "llama"
+EOS_TOKEN = "<|endoftext|>"
+# llama.cpp's name for the GPT-2 split regex; tokenizer.json's ByteLevel pre-tokenizer with use_regex=True
+# splits with the same expression.
+PRE_TOKENIZER = "gpt-2"
+# Token types of the GGUF vocabulary (the values of gguf.TokenType).
+NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
+
+
+def to_interleaved_rope(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """q or k projection rows (n_heads * D, C) reordered from rotate-half pairs to adjacent pairs per head."""
+    rows, cols = weight.shape
+    halves = weight.reshape(n_heads, 2, rows // n_heads // 2, cols)  # (H, 2, D/2, C)
+    return halves.transpose(1, 2).reshape(rows, cols)  # (H * D, C), rows i and i + D/2 now adjacent
+
+
+def from_interleaved_rope(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """The inverse of `to_interleaved_rope`: adjacent pairs back to rotate-half rows."""
+    rows, cols = weight.shape
+    pairs = weight.reshape(n_heads, rows // n_heads // 2, 2, cols)  # (H, D/2, 2, C)
+    return pairs.transpose(1, 2).reshape(rows, cols)  # (H * D, C)
+
+
+def gguf_tensors(model: GPT) -> dict[str, torch.Tensor]:
+    """Our weights under llama.cpp names, float32 copies on the CPU, q and k rows in llama.cpp's RoPE layout.
+
+    A tied output projection is left out: llama.cpp uses token_embd.weight when output.weight is absent.
+    """
+    c = model.config
+    sizes = [c.n_head * c.head_dim, c.n_kv_head * c.head_dim, c.n_kv_head * c.head_dim]
+    tensors = {"token_embd.weight": model.wte.weight, "output_norm.weight": model.norm.weight}
+    for i, block in enumerate(model.blocks):
+        q, k, v = block.attn.qkv.weight.split(sizes, dim=0)
+        gate, up = block.mlp.gate_up.weight.chunk(2, dim=0)
+        tensors |= {
+            f"blk.{i}.attn_norm.weight": block.attn_norm.weight,
+            f"blk.{i}.attn_q.weight": to_interleaved_rope(q, c.n_head),
+            f"blk.{i}.attn_k.weight": to_interleaved_rope(k, c.n_kv_head),
+            f"blk.{i}.attn_v.weight": v,
+            f"blk.{i}.attn_output.weight": block.attn.proj.weight,
+            f"blk.{i}.ffn_norm.weight": block.mlp_norm.weight,
+            f"blk.{i}.ffn_gate.weight": gate,
+            f"blk.{i}.ffn_up.weight": up,
+            f"blk.{i}.ffn_down.weight": block.mlp.down.weight,
+        }
+    if not c.tie_embeddings:
+        tensors["output.weight"] = model.lm_head.weight
+    return {name: t.detach().to("cpu", torch.float32, copy=True).contiguous() for name, t in tensors.items()}
+
+
+def hyperparameters(model: GPT) -> dict[str, int | float]:
+    """The `llama.*` metadata values llama.cpp reads, keyed by the GGUF key suffix."""
+    c = model.config
+    return {
+        "context_length": c.block_size,
+        "embedding_length": c.n_embd,
+        "block_count": c.n_layer,
+        "feed_forward_length": c.hidden_dim,
+        "attention.head_count": c.n_head,
+        "attention.head_count_kv": c.n_kv_head,
+        "attention.key_length": c.head_dim,
+        "attention.value_length": c.head_dim,
+        "rope.dimension_count": c.head_dim,
+        "rope.freq_base": float(c.rope_theta),
+        "attention.layer_norm_rms_epsilon": float(c.norm_eps),
+        "vocab_size": c.vocab_size,
+    }
+
+
+@dataclass(frozen=True)
+class GGUFVocab:
+    """The tokenizer as GGUF stores it: one token string and type per embedding row, merges, the EOS id."""
+
+    tokens: list[str]
+    token_types: list[int]
+    merges: list[str]
+    eos_id: int
+
+
+def gguf_vocab(tokenizer_json: str, vocab_size: int) -> GGUFVocab:
+    """Our byte-level BPE as a `gpt2` GGUF vocabulary of exactly `vocab_size` rows.
+
+    Rows past the tokenizer's size (a model may hold a larger embedding) become unused padding tokens, as
+    llama.cpp needs one token per embedding row. Anything llama.cpp's `gpt-2` tokenizer would split or
+    merge differently is a UserError, so no file tokenizes differently from us.
+    """
+    spec = json.loads(tokenizer_json)
+    check_gpt2_compatible(spec)
+    vocab: dict[str, int] = dict(spec["model"]["vocab"])
+    added = {token["content"]: token for token in spec.get("added_tokens", [])}
+    for content, token in added.items():
+        vocab[content] = int(token["id"])
+    if EOS_TOKEN not in added:
+        raise UserError(f"tokenizer has no {EOS_TOKEN} special token; retrain it with data.Tokenizer.train")
+    if len(set(vocab.values())) != len(vocab) or max(vocab.values()) >= vocab_size:
+        raise UserError(f"tokenizer ids do not fit the model's vocab_size={vocab_size}; the checkpoint is inconsistent")
+    tokens = [f"[PAD{i}]" for i in range(vocab_size)]
+    types = [UNUSED] * vocab_size
+    for content, token_id in vocab.items():
+        tokens[token_id] = content
+        special = content in added and added[content].get("special", False)
+        types[token_id] = CONTROL if special else USER_DEFINED if content in added else NORMAL
+    merges = [merge if isinstance(merge, str) else " ".join(merge) for merge in spec["model"].get("merges", [])]
+    return GGUFVocab(tokens, types, merges, vocab[EOS_TOKEN])
+
+
+def check_gpt2_compatible(spec: dict) -> None:
+    """Raise a one-line UserError unless tokenizer.json is a byte-level BPE with GPT-2's split regex."""
+    model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
+    checks = [
+        ("model.type", model.get("type") == "BPE", "only BPE tokenizers are supported"),
+        ("model.byte_fallback", not model.get("byte_fallback"), "byte fallback is not byte-level BPE"),
+        ("model.dropout", model.get("dropout") in (None, 0.0), "BPE dropout makes tokenization random"),
+        ("model.continuing_subword_prefix", not model.get("continuing_subword_prefix"), "llama.cpp has no prefix"),
+        ("model.end_of_word_suffix", not model.get("end_of_word_suffix"), "llama.cpp has no suffix"),
+        ("normalizer", spec.get("normalizer") is None, "llama.cpp's gpt-2 tokenizer does not normalize text"),
+        ("pre_tokenizer.type", pre.get("type") == "ByteLevel", "only the ByteLevel pre-tokenizer matches 'gpt-2'"),
+        ("pre_tokenizer.use_regex", pre.get("use_regex", True), "the GPT-2 split regex must be on"),
+        ("pre_tokenizer.add_prefix_space", not pre.get("add_prefix_space"), "llama.cpp adds no prefix space"),
+    ]
+    for field, ok, why in checks:
+        if not ok:
+            raise UserError(f"tokenizer.json field {field} cannot be declared as llama.cpp's '{PRE_TOKENIZER}': {why}")

@@ -1,0 +1,108 @@
+"""llama.cpp itself loads our GGUF, tokenizes as we do and decodes our greedy tokens.
+
+Needs the probe built by tools/llamacpp/build.sh (cached under ~/.cache). Outside CI a missing build skips
+these tests with the command to run; with CI=true or GQA_REQUIRE_LLAMACPP=1 (.ci/run sets it) it fails them,
+so a broken build cannot pass silently.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from model import generate
+from model.export_gguf import export_gguf
+from tests.hf.conftest import EOS, training_texts
+
+pytest.importorskip("gguf", reason='the GGUF export needs pip install -e ".[gguf]"')
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO_ROOT / "tools" / "llamacpp" / "build.sh"
+SHAKESPEARE = REPO_ROOT / "data" / "corpora" / "tinyshakespeare.txt"
+VOCAB = 512
+# Every kind of text a pre-tokenizer can split differently: letters after newlines, runs of spaces and tabs,
+# contractions, digits, punctuation runs, emoji (4-byte UTF-8), CJK, Greek, accents, a literal special token.
+MIXED_TEXT = (
+    "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak!\n"
+    "  indented\tand\ttabbed --- 'tis don't we'll I'M...?! (x) [y] {z} 12 345 6789 3.14\n"
+    "日本語のテキスト、中文。 🙂🚀 naïve héllo wörld Ελληνικά\r\n" + EOS + "trailing   \n\n"
+)
+
+
+@pytest.fixture(scope="module")
+def probe() -> Path:
+    """The llamacpp-probe binary; a skip (or, with CI=true, a failure) when it is not built."""
+    where = subprocess.run(["bash", str(BUILD_SCRIPT), "--where"], capture_output=True, text=True, check=True)
+    path = Path(where.stdout.strip())
+    if not os.access(path, os.X_OK):
+        message = f"llama.cpp probe not built at {path}; run tools/llamacpp/build.sh"
+        if os.environ.get("CI", "").lower() == "true" or os.environ.get("GQA_REQUIRE_LLAMACPP") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@pytest.fixture(scope="module")
+def shakespeare_tokenizer():
+    """A byte-level BPE trained as data/tokenizer.py does, on Shakespeare plus multilingual lines."""
+    from data.tokenizer import Tokenizer
+
+    text = SHAKESPEARE.read_text(encoding="utf-8")[:200_000]
+    return Tokenizer.train([text[i : i + 2000] for i in range(0, len(text), 2000)] + training_texts(), VOCAB,
+                           show_progress=False)
+
+
+def run_probe(probe: Path, *args: str, stdin: str) -> list[str]:
+    done = subprocess.run([str(probe), *args], input=stdin, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def llamacpp_tokenize(probe: Path, gguf_path: Path, text: str) -> list[int]:
+    return [int(i) for i in run_probe(probe, "tokenize", str(gguf_path), stdin=text)[0].split()]
+
+
+def llamacpp_greedy(probe: Path, gguf_path: Path, prompt: list[int], n_new: int) -> list[int]:
+    lines = run_probe(probe, "generate", str(gguf_path), str(n_new), "2", stdin=" ".join(map(str, prompt)))
+    return [int(i) for i in lines[0].split()]
+
+
+def test_llamacpp_tokenizes_mixed_text_to_our_ids(probe, shakespeare_tokenizer, make_model, tmp_path):
+    path = export_gguf(make_model(vocab_size=VOCAB), shakespeare_tokenizer.to_json(), tmp_path / "m.gguf")
+    ours = shakespeare_tokenizer.encode(MIXED_TEXT)
+    assert len(ours) > 100 and len(set(ours)) > 60  # merged words, bytes and the special token all appear
+    assert shakespeare_tokenizer.eos_id in ours
+    for line in [MIXED_TEXT, *MIXED_TEXT.splitlines(keepends=True)]:
+        assert llamacpp_tokenize(probe, path, line) == shakespeare_tokenizer.encode(line), repr(line)
+
+
+def varied_model(make_model, n_kv_head: int, tie: bool):
+    """A random model whose greedy output wanders: at make_model's weight scale, greedy decoding of some
+    shapes settles into repeating one token, which a broken export could reproduce by chance."""
+    model = make_model(n_kv_head=n_kv_head, tie=tie, vocab_size=VOCAB)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if not name.endswith("norm.weight"):
+                param.mul_(2.0)
+    return model
+
+
+@pytest.mark.parametrize("n_kv_head,tie", [(4, True), (2, True), (1, False)], ids=["mha", "gqa", "mqa-untied"])
+def test_llamacpp_greedy_decoding_gives_our_tokens(probe, shakespeare_tokenizer, make_model, tmp_path, n_kv_head,
+                                                   tie):
+    model = varied_model(make_model, n_kv_head, tie)
+    path = export_gguf(model, shakespeare_tokenizer.to_json(), tmp_path / "m.gguf")
+    prompt = shakespeare_tokenizer.encode("First Citizen:\nBefore we proceed")
+    n_new = 48
+    assert len(prompt) + n_new <= model.config.block_size
+    with torch.no_grad():
+        sequence = generate(model, torch.tensor([prompt]), n_new, temperature=0.0)
+        top2 = model(sequence)[0, len(prompt) - 1 : -1].topk(2).values  # the logits each choice was made from
+    ours = sequence[0, len(prompt) :].tolist()
+    assert len(set(ours)) >= 20  # not a repetition that a broken path could also produce
+    # f32 on both sides differs by ~1e-5 in the logits; a smaller margin would make a mismatch a coin toss.
+    assert (top2[:, 0] - top2[:, 1]).min() > 1e-3
+    assert llamacpp_greedy(probe, path, prompt, n_new) == ours
