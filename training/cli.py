@@ -141,7 +141,8 @@ def _config_stem(config) -> str:
 def _refuse_to_overwrite(run_dir: Path) -> None:
     if any((run_dir / "checkpoints").glob("*.ckpt")):
         raise UserError(
-            f"{run_dir} already holds checkpoints; resume with --ckpt_path last or start a new run with --run_name"
+            f"{run_dir} already holds checkpoints; resume it with `python train.py fit --ckpt_path {run_dir}` "
+            "or start a new run with --run_name"
         )
 
 

@@ -63,7 +63,7 @@ def test_a_second_fit_into_the_same_run_is_refused(tiny_run, script, tiny_args):
     before = {p: p.stat().st_mtime_ns for p in (tiny_run / "checkpoints").glob("*.ckpt")}
     result = script(*tiny_args(tiny_run.parent), check=False)
     assert result.returncode == 2
-    assert "already holds checkpoints" in result.stderr and "--ckpt_path last" in result.stderr
+    assert "already holds checkpoints" in result.stderr and "python train.py fit --ckpt_path " in result.stderr
     assert {p: p.stat().st_mtime_ns for p in (tiny_run / "checkpoints").glob("*.ckpt")} == before
 
 
