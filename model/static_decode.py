@@ -112,7 +112,8 @@ def static_decoder(model: GPT, batch_size: int, backend: str = "inductor") -> St
     """The compiled decoder of `model` for this batch size, dtype and device, kept between `generate` calls.
 
     Reusing it keeps one cache and one compiled graph: a second `generate` call neither recompiles nor
-    allocates. A new batch size, dtype, device or backend replaces it (and compiles once more).
+    allocates. A new batch size, dtype, device or backend replaces it (and compiles once more). Dynamo keeps
+    at most `torch._dynamo.config.recompile_limit` (8) graphs of `static_step` per process, one per model shape.
     """
     param = next(model.parameters())
     decoder = _DECODERS.get(model)
