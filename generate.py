@@ -35,38 +35,71 @@ class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=_HelpWithDefaults)
-    p.add_argument("--checkpoint", required=True, help="a .ckpt file or a run directory (uses checkpoints/last.ckpt)")
+    p.add_argument(
+        "--checkpoint", required=True, help="a .ckpt file or a run directory (uses checkpoints/last.ckpt)"
+    )
     p.add_argument("--prompt", help="text to continue; without it --prompt_file or standard input is read")
     p.add_argument("--prompt_file", help="read the prompt from this UTF-8 file")
-    p.add_argument("--no_echo", action="store_true", help="print only the continuation, not the prompt before it")
+    p.add_argument(
+        "--no_echo", action="store_true", help="print only the continuation, not the prompt before it"
+    )
     p.add_argument("--max_new_tokens", type=int, default=200, help="tokens to generate per sample")
     p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy; higher is more random")
     p.add_argument("--top_k", type=int, default=None, help="sample only among the k most likely tokens")
-    p.add_argument("--top_p", type=float, default=None, help="sample from the smallest set with this much probability")
-    p.add_argument("--min_p", type=float, default=None, help="drop tokens below this fraction of the best one")
+    p.add_argument(
+        "--top_p", type=float, default=None, help="sample from the smallest set with this much probability"
+    )
+    p.add_argument(
+        "--min_p", type=float, default=None, help="drop tokens below this fraction of the best one"
+    )
     p.add_argument("--repetition_penalty", type=float, default=1.0, help="> 1 discourages repeating tokens")
     p.add_argument("--seed", type=int, default=1337, help="seed of the sampling generator")
     p.add_argument("--num_samples", type=int, default=1, help="continuations, decoded together as one batch")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, mps or auto")
-    p.add_argument("--dtype", choices=[*DTYPES, "auto"], default="auto", help="auto: bfloat16 on CUDA, else float32")
-    p.add_argument("--no_cache", action="store_true", help="recompute the whole context every step (reference path)")
+    p.add_argument(
+        "--dtype", choices=[*DTYPES, "auto"], default="auto", help="auto: bfloat16 on CUDA, else float32"
+    )
+    p.add_argument(
+        "--no_cache", action="store_true", help="recompute the whole context every step (reference path)"
+    )
     p.add_argument("--benchmark", action="store_true", help="print prefill/decode speed and KV-cache size")
-    p.add_argument("--compile", action="store_true", help="decode with the compiled static-shape step (same tokens)")
-    p.add_argument("--draft", metavar="CKPT", help="speculative decoding: a smaller checkpoint with the same tokenizer")
-    p.add_argument("--prompt_lookup", action="store_true", help="speculative decoding, drafting by n-gram copy")
+    p.add_argument(
+        "--compile", action="store_true", help="decode with the compiled static-shape step (same tokens)"
+    )
+    p.add_argument(
+        "--draft", metavar="CKPT", help="speculative decoding: a smaller checkpoint with the same tokenizer"
+    )
+    p.add_argument(
+        "--prompt_lookup", action="store_true", help="speculative decoding, drafting by n-gram copy"
+    )
     p.add_argument("--draft_k", type=int, default=4, help="tokens drafted per target forward (speculative)")
-    p.add_argument("--attention_map", metavar="PNG", help="draw the attention of --layer over prompt + output")
-    p.add_argument("--attention_html", metavar="HTML", help="write an interactive attention explorer of prompt + output")
-    p.add_argument("--explain_attention", metavar="TEXT", help="print scores, mask and softmax of --layer/--head")
-    p.add_argument("--layer", type=int, default=None, help="layer for --attention_map (default last) or explain (0)")
+    p.add_argument(
+        "--attention_map", metavar="PNG", help="draw the attention of --layer over prompt + output"
+    )
+    p.add_argument(
+        "--attention_html", metavar="HTML", help="write an interactive attention explorer of prompt + output"
+    )
+    p.add_argument(
+        "--explain_attention", metavar="TEXT", help="print scores, mask and softmax of --layer/--head"
+    )
+    p.add_argument(
+        "--layer", type=int, default=None, help="layer for --attention_map (default last) or explain (0)"
+    )
     p.add_argument("--head", type=int, default=0, help="head for --explain_attention")
     return p.parse_args(argv)
 
 
 def check_args(args: argparse.Namespace) -> None:
     """One-line errors for values the sampler would reject later, before the checkpoint is loaded."""
-    check_sampling_args(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.min_p,
-                        args.repetition_penalty, prefix="--")
+    check_sampling_args(
+        args.max_new_tokens,
+        args.temperature,
+        args.top_k,
+        args.top_p,
+        args.min_p,
+        args.repetition_penalty,
+        prefix="--",
+    )
     if args.num_samples < 1:
         raise UserError(f"--num_samples must be at least 1, got {args.num_samples}")
     if args.draft and args.prompt_lookup:
@@ -131,7 +164,10 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str, block_size: int, device: to
               "e.g. emoji); the model knows little about them, so expect output unrelated to the prompt",
               file=sys.stderr)  # fmt: skip
     if len(ids) > block_size:
-        print(f"note: the prompt has {len(ids)} tokens; the model sees only the last {block_size}", file=sys.stderr)
+        print(
+            f"note: the prompt has {len(ids)} tokens; the model sees only the last {block_size}",
+            file=sys.stderr,
+        )
     return torch.tensor([ids], device=device)
 
 
@@ -144,13 +180,19 @@ def unfamiliar_byte_ids(tokenizer: Tokenizer) -> set[int]:
     """
     table = tokenizer.token_bytes()
     merged = {byte for token in table if len(token) > 1 for byte in token}
-    return {i for i, token in enumerate(table) if len(token) == 1 and token[0] >= 0x80 and token[0] not in merged}
+    return {
+        i for i, token in enumerate(table) if len(token) == 1 and token[0] >= 0x80 and token[0] not in merged
+    }
 
 
 def run(args: argparse.Namespace) -> None:
     check_args(args)
     device = pick_device(args.device)
-    dtype = DTYPES[args.dtype] if args.dtype != "auto" else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = (
+        DTYPES[args.dtype]
+        if args.dtype != "auto"
+        else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    )
     loaded = load_checkpoint(args.checkpoint)
     model = loaded.model.to(device=device, dtype=dtype)
     tokenizer = Tokenizer.from_json(loaded.tokenizer_json)
@@ -201,7 +243,9 @@ def load_drafter(args: argparse.Namespace, loaded, device: torch.device, dtype: 
     return DraftModel(draft.model.to(device=device, dtype=dtype), device, dtype)
 
 
-def run_speculative(model, loaded, tokenizer: Tokenizer, prompt: torch.Tensor, args, sample: dict, echo: str) -> None:
+def run_speculative(
+    model, loaded, tokenizer: Tokenizer, prompt: torch.Tensor, args, sample: dict, echo: str
+) -> None:
     """Speculative decoding; prints the acceptance rate, and with --benchmark the speed-up over plain decoding."""
     sample = {key: sample[key] for key in ("temperature", "top_k", "top_p", "min_p")}
     eos_id = None if args.benchmark else tokenizer.eos_id  # a benchmark decodes the same count on both sides
@@ -210,8 +254,16 @@ def run_speculative(model, loaded, tokenizer: Tokenizer, prompt: torch.Tensor, a
     def speculative(on_token=None):
         sampler = Sampler(generator=torch.Generator(device=prompt.device).manual_seed(args.seed), **sample)
         drafter = load_drafter(args, loaded, prompt.device, dtype)
-        return speculative_generate(model, prompt, args.max_new_tokens, drafter, k=args.draft_k, sampler=sampler,
-                                    eos_id=eos_id, on_token=on_token)
+        return speculative_generate(
+            model,
+            prompt,
+            args.max_new_tokens,
+            drafter,
+            k=args.draft_k,
+            sampler=sampler,
+            eos_id=eos_id,
+            on_token=on_token,
+        )
 
     if not args.benchmark:
         stream = TextStream(tokenizer)
@@ -220,8 +272,11 @@ def run_speculative(model, loaded, tokenizer: Tokenizer, prompt: torch.Tensor, a
         out, stats = speculative(stream)
         seconds = time.perf_counter() - start
         print()
-        print(f"[{stats.new_tokens} tokens, {stats.target_forwards} target forwards, acceptance "
-              f"{stats.acceptance:.0%}, {stats.new_tokens / seconds:.1f} tokens/s]", file=sys.stderr)
+        print(
+            f"[{stats.new_tokens} tokens, {stats.target_forwards} target forwards, acceptance "
+            f"{stats.acceptance:.0%}, {stats.new_tokens / seconds:.1f} tokens/s]",
+            file=sys.stderr,
+        )
         return
     speculative()  # warm-up
     generate(model, prompt, 4, temperature=0.0)
@@ -232,11 +287,15 @@ def run_speculative(model, loaded, tokenizer: Tokenizer, prompt: torch.Tensor, a
     start = time.perf_counter()
     plain = generate(model, prompt, args.max_new_tokens, generator=generator, **sample)
     plain_s = time.perf_counter() - start
-    print(f"speculative: {stats.new_tokens / spec_s:.1f} tokens/s, acceptance {stats.acceptance:.0%} "
-          f"({stats.accepted}/{stats.drafted}), {stats.target_forwards} target forwards")
+    print(
+        f"speculative: {stats.new_tokens / spec_s:.1f} tokens/s, acceptance {stats.acceptance:.0%} "
+        f"({stats.accepted}/{stats.drafted}), {stats.target_forwards} target forwards"
+    )
     print(f"plain:       {args.max_new_tokens / plain_s:.1f} tokens/s")
-    print(f"speed-up:    {plain_s / spec_s * stats.new_tokens / args.max_new_tokens:.2f}x, "
-          f"same tokens: {torch.equal(out, plain)}")
+    print(
+        f"speed-up:    {plain_s / spec_s * stats.new_tokens / args.max_new_tokens:.2f}x, "
+        f"same tokens: {torch.equal(out, plain)}"
+    )
 
 
 def _until_eos(ids: list[int], eos_id: int) -> list[int]:
@@ -246,9 +305,13 @@ def _until_eos(ids: list[int], eos_id: int) -> list[int]:
 def benchmark(model, prompt: torch.Tensor, args: argparse.Namespace, sample: dict) -> None:
     """Prefill and decode throughput, measured apart: the first token's arrival ends the prefill."""
     dtype = next(model.parameters()).dtype
-    cache = KVCache.allocate(model.config, prompt.shape[0], model.config.block_size, device=prompt.device, dtype=dtype)
-    print(f"KV cache: {cache.bytes_per_token} bytes per token per sequence, {cache.nbytes / 2**20:.2f} MiB "
-          f"for {prompt.shape[0]} x {cache.max_len} tokens")
+    cache = KVCache.allocate(
+        model.config, prompt.shape[0], model.config.block_size, device=prompt.device, dtype=dtype
+    )
+    print(
+        f"KV cache: {cache.bytes_per_token} bytes per token per sequence, {cache.nbytes / 2**20:.2f} MiB "
+        f"for {prompt.shape[0]} x {cache.max_len} tokens"
+    )
     del cache
     sample = {**sample, "eos_id": None}  # never stop early: every run decodes the same count
     _timed_generate(model, prompt, 4, True, args.seed, sample)  # warm-up: thread pools, kernels, RoPE tables
@@ -258,7 +321,9 @@ def benchmark(model, prompt: torch.Tensor, args: argparse.Namespace, sample: dic
         prefill_s, decode_s = stamps[1] - stamps[0], stamps[-1] - stamps[1]
         decode_tps = prompt.shape[0] * (len(stamps) - 2) / decode_s if decode_s else float("inf")
         name = "cached" if use_cache else "no_cache"
-        print(f"{name:>8}: prefill {prompt.numel() / prefill_s:,.0f} tokens/s, decode {decode_tps:,.1f} tokens/s")
+        print(
+            f"{name:>8}: prefill {prompt.numel() / prefill_s:,.0f} tokens/s, decode {decode_tps:,.1f} tokens/s"
+        )
         results[name] = decode_tps
     if len(results) == 2:
         print(f"decode speed-up from the KV cache: {results['cached'] / results['no_cache']:.1f}x")
@@ -268,8 +333,15 @@ def _timed_generate(model, prompt, new_tokens: int, use_cache: bool, seed: int, 
     """perf_counter at the start and at the arrival of each new token."""
     stamps = [time.perf_counter()]
     generator = torch.Generator(device=prompt.device).manual_seed(seed)
-    generate(model, prompt, new_tokens, generator=generator, use_cache=use_cache,
-             on_token=lambda _: stamps.append(time.perf_counter()), **sample)
+    generate(
+        model,
+        prompt,
+        new_tokens,
+        generator=generator,
+        use_cache=use_cache,
+        on_token=lambda _: stamps.append(time.perf_counter()),
+        **sample,
+    )
     return stamps
 
 
@@ -292,7 +364,9 @@ def write_attention_html(model, tokenizer: Tokenizer, ids: torch.Tensor, path: s
     ids = ids[:, -model.config.block_size :]
     labels = [tokenizer.decode([i]) for i in ids[0].tolist()]
     generator = torch.Generator().manual_seed(0)  # the induction probe, as in training: comparable scores
-    page = model_explorer(model.float(), ids, labels, induction_period=32, generator=generator, title="generate.py")
+    page = model_explorer(
+        model.float(), ids, labels, induction_period=32, generator=generator, title="generate.py"
+    )
     try:
         write_explorer(path, page)
     except OSError as err:

@@ -57,11 +57,25 @@ def worker_main(args: argparse.Namespace) -> None:
         callbacks=[ModelCheckpoint(dirpath=checkpoints, save_last=True, every_n_train_steps=1, save_top_k=0,
                                    enable_version_counter=False), LastCheckpoint()],
     )  # fmt: skip
-    data = TextDataModule(data_files=args.corpus, cache_dir=args.cache, vocab_size=384, block_size=32,
-                          batch_size=8, num_workers=args.workers)
+    data = TextDataModule(
+        data_files=args.corpus,
+        cache_dir=args.cache,
+        vocab_size=384,
+        block_size=32,
+        batch_size=8,
+        num_workers=args.workers,
+    )
     torch.manual_seed(0)  # the same initial weights in every segment
-    module = LitGPT(vocab_size=384, block_size=32, n_layer=args.n_layer, n_head=4, n_kv_head=2, n_embd=args.n_embd,
-                    warmup_steps=2, learning_rate=3e-3)
+    module = LitGPT(
+        vocab_size=384,
+        block_size=32,
+        n_layer=args.n_layer,
+        n_head=4,
+        n_kv_head=2,
+        n_embd=args.n_embd,
+        warmup_steps=2,
+        learning_rate=3e-3,
+    )
     trainer.fit(module, data, ckpt_path=ckpt_path)
     torch.save(module.state_dict(), run_dir / "final.pt")
 
@@ -97,9 +111,13 @@ def chaos(args: argparse.Namespace, work: Path, env: dict) -> None:
         flags = ["--resume"] + (["--async"] if kill % 2 else [])
         start_step = newest_step(checkpoints)
         with open(log, "w") as out:
-            process = subprocess.Popen(worker_command(args, run_dir, *flags), env=env, stdout=out, stderr=out, cwd=ROOT)
+            process = subprocess.Popen(
+                worker_command(args, run_dir, *flags), env=env, stdout=out, stderr=out, cwd=ROOT
+            )
             while process.poll() is None and newest_step(checkpoints) <= start_step:
-                time.sleep(0.01)  # wait for this segment's first own checkpoint, so every segment makes progress
+                time.sleep(
+                    0.01
+                )  # wait for this segment's first own checkpoint, so every segment makes progress
             time.sleep(rng.uniform(0, args.window_s))
             if process.poll() is not None:
                 sys.exit(f"segment {kill + 1} finished before its kill: raise --steps ({args.steps})")
@@ -107,12 +125,18 @@ def chaos(args: argparse.Namespace, work: Path, env: dict) -> None:
             process.wait()
         outputs.append(log.read_text())
         left_by_kill.append(bool(stale_temp_files(checkpoints)))
-    final = subprocess.run(worker_command(args, run_dir, "--resume"), env=env, capture_output=True, text=True, cwd=ROOT)
+    final = subprocess.run(
+        worker_command(args, run_dir, "--resume"), env=env, capture_output=True, text=True, cwd=ROOT
+    )
     outputs.append(final.stdout + final.stderr)
     straight = work / "straight"
     subprocess.run(worker_command(args, straight), env=env, check=True, capture_output=True, cwd=ROOT)
-    same = final.returncode == 0 and _same(torch.load(run_dir / "final.pt"), torch.load(straight / "final.pt"))
-    survived = sum(resumed_cleanly(text) for text in outputs[1:])  # start k+1 tells whether kill k was survived
+    same = final.returncode == 0 and _same(
+        torch.load(run_dir / "final.pt"), torch.load(straight / "final.pt")
+    )
+    survived = sum(
+        resumed_cleanly(text) for text in outputs[1:]
+    )  # start k+1 tells whether kill k was survived
     left = [p for p in run_dir.rglob("*") if ".partial-" in p.name]
     in_tmpdir = [p for p in Path(env["TMPDIR"]).rglob("*") if p.is_file()]
     left_bytes = sum(p.stat().st_size for p in left + in_tmpdir)
@@ -120,8 +144,10 @@ def chaos(args: argparse.Namespace, work: Path, env: dict) -> None:
     swept = sum(left and "removed" in text for left, text in zip(left_by_kill, outputs[1:], strict=True))
     print(f"kills that left a temp file: {sum(left_by_kill)}; removed by the next start: {swept}")
     print(f"bytes left behind at the end (temp files in the run dir + anything in TMPDIR): {left_bytes}")
-    print(f"final weights equal the uninterrupted run's: {same} ({args.steps} steps, "
-          f"n_layer {args.n_layer}, n_embd {args.n_embd})")
+    print(
+        f"final weights equal the uninterrupted run's: {same} ({args.steps} steps, "
+        f"n_layer {args.n_layer}, n_embd {args.n_embd})"
+    )
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -156,8 +182,11 @@ def stall(args: argparse.Namespace, work: Path) -> None:
     for round_ in range(args.stall_rounds):
         for mode, io in ios.items():
             for save in range(2):  # the second async save may wait for the first: that wait is stall too
-                checkpoint = {"state_dict": model.state_dict(), "optimizer_states": [optimizer.state_dict()],
-                              "global_step": round_ * 2 + save}
+                checkpoint = {
+                    "state_dict": model.state_dict(),
+                    "optimizer_states": [optimizer.state_dict()],
+                    "global_step": round_ * 2 + save,
+                }
                 start = time.perf_counter()
                 io.save_checkpoint(checkpoint, work / f"stall-{mode}" / "last.ckpt")
                 stalls[mode].append(time.perf_counter() - start)
@@ -165,21 +194,31 @@ def stall(args: argparse.Namespace, work: Path) -> None:
             io.teardown()
     size = (work / "stall-sync" / "last.ckpt").stat().st_size
     sync_ms, async_ms = (statistics.median(stalls[m]) * 1e3 for m in ("sync", "async"))
-    print(f"save stall per save ({size / 1e6:.0f} MB checkpoint, median of {len(stalls['sync'])}): "
-          f"sync {sync_ms:.0f} ms, async {async_ms:.0f} ms; async/sync = {async_ms / sync_ms:.2f}")
+    print(
+        f"save stall per save ({size / 1e6:.0f} MB checkpoint, median of {len(stalls['sync'])}): "
+        f"sync {sync_ms:.0f} ms, async {async_ms:.0f} ms; async/sync = {async_ms / sync_ms:.2f}"
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=20, help="SIGKILLs to survive (M)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
-    parser.add_argument("--window_s", type=float, default=1.5, help="a kill lands up to this long after a segment's "
-                        "first checkpoint")
+    parser.add_argument(
+        "--window_s",
+        type=float,
+        default=1.5,
+        help="a kill lands up to this long after a segment's first checkpoint",
+    )
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps of the whole run")
     parser.add_argument("--n_embd", type=int, default=192)
     parser.add_argument("--n_layer", type=int, default=4)
-    parser.add_argument("--stall_rounds", type=int, default=3, help="sync/async rounds of 2 saves each (0: skip)")
-    parser.add_argument("--workdir", type=Path, default=None, help="where runs go (default: a new folder in runs/)")
+    parser.add_argument(
+        "--stall_rounds", type=int, default=3, help="sync/async rounds of 2 saves each (0: skip)"
+    )
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="where runs go (default: a new folder in runs/)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     # worker mode (internal)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -27,15 +27,23 @@ GPT_124M = ModelConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12,
 def tokens_per_s(model: GPT, prompt: torch.Tensor, new_tokens: int, **kwargs) -> float:
     """Decode tokens/s of one greedy `generate` call, the prefill excluded (timed from the first new token)."""
     stamps: list[float] = []
-    generate(model, prompt, new_tokens + 1, temperature=0.0, on_token=lambda _: stamps.append(time.perf_counter()),
-             **kwargs)
+    generate(
+        model,
+        prompt,
+        new_tokens + 1,
+        temperature=0.0,
+        on_token=lambda _: stamps.append(time.perf_counter()),
+        **kwargs,
+    )
     if prompt.device.type == "cuda":
         torch.cuda.synchronize()
         stamps[-1] = time.perf_counter()
     return new_tokens * prompt.shape[0] / (stamps[-1] - stamps[0])
 
 
-def compare_paths(model: GPT, prompt: torch.Tensor, new_tokens: int, repeats: int, paths: dict) -> dict[str, float]:
+def compare_paths(
+    model: GPT, prompt: torch.Tensor, new_tokens: int, repeats: int, paths: dict
+) -> dict[str, float]:
     """Median tokens/s of each path (name -> generate kwargs), alternating the paths in every repeat."""
     for kwargs in paths.values():
         tokens_per_s(model, prompt, 8, **kwargs)  # warm-up: thread pools, kernels, the compile
@@ -55,8 +63,10 @@ def bench_random_model(args: argparse.Namespace) -> None:
         paths["compiled"] = {"compile": True}
     tps = compare_paths(model, prompt, args.new_tokens, args.repeats, paths)
     c = SMALL_1024
-    print(f"model: {c.n_layer} layers, {c.n_embd} wide, {c.n_head}/{c.n_kv_head} heads, block_size {c.block_size}; "
-          f"{torch.get_num_threads()} threads; prompt {args.prompt_len}, {args.new_tokens} new, median of {args.repeats}")
+    print(
+        f"model: {c.n_layer} layers, {c.n_embd} wide, {c.n_head}/{c.n_kv_head} heads, block_size {c.block_size}; "
+        f"{torch.get_num_threads()} threads; prompt {args.prompt_len}, {args.new_tokens} new, median of {args.repeats}"
+    )
     for name, value in tps.items():
         print(f"{name:>9}: {value:9.1f} tokens/s  ({value / tps['no cache']:5.1f}x recompute)")
     print("target: cached >= 10x recompute")
@@ -66,12 +76,16 @@ def bench_batches(args: argparse.Namespace) -> None:
     """Tokens/s summed over the batch, for each batch size: one cache holds every sequence."""
     torch.manual_seed(0)
     model = GPT(SMALL_1024).to(args.device).eval()
-    print(f"batch throughput, {torch.get_num_threads()} threads, prompt {args.prompt_len}, {args.new_tokens} new")
+    print(
+        f"batch throughput, {torch.get_num_threads()} threads, prompt {args.prompt_len}, {args.new_tokens} new"
+    )
     for batch in args.batches:
         prompt = torch.randint(0, SMALL_1024.vocab_size, (batch, args.prompt_len), device=args.device)
         paths = {"cached": {}} | ({} if args.no_compile else {"compiled": {"compile": True}})
         tps = compare_paths(model, prompt, args.new_tokens, args.repeats, paths)
-        print(f"batch {batch:>3}: " + ", ".join(f"{name} {value:9.1f} tokens/s" for name, value in tps.items()))
+        print(
+            f"batch {batch:>3}: " + ", ".join(f"{name} {value:9.1f} tokens/s" for name, value in tps.items())
+        )
 
 
 def read_bandwidth(device: torch.device, megabytes: int = 512) -> float:
@@ -91,7 +105,9 @@ def bytes_per_token(model: GPT, context: int, batch: int = 1) -> int:
     """Bytes one decode step reads: every weight once (a tied embedding once) plus the keys/values in use."""
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     c = model.config
-    cache = 2 * c.n_layer * batch * c.n_kv_head * context * c.head_dim * next(model.parameters()).element_size()
+    cache = (
+        2 * c.n_layer * batch * c.n_kv_head * context * c.head_dim * next(model.parameters()).element_size()
+    )
     return weights + cache
 
 
@@ -106,9 +122,14 @@ def gpu_decode_report(new_tokens: int = 256, prompt_len: int = 64, device: str =
     tps = compare_paths(model, prompt, new_tokens, 3, {"eager": {}, "compiled": {"compile": True}})
     bandwidth = read_bandwidth(torch.device(device), 2048)
     per_token = bytes_per_token(model, prompt_len + new_tokens // 2)
-    report = {"eager_tok_s": tps["eager"], "compiled_tok_s": tps["compiled"], "read_gb_s": bandwidth / 1e9,
-              "bytes_per_token": per_token, "compiled_mbu": per_token * tps["compiled"] / bandwidth,
-              "eager_mbu": per_token * tps["eager"] / bandwidth}
+    report = {
+        "eager_tok_s": tps["eager"],
+        "compiled_tok_s": tps["compiled"],
+        "read_gb_s": bandwidth / 1e9,
+        "bytes_per_token": per_token,
+        "compiled_mbu": per_token * tps["compiled"] / bandwidth,
+        "eager_mbu": per_token * tps["eager"] / bandwidth,
+    }
     for key, value in report.items():
         print(f"{key:>16}: {value:,.3f}")
     return report
@@ -126,10 +147,14 @@ def bench_checkpoint(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", help="benchmark this checkpoint through generate.py --benchmark --no_cache")
+    parser.add_argument(
+        "--checkpoint", help="benchmark this checkpoint through generate.py --benchmark --no_cache"
+    )
     parser.add_argument("--batches", type=int, nargs="+", help="report tokens/s at these batch sizes instead")
     parser.add_argument("--gpu", action="store_true", help="run the GPU check (124 M model, bf16, compiled)")
-    parser.add_argument("--no_compile", action="store_true", help="skip the compiled path (its compile is slow)")
+    parser.add_argument(
+        "--no_compile", action="store_true", help="skip the compiled path (its compile is slow)"
+    )
     parser.add_argument("--prompt_len", type=int, default=64)
     parser.add_argument("--new_tokens", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=3)

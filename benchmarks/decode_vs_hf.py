@@ -36,7 +36,9 @@ from model.export_hf import export_hf
 CONFIGS = {
     "small": ModelConfig(vocab_size=1024, block_size=512, n_layer=4, n_head=8, n_kv_head=2, n_embd=256),
     "large": ModelConfig(vocab_size=1024, block_size=512, n_layer=12, n_head=12, n_kv_head=4, n_embd=768),
-    "large32k": ModelConfig(vocab_size=32000, block_size=1024, n_layer=12, n_head=12, n_kv_head=4, n_embd=768),
+    "large32k": ModelConfig(
+        vocab_size=32000, block_size=1024, n_layer=12, n_head=12, n_kv_head=4, n_embd=768
+    ),
 }
 TARGET_RATIO = {"small": 3.0, "large": 1.2, "large32k": 1.5}  # ours (best path) / transformers default
 LENGTHS = {"large32k": (512, 128)}  # prompt, new tokens: a realistic vocabulary with a long prompt
@@ -68,7 +70,9 @@ def interleaved_medians(
     return {name: statistics.median(t) for name, t in times.items()}, outputs
 
 
-def bench_config(name: str, config: ModelConfig, prompt_len: int, new_tokens: int, repeats: int, compile: bool) -> None:
+def bench_config(
+    name: str, config: ModelConfig, prompt_len: int, new_tokens: int, repeats: int, compile: bool
+) -> None:
     """Print one config's tokens/s and MBU for each side, and the ratios against transformers' default."""
     from transformers import AutoModelForCausalLM
     from transformers.generation import CompileConfig
@@ -77,7 +81,9 @@ def bench_config(name: str, config: ModelConfig, prompt_len: int, new_tokens: in
     model = GPT(config).eval()
     with tempfile.TemporaryDirectory() as tmp:
         path = export_hf(model, minimal_tokenizer_json(), Path(tmp) / "hf")
-        hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
+        hf = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32, attn_implementation="sdpa"
+        ).eval()
     prompt = torch.randint(config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(1))
     eos_id = hf.generation_config.eos_token_id
     # transformers compiles its static-cache decode step only on accelerators unless told to compile everywhere.
@@ -99,13 +105,17 @@ def bench_config(name: str, config: ModelConfig, prompt_len: int, new_tokens: in
     bandwidth = read_bandwidth(torch.device("cpu"))  # measured after the runs, in the same process and load
     per_token = bytes_per_token(model, prompt_len + new_tokens // 2)
     same = all(torch.equal(out, outputs["ours"]) for out in outputs.values())
-    print(f"{name}: {config.n_layer}L {config.n_embd}C {config.n_head}H/{config.n_kv_head}kv V={config.vocab_size} "
-          f"{model.num_params() / 1e6:.1f}M, prompt {prompt_len}, {new_tokens} new, {per_token / 1e6:.0f} MB read "
-          f"per token, read bandwidth {bandwidth / 1e9:.1f} GB/s, same tokens on every side: {same}")
+    print(
+        f"{name}: {config.n_layer}L {config.n_embd}C {config.n_head}H/{config.n_kv_head}kv V={config.vocab_size} "
+        f"{model.num_params() / 1e6:.1f}M, prompt {prompt_len}, {new_tokens} new, {per_token / 1e6:.0f} MB read "
+        f"per token, read bandwidth {bandwidth / 1e9:.1f} GB/s, same tokens on every side: {same}"
+    )
     for side, s in seconds.items():
         tps = new_tokens / s  # the prefill is included on every side alike
-        print(f"  {side:<18} {tps:8.1f} tok/s  MBU {per_token * tps / bandwidth:6.1%}  "
-              f"{seconds['transformers'] / s:5.2f}x transformers")
+        print(
+            f"  {side:<18} {tps:8.1f} tok/s  MBU {per_token * tps / bandwidth:6.1%}  "
+            f"{seconds['transformers'] / s:5.2f}x transformers"
+        )
     best = min(s for side, s in seconds.items() if side.startswith("ours"))
     print(f"  target: ours >= {TARGET_RATIO[name]}x transformers; got {seconds['transformers'] / best:.2f}x")
 
@@ -115,7 +125,9 @@ def main() -> None:
     parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=list(CONFIGS))
     parser.add_argument("--prompt_len", type=int, default=64, help="(large32k: 512)")
     parser.add_argument("--new_tokens", type=int, default=256, help="(large32k: 128)")
-    parser.add_argument("--no_compile", action="store_true", help="skip both compiled sides (CPU compiles are slow)")
+    parser.add_argument(
+        "--no_compile", action="store_true", help="skip both compiled sides (CPU compiles are slow)"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args()

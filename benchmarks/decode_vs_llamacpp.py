@@ -35,8 +35,9 @@ CONFIGS = {name: DECODE_CONFIGS[name] for name in ("small", "large")}  # the sam
 
 def build_probe() -> Path:
     """The llamacpp-probe binary, built (minutes, once per machine) when it is not cached yet."""
-    done = subprocess.run(["bash", str(REPO_ROOT / "tools" / "llamacpp" / "build.sh")], capture_output=True,
-                          text=True)
+    done = subprocess.run(
+        ["bash", str(REPO_ROOT / "tools" / "llamacpp" / "build.sh")], capture_output=True, text=True
+    )
     if done.returncode != 0:
         sys.exit(f"error: tools/llamacpp/build.sh failed:\n{done.stderr}")
     return Path(done.stdout.strip().splitlines()[-1])
@@ -45,13 +46,20 @@ def build_probe() -> Path:
 def shakespeare_tokenizer(vocab_size: int) -> Tokenizer:
     """A real byte-level BPE, as the GGUF export needs one; the benchmark itself feeds token ids."""
     text = (REPO_ROOT / "data" / "corpora" / "tinyshakespeare.txt").read_text(encoding="utf-8")[:300_000]
-    return Tokenizer.train([text[i : i + 2000] for i in range(0, len(text), 2000)], vocab_size, show_progress=False)
+    return Tokenizer.train(
+        [text[i : i + 2000] for i in range(0, len(text), 2000)], vocab_size, show_progress=False
+    )
 
 
 def llamacpp_run(probe: Path, gguf_path: Path, prompt: list[int], new_tokens: int, threads: int):
     """(new token ids, seconds for the prompt pass plus the decode steps) from one probe run."""
-    done = subprocess.run([str(probe), "generate", str(gguf_path), str(new_tokens), str(threads)],
-                          input=" ".join(map(str, prompt)), capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [str(probe), "generate", str(gguf_path), str(new_tokens), str(threads)],
+        input=" ".join(map(str, prompt)),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     ids_line, seconds_line = done.stdout.splitlines()[:2]
     prefill_s, decode_s = (float(s) for s in seconds_line.split()[1:3])
     return [int(i) for i in ids_line.split()], prefill_s + decode_s
@@ -61,7 +69,9 @@ def bench_config(name: str, config: ModelConfig, probe: Path, args: argparse.Nam
     """Print one config's tokens/s for both sides and return llama.cpp's speed over ours."""
     torch.manual_seed(0)
     model = GPT(config).eval()
-    prompt = torch.randint(config.vocab_size, (1, args.prompt_len), generator=torch.Generator().manual_seed(1))
+    prompt = torch.randint(
+        config.vocab_size, (1, args.prompt_len), generator=torch.Generator().manual_seed(1)
+    )
     threads = torch.get_num_threads()
     times: dict[str, list[float]] = {"ours": [], "llama.cpp": []}
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():

@@ -34,7 +34,11 @@ from training.schedule import adamw_param_groups
 
 
 def repeat_batch(
-    vocab_size: int, block_size: int, batch_size: int, periods: tuple[int, int], generator: torch.Generator,
+    vocab_size: int,
+    block_size: int,
+    batch_size: int,
+    periods: tuple[int, int],
+    generator: torch.Generator,
     tile: bool = True,
 ) -> torch.Tensor:
     """Token ids (B, block_size + 1): random tokens, each row holding a segment repeated right after itself.
@@ -99,7 +103,9 @@ def evaluate(model: GPT, args: argparse.Namespace) -> dict:
     a head that matches tokens keeps scoring.
     """
     model.eval()
-    probe = torch.randint(args.vocab_size, (args.eval_batch, args.block_size), generator=_generator(args.seed - 1))
+    probe = torch.randint(
+        args.vocab_size, (args.eval_batch, args.block_size), generator=_generator(args.seed - 1)
+    )
     probe_maps = model.attention_maps(probe)  # (L, B, H, T, T), shared by every period
     firsts, seconds, inductions = [], [], []
     for i, period in enumerate(args.eval_periods):
@@ -177,12 +183,16 @@ def run(args: argparse.Namespace) -> None:
     history, recent, start = [], [], time.perf_counter()
     detector = PhaseChangeDetector(args.threshold)  # one line per head, at the evaluation where it crosses
     for step in range(1, args.steps + 1):
-        tokens = repeat_batch(args.vocab_size, args.block_size, args.batch_size, periods, generator, args.tile)
+        tokens = repeat_batch(
+            args.vocab_size, args.block_size, args.batch_size, periods, generator, args.tile
+        )
         recent.append(train_step(model, optimizer, scheduler, tokens))
         if step % args.eval_every == 0 or step == args.steps:
             result = evaluate(model, args)
             history.append((step, result))
-            print(format_row(step, time.perf_counter() - start, sum(recent) / len(recent), result), flush=True)
+            print(
+                format_row(step, time.perf_counter() - start, sum(recent) / len(recent), result), flush=True
+            )
             for formation in detector.update(step, result["induction"]):
                 print(formation.message(), flush=True)
             recent = []
@@ -208,10 +218,18 @@ def parse_args() -> argparse.Namespace:
     add("--weight_decay", type=float, default=0.1)
     add("--min_period", type=int, default=8, help="shortest repeated segment in training")
     add("--max_period", type=int, default=32, help="longest repeated segment in training (<= (block+1)/2)")
-    add("--eval_periods", type=_int_list, default=(8, 12, 16, 24, 32),
-        help="comma-separated segment lengths of the held-out repeated sequences")
-    add("--no_tile", dest="tile", action="store_false",
-        help="show the segment twice only, instead of repeating it until the end of the sequence")
+    add(
+        "--eval_periods",
+        type=_int_list,
+        default=(8, 12, 16, 24, 32),
+        help="comma-separated segment lengths of the held-out repeated sequences",
+    )
+    add(
+        "--no_tile",
+        dest="tile",
+        action="store_false",
+        help="show the segment twice only, instead of repeating it until the end of the sequence",
+    )
     add("--eval_batch", type=int, default=8)
     add("--threshold", type=float, default=0.5, help="induction score that counts as an induction head")
     args = parser.parse_args()

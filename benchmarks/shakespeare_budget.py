@@ -57,15 +57,34 @@ def score_validation(model, tokenizer, tokens, block_size: int) -> dict[str, flo
         nats += F.cross_entropy(logits[0].float(), window[1:], reduction="sum").item()
         count += len(window) - 1
     text = tokenizer.decode(ids[1:].tolist())
-    return {"nats_per_token": nats / count, "nats_per_char": nats / len(text),
-            "bpb": nats / math.log(2) / len(text.encode("utf-8")), "chars": len(text), "tokens": count}
+    return {
+        "nats_per_token": nats / count,
+        "nats_per_char": nats / len(text),
+        "bpb": nats / math.log(2) / len(text.encode("utf-8")),
+        "chars": len(text),
+        "tokens": count,
+    }
 
 
 def build(overrides: list[str], budget_s: float):
     run_name = f"budget-{budget_s:.0f}s-{time.strftime('%Y%m%d-%H%M%S')}"
-    args = ["--config", "configs/shakespeare.yaml", *overrides, "--trainer.logger", "false",
-            "--trainer.limit_val_batches", "0", "--samples.every_n_steps", "0",
-            "--attention_maps.every_n_steps", "0", "--trainer.enable_progress_bar", "false", "--run_name", run_name]
+    args = [
+        "--config",
+        "configs/shakespeare.yaml",
+        *overrides,
+        "--trainer.logger",
+        "false",
+        "--trainer.limit_val_batches",
+        "0",
+        "--samples.every_n_steps",
+        "0",
+        "--attention_maps.every_n_steps",
+        "0",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--run_name",
+        run_name,
+    ]
     return GPTCLI(LitGPT, TextDataModule, run=False, args=args, save_config_kwargs={"overwrite": True})
 
 
@@ -94,17 +113,24 @@ def report(module, data, trainer, train_s: float, scores: dict) -> None:
     tokens_per_s = steps * data.batch_size * data.block_size / train_s
     print(f"val_nats_per_char: {scores['nats_per_char']:.4f}")
     print(f"val_bpb: {scores['bpb']:.4f}   val_nats_per_token: {scores['nats_per_token']:.4f}")
-    print(f"train: {steps} steps in {train_s:.1f} s, {tokens_per_s:,.0f} tokens/s, "
-          f"{tokens_per_s * data.chars_per_token:,.0f} chars/s")
-    print(f"params: {module.model.num_params():,}   vocab: {data.tokenizer.vocab_size}   "
-          f"block: {data.block_size}   batch: {data.batch_size}")
+    print(
+        f"train: {steps} steps in {train_s:.1f} s, {tokens_per_s:,.0f} tokens/s, "
+        f"{tokens_per_s * data.chars_per_token:,.0f} chars/s"
+    )
+    print(
+        f"params: {module.model.num_params():,}   vocab: {data.tokenizer.vocab_size}   "
+        f"block: {data.block_size}   batch: {data.batch_size}"
+    )
     print(f"checkpoint: {trainer.checkpoint_callback.dirpath}/last.ckpt")
     tokenizer, model = data.tokenizer, module.model
-    for seed, (prompt, temperature) in enumerate([("ROMEO:", 0.0), ("JULIET:\n", 0.8), ("First Citizen:\n", 0.8)]):
+    for seed, (prompt, temperature) in enumerate(
+        [("ROMEO:", 0.0), ("JULIET:\n", 0.8), ("First Citizen:\n", 0.8)]
+    ):
         ids = torch.tensor([tokenizer.encode(prompt)])
         # One seed per prompt: with a shared seed, prompts ending alike ("...:\n") drew the same continuation.
-        out = generate(model, ids, 60, temperature=temperature, top_k=50,
-                       generator=torch.Generator().manual_seed(seed))
+        out = generate(
+            model, ids, 60, temperature=temperature, top_k=50, generator=torch.Generator().manual_seed(seed)
+        )
         kind = "greedy" if temperature == 0 else f"T={temperature}"
         print(f"--- {kind}: {prompt!r}\n{tokenizer.decode(out[0].tolist())}")
 

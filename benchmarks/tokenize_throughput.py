@@ -60,14 +60,20 @@ def line_by_line(corpus: Path, tokenizer) -> tuple[float, float, int]:
     return time.perf_counter() - start, cpu_seconds() - start_cpu, len(ids)
 
 
-def pipeline(corpus: Path, tokenizer_file: Path, cache_dir: Path, num_proc: int,
-             vocab_size: int) -> tuple[float, float]:
+def pipeline(
+    corpus: Path, tokenizer_file: Path, cache_dir: Path, num_proc: int, vocab_size: int
+) -> tuple[float, float]:
     """Wall and CPU seconds for `prepare_tokens` with the given tokenizer (its training is not timed)."""
     from data.prepare import PrepareSettings, prepare_tokens
     from data.source import CorpusSource
 
-    settings = PrepareSettings(source=CorpusSource(data_files=str(corpus)), cache_dir=cache_dir,
-                               vocab_size=vocab_size, tokenizer_path=tokenizer_file, num_proc=num_proc)
+    settings = PrepareSettings(
+        source=CorpusSource(data_files=str(corpus)),
+        cache_dir=cache_dir,
+        vocab_size=vocab_size,
+        tokenizer_path=tokenizer_file,
+        num_proc=num_proc,
+    )
     start, start_cpu = time.perf_counter(), cpu_seconds()
     prepare_tokens(settings)
     return time.perf_counter() - start, cpu_seconds() - start_cpu
@@ -85,10 +91,22 @@ def measure_rounds(corpus: Path, tokenizer, folder: Path, args: argparse.Namespa
         first_s, first_cpu = pipeline(copy, folder / "tokenizer.json", cache, args.num_proc, args.vocab_size)
         hit_s, _ = pipeline(copy, folder / "tokenizer.json", cache, args.num_proc, args.vocab_size)
         pipeline_tokens = sum(path.stat().st_size for path in cache.rglob("*.bin")) // 2
-        rounds.append({"line_s": line_s, "line_cpu": line_cpu, "line_tokens": line_tokens, "first_s": first_s,
-                       "first_cpu": first_cpu, "hit_s": hit_s, "pipeline_tokens": pipeline_tokens})
-        print(f"round {index + 1}: line by line {line_s:6.1f} s (CPU {line_cpu:6.1f} s), pipeline {first_s:6.1f} s "
-              f"(CPU {first_cpu:6.1f} s), cache hit {hit_s * 1000:.0f} ms", flush=True)
+        rounds.append(
+            {
+                "line_s": line_s,
+                "line_cpu": line_cpu,
+                "line_tokens": line_tokens,
+                "first_s": first_s,
+                "first_cpu": first_cpu,
+                "hit_s": hit_s,
+                "pipeline_tokens": pipeline_tokens,
+            }
+        )
+        print(
+            f"round {index + 1}: line by line {line_s:6.1f} s (CPU {line_cpu:6.1f} s), pipeline {first_s:6.1f} s "
+            f"(CPU {first_cpu:6.1f} s), cache hit {hit_s * 1000:.0f} ms",
+            flush=True,
+        )
     return rounds
 
 
@@ -97,26 +115,40 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tokenize-bench-") as folder_name:
         folder = Path(folder_name)
         # Fresh Hugging Face caches, so the pipeline's first run cannot hit an earlier run's Arrow files.
-        os.environ.update(HF_HOME=str(folder / "hf"), HF_DATASETS_CACHE=str(folder / "hf" / "datasets"),
-                          HF_HUB_OFFLINE="1")
+        os.environ.update(
+            HF_HOME=str(folder / "hf"), HF_DATASETS_CACHE=str(folder / "hf" / "datasets"), HF_HUB_OFFLINE="1"
+        )
         from data.tokenizer import Tokenizer
 
         corpus = write_corpus(args.source, args.megabytes, folder)
         megabytes = corpus.stat().st_size / 1e6
-        tokenizer = Tokenizer.train([args.source.read_text(encoding="utf-8")], args.vocab_size, show_progress=False)
+        tokenizer = Tokenizer.train(
+            [args.source.read_text(encoding="utf-8")], args.vocab_size, show_progress=False
+        )
         tokenizer.save(folder / "tokenizer.json")
-        print(f"corpus: {megabytes:.1f} MB ({args.source.name} repeated), vocab {tokenizer.vocab_size}, "
-              f"{os.cpu_count()} CPUs, {args.repeats} round(s), medians below")
+        print(
+            f"corpus: {megabytes:.1f} MB ({args.source.name} repeated), vocab {tokenizer.vocab_size}, "
+            f"{os.cpu_count()} CPUs, {args.repeats} round(s), medians below"
+        )
         rounds = measure_rounds(corpus, tokenizer, folder, args)
 
     def median(key: str) -> float:
         return statistics.median(row[key] for row in rounds)
 
-    line_s, line_cpu, first_s, first_cpu = median("line_s"), median("line_cpu"), median("first_s"), median("first_cpu")
-    print(f"line by line, 1 process      : {megabytes / line_s:6.2f} MB/s  wall {line_s:6.1f} s  "
-          f"CPU {line_cpu:6.1f} s  {rounds[0]['line_tokens']:,} tokens")
-    print(f"pipeline, num_proc={args.num_proc}, 1st run: {megabytes / first_s:6.2f} MB/s  wall {first_s:6.1f} s  "
-          f"CPU {first_cpu:6.1f} s  {rounds[0]['pipeline_tokens']:,} tokens")
+    line_s, line_cpu, first_s, first_cpu = (
+        median("line_s"),
+        median("line_cpu"),
+        median("first_s"),
+        median("first_cpu"),
+    )
+    print(
+        f"line by line, 1 process      : {megabytes / line_s:6.2f} MB/s  wall {line_s:6.1f} s  "
+        f"CPU {line_cpu:6.1f} s  {rounds[0]['line_tokens']:,} tokens"
+    )
+    print(
+        f"pipeline, num_proc={args.num_proc}, 1st run: {megabytes / first_s:6.2f} MB/s  wall {first_s:6.1f} s  "
+        f"CPU {first_cpu:6.1f} s  {rounds[0]['pipeline_tokens']:,} tokens"
+    )
     print(f"pipeline, cache hit          : {median('hit_s') * 1000:.1f} ms")
     print(f"ratio pipeline / line by line: {line_s / first_s:.2f}x wall, {line_cpu / first_cpu:.2f}x CPU")
 

@@ -115,7 +115,9 @@ def quiet_lightning() -> None:
 
 def measure(args: argparse.Namespace) -> dict[str, list[tuple[float, list[float]]]]:
     """Alternating rounds: per side a list of (tokens/s, losses)."""
-    tokens = np.random.default_rng(args.seed).integers(0, args.vocab_size, args.stream_tokens, dtype=np.uint16)
+    tokens = np.random.default_rng(args.seed).integers(
+        0, args.vocab_size, args.stream_tokens, dtype=np.uint16
+    )
     results = {"lightning": [], "bare": []}
     runners = {"lightning": run_lightning, "bare": run_bare}
     for round_index in range(args.repeats):
@@ -140,9 +142,13 @@ def report(results: dict[str, list[tuple[float, list[float]]]], args: argparse.N
     tokens_per_step = args.batch_size * args.block_size
     print(f"lightning: {lit:9.0f} tokens/s ({1000 * tokens_per_step / lit:7.1f} ms/step)")
     print(f"bare:      {bare:9.0f} tokens/s ({1000 * tokens_per_step / bare:7.1f} ms/step)")
-    print(f"overhead:  {100 * overhead:8.2f} % of bare tokens/s (target < 5%): {'PASS' if overhead < 0.05 else 'FAIL'}")
+    print(
+        f"overhead:  {100 * overhead:8.2f} % of bare tokens/s (target < 5%): {'PASS' if overhead < 0.05 else 'FAIL'}"
+    )
     first_diff = abs(lit_losses[0] - bare_losses[0])
-    print(f"first-step loss: lightning {lit_losses[0]:.6f}, bare {bare_losses[0]:.6f}, |diff| {first_diff:.2e}")
+    print(
+        f"first-step loss: lightning {lit_losses[0]:.6f}, bare {bare_losses[0]:.6f}, |diff| {first_diff:.2e}"
+    )
     worst = max(abs(a - b) for a, b in zip(lit_losses, bare_losses, strict=True))
     print(f"last-step loss:  lightning {lit_losses[-1]:.6f}, bare {bare_losses[-1]:.6f}; "
           f"max |diff| over all {len(lit_losses)} steps {worst:.2e}")  # fmt: skip

@@ -26,7 +26,9 @@ _OWNER = re.compile(rf"{re.escape(TEMP_MARK)}(\d+)@(.+)-[0-9a-f]+$")
 
 def temp_path_for(path: Path) -> Path:
     """A unique temporary name next to `path` that names its owner: `.<name>.partial-<pid>@<host>-<hex>`."""
-    return path.with_name(f".{path.name}{TEMP_MARK}{os.getpid()}@{socket.gethostname()}-{uuid.uuid4().hex[:8]}")
+    return path.with_name(
+        f".{path.name}{TEMP_MARK}{os.getpid()}@{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+    )
 
 
 def owner_has_exited(temp: Path) -> bool:
@@ -80,7 +82,9 @@ def atomic_path(path: str | Path, *, durable: bool = False) -> Iterator[Path]:
         fsync_dir(path.parent)
 
 
-def atomic_write(path: str | Path, content: bytes | str | Callable[[BinaryIO], None], *, durable: bool = False) -> Path:
+def atomic_write(
+    path: str | Path, content: bytes | str | Callable[[BinaryIO], None], *, durable: bool = False
+) -> Path:
     """Write `content` (bytes, text as UTF-8, or a function that writes to a binary file) to `path` atomically.
 
     durable=True also fsyncs the file before the rename and the folder after it, so the new file survives a
@@ -137,8 +141,9 @@ class StagedFolder:
         fsync_dir(self.parent)
         return final
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         if self.path is not None:
             shutil.rmtree(self.path, ignore_errors=True)
             self.path = None

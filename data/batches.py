@@ -67,8 +67,17 @@ class TrainBatches(_MemmapPicklesAsPath, IterableDataset):
     DataLoader's round-robin puts them back in order.
     """
 
-    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int, rank: int = 0,
-                 world_size: int = 1, start_batch: int = 0, num_batches: int | None = None) -> None:
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        block_size: int,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        start_batch: int = 0,
+        num_batches: int | None = None,
+    ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         self.tokens = tokens
@@ -125,5 +134,7 @@ class ValWindows(_MemmapPicklesAsPath, Dataset):
         if not 0 <= index < len(self):
             raise IndexError(index)
         start = index * self.block_size
-        window = torch.from_numpy(self.tokens[start : start + self.block_size + 1].astype(np.int64))  # (T + 1,)
+        window = torch.from_numpy(
+            self.tokens[start : start + self.block_size + 1].astype(np.int64)
+        )  # (T + 1,)
         return window[:-1], window[1:]

@@ -20,7 +20,9 @@ from data.tokenizer import MIN_VOCAB_SIZE, Tokenizer
 
 # The default corpus ships with the package (public domain, 1.1 MB), so the default config trains offline.
 TINY_SHAKESPEARE = Path(__file__).resolve().parent / "corpora" / "tinyshakespeare.txt"
-TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+TINY_SHAKESPEARE_URL = (
+    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+)
 
 
 class TextDataModule(L.LightningDataModule):
@@ -74,17 +76,22 @@ class TextDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.source = CorpusSource(dataset, dataset_config, data_files, revision, text_column, text_sample_by,
-                                   streaming)
+        self.source = CorpusSource(
+            dataset, dataset_config, data_files, revision, text_column, text_sample_by, streaming
+        )
         self.vocab_size = vocab_size
         self.block_size = block_size
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.seed = seed
         self.settings = PrepareSettings(
-            source=self.source, cache_dir=Path(cache_dir).expanduser(), vocab_size=vocab_size,
+            source=self.source,
+            cache_dir=Path(cache_dir).expanduser(),
+            vocab_size=vocab_size,
             tokenizer_path=Path(tokenizer_path).expanduser() if tokenizer_path else None,
-            val_fraction=val_fraction, num_proc=num_proc, tokenizer_train_docs=tokenizer_train_docs,
+            val_fraction=val_fraction,
+            num_proc=num_proc,
+            tokenizer_train_docs=tokenizer_train_docs,
             val_block_size=block_size,
         )
         self._check_settings()
@@ -96,17 +103,29 @@ class TextDataModule(L.LightningDataModule):
     def _check_settings(self) -> None:
         """Cheap checks, so a bad config fails when it is parsed rather than minutes into preparation."""
         settings = self.settings
-        _require(self.vocab_size >= MIN_VOCAB_SIZE, "data.vocab_size",
-                 f"{self.vocab_size} is below {MIN_VOCAB_SIZE} (256 bytes + <|endoftext|>); use at least that")
+        _require(
+            self.vocab_size >= MIN_VOCAB_SIZE,
+            "data.vocab_size",
+            f"{self.vocab_size} is below {MIN_VOCAB_SIZE} (256 bytes + <|endoftext|>); use at least that",
+        )
         _require(self.block_size > 0, "data.block_size", f"must be positive, got {self.block_size}")
         _require(self.batch_size > 0, "data.batch_size", f"must be positive, got {self.batch_size}")
         _require(self.num_workers >= 0, "data.num_workers", f"must be >= 0, got {self.num_workers}")
-        _require(0 < settings.val_fraction < 1, "data.val_fraction",
-                 f"must be between 0 and 1 (exclusive), got {settings.val_fraction}")
-        _require(settings.num_proc is None or settings.num_proc > 0, "data.num_proc",
-                 f"must be positive or null, got {settings.num_proc}")
-        _require(settings.tokenizer_train_docs > 0, "data.tokenizer_train_docs",
-                 f"must be positive, got {settings.tokenizer_train_docs}")
+        _require(
+            0 < settings.val_fraction < 1,
+            "data.val_fraction",
+            f"must be between 0 and 1 (exclusive), got {settings.val_fraction}",
+        )
+        _require(
+            settings.num_proc is None or settings.num_proc > 0,
+            "data.num_proc",
+            f"must be positive or null, got {settings.num_proc}",
+        )
+        _require(
+            settings.tokenizer_train_docs > 0,
+            "data.tokenizer_train_docs",
+            f"must be positive, got {settings.tokenizer_train_docs}",
+        )
         self.source.check()
         if settings.tokenizer_path is not None:
             load_tokenizer_setting(settings.tokenizer_path, self.vocab_size)
@@ -139,8 +158,15 @@ class TextDataModule(L.LightningDataModule):
         """The endless training batch sequence of one rank, starting at `start_batch`."""
         self._require_setup()
         assert self.train_tokens is not None
-        return TrainBatches(self.train_tokens, self.block_size, self.batch_size, self.seed, rank=rank,
-                            world_size=world_size, start_batch=start_batch)
+        return TrainBatches(
+            self.train_tokens,
+            self.block_size,
+            self.batch_size,
+            self.seed,
+            rank=rank,
+            world_size=world_size,
+            start_batch=start_batch,
+        )
 
     def train_dataloader(self) -> DataLoader:
         """Resumes where the attached trainer stands: batch global_step * accumulate_grad_batches."""
@@ -150,17 +176,28 @@ class TextDataModule(L.LightningDataModule):
         else:
             start = trainer.global_step * trainer.accumulate_grad_batches
             batches = self.train_batches(start, trainer.global_rank, trainer.world_size)
-        return DataLoader(batches, batch_size=None, num_workers=self.num_workers,
-                          pin_memory=torch.cuda.is_available(), worker_init_fn=leave_ctrl_c_to_the_main_process)
+        return DataLoader(
+            batches,
+            batch_size=None,
+            num_workers=self.num_workers,
+            pin_memory=torch.cuda.is_available(),
+            worker_init_fn=leave_ctrl_c_to_the_main_process,
+        )
 
     def val_dataloader(self) -> DataLoader:
         """Every validation window once, in order (Lightning adds a DistributedSampler under DDP)."""
         self._require_setup()
         assert self.val_tokens is not None
         # Persistent workers: validation runs many times, and restarting workers each time costs seconds.
-        return DataLoader(ValWindows(self.val_tokens, self.block_size), batch_size=self.batch_size, shuffle=False,
-                          num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
-                          persistent_workers=self.num_workers > 0, worker_init_fn=leave_ctrl_c_to_the_main_process)
+        return DataLoader(
+            ValWindows(self.val_tokens, self.block_size),
+            batch_size=self.batch_size,
+            shuffle=False,
+            num_workers=self.num_workers,
+            pin_memory=torch.cuda.is_available(),
+            persistent_workers=self.num_workers > 0,
+            worker_init_fn=leave_ctrl_c_to_the_main_process,
+        )
 
     def _meta_value(self, key: str) -> float:
         self._require_setup()
@@ -168,7 +205,9 @@ class TextDataModule(L.LightningDataModule):
 
     def _require_setup(self) -> None:
         if self.train_tokens is None:
-            raise RuntimeError("TextDataModule: call setup() (or let the Trainer call it) before using the data")
+            raise RuntimeError(
+                "TextDataModule: call setup() (or let the Trainer call it) before using the data"
+            )
 
 
 def leave_ctrl_c_to_the_main_process(worker_id: int) -> None:
@@ -180,4 +219,3 @@ def leave_ctrl_c_to_the_main_process(worker_id: int) -> None:
 def _require(condition: bool, key: str, problem: str) -> None:
     if not condition:
         raise DataConfigError(f"{key}: {problem}")
-

@@ -53,7 +53,11 @@ class PrepareSettings:
 
     def trained_tokenizer_file(self) -> Path:
         """Where the tokenizer trained on this corpus is kept, so a second run knows its sha256 without work."""
-        recipe = [TOKENIZER_RECIPE, self.vocab_size, self.tokenizer_train_docs if self.source.streaming else None]
+        recipe = [
+            TOKENIZER_RECIPE,
+            self.vocab_size,
+            self.tokenizer_train_docs if self.source.streaming else None,
+        ]
         return self.corpus_dir() / f"tokenizer-bpe{self.vocab_size}-{stable_digest(recipe, length=12)}.json"
 
 
@@ -67,15 +71,20 @@ def prepare_tokens(settings: PrepareSettings) -> Path:
     corpus_dir = settings.corpus_dir()
     tokenizer = known_tokenizer(settings)
     if tokenizer is not None and is_complete(corpus_dir / token_folder_name(tokenizer)):
-        _check_sizes(corpus_dir / token_folder_name(tokenizer), tokenizer, settings)  # built for another block_size?
+        _check_sizes(
+            corpus_dir / token_folder_name(tokenizer), tokenizer, settings
+        )  # built for another block_size?
         return corpus_dir / token_folder_name(tokenizer)
     trained_here = tokenizer is None
     with StagedFolder(corpus_dir) as staged:
         assert staged.path is not None
         tokenizer, val_source = _tokenize(settings, tokenizer, staged.path)
         _check_sizes(staged.path, tokenizer, settings)
-        details = {"val_source": val_source, "corpus": settings.source.identity(),
-                   "val_fraction": settings.val_fraction}
+        details = {
+            "val_source": val_source,
+            "corpus": settings.source.identity(),
+            "val_fraction": settings.val_fraction,
+        }
         finish_token_folder(staged.path, tokenizer, details)
         folder = publish_token_folder(staged, token_folder_name(tokenizer))
     if trained_here:
@@ -96,7 +105,9 @@ def load_tokenizer_setting(path: Path, vocab_size: int) -> Tokenizer:
     try:
         tokenizer = Tokenizer.from_file(path)
     except FileNotFoundError:
-        raise DataConfigError(f"data.tokenizer_path: {path} does not exist; pass a tokenizer.json file") from None
+        raise DataConfigError(
+            f"data.tokenizer_path: {path} does not exist; pass a tokenizer.json file"
+        ) from None
     except ValueError as error:
         raise DataConfigError(f"data.tokenizer_path: {error}") from error
     if tokenizer.vocab_size > vocab_size:
@@ -110,13 +121,20 @@ def load_tokenizer_setting(path: Path, vocab_size: int) -> Tokenizer:
 def _tokenize(settings: PrepareSettings, tokenizer: Tokenizer | None, out_dir: Path) -> tuple[Tokenizer, str]:
     source = settings.source
     train_docs, val_docs = source.load()
-    common: dict[str, Any] = {"column": source.text_column, "corpus_key": source.key, "tokenizer": tokenizer,
-                              "vocab_size": settings.vocab_size, "val_fraction": settings.val_fraction,
-                              "out_dir": out_dir}
+    common: dict[str, Any] = {
+        "column": source.text_column,
+        "corpus_key": source.key,
+        "tokenizer": tokenizer,
+        "vocab_size": settings.vocab_size,
+        "val_fraction": settings.val_fraction,
+        "out_dir": out_dir,
+    }
     if source.streaming:
         from data.tokenize_stream import tokenize_stream
 
-        return tokenize_stream(train_docs, val_docs, tokenizer_train_docs=settings.tokenizer_train_docs, **common)
+        return tokenize_stream(
+            train_docs, val_docs, tokenizer_train_docs=settings.tokenizer_train_docs, **common
+        )
     from data.tokenize_dataset import tokenize_dataset
 
     return tokenize_dataset(train_docs, val_docs, num_proc=settings.num_proc, **common)

@@ -34,8 +34,9 @@ def split_at_safe_newlines(text: str, max_chars: int = SEGMENT_CHARS) -> list[st
     return pieces
 
 
-def segment_documents(texts: Sequence[str | None], first_in_split: Sequence[bool],
-                      max_chars: int = SEGMENT_CHARS) -> dict[str, list]:
+def segment_documents(
+    texts: Sequence[str | None], first_in_split: Sequence[bool], max_chars: int = SEGMENT_CHARS
+) -> dict[str, list]:
     """Segments of each non-empty document, with `separator_before` marking where `<|endoftext|>` goes.
 
     The separator goes before every document except the first of its split, so documents are joined with
@@ -52,8 +53,16 @@ def segment_documents(texts: Sequence[str | None], first_in_split: Sequence[bool
     return {"text": segments, "separator_before": separator_before}
 
 
-def segment_batch(batch: dict[str, list], indices: list[int], *, column: str, first_offset: int,
-                  last_index: int, last_limit: int | None, max_chars: int = SEGMENT_CHARS) -> dict[str, list]:
+def segment_batch(
+    batch: dict[str, list],
+    indices: list[int],
+    *,
+    column: str,
+    first_offset: int,
+    last_index: int,
+    last_limit: int | None,
+    max_chars: int = SEGMENT_CHARS,
+) -> dict[str, list]:
     """`Dataset.map` function: clip the split's first/last document to the character cut, then segment.
 
     Row 0 starts at character `first_offset`; row `last_index` ends at character `last_limit` (None: no clip).

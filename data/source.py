@@ -77,6 +77,7 @@ class CorpusSource:
 
     def resolved_data_files(self) -> DataFiles | None:
         """`data_files` with local paths made absolute (globs kept), so the cache key ignores the cwd."""
+
         def resolve(file: str) -> str:
             return file if is_remote(file) else str(Path(file).expanduser().resolve())
 
@@ -87,9 +88,13 @@ class CorpusSource:
 
     def identity(self) -> dict[str, Any]:
         """Everything that decides the documents: the cache key. Local files count by path, size and mtime."""
-        files = [_file_identity(path) for file in _flatten(self.builder_files) for path in _resolve_local(file)]
+        files = [
+            _file_identity(path) for file in _flatten(self.builder_files) for path in _resolve_local(file)
+        ]
         if not self.uses_builder and Path(self.dataset).is_dir():
-            files += [_file_identity(str(path)) for path in sorted(Path(self.dataset).rglob("*")) if path.is_file()]
+            files += [
+                _file_identity(str(path)) for path in sorted(Path(self.dataset).rglob("*")) if path.is_file()
+            ]
         return {
             "dataset": self.dataset,
             "dataset_config": self.dataset_config,
@@ -173,7 +178,9 @@ class CorpusSource:
 def _is_network_error(error: BaseException) -> bool:
     """True for the connection errors of Python, requests and httpx (which share no base class)."""
     names = {cls.__name__ for cls in type(error).__mro__}
-    return isinstance(error, (ConnectionError, TimeoutError)) or bool(names & {"ConnectError", "Timeout", "TimeoutException"})
+    return isinstance(error, (ConnectionError, TimeoutError)) or bool(
+        names & {"ConnectError", "Timeout", "TimeoutException"}
+    )
 
 
 def _flatten(data_files: DataFiles | None) -> list[str]:
@@ -206,4 +213,3 @@ def _file_identity(file: str) -> list[Any]:
         return [file]
     stat = os.stat(file)
     return [file, stat.st_size, stat.st_mtime_ns]
-

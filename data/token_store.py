@@ -71,11 +71,17 @@ def stream_stats(tokens: np.ndarray, token_bytes: list[bytes]) -> dict[str, int]
     """Token, UTF-8 byte and character counts of a token stream, without decoding it."""
     byte_counts = np.array([len(piece) for piece in token_bytes], dtype=np.int64)
     # A character starts at every byte that is not a UTF-8 continuation byte (0b10xxxxxx).
-    char_counts = np.array([sum(byte & 0xC0 != 0x80 for byte in piece) for piece in token_bytes], dtype=np.int64)
+    char_counts = np.array(
+        [sum(byte & 0xC0 != 0x80 for byte in piece) for piece in token_bytes], dtype=np.int64
+    )
     totals = np.zeros(len(token_bytes), dtype=np.int64)
     for start in range(0, len(tokens), _STATS_CHUNK):
         totals += np.bincount(tokens[start : start + _STATS_CHUNK], minlength=len(token_bytes))
-    return {"tokens": int(len(tokens)), "bytes": int(totals @ byte_counts), "chars": int(totals @ char_counts)}
+    return {
+        "tokens": int(len(tokens)),
+        "bytes": int(totals @ byte_counts),
+        "chars": int(totals @ char_counts),
+    }
 
 
 def finish_token_folder(folder: Path, tokenizer: Tokenizer, details: dict[str, Any]) -> dict[str, Any]:

@@ -27,16 +27,27 @@ _CHARS_PER_PROCESS = 4 << 20  # below this, starting a worker process costs more
 _SEGMENT_FEATURES = Features({"text": Value("string"), "separator_before": Value("bool")})
 
 
-def tokenize_dataset(train_docs: Dataset, val_docs: Dataset | None, *, column: str, corpus_key: str,
-                     tokenizer: Tokenizer | None, vocab_size: int, val_fraction: float, num_proc: int | None,
-                     out_dir: Path) -> tuple[Tokenizer, str]:
+def tokenize_dataset(
+    train_docs: Dataset,
+    val_docs: Dataset | None,
+    *,
+    column: str,
+    corpus_key: str,
+    tokenizer: Tokenizer | None,
+    vocab_size: int,
+    val_fraction: float,
+    num_proc: int | None,
+    out_dir: Path,
+) -> tuple[Tokenizer, str]:
     """Write train.bin and val.bin into `out_dir`; train the tokenizer on the train text first if none is given.
 
     Returns the tokenizer and a description of where validation came from.
     """
     lengths = document_lengths(train_docs, column)
     if not lengths.sum():
-        raise DataConfigError(f"{corpus_key}: the corpus has no text in column '{column}'; point it at real text")
+        raise DataConfigError(
+            f"{corpus_key}: the corpus has no text in column '{column}'; point it at real text"
+        )
     procs = resolve_num_proc(num_proc, int(lengths.sum()))
     if val_docs is not None:
         train_segments = segment_split(train_docs, column, num_proc=procs)
@@ -53,15 +64,21 @@ def tokenize_dataset(train_docs: Dataset, val_docs: Dataset | None, *, column: s
     return tokenizer, val_source
 
 
-def hold_out_char_tail(docs: Dataset, column: str, lengths: np.ndarray, val_fraction: float,
-                       num_proc: int) -> tuple[Dataset, Dataset]:
+def hold_out_char_tail(
+    docs: Dataset, column: str, lengths: np.ndarray, val_fraction: float, num_proc: int
+) -> tuple[Dataset, Dataset]:
     """Segments of the first 1 - val_fraction of the characters and of the rest, cut inside one document."""
     cut = find_char_cut(lengths, val_fraction)
     if cut.row == 0 and cut.offset == 0:
-        raise DataConfigError(f"data.val_fraction: {val_fraction} holds out all of the text; use a smaller value")
-    train = segment_split(docs.select(range(cut.row + 1)), column, num_proc=num_proc,
-                          last_index=cut.row, last_limit=cut.offset)
-    val = segment_split(docs.select(range(cut.row, len(docs))), column, num_proc=num_proc, first_offset=cut.offset)
+        raise DataConfigError(
+            f"data.val_fraction: {val_fraction} holds out all of the text; use a smaller value"
+        )
+    train = segment_split(
+        docs.select(range(cut.row + 1)), column, num_proc=num_proc, last_index=cut.row, last_limit=cut.offset
+    )
+    val = segment_split(
+        docs.select(range(cut.row, len(docs))), column, num_proc=num_proc, first_offset=cut.offset
+    )
     return train, val
 
 
@@ -81,27 +98,51 @@ def resolve_num_proc(requested: int | None, total_chars: int) -> int:
     return max(1, min(8, os.cpu_count() or 1, total_chars // _CHARS_PER_PROCESS))
 
 
-def segment_split(docs: Dataset, column: str, *, num_proc: int = 1, first_offset: int = 0,
-                  last_index: int = -1, last_limit: int | None = None) -> Dataset:
+def segment_split(
+    docs: Dataset,
+    column: str,
+    *,
+    num_proc: int = 1,
+    first_offset: int = 0,
+    last_index: int = -1,
+    last_limit: int | None = None,
+) -> Dataset:
     """Segments of `docs` (see `segment_batch` for the clipping), cached by `datasets`."""
-    fn_kwargs = {"column": column, "first_offset": first_offset, "last_index": last_index,
-                 "last_limit": last_limit, "max_chars": SEGMENT_CHARS}
+    fn_kwargs = {
+        "column": column,
+        "first_offset": first_offset,
+        "last_index": last_index,
+        "last_limit": last_limit,
+        "max_chars": SEGMENT_CHARS,
+    }
     return docs.map(
-        segment_batch, batched=True, with_indices=True, fn_kwargs=fn_kwargs, remove_columns=docs.column_names,
-        features=_SEGMENT_FEATURES, num_proc=_procs_for(docs, num_proc), desc="Segmenting documents",
+        segment_batch,
+        batched=True,
+        with_indices=True,
+        fn_kwargs=fn_kwargs,
+        remove_columns=docs.column_names,
+        features=_SEGMENT_FEATURES,
+        num_proc=_procs_for(docs, num_proc),
+        desc="Segmenting documents",
         new_fingerprint=stable_digest(docs._fingerprint, "segments", fn_kwargs),
     )
 
 
-def tokenize_segments(segments: Dataset, tokenizer: Tokenizer, *, num_proc: int = 1,
-                      desc: str = "Tokenizing") -> Dataset:
+def tokenize_segments(
+    segments: Dataset, tokenizer: Tokenizer, *, num_proc: int = 1, desc: str = "Tokenizing"
+) -> Dataset:
     """One `ids` row per segment, `<|endoftext|>` first where a document starts; cached per tokenizer sha256."""
     procs = _procs_for(segments, num_proc)
     features = Features({"ids": List(Value(token_dtype(tokenizer.vocab_size).name))})
     with _tokenizer_threads_off_in_workers(procs):
         return segments.map(
-            encode_segments, batched=True, fn_kwargs={"tokenizer": tokenizer},
-            remove_columns=segments.column_names, features=features, num_proc=procs, desc=desc,
+            encode_segments,
+            batched=True,
+            fn_kwargs={"tokenizer": tokenizer},
+            remove_columns=segments.column_names,
+            features=features,
+            num_proc=procs,
+            desc=desc,
             new_fingerprint=stable_digest(segments._fingerprint, "ids", tokenizer.sha256),
         )
 
@@ -110,12 +151,19 @@ def encode_segments(batch: dict[str, list], tokenizer: Tokenizer) -> dict[str, l
     """`Dataset.map` function: ids of each segment, with the separator where a new document starts."""
     eos = tokenizer.eos_id
     encoded = tokenizer.encode_batch(batch["text"])
-    return {"ids": [[eos, *ids] if sep else ids for ids, sep in zip(encoded, batch["separator_before"], strict=True)]}
+    return {
+        "ids": [
+            [eos, *ids] if sep else ids for ids, sep in zip(encoded, batch["separator_before"], strict=True)
+        ]
+    }
 
 
 def write_ids(ids: Dataset, path: Path, dtype: np.dtype) -> int:
     """Concatenate the `ids` rows into one flat file; returns the number of tokens."""
-    with TokenWriter(path, dtype) as writer, tqdm(total=len(ids), desc=f"Writing {path.name}", unit=" rows") as bar:
+    with (
+        TokenWriter(path, dtype) as writer,
+        tqdm(total=len(ids), desc=f"Writing {path.name}", unit=" rows") as bar,
+    ):
         for table in ids.with_format("arrow").iter(batch_size=4096):
             writer.write(pc.list_flatten(table["ids"]).to_numpy())
             bar.update(table.num_rows)

@@ -24,9 +24,18 @@ from data.tokenizer import Tokenizer
 _DOCS_PER_BATCH = 256
 
 
-def tokenize_stream(train_docs: Iterable[dict[str, Any]], val_docs: Iterable[dict[str, Any]] | None, *,
-                    column: str, corpus_key: str, tokenizer: Tokenizer | None, vocab_size: int,
-                    val_fraction: float, tokenizer_train_docs: int, out_dir: Path) -> tuple[Tokenizer, str]:
+def tokenize_stream(
+    train_docs: Iterable[dict[str, Any]],
+    val_docs: Iterable[dict[str, Any]] | None,
+    *,
+    column: str,
+    corpus_key: str,
+    tokenizer: Tokenizer | None,
+    vocab_size: int,
+    val_fraction: float,
+    tokenizer_train_docs: int,
+    out_dir: Path,
+) -> tuple[Tokenizer, str]:
     """Write train.bin and val.bin into `out_dir`; returns the tokenizer and where validation came from."""
     sample_docs = 0
     if tokenizer is None:
@@ -37,9 +46,13 @@ def tokenize_stream(train_docs: Iterable[dict[str, Any]], val_docs: Iterable[dic
         sample_docs = len(sample)
     dtype = token_dtype(tokenizer.vocab_size)
     with TokenWriter(out_dir / TRAIN_FILE, dtype) as writer:
-        sample_tokens = write_documents(_texts(train_docs, column), tokenizer, writer, mark_after_docs=sample_docs)
+        sample_tokens = write_documents(
+            _texts(train_docs, column), tokenizer, writer, mark_after_docs=sample_docs
+        )
     if writer.count == 0:
-        raise DataConfigError(f"{corpus_key}: the corpus has no text in column '{column}'; point it at real text")
+        raise DataConfigError(
+            f"{corpus_key}: the corpus has no text in column '{column}'; point it at real text"
+        )
     if val_docs is not None:
         with TokenWriter(out_dir / VAL_FILE, dtype) as val_writer:
             write_documents(_texts(val_docs, column), tokenizer, val_writer)
@@ -48,8 +61,9 @@ def tokenize_stream(train_docs: Iterable[dict[str, Any]], val_docs: Iterable[dic
     return tokenizer, f"the last {val_fraction:g} of the train split's tokens"
 
 
-def write_documents(texts: Iterator[str | None], tokenizer: Tokenizer, writer: TokenWriter,
-                    mark_after_docs: int = 0) -> int:
+def write_documents(
+    texts: Iterator[str | None], tokenizer: Tokenizer, writer: TokenWriter, mark_after_docs: int = 0
+) -> int:
     """Tokenize `texts` into `writer` with a progress bar; returns the token count after `mark_after_docs` docs."""
     docs_done = 0
     mark = 0
@@ -65,8 +79,9 @@ def write_documents(texts: Iterator[str | None], tokenizer: Tokenizer, writer: T
     return mark
 
 
-def hold_out_token_tail(out_dir: Path, dtype: np.dtype, val_fraction: float, *, protected_tokens: int,
-                        sample_docs: int) -> None:
+def hold_out_token_tail(
+    out_dir: Path, dtype: np.dtype, val_fraction: float, *, protected_tokens: int, sample_docs: int
+) -> None:
     """Move the last `val_fraction` of train.bin's tokens into val.bin (a token-boundary cut, no overlap)."""
     train_path = out_dir / TRAIN_FILE
     tokens = np.memmap(train_path, dtype=dtype, mode="r")
@@ -86,7 +101,9 @@ def _batch_size(docs_done: int, limit: int | None) -> int:
 def _flat_ids(segments: dict[str, list], tokenizer: Tokenizer) -> np.ndarray:
     encoded = tokenizer.encode_batch(segments["text"])
     eos = [tokenizer.eos_id]
-    pieces = [eos + ids if sep else ids for ids, sep in zip(encoded, segments["separator_before"], strict=True)]
+    pieces = [
+        eos + ids if sep else ids for ids, sep in zip(encoded, segments["separator_before"], strict=True)
+    ]
     return np.fromiter((i for piece in pieces for i in piece), dtype=np.int64)
 
 

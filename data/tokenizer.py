@@ -25,7 +25,11 @@ MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
 
 def _byte_to_char() -> dict[int, str]:
     """The GPT-2 byte-level alphabet: every byte maps to one printable character, so vocab strings are text."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     mapping = {byte: chr(byte) for byte in printable}
     next_free = 256
     for byte in range(256):
@@ -48,11 +52,19 @@ class Tokenizer:
         self._sha256 = hashlib.sha256(self._json.encode("utf-8")).hexdigest()
 
     @classmethod
-    def train(cls, texts: Iterable[str | list[str]], vocab_size: int, *, show_progress: bool = True,
-              length: int | None = None) -> Tokenizer:
+    def train(
+        cls,
+        texts: Iterable[str | list[str]],
+        vocab_size: int,
+        *,
+        show_progress: bool = True,
+        length: int | None = None,
+    ) -> Tokenizer:
         """Train on `texts` (strings or batches of strings); the vocab holds all 256 bytes, so nothing is unknown."""
         if vocab_size < MIN_VOCAB_SIZE:
-            raise ValueError(f"vocab_size {vocab_size} is below {MIN_VOCAB_SIZE} (256 bytes + special tokens)")
+            raise ValueError(
+                f"vocab_size {vocab_size} is below {MIN_VOCAB_SIZE} (256 bytes + special tokens)"
+            )
         backend = BackendTokenizer(models.BPE())
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         backend.decoder = decoders.ByteLevel()
@@ -111,7 +123,10 @@ class Tokenizer:
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of many texts at once (parallel inside `tokenizers`, no offsets computed)."""
-        return [encoding.ids for encoding in self._backend.encode_batch_fast(list(texts), add_special_tokens=False)]
+        return [
+            encoding.ids
+            for encoding in self._backend.encode_batch_fast(list(texts), add_special_tokens=False)
+        ]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids`; special tokens are kept so `decode(encode(s)) == s` for every string."""
@@ -141,4 +156,3 @@ class Tokenizer:
 def _canonical_json(text: str) -> str:
     """Key order and whitespace never change the hash of a tokenizer."""
     return json.dumps(json.loads(text), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-

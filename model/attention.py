@@ -48,7 +48,9 @@ def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])
 
 
-def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def explicit_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The textbook computation softmax(q kᵀ / sqrt(D) + mask) v in float32.
 
     Returns the output (B, H, T, D) in q's dtype and the probabilities (B, H, T, S). It materialises the
@@ -68,7 +70,9 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
-        self.qkv = nn.Linear(config.n_embd, (config.n_head + 2 * config.n_kv_head) * config.head_dim, bias=False)
+        self.qkv = nn.Linear(
+            config.n_embd, (config.n_head + 2 * config.n_kv_head) * config.head_dim, bias=False
+        )
         self.proj = nn.Linear(config.n_head * config.head_dim, config.n_embd, bias=False)
 
     def project(

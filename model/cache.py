@@ -36,7 +36,9 @@ class KVCache:
             raise ValueError(f"KVCache max_len must be in 1..block_size ({config.block_size}), got {max_len}")
         shape = (config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim)
         dtype = dtype or torch.get_default_dtype()
-        return cls(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+        return cls(
+            torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype)
+        )
 
     @property
     def visible(self) -> None:

@@ -77,7 +77,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
         for candidate in (path / "checkpoints" / "last.ckpt", path / "last.ckpt"):
             if candidate.is_file():
                 return candidate
-        raise CheckpointError(f"{path}: no checkpoints/last.ckpt in this directory; pass a .ckpt file or a run directory")
+        raise CheckpointError(
+            f"{path}: no checkpoints/last.ckpt in this directory; pass a .ckpt file or a run directory"
+        )
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint not found; pass a .ckpt file or a run directory")
     return path
@@ -89,9 +91,13 @@ def read_checkpoint(path: str | Path) -> tuple[dict, Path]:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for truncated zips and pickles
-        raise CheckpointError(f"{path}: cannot read checkpoint ({type(err).__name__}); the file is truncated or corrupt") from err
+        raise CheckpointError(
+            f"{path}: cannot read checkpoint ({type(err).__name__}); the file is truncated or corrupt"
+        ) from err
     if not isinstance(ckpt, dict) or META_KEY not in ckpt or "state_dict" not in ckpt:
-        raise CheckpointError(f"{path}: not a gqa-gpt checkpoint (no '{META_KEY}' metadata); use one written by train.py")
+        raise CheckpointError(
+            f"{path}: not a gqa-gpt checkpoint (no '{META_KEY}' metadata); use one written by train.py"
+        )
     check_metadata(ckpt[META_KEY], path)
     return ckpt, path
 
@@ -106,7 +112,9 @@ def check_metadata(meta: dict, path: Path) -> None:
             f"{path}: checkpoint format {meta['format']} is newer than this code's {FORMAT_VERSION}; update gqa-gpt"
         )
     if hashlib.sha256(meta["tokenizer_json"].encode("utf-8")).hexdigest() != meta["tokenizer_sha256"]:
-        raise CheckpointError(f"{path}: embedded tokenizer does not match its sha256; the checkpoint was altered")
+        raise CheckpointError(
+            f"{path}: embedded tokenizer does not match its sha256; the checkpoint was altered"
+        )
 
 
 def validate_checkpoint(path: str | Path) -> Path:
@@ -123,5 +131,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         model.load_state_dict(state)
     except RuntimeError as err:
-        raise CheckpointError(f"{path}: weights do not fit the stored model config ({first_line(err)})") from err
+        raise CheckpointError(
+            f"{path}: weights do not fit the stored model config ({first_line(err)})"
+        ) from err
     return LoadedCheckpoint(model.to(map_location).eval(), meta["tokenizer_json"], meta, path)

@@ -33,12 +33,15 @@ def import_gguf() -> ModuleType:
     try:
         import gguf
     except ImportError as err:
-        raise UserError('the GGUF export needs the gguf package; install it with pip install -e ".[gguf]"') from err
+        raise UserError(
+            'the GGUF export needs the gguf package; install it with pip install -e ".[gguf]"'
+        ) from err
     return gguf
 
 
-def export_gguf(model: GPT, tokenizer_json: str, out: str | Path, dtype: GGUFDtype = "f32",
-                force: bool = False) -> Path:
+def export_gguf(
+    model: GPT, tokenizer_json: str, out: str | Path, dtype: GGUFDtype = "f32", force: bool = False
+) -> Path:
     """Write `model` and its tokenizer as a llama.cpp `llama` GGUF file at `out` and return its path.
 
     Norm weights stay float32 whatever `dtype` is (llama.cpp keeps 1-D tensors in f32); with q8_0, a matrix
@@ -113,8 +116,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m model.export_gguf", description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", required=True, help="a .ckpt file or a run directory")
     parser.add_argument("--out", required=True, help="file to create, e.g. exports/<run>.gguf")
-    parser.add_argument("--dtype", choices=GGUF_DTYPES, default="f32",
-                        help="weight type (default: f32; norms always stay f32)")
+    parser.add_argument(
+        "--dtype",
+        choices=GGUF_DTYPES,
+        default="f32",
+        help="weight type (default: f32; norms always stay f32)",
+    )
     parser.add_argument("--force", action="store_true", help="replace --out if it already exists")
     return parser.parse_args(argv)
 
@@ -129,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointError as err:  # a plain ValueError until the checkpoint module subclasses UserError
         raise UserError(str(err)) from err
     out = export_gguf(loaded.model, loaded.tokenizer_json, args.out, dtype=args.dtype, force=args.force)
-    print(f"exported {loaded.path} -> {out} ({args.dtype}); run it with: llama-cli -m {out} -p \"...\"")
+    print(f'exported {loaded.path} -> {out} ({args.dtype}); run it with: llama-cli -m {out} -p "..."')
     return 0
 
 

@@ -69,7 +69,9 @@ def eos_token_id(tokenizer_json: str) -> int:
     """The id of EOS_TOKEN in a `tokenizers` JSON; a tokenizer without it cannot mark documents."""
     eos_id = Tokenizer.from_str(tokenizer_json).token_to_id(EOS_TOKEN)
     if eos_id is None:
-        raise UserError(f"tokenizer has no {EOS_TOKEN} special token; train it with {EOS_TOKEN} as a special token")
+        raise UserError(
+            f"tokenizer has no {EOS_TOKEN} special token; train it with {EOS_TOKEN} as a special token"
+        )
     return eos_id
 
 
@@ -109,7 +111,9 @@ def export(args: argparse.Namespace) -> None:
     try:
         out = export_hf(model, loaded.tokenizer_json, args.out, force=args.force)
     except OSError as err:  # a read-only or full destination: the user picks another --out
-        raise UserError(f"--out {args.out}: cannot write the export ({err.strerror or err}); pick another folder") from err
+        raise UserError(
+            f"--out {args.out}: cannot write the export ({err.strerror or err}); pick another folder"
+        ) from err
     print(f"exported {loaded.path} -> {out} (load with AutoModelForCausalLM.from_pretrained or GPT.from_hf)")
 
 

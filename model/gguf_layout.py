@@ -114,14 +114,18 @@ def gguf_vocab(tokenizer_json: str, vocab_size: int) -> GGUFVocab:
     if EOS_TOKEN not in added:
         raise UserError(f"tokenizer has no {EOS_TOKEN} special token; retrain it with data.Tokenizer.train")
     if len(set(vocab.values())) != len(vocab) or max(vocab.values()) >= vocab_size:
-        raise UserError(f"tokenizer ids do not fit the model's vocab_size={vocab_size}; the checkpoint is inconsistent")
+        raise UserError(
+            f"tokenizer ids do not fit the model's vocab_size={vocab_size}; the checkpoint is inconsistent"
+        )
     tokens = [f"[PAD{i}]" for i in range(vocab_size)]
     types = [UNUSED] * vocab_size
     for content, token_id in vocab.items():
         tokens[token_id] = content
         special = content in added and added[content].get("special", False)
         types[token_id] = CONTROL if special else USER_DEFINED if content in added else NORMAL
-    merges = [merge if isinstance(merge, str) else " ".join(merge) for merge in spec["model"].get("merges", [])]
+    merges = [
+        merge if isinstance(merge, str) else " ".join(merge) for merge in spec["model"].get("merges", [])
+    ]
     return GGUFVocab(tokens, types, merges, vocab[EOS_TOKEN])
 
 
@@ -132,13 +136,23 @@ def check_gpt2_compatible(spec: dict) -> None:
         ("model.type", model.get("type") == "BPE", "only BPE tokenizers are supported"),
         ("model.byte_fallback", not model.get("byte_fallback"), "byte fallback is not byte-level BPE"),
         ("model.dropout", model.get("dropout") in (None, 0.0), "BPE dropout makes tokenization random"),
-        ("model.continuing_subword_prefix", not model.get("continuing_subword_prefix"), "llama.cpp has no prefix"),
+        (
+            "model.continuing_subword_prefix",
+            not model.get("continuing_subword_prefix"),
+            "llama.cpp has no prefix",
+        ),
         ("model.end_of_word_suffix", not model.get("end_of_word_suffix"), "llama.cpp has no suffix"),
         ("normalizer", spec.get("normalizer") is None, "llama.cpp's gpt-2 tokenizer does not normalize text"),
-        ("pre_tokenizer.type", pre.get("type") == "ByteLevel", "only the ByteLevel pre-tokenizer matches 'gpt-2'"),
+        (
+            "pre_tokenizer.type",
+            pre.get("type") == "ByteLevel",
+            "only the ByteLevel pre-tokenizer matches 'gpt-2'",
+        ),
         ("pre_tokenizer.use_regex", pre.get("use_regex", True), "the GPT-2 split regex must be on"),
         ("pre_tokenizer.add_prefix_space", not pre.get("add_prefix_space"), "llama.cpp adds no prefix space"),
     ]
     for field, ok, why in checks:
         if not ok:
-            raise UserError(f"tokenizer.json field {field} cannot be declared as llama.cpp's '{PRE_TOKENIZER}': {why}")
+            raise UserError(
+                f"tokenizer.json field {field} cannot be declared as llama.cpp's '{PRE_TOKENIZER}': {why}"
+            )

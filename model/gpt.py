@@ -58,7 +58,9 @@ class GPT(nn.Module):
         self._run(idx, None, probs_out=probs)
         return torch.stack(probs)
 
-    def _run(self, idx: torch.Tensor, cache: KVCache | None, probs_out: list[torch.Tensor] | None) -> torch.Tensor:
+    def _run(
+        self, idx: torch.Tensor, cache: KVCache | None, probs_out: list[torch.Tensor] | None
+    ) -> torch.Tensor:
         start = cache.pos if cache is not None else 0
         t = idx.shape[1]
         if start + t > self.config.block_size:

@@ -150,8 +150,11 @@ def check_supported(hf: dict) -> None:
         ("hidden_act", hf.get("hidden_act", "silu") == "silu", "only 'silu' (SwiGLU) is supported"),
         ("rope_scaling", _is_default_rope(hf.get("rope_scaling")), "only unscaled RoPE is supported"),
         ("rope_parameters", _is_default_rope(hf.get("rope_parameters")), "only default RoPE is supported"),
-        ("head_dim", hf.get("head_dim") in (None, hf["hidden_size"] // hf["num_attention_heads"]),
-         "head_dim must equal hidden_size / num_attention_heads"),
+        (
+            "head_dim",
+            hf.get("head_dim") in (None, hf["hidden_size"] // hf["num_attention_heads"]),
+            "head_dim must equal hidden_size / num_attention_heads",
+        ),
     ]
     for field, ok, why in checks:
         if not ok:

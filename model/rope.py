@@ -8,11 +8,15 @@ import torch
 
 
 @lru_cache(maxsize=32)
-def _tables(head_dim: int, length: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _tables(
+    head_dim: int, length: int, theta: float, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     # Plain float32 tensors, not module buffers, so `model.to(torch.bfloat16)` cannot round the angles. Built
     # outside inference mode because inference tensors cannot be saved for a later backward pass.
     with torch.inference_mode(False), torch.no_grad():
-        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+        inv_freq = 1.0 / theta ** (
+            torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim
+        )
         angles = torch.outer(torch.arange(length, device=device, dtype=torch.float32), inv_freq)  # (T, D/2)
         # Rotate-half pairs dimension i with i + D/2, so each frequency appears twice, once per half.
         angles = torch.cat([angles, angles], dim=-1)  # (T, D)

@@ -48,7 +48,9 @@ class Sampler:
         return filter_logits(flat, self.top_k, self.top_p, self.min_p).softmax(-1).view(logits.shape)
 
     def draw(self, probs: torch.Tensor) -> int:
-        return int(probs.argmax()) if self.greedy else int(torch.multinomial(probs, 1, generator=self.generator))
+        return (
+            int(probs.argmax()) if self.greedy else int(torch.multinomial(probs, 1, generator=self.generator))
+        )
 
     def uniform(self) -> float:
         return float(torch.rand((), generator=self.generator))
@@ -94,7 +96,9 @@ class DraftModel:
         if n + k - 1 - self.start > block_size:  # the draft's window is full: restart it on the recent half
             self.start = max(0, n - block_size // 2)
             self.cache.reset()
-        logits = self.model(idx[:, self.start + self.cache.pos :], self.cache)[0, -1]  # catch up on new tokens
+        logits = self.model(idx[:, self.start + self.cache.pos :], self.cache)[
+            0, -1
+        ]  # catch up on new tokens
         tokens, dists = [], []
         for i in range(k):
             probs = sampler.probs(logits)
@@ -138,7 +142,9 @@ def verify(logits: torch.Tensor, drafts: list[int], q: torch.Tensor | None, samp
         else:
             keep = sampler.uniform() < min(1.0, float(p[i, token]) / q_token)
         if not keep:
-            q_row = torch.nn.functional.one_hot(torch.tensor(token), p.shape[-1]).float() if q is None else q[i]
+            q_row = (
+                torch.nn.functional.one_hot(torch.tensor(token), p.shape[-1]).float() if q is None else q[i]
+            )
             residual = (p[i] - q_row).clamp(min=0)
             return out + [sampler.draw(residual / residual.sum() if residual.sum() > 0 else p[i])]
         out.append(token)
@@ -161,10 +167,14 @@ def speculative_generate(
     if idx.shape[0] != 1:
         raise UserError(f"speculative decoding runs one sequence at a time; got a batch of {idx.shape[0]}")
     if k < 1 or max_new_tokens < 1:
-        raise UserError(f"speculative decoding needs k >= 1 and max_new_tokens >= 1, got {k} and {max_new_tokens}")
+        raise UserError(
+            f"speculative decoding needs k >= 1 and max_new_tokens >= 1, got {k} and {max_new_tokens}"
+        )
     sampler = sampler or Sampler()
     block_size, stats = model.config.block_size, SpeculativeStats()
-    cache = KVCache.allocate(model.config, 1, block_size, device=idx.device, dtype=next(model.parameters()).dtype)
+    cache = KVCache.allocate(
+        model.config, 1, block_size, device=idx.device, dtype=next(model.parameters()).dtype
+    )
     n = idx.shape[1]
     start = max(0, n - block_size)
     if n - 1 > start:  # the cache holds every window token but the last, which each round feeds first

@@ -71,13 +71,21 @@ class StaticDecoder:
     """
 
     def __init__(
-        self, model: GPT, cache: KVCache, compile: bool = True, backend: str = "inductor", mode: str | None = None
+        self,
+        model: GPT,
+        cache: KVCache,
+        compile: bool = True,
+        backend: str = "inductor",
+        mode: str | None = None,
     ) -> None:
         self.model, self.cache = model, cache
         self.key: tuple = ()
         config = model.config
         cos, sin = rope_tables(config.head_dim, 0, cache.max_len, config.rope_theta, cache.k.device)
-        self.cos, self.sin = cos.clone(), sin.clone()  # own tables: the shared ones are views of a bigger cache
+        self.cos, self.sin = (
+            cos.clone(),
+            sin.clone(),
+        )  # own tables: the shared ones are views of a bigger cache
         self.pos = torch.zeros(1, dtype=torch.long, device=cache.k.device)
         self.on_cuda = cache.k.device.type == "cuda"
         self.step = static_step
@@ -97,9 +105,13 @@ class StaticDecoder:
     def decode(self, token: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (B,) at the cache's position; the logits (B, V) of the next token."""
         if self.cache.pos >= self.cache.max_len:
-            raise ValueError(f"KVCache is full at position {self.cache.pos}; reset it or allocate a longer one")
+            raise ValueError(
+                f"KVCache is full at position {self.cache.pos}; reset it or allocate a longer one"
+            )
         self.pos.fill_(self.cache.pos)
-        logits = self.step(self.model, token[:, None], self.pos, self.cache.k, self.cache.v, self.cos, self.sin)
+        logits = self.step(
+            self.model, token[:, None], self.pos, self.cache.k, self.cache.v, self.cos, self.sin
+        )
         self.cache.advance(1)
         # A CUDA graph reuses its output buffer on the next replay, so the caller gets its own copy.
         return logits.clone() if self.on_cuda else logits

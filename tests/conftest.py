@@ -47,7 +47,9 @@ def run_script(*args: str, timeout: float = 300, check: bool = True) -> subproce
         env={**os.environ, **TEST_ENV},
     )  # fmt: skip
     if check and result.returncode != 0:
-        raise AssertionError(f"{args} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        raise AssertionError(
+            f"{args} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
     return result
 
 
@@ -81,7 +83,11 @@ def script():
 def start_script():
     """`start_script("train.py", ...)` starts a repo script without waiting: a Popen with text pipes."""
     return lambda *args: subprocess.Popen(
-        [sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, **TEST_ENV},
     )
 
@@ -137,8 +143,12 @@ def read_wandb_history(run_dir: Path) -> list[dict]:
             record.ParseFromString(payload)
             payload = b""
             if record.WhichOneof("record_type") == "history":
-                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                             for item in record.history.item})
+                rows.append(
+                    {
+                        item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                        for item in record.history.item
+                    }
+                )
     return rows
 
 

@@ -47,152 +47,180 @@ class Mutation:
 MUTATIONS = [
     # The five that once passed every test (issue 20), then the ones the low-level tests already caught.
     Mutation(
-        "rope-ignores-cache-pos (generate.py)", "model/gpt.py",
+        "rope-ignores-cache-pos (generate.py)",
+        "model/gpt.py",
         "head_dim, start, t,",
         "head_dim, 0, t,",
         (GENERATE,),
     ),
     Mutation(
-        "rope-ignores-cache-pos (greedy)", "model/gpt.py",
+        "rope-ignores-cache-pos (greedy)",
+        "model/gpt.py",
         "head_dim, start, t,",
         "head_dim, 0, t,",
         (f"{PARITY}::test_greedy_generate_with_cache_equals_recompute",),
     ),
     Mutation(
-        "rope-ignores-cache-pos (sampling)", "model/gpt.py",
+        "rope-ignores-cache-pos (sampling)",
+        "model/gpt.py",
         "head_dim, start, t,",
         "head_dim, 0, t,",
         (f"{PARITY}::test_seeded_sampling_with_cache_equals_recompute",),
     ),
     Mutation(
-        "eos-rows-not-padded", "model/sampling.py",
+        "eos-rows-not-padded",
+        "model/sampling.py",
         "token.masked_fill(done, eos_id)",
         "token",
         (f"{PARITY}::test_eos_stops_one_row_mid_sequence_and_pads_it_while_the_other_goes_on",),
     ),
     Mutation(
-        "sigterm-save-skipped", "training/last_checkpoint.py",
+        "sigterm-save-skipped",
+        "training/last_checkpoint.py",
         "if isinstance(exception, SIGTERMException)",
         "if False",
         ("tests/training/test_sigterm.py",),
     ),
     Mutation(
-        "induction-on-probe-maps", "inspection/attention_stats.py",
+        "induction-on-probe-maps",
+        "inspection/attention_stats.py",
         "induction_score(induction_maps,",
         "induction_score(maps,",
-        ((
-            "tests/inspection/test_attention_stats.py::"
-            "test_head_statistics_induction_uses_the_models_maps_of_the_repeated_sequence"
-        ),),
+        (
+            (
+                "tests/inspection/test_attention_stats.py::"
+                "test_head_statistics_induction_uses_the_models_maps_of_the_repeated_sequence"
+            ),
+        ),
     ),
     Mutation(
-        "maps-path-skips-mlp", "model/layers.py",
+        "maps-path-skips-mlp",
+        "model/layers.py",
         "return x + self.dropout(self.mlp(",
         "return x if probs_out is not None else x + self.dropout(self.mlp(",
         (f"{ATTENTION}::test_attention_maps_are_the_models_own",),
     ),
     Mutation(
-        "top-left-causal-mask", "model/attention.py",
+        "top-left-causal-mask",
+        "model/attention.py",
         "tril(diagonal=s - t)",
         "tril(diagonal=0)",
         (f"{ATTENTION}::test_explicit_path_reproduces_sdpa",),
     ),
     Mutation(
-        "is-causal-for-a-chunk", "model/attention.py",
+        "is-causal-for-a-chunk",
+        "model/attention.py",
         "attn_mask=mask, enable_gqa",
         "is_causal=True, enable_gqa",
         (f"{PARITY}::test_chunked_prefill_matches_full_forward",),
     ),
     Mutation(
-        "tiled-gqa-mapping", "model/attention.py",
+        "tiled-gqa-mapping",
+        "model/attention.py",
         "k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)",
         "k = k.repeat(1, q.shape[1] // k.shape[1], 1, 1)",
         (f"{ATTENTION}::test_explicit_path_reproduces_sdpa",),
     ),
     Mutation(
-        "flash-no-online-rescale", "model/flash_reference.py",
+        "flash-no-online-rescale",
+        "model/flash_reference.py",
         "acc = acc * rescale +",
         "acc = acc +",
         ("tests/model/test_flash_reference.py",),
     ),
     Mutation(
-        "flash-tiles-top-left-diagonal", "model/flash_reference.py",
+        "flash-tiles-top-left-diagonal",
+        "model/flash_reference.py",
         "first_pos = s - t + q_start",
         "first_pos = q_start",
         ("tests/model/test_flash_reference.py",),
     ),
     Mutation(
-        "every-rank-reads-shard-0", "data/batches.py",
+        "every-rank-reads-shard-0",
+        "data/batches.py",
         "self.shard_start = rank * shard_len",
         "self.shard_start = 0",
         ("tests/data/test_data_batches.py",),
     ),
     Mutation(
-        "rolled-targets", "data/batches.py",
+        "rolled-targets",
+        "data/batches.py",
         "return windows[:, :-1], windows[:, 1:]",
         "return windows[:, :-1], windows[:, :-1].roll(-1, 1)",
         ("tests/data/test_data_batches.py",),
     ),
     Mutation(
-        "stream-restarts-at-batch-0", "data/datamodule.py",
+        "stream-restarts-at-batch-0",
+        "data/datamodule.py",
         "start = trainer.global_step * trainer.accumulate_grad_batches",
         "start = 0",
         ("tests/data/test_data_lightning_resume.py",),
     ),
     Mutation(
-        "export-rms-norm-eps-10x-smaller", "model/hf.py",
-        "\"rms_norm_eps\": config.norm_eps,",
-        "\"rms_norm_eps\": config.norm_eps / 10,",
+        "export-rms-norm-eps-10x-smaller",
+        "model/hf.py",
+        '"rms_norm_eps": config.norm_eps,',
+        '"rms_norm_eps": config.norm_eps / 10,',
         (HF_LOGITS,),
     ),
     # Chosen for this check: properties the tests name that no entry above exercises.
     Mutation(
-        "export-gate-up-swapped", "model/hf.py",
+        "export-gate-up-swapped",
+        "model/hf.py",
         "gate, up = block.mlp.gate_up",
         "up, gate = block.mlp.gate_up",
         (HF_LOGITS,),
     ),
     Mutation(
-        "ddp-ranks-read-rank-0-batches", "data/datamodule.py",
+        "ddp-ranks-read-rank-0-batches",
+        "data/datamodule.py",
         "train_batches(start, trainer.global_rank,",
         "train_batches(start, 0,",
         ("tests/training/test_ddp.py",),
     ),
     Mutation(
-        "cache-writes-at-position-0", "model/cache.py",
+        "cache-writes-at-position-0",
+        "model/cache.py",
         "self.k[layer, :, :, self.pos : end] = k",
         "self.k[layer, :, :, : k.shape[2]] = k",
         (f"{PARITY}::test_token_by_token_decode_matches_full_forward",),
     ),
     Mutation(
-        "rope-rotate-half-sign", "model/rope.py",
+        "rope-rotate-half-sign",
+        "model/rope.py",
         "torch.cat([-x[..., half:], x[..., :half]]",
         "torch.cat([x[..., half:], -x[..., :half]]",
         (HF_LOGITS,),
     ),
     Mutation(
-        "top-p-drops-the-crossing-token", "model/sampling.py",
+        "top-p-drops-the-crossing-token",
+        "model/sampling.py",
         "drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= top_p",
         "drop_sorted = cumulative >= top_p",
         ("tests/model/test_sampling.py::test_top_p_keeps_the_smallest_set_reaching_p",),
     ),
     Mutation(
-        "repetition-penalty-inverted", "model/sampling.py",
+        "repetition-penalty-inverted",
+        "model/sampling.py",
         "picked / penalty, picked * penalty",
         "picked * penalty, picked / penalty",
         ("tests/model/test_sampling.py::test_repetition_penalty_lowers_seen_tokens_only",),
     ),
     Mutation(
-        "nonfinite-loss-unchecked", "training/lit_gpt.py",
+        "nonfinite-loss-unchecked",
+        "training/lit_gpt.py",
         "not torch.isfinite(loss).item()",
         "False",
-        ((
-            "tests/training/test_resume.py::"
-            "test_nonfinite_loss_raise_stops_and_keeps_the_last_good_checkpoint"
-        ),),
+        (
+            (
+                "tests/training/test_resume.py::"
+                "test_nonfinite_loss_raise_stops_and_keeps_the_last_good_checkpoint"
+            ),
+        ),
     ),
     Mutation(
-        "weight-decay-on-norms", "training/schedule.py",
+        "weight-decay-on-norms",
+        "training/schedule.py",
         "if p.dim() >= 2]",
         "]",
         ("tests/training/test_optimizer_groups.py",),
@@ -228,7 +256,9 @@ def first_failure(output: str) -> str:
     test = found[1].split("/")[-1] if found else "?"
     if not error:
         return test
-    return f"{test}: " + "".join(c if c.isprintable() else "?" for c in error[1][:70])  # generated text is raw
+    return f"{test}: " + "".join(
+        c if c.isprintable() else "?" for c in error[1][:70]
+    )  # generated text is raw
 
 
 def check(repo: Path, mutation: Mutation, timeout: float) -> tuple[str, str]:

@@ -23,7 +23,9 @@ def assert_bug_report(result) -> None:
 
 def test_internal_value_error_is_a_bug_in_generate(tiny_run, script):
     ckpt = str(tiny_run / "checkpoints" / "last.ckpt")
-    result = script("-c", WITH_INTERNAL_BUG, "generate.py", "--checkpoint", ckpt, "--prompt", "a", check=False)
+    result = script(
+        "-c", WITH_INTERNAL_BUG, "generate.py", "--checkpoint", ckpt, "--prompt", "a", check=False
+    )
     assert_bug_report(result)
 
 
@@ -59,4 +61,7 @@ def test_traceback_env_is_honoured_by_the_three_commands(start_script, tiny_args
     running = {name: start_script(*argv) for name, argv in commands.items()}
     for name, process in running.items():
         _, stderr = process.communicate(timeout=300)
-        assert process.returncode != 0 and "Traceback" in stderr and "CheckpointError" in stderr, (name, stderr)
+        assert process.returncode != 0 and "Traceback" in stderr and "CheckpointError" in stderr, (
+            name,
+            stderr,
+        )

@@ -62,11 +62,14 @@ def test_same_seed_same_sample(ckpt, capsys):
 
 
 def test_num_samples_gives_that_many_continuations(ckpt, capsys):
-    code, out, _ = run_cli(capsys, "--checkpoint", ckpt, "--prompt", "The", "--num_samples", "3",
-                           "--max_new_tokens", "20")
+    code, out, _ = run_cli(
+        capsys, "--checkpoint", ckpt, "--prompt", "The", "--num_samples", "3", "--max_new_tokens", "20"
+    )
     assert code == 0
     assert [line for line in out.splitlines() if line.startswith("--- sample")] == [
-        "--- sample 1 ---", "--- sample 2 ---", "--- sample 3 ---"
+        "--- sample 1 ---",
+        "--- sample 2 ---",
+        "--- sample 3 ---",
     ]
 
 
@@ -74,8 +77,12 @@ def test_run_directory_and_stdin_prompt(tiny_run, ckpt, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("ROMEO:"))
     from_dir = run_cli(capsys, "--checkpoint", str(tiny_run), "--max_new_tokens", "8", "--temperature", "0")
     assert from_dir[0] == 0
-    assert run_cli(capsys, "--checkpoint", ckpt, "--prompt", "ROMEO:", "--max_new_tokens", "8",
-                   "--temperature", "0")[1] == from_dir[1]
+    assert (
+        run_cli(
+            capsys, "--checkpoint", ckpt, "--prompt", "ROMEO:", "--max_new_tokens", "8", "--temperature", "0"
+        )[1]
+        == from_dir[1]
+    )
 
 
 @pytest.mark.parametrize(
@@ -101,9 +108,16 @@ def test_bad_checkpoints_are_one_line(ckpt, tmp_path, capsys):
     truncated.write_bytes(data[: len(data) // 2])
     tampered = tmp_path / "tampered.ckpt"
     state = torch.load(ckpt, weights_only=True)
-    state["gqa_gpt"]["tokenizer_json"] = state["gqa_gpt"]["tokenizer_json"].replace("<|endoftext|>", "<|eot|>")
+    state["gqa_gpt"]["tokenizer_json"] = state["gqa_gpt"]["tokenizer_json"].replace(
+        "<|endoftext|>", "<|eot|>"
+    )
     torch.save(state, tampered)
-    cases = {tmp_path / "missing.ckpt": "not found", truncated: "truncated", tampered: "sha256", tmp_path: "no checkpoints"}
+    cases = {
+        tmp_path / "missing.ckpt": "not found",
+        truncated: "truncated",
+        tampered: "sha256",
+        tmp_path: "no checkpoints",
+    }
     for path, words in cases.items():
         code, _, err = run_cli(capsys, "--checkpoint", str(path), "--prompt", "a")
         assert code == 2 and err.count("\n") == 1 and words in err, err
@@ -125,8 +139,19 @@ def test_generate_never_imports_lightning_or_wandb(ckpt, script):
 
 def test_attention_map_png(ckpt, tmp_path, capsys):
     png = tmp_path / "map.png"
-    code, _, _ = run_cli(capsys, "--checkpoint", ckpt, "--prompt", "To be or not", "--max_new_tokens", "6",
-                         "--attention_map", str(png), "--layer", "1")
+    code, _, _ = run_cli(
+        capsys,
+        "--checkpoint",
+        ckpt,
+        "--prompt",
+        "To be or not",
+        "--max_new_tokens",
+        "6",
+        "--attention_map",
+        str(png),
+        "--layer",
+        "1",
+    )
     assert code == 0
     image = Image.open(png)
     assert image.format == "PNG" and image.width > 100
@@ -134,8 +159,9 @@ def test_attention_map_png(ckpt, tmp_path, capsys):
 
 
 def test_explain_attention_shows_masking_and_softmax(ckpt, capsys):
-    code, out, _ = run_cli(capsys, "--checkpoint", ckpt, "--explain_attention", "The cat sat down",
-                           "--layer", "0", "--head", "1")
+    code, out, _ = run_cli(
+        capsys, "--checkpoint", ckpt, "--explain_attention", "The cat sat down", "--layer", "0", "--head", "1"
+    )
     assert code == 0
     sections = out.split("\n\n")
     masked = [line.split()[1:] for line in sections[2].splitlines()[2:]]
@@ -148,8 +174,17 @@ def test_explain_attention_shows_masking_and_softmax(ckpt, capsys):
 
 
 def test_benchmark_reports_speed_and_cache_size(ckpt, capsys):
-    code, out, _ = run_cli(capsys, "--checkpoint", ckpt, "--prompt", "a b c", "--benchmark", "--no_cache",
-                           "--max_new_tokens", "16")
+    code, out, _ = run_cli(
+        capsys,
+        "--checkpoint",
+        ckpt,
+        "--prompt",
+        "a b c",
+        "--benchmark",
+        "--no_cache",
+        "--max_new_tokens",
+        "16",
+    )
     assert code == 0
     assert "bytes per token" in out and "decode" in out and "speed-up" in out
     # 2 layers x 2 kv heads x head_dim 16 x (k + v) x 4 bytes = 512

@@ -27,18 +27,32 @@ def write_draft(ckpt: str, path, vocab_delta: int = 0, tokenizer_suffix: str = "
 
     raw, _ = read_checkpoint(ckpt)
     config = ModelConfig(**raw[META_KEY]["model_config"])
-    draft = GPT(ModelConfig(**{**config.to_dict(), "n_layer": 1, "vocab_size": config.vocab_size + vocab_delta}))
+    draft = GPT(
+        ModelConfig(**{**config.to_dict(), "n_layer": 1, "vocab_size": config.vocab_size + vocab_delta})
+    )
     tokenizer_json = raw[META_KEY]["tokenizer_json"] + tokenizer_suffix
-    meta = {**raw[META_KEY], "model_config": draft.config.to_dict(), "tokenizer_json": tokenizer_json,
-            "tokenizer_sha256": hashlib.sha256(tokenizer_json.encode("utf-8")).hexdigest()}
+    meta = {
+        **raw[META_KEY],
+        "model_config": draft.config.to_dict(),
+        "tokenizer_json": tokenizer_json,
+        "tokenizer_sha256": hashlib.sha256(tokenizer_json.encode("utf-8")).hexdigest(),
+    }
     state = {STATE_PREFIX + key: value for key, value in draft.state_dict().items()}
     torch.save({"state_dict": state, META_KEY: meta}, path)
     return str(path)
 
 
 def test_speculative_greedy_text_equals_plain_greedy(ckpt, tmp_path, capsys):
-    args = ["--checkpoint", ckpt, "--prompt", "ROMEO:\nWhat say you?\nROMEO:", "--temperature", "0",
-            "--max_new_tokens", "60"]
+    args = [
+        "--checkpoint",
+        ckpt,
+        "--prompt",
+        "ROMEO:\nWhat say you?\nROMEO:",
+        "--temperature",
+        "0",
+        "--max_new_tokens",
+        "60",
+    ]
     code, plain, _ = run_cli(capsys, *args)
     assert code == 0 and len(plain) > 1
     code, lookup, err = run_cli(capsys, *args, "--prompt_lookup")
@@ -47,9 +61,13 @@ def test_speculative_greedy_text_equals_plain_greedy(ckpt, tmp_path, capsys):
     assert code == 0 and drafted == plain and "target forwards" in err
 
 
-@pytest.mark.parametrize(("change", "words"), [({"vocab_delta": 3}, "--draft vocab_size"),
-                                                ({"tokenizer_suffix": " "}, "different tokenizer")])
-def test_a_draft_with_another_vocabulary_or_tokenizer_is_one_line_exit_2(ckpt, tmp_path, capsys, change, words):
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [({"vocab_delta": 3}, "--draft vocab_size"), ({"tokenizer_suffix": " "}, "different tokenizer")],
+)
+def test_a_draft_with_another_vocabulary_or_tokenizer_is_one_line_exit_2(
+    ckpt, tmp_path, capsys, change, words
+):
     draft = write_draft(ckpt, tmp_path / "other.ckpt", **change)
     code, out, err = run_cli(capsys, "--checkpoint", ckpt, "--prompt", "a", "--draft", draft)
     assert code == 2 and out == ""
@@ -57,5 +75,7 @@ def test_a_draft_with_another_vocabulary_or_tokenizer_is_one_line_exit_2(ckpt, t
 
 
 def test_speculative_flags_that_do_not_combine_are_refused(ckpt, capsys):
-    code, _, err = run_cli(capsys, "--checkpoint", ckpt, "--prompt", "a", "--prompt_lookup", "--num_samples", "2")
+    code, _, err = run_cli(
+        capsys, "--checkpoint", ckpt, "--prompt", "a", "--prompt_lookup", "--num_samples", "2"
+    )
     assert code == 2 and "--num_samples" in err

@@ -28,7 +28,16 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 @pytest.mark.parametrize("num_samples", ["1", "2"], ids=["streamed", "batch"])
 def test_the_prompt_is_echoed_before_the_continuation_unless_no_echo(ckpt, capsys, num_samples):
-    args = ["--checkpoint", ckpt, "--prompt", "KING RICHARD:", "--max_new_tokens", "5", "--num_samples", num_samples]
+    args = [
+        "--checkpoint",
+        ckpt,
+        "--prompt",
+        "KING RICHARD:",
+        "--max_new_tokens",
+        "5",
+        "--num_samples",
+        num_samples,
+    ]
     _, echoed, _ = run_cli(capsys, *args)
     _, bare, _ = run_cli(capsys, *args, "--no_echo")
     if num_samples == "1":
@@ -47,9 +56,13 @@ def test_help_shows_defaults(capsys):
 
 
 def test_a_prompt_of_bytes_never_merged_gets_a_note(ckpt, capsys):
-    code, _, err = run_cli(capsys, "--checkpoint", ckpt, "--prompt", "\U0001f642\U0001f642", "--max_new_tokens", "2")
+    code, _, err = run_cli(
+        capsys, "--checkpoint", ckpt, "--prompt", "\U0001f642\U0001f642", "--max_new_tokens", "2"
+    )
     assert code == 0 and err.count("note: the prompt is made only of bytes") == 1
-    _, _, err = run_cli(capsys, "--checkpoint", ckpt, "--prompt", "ROMEO: \U0001f642", "--max_new_tokens", "2")
+    _, _, err = run_cli(
+        capsys, "--checkpoint", ckpt, "--prompt", "ROMEO: \U0001f642", "--max_new_tokens", "2"
+    )
     assert "note:" not in err  # familiar text around the emoji: the model has something to go on
 
 

@@ -6,4 +6,11 @@ from training.lit_gpt import LitGPT, NonFiniteLossError
 from training.samples import SampleGenerations
 from training.throughput import ThroughputMonitor
 
-__all__ = ["AttentionMaps", "LastCheckpoint", "LitGPT", "NonFiniteLossError", "SampleGenerations", "ThroughputMonitor"]
+__all__ = [
+    "AttentionMaps",
+    "LastCheckpoint",
+    "LitGPT",
+    "NonFiniteLossError",
+    "SampleGenerations",
+    "ThroughputMonitor",
+]

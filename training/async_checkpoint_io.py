@@ -33,7 +33,9 @@ class BackgroundCheckpointIO(CheckpointIO):
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
+    ) -> None:
         """Snapshot `checkpoint` and write it in the background (after the previous save has finished)."""
         start = time.perf_counter()
         self.wait()
@@ -49,7 +51,9 @@ class BackgroundCheckpointIO(CheckpointIO):
         if pending is not None:
             pending.result()
 
-    def load_checkpoint(self, path: str | Path, map_location: Any = None, weights_only: bool | None = None) -> dict:
+    def load_checkpoint(
+        self, path: str | Path, map_location: Any = None, weights_only: bool | None = None
+    ) -> dict:
         """Load after any save in flight has finished."""
         self.wait()
         return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)

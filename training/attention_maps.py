@@ -69,7 +69,9 @@ class AttentionMaps(L.Callback):
         try:
             maps = model.attention_maps(probe).float()  # (L, 1, H, T, T)
             period = min(self.induction_period, model.config.block_size // 2)
-            generator = torch.Generator().manual_seed(0)  # the same random probe every time: comparable scores
+            generator = torch.Generator().manual_seed(
+                0
+            )  # the same random probe every time: comparable scores
             stats = head_statistics(model, probe, period, generator=generator, probe_maps=maps)
         finally:
             pl_module.train(was_training)
@@ -112,7 +114,9 @@ class AttentionMaps(L.Callback):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.history = [(step, {k: torch.tensor(v) for k, v in s.items()}) for step, s in state_dict["history"]]
+        self.history = [
+            (step, {k: torch.tensor(v) for k, v in s.items()}) for step, s in state_dict["history"]
+        ]
         self.detector.formed = {(f["layer"], f["head"]): Formation(**f) for f in state_dict["formed"]}
 
     def _log(self, trainer, step: int, maps: torch.Tensor, labels: list[str], stats: dict) -> None:
@@ -133,4 +137,6 @@ class AttentionMaps(L.Callback):
             for layer in self.layers if self.layers is not None else range(n_layer):
                 image = draw_attention_grid(maps[layer, 0], labels, f"layer {layer}, step {step}", self.heads)
                 logger.log_image(key=f"attention/layer_{layer}", images=[image], step=step)
-            logger.log_table(key="attention/heads", columns=["step", "layer", "head", *STATISTICS], data=rows, step=step)
+            logger.log_table(
+                key="attention/heads", columns=["step", "layer", "head", *STATISTICS], data=rows, step=step
+            )

@@ -36,7 +36,14 @@ LAST_NAME = "last.ckpt"
 STEP_FILE = re.compile(r"^step-(\d+)\.ckpt$")
 # Test hook: "<phase>@<n>" makes the n-th save of this process SIGKILL itself at <phase> (fault injection).
 FAULT_ENV = "GQA_GPT_CHECKPOINT_FAULT"
-PHASES = ("before_write", "mid_write", "before_rename", "before_dir_fsync", "before_last_link", "before_last_replace")
+PHASES = (
+    "before_write",
+    "mid_write",
+    "before_rename",
+    "before_dir_fsync",
+    "before_last_link",
+    "before_last_replace",
+)
 _MID_WRITE_BYTES = 64 * 1024
 
 
@@ -71,13 +78,17 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self.saves = 0
         self._fault = _parse_fault(os.environ.get(FAULT_ENV))
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
+    ) -> None:
         """Write `checkpoint`; a save to `last.ckpt` becomes a step file plus an atomic re-link of `last.ckpt`."""
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
         path = Path(path)
         self.saves += 1
-        rotate = path.name == LAST_NAME  # anything else (a top-k checkpoint): the same atomic write, no rotation
+        rotate = (
+            path.name == LAST_NAME
+        )  # anything else (a top-k checkpoint): the same atomic write, no rotation
         target = path.with_name(step_file_name(int(checkpoint["global_step"]))) if rotate else path
         try:
             self._write(checkpoint, target)
@@ -96,7 +107,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         # placed between them.
         def write(f: BinaryIO) -> None:
             self._fault_point("before_write")
-            target = _FaultAfterBytes(f, lambda: self._fault_point("mid_write")) if self._armed("mid_write") else f
+            target = (
+                _FaultAfterBytes(f, lambda: self._fault_point("mid_write")) if self._armed("mid_write") else f
+            )
             torch.save(checkpoint, target)
             f.flush()
             os.fsync(f.fileno())
@@ -172,7 +185,9 @@ def _parse_fault(spec: str | None) -> tuple[str, int] | None:
         return None
     phase, _, count = spec.partition("@")
     if phase not in PHASES or not count.isdigit():
-        raise UserError(f"{FAULT_ENV}={spec!r}: expected <phase>@<save number>, phase one of {', '.join(PHASES)}")
+        raise UserError(
+            f"{FAULT_ENV}={spec!r}: expected <phase>@<save number>, phase one of {', '.join(PHASES)}"
+        )
     return phase, int(count)
 
 
@@ -184,4 +199,6 @@ def _save_error(err: OSError, path: Path) -> CheckpointSaveError:
     else:
         fix = "check the checkpoint folder"
     reason = err.strerror or type(err).__name__
-    return CheckpointSaveError(f"cannot save checkpoint {path}: {reason}; {fix} (earlier checkpoints are intact)")
+    return CheckpointSaveError(
+        f"cannot save checkpoint {path}: {reason}; {fix} (earlier checkpoints are intact)"
+    )

@@ -59,8 +59,12 @@ def _get(entry: Any, key: str) -> Any:
     return entry.get(key) if isinstance(entry, dict) else None
 
 
-def prepare_checkpoint_dir(checkpoint_dir: Path, ckpt_path: str | None, cache_dir: str | None,
-                           say: Callable[[str], None] | None = None) -> str | None:
+def prepare_checkpoint_dir(
+    checkpoint_dir: Path,
+    ckpt_path: str | None,
+    cache_dir: str | None,
+    say: Callable[[str], None] | None = None,
+) -> str | None:
     """Sweep what killed runs left (rank 0 only), then resolve `ckpt_path="last"` to a resumable file.
 
     Returns the checkpoint to resume (None to start fresh); raises a UserError when none is resumable.
@@ -70,7 +74,9 @@ def prepare_checkpoint_dir(checkpoint_dir: Path, ckpt_path: str | None, cache_di
         sweep_stale_files(checkpoint_dir, cache_dir, say=say)
     if ckpt_path != "last":
         return ckpt_path
-    chosen = choose_resume_checkpoint(checkpoint_dir, warn=say if rank_zero_only.rank == 0 else lambda _: None)
+    chosen = choose_resume_checkpoint(
+        checkpoint_dir, warn=say if rank_zero_only.rank == 0 else lambda _: None
+    )
     if chosen is None:
         say(f"--ckpt_path last: no checkpoint in {checkpoint_dir} yet; starting from step 0")
         return None

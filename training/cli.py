@@ -98,8 +98,15 @@ class GPTCLI(LightningCLI):
             self.ctrl_c.restore()
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.add_argument("--run_name", type=str | None, default=None, help="Run directory name under trainer.default_root_dir; defaults to the config file's name.")
-        parser.add_argument("--wandb_project", type=str, default="gqa-gpt", help="wandb project the run logs to.")
+        parser.add_argument(
+            "--run_name",
+            type=str | None,
+            default=None,
+            help="Run directory name under trainer.default_root_dir; defaults to the config file's name.",
+        )
+        parser.add_argument(
+            "--wandb_project", type=str, default="gqa-gpt", help="wandb project the run logs to."
+        )
         # One source of truth: the data module owns the vocabulary and context sizes, the model follows.
         parser.link_arguments("data.vocab_size", "model.vocab_size")
         parser.link_arguments("data.block_size", "model.block_size")
@@ -117,19 +124,24 @@ class GPTCLI(LightningCLI):
         config.trainer.default_root_dir = str(run_dir)
         config.checkpoint.dirpath = str(run_dir / "checkpoints")
         if self.subcommand == "fit":
-            config.ckpt_path = prepare_checkpoint_dir(run_dir / "checkpoints", config.get("ckpt_path"),
-                                                      config.data.get("cache_dir"))
+            config.ckpt_path = prepare_checkpoint_dir(
+                run_dir / "checkpoints", config.get("ckpt_path"), config.data.get("cache_dir")
+            )
         if config.trainer.logger in (None, True):
             run_id = wandb_run_id(run_dir, stored_wandb_id(config.get("ckpt_path")))
-            config.trainer.logger = _wandb_logger(run_dir, config.wandb_project, config.run_name or run_dir.name,
-                                                  run_id)
+            config.trainer.logger = _wandb_logger(
+                run_dir, config.wandb_project, config.run_name or run_dir.name, run_id
+            )
         extra = [ThroughputMonitor(), LastCheckpoint(), self.ctrl_c, WandbIdInCheckpoint(), FitReport()]
         if config.trainer.logger is not False:  # LearningRateMonitor refuses to run without a logger
             extra.append(LearningRateMonitor(logging_interval="step"))
-        if config.trainer.enable_progress_bar is not False:  # a ProgressBar callback with it False is an error
+        if (
+            config.trainer.enable_progress_bar is not False
+        ):  # a ProgressBar callback with it False is an error
             extra.append(progress_for_output())
-        config.trainer.plugins = with_checkpoint_io(config.trainer.plugins, config.checkpoint.keep_last,
-                                                    config.checkpoint.async_save)
+        config.trainer.plugins = with_checkpoint_io(
+            config.trainer.plugins, config.checkpoint.keep_last, config.checkpoint.async_save
+        )
         self.trainer_defaults = {**self.trainer_defaults, "callbacks": extra}
 
 
@@ -169,6 +181,12 @@ def _wandb_logger(run_dir: Path, project: str, name: str, run_id: str) -> dict:
     # No mkdir and no message here: both wait until the wandb run is created (see RunWandbLogger).
     return {
         "class_path": "training.wandb_logger.RunWandbLogger",
-        "init_args": {"save_dir": str(run_dir), "project": project, "name": name, "offline": wandb_offline(),
-                      "id": run_id, "resume": "allow"},  # one wandb run across preemptions and resumes
+        "init_args": {
+            "save_dir": str(run_dir),
+            "project": project,
+            "name": name,
+            "offline": wandb_offline(),
+            "id": run_id,
+            "resume": "allow",
+        },  # one wandb run across preemptions and resumes
     }

@@ -34,13 +34,15 @@ def order_help_sections(parser) -> None:
     """Give the project's sections readable titles and show them before the Trainer's flags, in the parser
     of every subcommand (fit, validate, ...)."""
     subcommands = getattr(parser, "_subcommands_action", None)
-    for subparser in (subcommands.choices.values() if subcommands else [parser]):
+    for subparser in subcommands.choices.values() if subcommands else [parser]:
         _order_sections(subparser)
 
 
 def _order_sections(parser) -> None:
     # argparse's usage would list all ~400 flags before anything else.
-    parser.usage = "%(prog)s [--config CONFIG] [--KEY VALUE ...]   (keys below; --print_config shows the result)"
+    parser.usage = (
+        "%(prog)s [--config CONFIG] [--KEY VALUE ...]   (keys below; --print_config shows the result)"
+    )
     groups = parser.groups or {}
     for key, title in SECTION_TITLES.items():
         if key in groups:
@@ -73,9 +75,13 @@ def _describe_ckpt_path(parser):
 def refuse_optimizer_flags(args: list[str]) -> None:
     """LightningCLI's --optimizer/--lr_scheduler would silently replace LitGPT's AdamW and schedule."""
     for arg in args:
-        flag = next((flag for flag in REFUSED_FLAGS if arg == flag or arg.startswith((flag + ".", flag + "="))), None)
+        flag = next(
+            (flag for flag in REFUSED_FLAGS if arg == flag or arg.startswith((flag + ".", flag + "="))), None
+        )
         if flag:
-            raise UserError(f"{flag} is not supported: {REFUSED_FLAGS[flag]} (see: python train.py fit --help)")
+            raise UserError(
+                f"{flag} is not supported: {REFUSED_FLAGS[flag]} (see: python train.py fit --help)"
+            )
 
 
 class _DropPrefixes(logging.Filter):

@@ -59,7 +59,9 @@ class GracefulCtrlC(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._training = True
 
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
         if isinstance(exception, SIGTERMException):
             self.signal_name = "Ctrl-C" if self.pressed else "SIGTERM"
             self.stopped_step = trainer.global_step
@@ -87,4 +89,8 @@ class GracefulCtrlC(L.Callback):
         # Lightning's own flag: checked once per step, after the optimizer and scheduler steps.
         self._trainer._signal_connector.received_sigterm = True
         if self._trainer.is_global_zero:
-            print("Ctrl-C: saving last.ckpt after this step (Ctrl-C again stops at once)", file=sys.stderr, flush=True)
+            print(
+                "Ctrl-C: saving last.ckpt after this step (Ctrl-C again stops at once)",
+                file=sys.stderr,
+                flush=True,
+            )

@@ -28,8 +28,12 @@ class LastCheckpoint(L.Callback):
         if self.saved_step != trainer.global_step:
             self._save(trainer)
 
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if isinstance(exception, SIGTERMException):  # also the first Ctrl-C (training/ctrl_c.py); train.py says so
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        if isinstance(
+            exception, SIGTERMException
+        ):  # also the first Ctrl-C (training/ctrl_c.py); train.py says so
             self._save(trainer)
 
     @staticmethod

@@ -130,12 +130,16 @@ class LitGPT(L.LightningModule):
         hp = self.hparams
         optimizer = self.make_optimizer()
         if self.trainer.max_steps is None or self.trainer.max_steps < 1:
-            raise UserError("trainer.max_steps must be set (> 0): the learning-rate schedule is laid out over it")
+            raise UserError(
+                "trainer.max_steps must be set (> 0): the learning-rate schedule is laid out over it"
+            )
 
         def multiplier(step: int) -> float:
             # max_steps is read at every step so a time budget (benchmarks/shakespeare_budget.py) can move it.
             max_steps = self.trainer.max_steps
-            return lr_multiplier(step, max_steps, hp.warmup_steps, hp.schedule, hp.min_lr_ratio, hp.decay_fraction)
+            return lr_multiplier(
+                step, max_steps, hp.warmup_steps, hp.schedule, hp.min_lr_ratio, hp.decay_fraction
+            )
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
@@ -163,10 +167,12 @@ class LitGPT(L.LightningModule):
         if tokenizer is None:
             raise UserError("checkpoints embed the tokenizer: train with data.TextDataModule (--data)")
         checkpoint[META_KEY] = checkpoint_metadata(
-            self.model.config, tokenizer.to_json(), tokenizer.sha256, dict(getattr(datamodule, "hparams", {})),
+            self.model.config,
+            tokenizer.to_json(),
+            tokenizer.sha256,
+            dict(getattr(datamodule, "hparams", {})),
             skipped_batches=self.skipped_batches,
         )
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.skipped_batches = stored_skipped_batches(checkpoint)
-

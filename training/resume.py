@@ -25,7 +25,9 @@ def checkpoint_in_run(run_dir: Path) -> Path:
 
     path = choose_resume_checkpoint(run_dir / "checkpoints", warn=lambda line: print(line, file=sys.stderr))
     if path is None:
-        raise UserError(f"--ckpt_path: {run_dir} has no checkpoint to resume; start it afresh without --ckpt_path")
+        raise UserError(
+            f"--ckpt_path: {run_dir} has no checkpoint to resume; start it afresh without --ckpt_path"
+        )
     return path
 
 
@@ -39,12 +41,21 @@ def expand_run_dir_resume(args: list[str]) -> tuple[list[str], bool]:
         return args, False
     config = run_dir / CONFIG_NAME
     if not config.is_file():
-        raise UserError(f"--ckpt_path: {run_dir} is a directory without {CONFIG_NAME}; pass a run directory or a .ckpt file")
+        raise UserError(
+            f"--ckpt_path: {run_dir} is a directory without {CONFIG_NAME}; pass a run directory or a .ckpt file"
+        )
     rest = args[: position[0]] + args[position[1] :]
     fit = rest.index("fit")
     # The saved config already names the run directory in trainer.default_root_dir; `run_name` keeps the
     # CLI from nesting a second run folder (named after config.yaml) inside it.
-    resumed = ["--config", str(config), "--trainer.default_root_dir", str(run_dir.parent), "--run_name", run_dir.name]
+    resumed = [
+        "--config",
+        str(config),
+        "--trainer.default_root_dir",
+        str(run_dir.parent),
+        "--run_name",
+        run_dir.name,
+    ]
     ckpt = [CKPT_FLAG, str(checkpoint_in_run(run_dir))]
     return [*rest[: fit + 1], *resumed, *rest[fit + 1 :], *ckpt], True
 

@@ -36,7 +36,9 @@ def resume_candidates(checkpoint_dir: Path) -> list[Path]:
 def check_resumable(path: Path) -> None:
     """Raise CheckpointError unless `path` is intact (zip CRCs), loads as ours and has what resuming needs."""
     try:
-        with zipfile.ZipFile(path) as archive:  # torch.load does not check the CRCs: flipped bytes load silently
+        with zipfile.ZipFile(
+            path
+        ) as archive:  # torch.load does not check the CRCs: flipped bytes load silently
             bad_member = archive.testzip()
     except (zipfile.BadZipFile, OSError) as err:
         raise CheckpointError(f"{path}: not a complete checkpoint ({first_line(err)})") from err

@@ -34,7 +34,12 @@ class SampleGenerations(L.Callback):
     ) -> None:
         self.every_n_steps = every_n_steps
         self.prompts = prompts if prompts is not None else ["\n", "ROMEO:", "The king"]
-        self.max_new_tokens, self.temperature, self.top_k, self.seed = max_new_tokens, temperature, top_k, seed
+        self.max_new_tokens, self.temperature, self.top_k, self.seed = (
+            max_new_tokens,
+            temperature,
+            top_k,
+            seed,
+        )
         self.rows: list[list] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -45,12 +50,16 @@ class SampleGenerations(L.Callback):
         was_training = pl_module.training
         pl_module.eval()
         try:
-            self.rows += [[step, prompt, self._continue(pl_module, tokenizer, prompt)] for prompt in self.prompts]
+            self.rows += [
+                [step, prompt, self._continue(pl_module, tokenizer, prompt)] for prompt in self.prompts
+            ]
         finally:
             pl_module.train(was_training)
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):  # tables are a wandb feature; other loggers get nothing
-                logger.log_text(key="samples", columns=["step", "prompt", "continuation"], data=self.rows, step=step)
+                logger.log_text(
+                    key="samples", columns=["step", "prompt", "continuation"], data=self.rows, step=step
+                )
 
     def _continue(self, pl_module, tokenizer, prompt: str) -> str:
         ids = torch.tensor([tokenizer.encode(prompt) or [tokenizer.eos_id]], device=pl_module.device)

@@ -11,7 +11,12 @@ Schedule = Literal["cosine", "wsd", "constant"]
 
 
 def lr_multiplier(
-    step: int, max_steps: int, warmup_steps: int, schedule: Schedule, min_lr_ratio: float, decay_fraction: float
+    step: int,
+    max_steps: int,
+    warmup_steps: int,
+    schedule: Schedule,
+    min_lr_ratio: float,
+    decay_fraction: float,
 ) -> float:
     """Factor applied to the peak learning rate at optimizer step `step` (0-based).
 

@@ -36,8 +36,9 @@ def dead_staging_folders(cache_dir: Path) -> list[Path]:
     return sorted(temp for corpus in corpora for temp in stale_temp_files(corpus) if owner_has_exited(temp))
 
 
-def sweep_stale_files(checkpoint_dir: str | Path, cache_dir: str | Path | None = None,
-                      say: Callable[[str], None] = print) -> list[Path]:
+def sweep_stale_files(
+    checkpoint_dir: str | Path, cache_dir: str | Path | None = None, say: Callable[[str], None] = print
+) -> list[Path]:
     """Remove temporary files in `checkpoint_dir` and dead staging folders in `cache_dir`; `say` one line each.
 
     Call it once when a run starts, on one process (global rank 0), before anything saves.
@@ -45,12 +46,16 @@ def sweep_stale_files(checkpoint_dir: str | Path, cache_dir: str | Path | None =
     removed: list[Path] = []
     groups = [(Path(checkpoint_dir), stale_temp_files(checkpoint_dir), "temporary checkpoint file")]
     if cache_dir is not None:
-        groups.append((Path(cache_dir), dead_staging_folders(Path(cache_dir).expanduser()), "data staging folder"))
+        groups.append(
+            (Path(cache_dir), dead_staging_folders(Path(cache_dir).expanduser()), "data staging folder")
+        )
     for folder, stale, what in groups:
         if not stale:
             continue
         freed = sum(_remove(path) for path in stale)
-        names = ", ".join(p.name for p in stale[:3]) + (f" and {len(stale) - 3} more" if len(stale) > 3 else "")
+        names = ", ".join(p.name for p in stale[:3]) + (
+            f" and {len(stale) - 3} more" if len(stale) > 3 else ""
+        )
         say(f"removed {len(stale)} {what}(s) left by killed runs in {folder} ({freed / 1e6:.1f} MB): {names}")
         removed += stale
     return removed

@@ -12,8 +12,31 @@ from pathlib import Path
 import pytest
 
 _WORDS = [
-    "the", "and", "king", "naïve", "café", "Straße", "日本語", "😀", "🎉👍🏽", "Ελληνικά", "Привет", "mañana",
-    "e\u0301", "'s", "it's", "42", "3.14", "—", "«quote»", "\t", "  ", "\r\n", "\n", "\n\n", "x\ny",
+    "the",
+    "and",
+    "king",
+    "naïve",
+    "café",
+    "Straße",
+    "日本語",
+    "😀",
+    "🎉👍🏽",
+    "Ελληνικά",
+    "Привет",
+    "mañana",
+    "e\u0301",
+    "'s",
+    "it's",
+    "42",
+    "3.14",
+    "—",
+    "«quote»",
+    "\t",
+    "  ",
+    "\r\n",
+    "\n",
+    "\n\n",
+    "x\ny",
 ]
 
 
@@ -34,7 +57,10 @@ def make_documents(count: int, seed: int, words_per_doc: int = 120) -> list[str]
     """Deterministic multilingual documents with emoji, combining marks, tabs and Windows newlines."""
     rng = random.Random(seed)
     return [
-        "".join(rng.choice(_WORDS) + rng.choice(" ,.\n") for _ in range(rng.randint(words_per_doc // 2, words_per_doc)))
+        "".join(
+            rng.choice(_WORDS) + rng.choice(" ,.\n")
+            for _ in range(rng.randint(words_per_doc // 2, words_per_doc))
+        )
         for _ in range(count)
     ]
 
@@ -60,6 +86,7 @@ def jsonl_corpus(documents: list[str], tmp_path_factory: pytest.TempPathFactory)
 @pytest.fixture
 def corpus_file(tmp_path: Path):
     """Factory: write documents as JSON lines under this test's tmp dir; returns the path."""
+
     def write(name: str, documents: list[str], column: str = "text") -> Path:
         return write_jsonl(tmp_path / name, documents, column)
 

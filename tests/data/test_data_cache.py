@@ -20,8 +20,14 @@ VOCAB = 300
 
 
 def _module(data_files: Path, cache_dir: Path, **overrides) -> TextDataModule:
-    settings = {"dataset": "json", "data_files": str(data_files), "vocab_size": VOCAB, "block_size": 16,
-                "cache_dir": str(cache_dir), **overrides}
+    settings = {
+        "dataset": "json",
+        "data_files": str(data_files),
+        "vocab_size": VOCAB,
+        "block_size": 16,
+        "cache_dir": str(cache_dir),
+        **overrides,
+    }
     module = TextDataModule(**settings)
     module.setup()
     return module
@@ -53,8 +59,9 @@ def test_second_run_does_no_work(jsonl_corpus: Path, cache_dir: Path, count_load
     assert second.tokenizer.sha256 == first.tokenizer.sha256
 
 
-def test_retrained_tokenizer_at_the_same_path_never_reuses_ids(jsonl_corpus: Path, documents: list[str],
-                                                               cache_dir: Path, tmp_path: Path) -> None:
+def test_retrained_tokenizer_at_the_same_path_never_reuses_ids(
+    jsonl_corpus: Path, documents: list[str], cache_dir: Path, tmp_path: Path
+) -> None:
     tokenizer_file = tmp_path / "tokenizer.json"
     Tokenizer.train(documents, 300, show_progress=False).save(tokenizer_file)
     before = _module(jsonl_corpus, cache_dir, tokenizer_path=str(tokenizer_file), vocab_size=512)
@@ -64,7 +71,9 @@ def test_retrained_tokenizer_at_the_same_path_never_reuses_ids(jsonl_corpus: Pat
     assert after.tokenizer.sha256 == retrained.sha256 != before.tokenizer.sha256
     assert len(after.train_tokens) < len(before.train_tokens), "more merges, fewer tokens"
     assert after.train_tokens[:200].tolist() == retrained.encode(documents[0])[:200]
-    assert after.tokenizer.decode(after.train_tokens.tolist()) == before.tokenizer.decode(before.train_tokens.tolist())
+    assert after.tokenizer.decode(after.train_tokens.tolist()) == before.tokenizer.decode(
+        before.train_tokens.tolist()
+    )
 
 
 def test_a_different_vocab_size_trains_a_new_tokenizer(jsonl_corpus: Path, cache_dir: Path) -> None:
@@ -85,8 +94,9 @@ def test_editing_the_data_file_invalidates_the_cache(new_documents, corpus_file,
     assert not np.array_equal(before.train_tokens[:100], after.train_tokens[:100])
 
 
-def test_map_cache_is_keyed_on_the_tokenizer_hash(new_documents, corpus_file,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_map_cache_is_keyed_on_the_tokenizer_hash(
+    new_documents, corpus_file, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Dataset.map itself: the same tokenizer loads the cached ids, a different one recomputes them."""
     documents = new_documents(80, seed=11)  # a corpus no other test has mapped
     docs = datasets.load_dataset("json", data_files=str(corpus_file("fresh.jsonl", documents)), split="train")
@@ -95,8 +105,11 @@ def test_map_cache_is_keyed_on_the_tokenizer_hash(new_documents, corpus_file,
     second_tokenizer = Tokenizer.train(documents, 380, show_progress=False)
     encoded_batches = []
     real_encode = Tokenizer.encode_batch
-    monkeypatch.setattr(Tokenizer, "encode_batch",
-                        lambda self, texts: encoded_batches.append(len(texts)) or real_encode(self, texts))
+    monkeypatch.setattr(
+        Tokenizer,
+        "encode_batch",
+        lambda self, texts: encoded_batches.append(len(texts)) or real_encode(self, texts),
+    )
 
     first = tokenize_segments(segments, first_tokenizer)
     assert encoded_batches, "the first run tokenizes"
@@ -112,7 +125,9 @@ def test_map_cache_is_keyed_on_the_tokenizer_hash(new_documents, corpus_file,
 
 def test_two_map_processes_give_the_same_ids_in_order(new_documents, corpus_file) -> None:
     documents = new_documents(40, seed=12)
-    docs = datasets.load_dataset("json", data_files=str(corpus_file("parallel.jsonl", documents)), split="train")
+    docs = datasets.load_dataset(
+        "json", data_files=str(corpus_file("parallel.jsonl", documents)), split="train"
+    )
     segments = segment_split(docs, "text", num_proc=2)
     tokenizer = Tokenizer.train(documents, 300, show_progress=False)
     parallel = tokenize_segments(segments, tokenizer, num_proc=2)
@@ -123,8 +138,9 @@ def test_two_map_processes_give_the_same_ids_in_order(new_documents, corpus_file
     assert tokenizer.decode(flat) == "<|endoftext|>".join(documents)
 
 
-def test_a_failed_run_leaves_nothing_to_trust(jsonl_corpus: Path, cache_dir: Path, cached_files,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_run_leaves_nothing_to_trust(
+    jsonl_corpus: Path, cache_dir: Path, cached_files, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import data.tokenize_dataset
 
     real_write = data.tokenize_dataset.write_ids

@@ -20,15 +20,21 @@ VOCAB = 400
 
 @pytest.fixture(scope="module")
 def shakespeare_module(shakespeare_path: Path, tmp_path_factory: pytest.TempPathFactory) -> TextDataModule:
-    module = TextDataModule(data_files=str(shakespeare_path), vocab_size=512, block_size=64, batch_size=4,
-                            cache_dir=str(tmp_path_factory.mktemp("cache")))
+    module = TextDataModule(
+        data_files=str(shakespeare_path),
+        vocab_size=512,
+        block_size=64,
+        batch_size=4,
+        cache_dir=str(tmp_path_factory.mktemp("cache")),
+    )
     module.prepare_data()
     module.setup("fit")
     return module
 
 
-def test_shakespeare_val_is_the_last_tenth_of_the_characters(shakespeare_module: TextDataModule,
-                                                             shakespeare_text: str) -> None:
+def test_shakespeare_val_is_the_last_tenth_of_the_characters(
+    shakespeare_module: TextDataModule, shakespeare_text: str
+) -> None:
     cut = int(len(shakespeare_text) * 0.9)
     assert cut == 1_003_854, "the same split point as nanoGPT's shakespeare_char"
     tokenizer = shakespeare_module.tokenizer
@@ -36,17 +42,20 @@ def test_shakespeare_val_is_the_last_tenth_of_the_characters(shakespeare_module:
     assert tokenizer.decode(shakespeare_module.val_tokens.tolist()) == shakespeare_text[cut:]
 
 
-def test_shakespeare_arrays_meta_and_bytes_per_token(shakespeare_module: TextDataModule,
-                                                     shakespeare_text: str) -> None:
+def test_shakespeare_arrays_meta_and_bytes_per_token(
+    shakespeare_module: TextDataModule, shakespeare_text: str
+) -> None:
     module = shakespeare_module
     assert module.train_tokens.dtype == np.uint16 and module.val_tokens.dtype == np.uint16
     assert module.tokenizer.vocab_size == 512 and module.vocab_size == 512 and module.block_size == 64
-    val_text = shakespeare_text[int(len(shakespeare_text) * 0.9):]
+    val_text = shakespeare_text[int(len(shakespeare_text) * 0.9) :]
     assert module.bytes_per_token == pytest.approx(len(val_text.encode()) / len(module.val_tokens), rel=1e-12)
     assert module.chars_per_token == pytest.approx(len(val_text) / len(module.val_tokens), rel=1e-12)
     assert 1.5 < module.bytes_per_token < 3.0
     meta = json.loads((Path(module.train_tokens.filename).parent / "meta.json").read_text())
-    assert meta["train"]["tokens"] == len(module.train_tokens) and meta["val"]["tokens"] == len(module.val_tokens)
+    assert meta["train"]["tokens"] == len(module.train_tokens) and meta["val"]["tokens"] == len(
+        module.val_tokens
+    )
     assert meta["tokenizer_sha256"] == module.tokenizer.sha256
     assert meta["dtype"] == "uint16" and meta["vocab_size"] == 512
 
@@ -58,12 +67,15 @@ def test_shakespeare_batches(shakespeare_module: TextDataModule) -> None:
     val_batches = list(shakespeare_module.val_dataloader())
     val_x = torch.cat([vx for vx, _ in val_batches])
     assert len(val_x) == (len(shakespeare_module.val_tokens) - 1) // 64
-    assert torch.equal(val_x.flatten(), torch.from_numpy(shakespeare_module.val_tokens[: val_x.numel()].astype(np.int64)))
+    assert torch.equal(
+        val_x.flatten(), torch.from_numpy(shakespeare_module.val_tokens[: val_x.numel()].astype(np.int64))
+    )
 
 
 def test_train_dataloader_resumes_from_the_attached_trainer(shakespeare_module: TextDataModule) -> None:
-    shakespeare_module.trainer = SimpleNamespace(global_step=5, accumulate_grad_batches=3, global_rank=1,
-                                                 world_size=2)
+    shakespeare_module.trainer = SimpleNamespace(
+        global_step=5, accumulate_grad_batches=3, global_rank=1, world_size=2
+    )
     try:
         x, _ = next(iter(shakespeare_module.train_dataloader()))
     finally:
@@ -80,10 +92,16 @@ def _find_window(tokens: np.ndarray, row: np.ndarray) -> int:
     return next(int(s) for s in starts if np.array_equal(tokens[s : s + len(row)], row))
 
 
-def test_json_corpus_split_by_characters_with_separators(documents: list[str], jsonl_corpus: Path,
-                                                         cache_dir: Path) -> None:
-    module = TextDataModule(dataset="json", data_files=str(jsonl_corpus), vocab_size=VOCAB, block_size=32,
-                            cache_dir=str(cache_dir))
+def test_json_corpus_split_by_characters_with_separators(
+    documents: list[str], jsonl_corpus: Path, cache_dir: Path
+) -> None:
+    module = TextDataModule(
+        dataset="json",
+        data_files=str(jsonl_corpus),
+        vocab_size=VOCAB,
+        block_size=32,
+        cache_dir=str(cache_dir),
+    )
     module.setup()
     train_text = module.tokenizer.decode(module.train_tokens.tolist())
     val_text = module.tokenizer.decode(module.val_tokens.tolist())
@@ -99,16 +117,27 @@ def test_json_corpus_split_by_characters_with_separators(documents: list[str], j
         assert torch.equal(x[:, 1:], y[:, :-1])
 
 
-def test_parquet_and_json_give_the_same_tokens(documents: list[str], jsonl_corpus: Path, tmp_path: Path,
-                                               cache_dir: Path) -> None:
+def test_parquet_and_json_give_the_same_tokens(
+    documents: list[str], jsonl_corpus: Path, tmp_path: Path, cache_dir: Path
+) -> None:
     import datasets
 
     parquet = tmp_path / "corpus.parquet"
     datasets.Dataset.from_dict({"text": documents}).to_parquet(str(parquet))
-    from_json = TextDataModule(dataset="json", data_files=str(jsonl_corpus), vocab_size=VOCAB,
-                               block_size=32, cache_dir=str(cache_dir))
-    from_parquet = TextDataModule(dataset="parquet", data_files=[str(parquet)], vocab_size=VOCAB,
-                                  block_size=32, cache_dir=str(cache_dir))
+    from_json = TextDataModule(
+        dataset="json",
+        data_files=str(jsonl_corpus),
+        vocab_size=VOCAB,
+        block_size=32,
+        cache_dir=str(cache_dir),
+    )
+    from_parquet = TextDataModule(
+        dataset="parquet",
+        data_files=[str(parquet)],
+        vocab_size=VOCAB,
+        block_size=32,
+        cache_dir=str(cache_dir),
+    )
     from_json.setup()
     from_parquet.setup()
     assert from_parquet.tokenizer.sha256 == from_json.tokenizer.sha256
@@ -118,10 +147,18 @@ def test_parquet_and_json_give_the_same_tokens(documents: list[str], jsonl_corpu
 
 def test_own_validation_split_and_custom_column(new_documents, corpus_file, cache_dir: Path) -> None:
     train_docs, val_docs = new_documents(60, seed=1), new_documents(6, seed=2)
-    files = {"train": str(corpus_file("train.jsonl", train_docs, "body")),
-             "validation": str(corpus_file("val.jsonl", val_docs, "body"))}
-    module = TextDataModule(dataset="json", data_files=files, text_column="body", vocab_size=VOCAB,
-                            block_size=32, cache_dir=str(cache_dir))
+    files = {
+        "train": str(corpus_file("train.jsonl", train_docs, "body")),
+        "validation": str(corpus_file("val.jsonl", val_docs, "body")),
+    }
+    module = TextDataModule(
+        dataset="json",
+        data_files=files,
+        text_column="body",
+        vocab_size=VOCAB,
+        block_size=32,
+        cache_dir=str(cache_dir),
+    )
     module.setup()
     assert module.tokenizer.decode(module.val_tokens.tolist()) == EOS_TOKEN.join(val_docs)
     assert module.tokenizer.decode(module.train_tokens.tolist()) == EOS_TOKEN.join(train_docs)
@@ -134,4 +171,3 @@ def test_every_constructor_argument_is_documented() -> None:
     documented = set(re.findall(r"^    (\w+): ", doc.split("Args:")[1], flags=re.MULTILINE))
     parameters = set(inspect.signature(TextDataModule.__init__).parameters) - {"self"}
     assert documented == parameters
-

@@ -28,13 +28,20 @@ def test_missing_data_file(cache_dir: Path, cached_files, tmp_path: Path) -> Non
     missing = tmp_path / "nope.txt"
     message = _raises("data.data_files", cache_dir, cached_files, data_files=str(missing))
     assert str(missing) in message and "does not exist" in message
-    _raises("data.data_files", cache_dir, cached_files, dataset="json", data_files=[str(tmp_path / "*.jsonl")])
+    _raises(
+        "data.data_files", cache_dir, cached_files, dataset="json", data_files=[str(tmp_path / "*.jsonl")]
+    )
 
 
 def test_hub_dataset_while_offline(cache_dir: Path, cached_files) -> None:
     # A Hub id ignores data_files (here a URL) instead of sending it to the Hub.
-    message = _raises("data.dataset", cache_dir, cached_files, dataset="karpathy/tiny_shakespeare",
-                      data_files=TINY_SHAKESPEARE_URL)
+    message = _raises(
+        "data.dataset",
+        cache_dir,
+        cached_files,
+        dataset="karpathy/tiny_shakespeare",
+        data_files=TINY_SHAKESPEARE_URL,
+    )
     assert "offline" in message and "HF_HUB_OFFLINE=1" in message and "data.data_files" in message
 
 
@@ -44,8 +51,14 @@ def test_url_while_offline(cache_dir: Path, cached_files) -> None:
 
 
 def test_missing_text_column(jsonl_corpus: Path, cache_dir: Path, cached_files) -> None:
-    message = _raises("data.text_column", cache_dir, cached_files, dataset="json", data_files=str(jsonl_corpus),
-                      text_column="body")
+    message = _raises(
+        "data.text_column",
+        cache_dir,
+        cached_files,
+        dataset="json",
+        data_files=str(jsonl_corpus),
+        text_column="body",
+    )
     assert "'body'" in message and "'text'" in message and "'id'" in message
 
 
@@ -54,7 +67,9 @@ def test_empty_corpus(tmp_path: Path, corpus_file, cache_dir: Path, cached_files
     empty_file.write_text("")
     assert "is empty" in _raises("data.data_files", cache_dir, cached_files, data_files=str(empty_file))
     blank_documents = corpus_file("blank.jsonl", ["", "", ""])
-    message = _raises("data.data_files", cache_dir, cached_files, dataset="json", data_files=str(blank_documents))
+    message = _raises(
+        "data.data_files", cache_dir, cached_files, dataset="json", data_files=str(blank_documents)
+    )
     assert "no text" in message
 
 
@@ -75,15 +90,17 @@ def test_train_split_is_required(corpus_file, documents: list[str], cache_dir: P
         ("data.num_workers", {"num_workers": -1}),
     ],
 )
-def test_bad_numbers_fail_at_construction(key: str, settings: dict, jsonl_corpus: Path, cache_dir: Path,
-                                          cached_files) -> None:
+def test_bad_numbers_fail_at_construction(
+    key: str, settings: dict, jsonl_corpus: Path, cache_dir: Path, cached_files
+) -> None:
     _raises(key, cache_dir, cached_files, dataset="json", data_files=str(jsonl_corpus), **settings)
 
 
 def test_validation_shorter_than_a_block(corpus_file, cache_dir: Path, cached_files) -> None:
     tiny = corpus_file("tiny.jsonl", ["To be, or not to be, that is the question. " * 4])
-    message = _raises("data.block_size", cache_dir, cached_files, dataset="json", data_files=str(tiny),
-                      block_size=64)
+    message = _raises(
+        "data.block_size", cache_dir, cached_files, dataset="json", data_files=str(tiny), block_size=64
+    )
     assert "block_size=64" in message and "data.val_fraction" in message
 
 
@@ -95,12 +112,17 @@ def test_cached_tokens_too_short_for_a_larger_block(corpus_file, cache_dir: Path
         TextDataModule(block_size=64, **settings).setup()  # the same cache, reused
 
 
-def test_tokenizer_path_missing_or_too_large(tmp_path: Path, jsonl_corpus: Path, documents: list[str],
-                                             cache_dir: Path, cached_files) -> None:
+def test_tokenizer_path_missing_or_too_large(
+    tmp_path: Path, jsonl_corpus: Path, documents: list[str], cache_dir: Path, cached_files
+) -> None:
     common = {"dataset": "json", "data_files": str(jsonl_corpus)}
     missing = str(tmp_path / "missing.json")
-    assert missing in _raises("data.tokenizer_path", cache_dir, cached_files, tokenizer_path=missing, **common)
+    assert missing in _raises(
+        "data.tokenizer_path", cache_dir, cached_files, tokenizer_path=missing, **common
+    )
     path = tmp_path / "tokenizer.json"
     Tokenizer.train(documents, 400, show_progress=False).save(path)
-    message = _raises("data.vocab_size", cache_dir, cached_files, tokenizer_path=str(path), vocab_size=300, **common)
+    message = _raises(
+        "data.vocab_size", cache_dir, cached_files, tokenizer_path=str(path), vocab_size=300, **common
+    )
     assert ">= 400" in message

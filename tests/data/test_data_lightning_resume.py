@@ -30,20 +30,37 @@ class BatchRecorder(L.LightningModule):
 
 
 def _fit(jsonl_corpus: Path, cache_dir: Path, run_dir: Path, ckpt_path: str | None = None) -> BatchRecorder:
-    data = TextDataModule(dataset="json", data_files=str(jsonl_corpus), vocab_size=300, block_size=8,
-                          batch_size=2, cache_dir=str(cache_dir))
+    data = TextDataModule(
+        dataset="json",
+        data_files=str(jsonl_corpus),
+        vocab_size=300,
+        block_size=8,
+        batch_size=2,
+        cache_dir=str(cache_dir),
+    )
     model = BatchRecorder()
     trainer = L.Trainer(
-        max_steps=4, accumulate_grad_batches=2, limit_val_batches=0, accelerator="cpu", devices=1, logger=False,
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=run_dir,
+        max_steps=4,
+        accumulate_grad_batches=2,
+        limit_val_batches=0,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=run_dir,
         callbacks=[ModelCheckpoint(dirpath=run_dir, every_n_train_steps=2, save_top_k=-1)],
     )
     trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
     return model
 
 
-@pytest.mark.filterwarnings("ignore::UserWarning")  # Lightning's notes about non-resumable loaders and workers
-def test_resumed_run_sees_the_uninterrupted_batches(jsonl_corpus: Path, cache_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.filterwarnings(
+    "ignore::UserWarning"
+)  # Lightning's notes about non-resumable loaders and workers
+def test_resumed_run_sees_the_uninterrupted_batches(
+    jsonl_corpus: Path, cache_dir: Path, tmp_path: Path
+) -> None:
     uninterrupted = _fit(jsonl_corpus, cache_dir, tmp_path / "first")
     assert len(uninterrupted.seen) == 8, "4 optimizer steps x 2 accumulated batches"
     checkpoint = next((tmp_path / "first").glob("*step=2.ckpt"))

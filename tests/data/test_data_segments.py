@@ -11,7 +11,25 @@ from data import Tokenizer
 from data.segments import CharCut, find_char_cut, segment_batch, segment_documents, split_at_safe_newlines
 
 # Characters that stress the pre-tokenizer's whitespace rules around newlines.
-_ALPHABET = ["a", "b", "é", "😀", "1", "'", "s", ".", " ", "  ", "\n", "\n", "\t", "\r", "\u3000", "\xa0", "\x1c"]
+_ALPHABET = [
+    "a",
+    "b",
+    "é",
+    "😀",
+    "1",
+    "'",
+    "s",
+    ".",
+    " ",
+    "  ",
+    "\n",
+    "\n",
+    "\t",
+    "\r",
+    "\u3000",
+    "\xa0",
+    "\x1c",
+]
 
 
 def _random_text(rng: random.Random, max_len: int) -> str:
@@ -65,7 +83,9 @@ def test_text_without_safe_newlines_stays_whole() -> None:
 
 
 def test_separators_go_between_non_empty_documents() -> None:
-    segments = segment_documents(["ab\ncd", "", None, "ef", "g"], [True, False, False, False, False], max_chars=2)
+    segments = segment_documents(
+        ["ab\ncd", "", None, "ef", "g"], [True, False, False, False, False], max_chars=2
+    )
     assert segments["text"] == ["ab\n", "cd", "ef", "g"]
     assert segments["separator_before"] == [False, False, True, True]
 
@@ -77,8 +97,9 @@ def test_segment_batch_clips_the_first_and_last_row() -> None:
     tail = segment_batch(batch, [0, 1, 2], column="text", first_offset=4, last_index=-1, last_limit=None)
     assert tail["text"] == ["456789", "abcdef", "ABCDEF"]
     assert tail["separator_before"] == [False, True, True]
-    same_row = segment_batch({"text": ["0123456789"]}, [0], column="text", first_offset=2, last_index=0,
-                             last_limit=6)
+    same_row = segment_batch(
+        {"text": ["0123456789"]}, [0], column="text", first_offset=2, last_index=0, last_limit=6
+    )
     assert same_row["text"] == ["2345"], "the end is in original coordinates, so it is clipped first"
 
 

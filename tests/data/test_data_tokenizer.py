@@ -105,5 +105,7 @@ def test_importing_the_tokenizer_stays_light() -> None:
         "print(sorted(m for m in ('datasets', 'lightning', 'torch', 'numpy', 'pyarrow') if m in sys.modules))"
     )
     root = Path(__file__).resolve().parents[2]
-    result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
+    )
     assert result.stdout.strip() == "[]"

@@ -16,7 +16,21 @@ from data.tokenizer import Tokenizer
 from model import GPT, ModelConfig
 
 TOKENIZER_VOCAB = 320
-WORDS = ["the", "cat", "sat", "on", "mat", "héllo", "wörld", "naïve", "日本語", "Ελληνικά", "🙂", "don't", "  x"]
+WORDS = [
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "mat",
+    "héllo",
+    "wörld",
+    "naïve",
+    "日本語",
+    "Ελληνικά",
+    "🙂",
+    "don't",
+    "  x",
+]
 
 
 def running_in_ci() -> bool:
@@ -32,8 +46,10 @@ def transformers():
     try:
         import transformers as module
     except ImportError as err:
-        pytest.fail(f"CI=true but transformers is missing ({err}); install the hf extra: pip install -e '.[hf]'",
-                    pytrace=False)
+        pytest.fail(
+            f"CI=true but transformers is missing ({err}); install the hf extra: pip install -e '.[hf]'",
+            pytrace=False,
+        )
     return module
 
 
@@ -62,7 +78,9 @@ def make_model() -> Callable[..., GPT]:
 
     def build(n_kv_head: int = 2, tie: bool = True, seed: int = 0, **overrides) -> GPT:
         torch.manual_seed(seed)
-        shape = dict(vocab_size=TOKENIZER_VOCAB, block_size=128, n_layer=2, n_head=4, n_embd=64, mlp_hidden=96)
+        shape = dict(
+            vocab_size=TOKENIZER_VOCAB, block_size=128, n_layer=2, n_head=4, n_embd=64, mlp_hidden=96
+        )
         config = ModelConfig(**(shape | overrides), n_kv_head=n_kv_head, tie_embeddings=tie, rope_theta=500.0)
         model = GPT(config).eval()
         with torch.no_grad():

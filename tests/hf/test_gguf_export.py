@@ -44,14 +44,18 @@ def our_state_from_gguf(tensors: dict[str, torch.Tensor], model) -> dict[str, to
             ours + "attn.qkv.weight": torch.cat([q, k, tensors[blk + "attn_v.weight"]]),
             ours + "attn.proj.weight": tensors[blk + "attn_output.weight"],
             ours + "mlp_norm.weight": tensors[blk + "ffn_norm.weight"],
-            ours + "mlp.gate_up.weight": torch.cat([tensors[blk + "ffn_gate.weight"], tensors[blk + "ffn_up.weight"]]),
+            ours + "mlp.gate_up.weight": torch.cat(
+                [tensors[blk + "ffn_gate.weight"], tensors[blk + "ffn_up.weight"]]
+            ),
             ours + "mlp.down.weight": tensors[blk + "ffn_down.weight"],
         }
     state["lm_head.weight"] = tensors.get("output.weight", state["wte.weight"])
     return state
 
 
-@pytest.mark.parametrize("n_kv_head,tie", [(4, True), (2, True), (1, False)], ids=["mha", "gqa-tied", "mqa-untied"])
+@pytest.mark.parametrize(
+    "n_kv_head,tie", [(4, True), (2, True), (1, False)], ids=["mha", "gqa-tied", "mqa-untied"]
+)
 def test_f32_round_trip_gives_back_every_tensor(make_model, tokenizer_json, tmp_path, n_kv_head, tie):
     model = make_model(n_kv_head=n_kv_head, tie=tie)
     tensors, _ = read_gguf(export_gguf(model, tokenizer_json, tmp_path / "m.gguf"))
@@ -70,11 +74,18 @@ def test_metadata_declares_our_shapes_and_tokenizer(make_model, tokenizer_json, 
     _, fields = read_gguf(export_gguf(model, tokenizer_json, tmp_path / "m.gguf"))
     c, spec = model.config, json.loads(tokenizer_json)
     expected = {
-        "general.architecture": "llama", "llama.block_count": c.n_layer, "llama.embedding_length": c.n_embd,
-        "llama.feed_forward_length": c.hidden_dim, "llama.attention.head_count": c.n_head,
-        "llama.attention.head_count_kv": 2, "llama.rope.dimension_count": c.head_dim,
-        "llama.context_length": c.block_size, "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2",
-        "tokenizer.ggml.add_bos_token": False, "tokenizer.ggml.add_space_prefix": False,
+        "general.architecture": "llama",
+        "llama.block_count": c.n_layer,
+        "llama.embedding_length": c.n_embd,
+        "llama.feed_forward_length": c.hidden_dim,
+        "llama.attention.head_count": c.n_head,
+        "llama.attention.head_count_kv": 2,
+        "llama.rope.dimension_count": c.head_dim,
+        "llama.context_length": c.block_size,
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt-2",
+        "tokenizer.ggml.add_bos_token": False,
+        "tokenizer.ggml.add_space_prefix": False,
     }
     assert {key: fields[key] for key in expected} == expected
     assert fields["llama.rope.freq_base"] == pytest.approx(c.rope_theta)
@@ -94,7 +105,9 @@ def interleaved_rope(x: torch.Tensor, theta: float, positions: torch.Tensor) -> 
     d = x.shape[-1]
     angles = positions[:, None].float() * theta ** (-torch.arange(0, d, 2).float() / d)  # (T, D/2)
     even, odd = x[..., 0::2], x[..., 1::2]
-    out = torch.stack([even * angles.cos() - odd * angles.sin(), even * angles.sin() + odd * angles.cos()], -1)
+    out = torch.stack(
+        [even * angles.cos() - odd * angles.sin(), even * angles.sin() + odd * angles.cos()], -1
+    )
     return out.flatten(-2)
 
 
@@ -116,7 +129,9 @@ def test_permuted_rows_under_interleaved_rope_give_our_attention_scores():
 
 
 @pytest.mark.parametrize("dtype,tolerance", [("f16", 1e-3), ("bf16", 1e-2), ("q8_0", 2e-2)])
-def test_smaller_dtypes_keep_norms_f32_and_weights_close(make_model, tokenizer_json, tmp_path, dtype, tolerance):
+def test_smaller_dtypes_keep_norms_f32_and_weights_close(
+    make_model, tokenizer_json, tmp_path, dtype, tolerance
+):
     model = make_model()
     path = export_gguf(model, tokenizer_json, tmp_path / f"m-{dtype}.gguf", dtype=dtype)
     kinds = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
@@ -136,7 +151,9 @@ def test_refuses_to_overwrite_and_force_replaces(make_model, tokenizer_json, tmp
     assert out.read_bytes()[:4] == b"GGUF"
 
 
-def test_interrupted_export_leaves_the_old_file_and_no_temporary(make_model, tokenizer_json, tmp_path, monkeypatch):
+def test_interrupted_export_leaves_the_old_file_and_no_temporary(
+    make_model, tokenizer_json, tmp_path, monkeypatch
+):
     out = tmp_path / "m.gguf"
     out.write_bytes(b"old")
 
@@ -149,12 +166,17 @@ def test_interrupted_export_leaves_the_old_file_and_no_temporary(make_model, tok
     assert [p.name for p in tmp_path.iterdir()] == ["m.gguf"] and out.read_bytes() == b"old"
 
 
-@pytest.mark.parametrize("edit,field", [
-    (lambda s: s["pre_tokenizer"].update(add_prefix_space=True), "add_prefix_space"),
-    (lambda s: s.update(normalizer={"type": "NFC"}), "normalizer"),
-    (lambda s: s.update(pre_tokenizer={"type": "Whitespace"}), "pre_tokenizer.type"),
-])
-def test_a_tokenizer_llamacpp_would_split_differently_is_refused(make_model, tokenizer_json, tmp_path, edit, field):
+@pytest.mark.parametrize(
+    "edit,field",
+    [
+        (lambda s: s["pre_tokenizer"].update(add_prefix_space=True), "add_prefix_space"),
+        (lambda s: s.update(normalizer={"type": "NFC"}), "normalizer"),
+        (lambda s: s.update(pre_tokenizer={"type": "Whitespace"}), "pre_tokenizer.type"),
+    ],
+)
+def test_a_tokenizer_llamacpp_would_split_differently_is_refused(
+    make_model, tokenizer_json, tmp_path, edit, field
+):
     spec = json.loads(tokenizer_json)
     edit(spec)
     with pytest.raises(UserError, match=field):

@@ -51,8 +51,9 @@ def shakespeare_tokenizer():
     from data.tokenizer import Tokenizer
 
     text = SHAKESPEARE.read_text(encoding="utf-8")[:200_000]
-    return Tokenizer.train([text[i : i + 2000] for i in range(0, len(text), 2000)] + training_texts(), VOCAB,
-                           show_progress=False)
+    return Tokenizer.train(
+        [text[i : i + 2000] for i in range(0, len(text), 2000)] + training_texts(), VOCAB, show_progress=False
+    )
 
 
 def run_probe(probe: Path, *args: str, stdin: str) -> list[str]:
@@ -90,9 +91,12 @@ def varied_model(make_model, n_kv_head: int, tie: bool):
     return model
 
 
-@pytest.mark.parametrize("n_kv_head,tie", [(4, True), (2, True), (1, False)], ids=["mha", "gqa", "mqa-untied"])
-def test_llamacpp_greedy_decoding_gives_our_tokens(probe, shakespeare_tokenizer, make_model, tmp_path, n_kv_head,
-                                                   tie):
+@pytest.mark.parametrize(
+    "n_kv_head,tie", [(4, True), (2, True), (1, False)], ids=["mha", "gqa", "mqa-untied"]
+)
+def test_llamacpp_greedy_decoding_gives_our_tokens(
+    probe, shakespeare_tokenizer, make_model, tmp_path, n_kv_head, tie
+):
     model = varied_model(make_model, n_kv_head, tie)
     path = export_gguf(model, shakespeare_tokenizer.to_json(), tmp_path / "m.gguf")
     prompt = shakespeare_tokenizer.encode("First Citizen:\nBefore we proceed")

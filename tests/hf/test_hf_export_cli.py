@@ -95,7 +95,9 @@ def test_cli_exports_a_run_directory(make_model, tokenizer_json, tmp_path, capsy
 def start_cli(*args: str) -> subprocess.Popen:
     env = os.environ | {"PYTHONPATH": str(REPO_ROOT)}
     command = [sys.executable, "-m", "model.export_hf", *args]
-    return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def test_cli_errors_are_one_line(make_model, tokenizer_json, tmp_path):

@@ -69,6 +69,8 @@ def test_greedy_generation_matches_transformers(transformers, exported, encode):
     eos_id = hf.generation_config.eos_token_id
     ours = generate(model, prompt, 40, temperature=0, eos_id=eos_id)
     with torch.no_grad():
-        theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=40)
+        theirs = hf.generate(
+            prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=40
+        )
     assert ours.shape[1] - prompt.shape[1] >= 32  # no early EOS, so the comparison covers 32+ tokens
     assert torch.equal(ours, theirs)

@@ -87,7 +87,9 @@ def test_unsupported_config_is_refused_naming_the_field(exported, changes, field
 
 def test_default_rope_scaling_is_accepted(exported):
     model, out = exported
-    edit_config(out, rope_scaling={"type": "default"}, rope_parameters=None, rope_theta=model.config.rope_theta)
+    edit_config(
+        out, rope_scaling={"type": "default"}, rope_parameters=None, rope_theta=model.config.rope_theta
+    )
     assert_same_weights(model, GPT.from_hf(out))
 
 

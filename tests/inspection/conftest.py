@@ -50,7 +50,9 @@ def noisy_maps(n_layer: int, n_head: int, t: int, distinct: int | None = None, s
 
 def explorer_meta(page: str) -> dict:
     """The JSON metadata block of an explorer page."""
-    body = re.search(r'<script id="explorer-meta" type="application/json">(.*?)</script>', page, re.S).group(1)
+    body = re.search(r'<script id="explorer-meta" type="application/json">(.*?)</script>', page, re.S).group(
+        1
+    )
     return json.loads(body)
 
 
@@ -75,6 +77,9 @@ def expected_top_keys(probs: np.ndarray, i: int, k: int) -> set[int]:
 @pytest.fixture(scope="session")
 def explorer_kit() -> SimpleNamespace:
     return SimpleNamespace(
-        sharp_model=sharp_model, noisy_maps=noisy_maps, meta=explorer_meta,
-        top_keys_with_margin=top_keys_with_margin, expected_top_keys=expected_top_keys,
+        sharp_model=sharp_model,
+        noisy_maps=noisy_maps,
+        meta=explorer_meta,
+        top_keys_with_margin=top_keys_with_margin,
+        expected_top_keys=expected_top_keys,
     )

@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def stats_for(maps: torch.Tensor) -> dict[str, torch.Tensor]:
     n_layer, n_head = maps.shape[:2]
-    return {name: torch.rand(n_layer, n_head) for name in ("entropy", "sink_mass", "previous_token", "induction")}
+    return {
+        name: torch.rand(n_layer, n_head) for name in ("entropy", "sink_mass", "previous_token", "induction")
+    }
 
 
 def test_quantised_rows_keep_each_weight_within_half_a_step(explorer_kit):
@@ -45,7 +47,9 @@ def test_thumbnails_are_block_maxima():
     image = np.random.default_rng(0).random((10, 10))
     pooled = max_pool(image, 4)  # blocks start at 0, 2, 5, 7
     edges = [0, 2, 5, 7, 10]
-    expected = [[image[edges[r] : edges[r + 1], edges[c] : edges[c + 1]].max() for c in range(4)] for r in range(4)]
+    expected = [
+        [image[edges[r] : edges[r + 1], edges[c] : edges[c + 1]].max() for c in range(4)] for r in range(4)
+    ]
     assert np.array_equal(pooled, np.array(expected))
 
 
@@ -79,7 +83,9 @@ def test_page_is_self_contained_and_tokens_cannot_break_out(explorer_kit):
 def test_statistics_in_the_page_are_head_statistics(explorer_kit):
     model = explorer_kit.sharp_model()
     ids = torch.randint(64, (1, 20), generator=torch.Generator().manual_seed(1))
-    page = model_explorer(model, ids, [str(i) for i in range(20)], 8, generator=torch.Generator().manual_seed(3))
+    page = model_explorer(
+        model, ids, [str(i) for i in range(20)], 8, generator=torch.Generator().manual_seed(3)
+    )
     expected = head_statistics(model, ids, 8, generator=torch.Generator().manual_seed(3))
     meta = explorer_kit.meta(page)
     for name, values in expected.items():
@@ -99,7 +105,8 @@ def test_phase_change_is_reported_once_at_the_first_crossing():
     assert reported[200] == [Formation(1, 0, 200, pytest.approx(0.6))]
     assert [f.name for f in reported[300]] == ["L1H1"]
     assert [f.message() for f in detector.formations] == [
-        "induction head L1H0 formed at step 200 (score 0.60)", "induction head L1H1 formed at step 300 (score 0.70)"
+        "induction head L1H0 formed at step 200 (score 0.60)",
+        "induction head L1H1 formed at step 300 (score 0.70)",
     ]
 
 

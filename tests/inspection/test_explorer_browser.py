@@ -59,7 +59,9 @@ class Opened:
         self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
         self.errors: list[str] = []
         self.requests: list[str] = []
-        self.page.on("console", lambda m: self.errors.append(m.text) if m.type in ("error", "warning") else None)
+        self.page.on(
+            "console", lambda m: self.errors.append(m.text) if m.type in ("error", "warning") else None
+        )
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
         self.page.on("request", lambda r: self.requests.append(r.url))
         self.url = path.resolve().as_uri()
@@ -82,7 +84,9 @@ class Opened:
         )
 
     def top_keys(self) -> set[int]:
-        return {int(x) for x in self.page.eval_on_selector_all("#text span.top", "s => s.map(x => x.dataset.i)")}
+        return {
+            int(x) for x in self.page.eval_on_selector_all("#text span.top", "s => s.map(x => x.dataset.i)")
+        }
 
 
 @pytest.fixture(scope="module")
@@ -176,16 +180,23 @@ def test_table_shows_head_statistics_and_sorts(browser, small):
     path, _, stats, formation = small
     opened = Opened(browser, path)
     rows = opened.page.eval_on_selector_all(
-        "#stats-table tbody tr", "rows => rows.map(r => Object.fromEntries([...r.cells].map(c => [c.dataset.key, c.dataset.value])))"
+        "#stats-table tbody tr",
+        "rows => rows.map(r => Object.fromEntries([...r.cells].map(c => [c.dataset.key, c.dataset.value])))",
     )
     assert len(rows) == 8
     for row in rows:
         layer, head = int(row["layer"]), int(row["head"])
         for name in STATISTICS:
-            assert float(row[name]) == pytest.approx(float(stats[name][layer, head]), rel=1e-12, abs=1e-15), name
-        assert row["formed"] == (str(formation.step) if (layer, head) == (formation.layer, formation.head) else "")
+            assert float(row[name]) == pytest.approx(float(stats[name][layer, head]), rel=1e-12, abs=1e-15), (
+                name
+            )
+        assert row["formed"] == (
+            str(formation.step) if (layer, head) == (formation.layer, formation.head) else ""
+        )
     opened.page.click("#stats-table th[data-key='induction']")
-    shown = opened.page.eval_on_selector_all("#stats-table tbody td[data-key='induction']", "c => c.map(x => +x.dataset.value)")
+    shown = opened.page.eval_on_selector_all(
+        "#stats-table tbody td[data-key='induction']", "c => c.map(x => +x.dataset.value)"
+    )
     assert shown == sorted(stats["induction"].flatten().tolist(), reverse=True)
     assert opened.page.get_attribute(".thumb.formed", "data-layer") == "1"
     assert opened.page.get_attribute(".thumb.formed", "data-head") == "2"
@@ -210,7 +221,9 @@ def test_12x12x1024_becomes_interactive(browser, big, explorer_kit):
     path, maps = big
     opened = Opened(browser, path)
     in_page_ms = float(opened.page.evaluate("document.documentElement.dataset.readyMs"))
-    print(f"12 x 12 x 1024: interactive {opened.seconds_to_ready:.2f} s after navigation ({in_page_ms:.0f} ms in the page)")
+    print(
+        f"12 x 12 x 1024: interactive {opened.seconds_to_ready:.2f} s after navigation ({in_page_ms:.0f} ms in the page)"
+    )
     assert opened.errors == []
     # Responsive by construction: at start only the shown head's map is decoded, not all 144.
     assert opened.page.evaluate("window.explorer.decodedHeads()") == 1

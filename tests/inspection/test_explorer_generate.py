@@ -20,7 +20,9 @@ def test_attention_html_holds_prompt_and_output_with_their_statistics(tiny_run, 
                      "0", "--attention_html", str(html)])  # fmt: skip
     assert code == 0 and f"wrote {html}" in capsys.readouterr().err
     page = html.read_text(encoding="utf-8")
-    meta = json.loads(re.search(r'<script id="explorer-meta" type="application/json">(.*?)</script>', page, re.S)[1])
+    meta = json.loads(
+        re.search(r'<script id="explorer-meta" type="application/json">(.*?)</script>', page, re.S)[1]
+    )
     loaded = load_checkpoint(ckpt)
     tokenizer = Tokenizer.from_json(loaded.tokenizer_json)
     prompt = tokenizer.encode("To be or not")
@@ -36,6 +38,8 @@ def test_attention_html_holds_prompt_and_output_with_their_statistics(tiny_run, 
 
 def test_attention_html_to_a_folder_is_one_line(tiny_run, tmp_path, capsys):
     ckpt = str(tiny_run / "checkpoints" / "last.ckpt")
-    code = cli.main(["--checkpoint", ckpt, "--prompt", "a", "--max_new_tokens", "2", "--attention_html", str(tmp_path)])
+    code = cli.main(
+        ["--checkpoint", ckpt, "--prompt", "a", "--max_new_tokens", "2", "--attention_html", str(tmp_path)]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "--attention_html" in err

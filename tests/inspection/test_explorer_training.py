@@ -56,20 +56,28 @@ def read_wandb_records(run_dir: Path, kind: str) -> list[dict]:
 
 
 def meta_of(page: str) -> dict:
-    return json.loads(re.search(r'<script id="explorer-meta" type="application/json">(.*?)</script>', page, re.S)[1])
+    return json.loads(
+        re.search(r'<script id="explorer-meta" type="application/json">(.*?)</script>', page, re.S)[1]
+    )
 
 
 def test_each_formation_is_printed_once_at_its_step(formation_run):
     _, output = formation_run
     lines = re.findall(r"induction head (L\d+H\d+) formed at step (\d+)", output)
-    assert sorted(lines) == sorted((f"L{layer}H{head}", "1") for layer in range(N_LAYER) for head in range(N_HEAD))
+    assert sorted(lines) == sorted(
+        (f"L{layer}H{head}", "1") for layer in range(N_LAYER) for head in range(N_HEAD)
+    )
 
 
 def test_each_formation_goes_to_the_wandb_summary_once(formation_run):
     run = next((formation_run[0] / "wandb").glob("offline-run-*"))
     updates = [(k, v) for record in read_wandb_records(run, "summary") for k, v in record.items()
                if k.startswith("attention/induction_formed/")]  # fmt: skip
-    expected = [(f"attention/induction_formed/L{layer}H{head}", 1) for layer in range(N_LAYER) for head in range(N_HEAD)]
+    expected = [
+        (f"attention/induction_formed/L{layer}H{head}", 1)
+        for layer in range(N_LAYER)
+        for head in range(N_HEAD)
+    ]
     assert sorted(updates) == sorted(expected)
 
 

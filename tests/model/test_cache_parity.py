@@ -10,7 +10,9 @@ HEAD_LAYOUTS = {"mha": 8, "gqa": 2, "mqa": 1}
 
 def tiny_model(n_kv_head: int, block_size: int = 64, seed: int = 0) -> GPT:
     torch.manual_seed(seed)
-    config = ModelConfig(vocab_size=97, block_size=block_size, n_layer=2, n_head=8, n_kv_head=n_kv_head, n_embd=64)
+    config = ModelConfig(
+        vocab_size=97, block_size=block_size, n_layer=2, n_head=8, n_kv_head=n_kv_head, n_embd=64
+    )
     return GPT(config).eval()
 
 

@@ -34,7 +34,9 @@ def save(tmp_path, model: GPT, **meta_changes) -> str:
 
 def tiny_model() -> GPT:
     torch.manual_seed(0)
-    return GPT(ModelConfig(vocab_size=40, block_size=8, n_layer=1, n_head=2, n_kv_head=1, n_embd=16, norm_eps=1e-6))
+    return GPT(
+        ModelConfig(vocab_size=40, block_size=8, n_layer=1, n_head=2, n_kv_head=1, n_embd=16, norm_eps=1e-6)
+    )
 
 
 def test_written_metadata_loads_back_with_weights_only(tmp_path):
@@ -55,4 +57,8 @@ def test_damaged_metadata_is_one_line(tmp_path, changes, words):
     path = save(tmp_path, tiny_model(), **changes)
     with pytest.raises(CheckpointError, match=words) as caught:
         validate_checkpoint(path)
-    assert isinstance(caught.value, UserError) and "\n" not in str(caught.value) and "x.ckpt" in str(caught.value)
+    assert (
+        isinstance(caught.value, UserError)
+        and "\n" not in str(caught.value)
+        and "x.ckpt" in str(caught.value)
+    )

@@ -41,7 +41,9 @@ def test_derived_sizes():
 def test_tied_embeddings_share_one_tensor():
     model = GPT(ModelConfig(vocab_size=64, n_embd=32, n_head=4, n_kv_head=2, n_layer=1))
     assert model.lm_head.weight is model.wte.weight
-    untied = GPT(ModelConfig(vocab_size=64, n_embd=32, n_head=4, n_kv_head=2, n_layer=1, tie_embeddings=False))
+    untied = GPT(
+        ModelConfig(vocab_size=64, n_embd=32, n_head=4, n_kv_head=2, n_layer=1, tie_embeddings=False)
+    )
     assert untied.num_params() == model.num_params() + 64 * 32
 
 

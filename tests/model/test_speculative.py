@@ -1,6 +1,5 @@
 """Speculative decoding is exact: greedy tokens equal plain greedy, sampling keeps the target distribution."""
 
-
 import pytest
 import torch
 
@@ -14,7 +13,9 @@ CPU = torch.device("cpu")
 def lively_model(vocab: int = 101, block_size: int = 48, n_kv_head: int = 2, seed: int = 0) -> GPT:
     """A random float64 model with large weights, so greedy output is varied (not one repeated token)."""
     torch.manual_seed(seed)
-    config = ModelConfig(vocab_size=vocab, block_size=block_size, n_layer=2, n_head=4, n_kv_head=n_kv_head, n_embd=32)
+    config = ModelConfig(
+        vocab_size=vocab, block_size=block_size, n_layer=2, n_head=4, n_kv_head=n_kv_head, n_embd=32
+    )
     model = GPT(config).double().eval()
     with torch.no_grad():
         for param in model.parameters():
@@ -44,9 +45,15 @@ def test_speculative_greedy_equals_plain_greedy_across_window_jumps(target, draf
     prompt = torch.randint(0, 101, (1, 8), generator=torch.Generator().manual_seed(1)).repeat(1, 2)
     plain = generate(target, prompt, 200, temperature=0.0)
     assert plain[0, 16:].unique().numel() >= 20, "degenerate model: the comparison would prove nothing"
-    chosen = DraftModel(noisy_copy(target, 0.3), CPU, torch.float64) if drafter == "draft_model" else PromptLookup()
+    chosen = (
+        DraftModel(noisy_copy(target, 0.3), CPU, torch.float64)
+        if drafter == "draft_model"
+        else PromptLookup()
+    )
     out, stats = speculative_generate(target, prompt, 200, chosen, k=4, sampler=Sampler(temperature=0.0))
-    assert 0 < stats.accepted < stats.drafted, "rounds with both accepted and rejected drafts are what is tested"
+    assert 0 < stats.accepted < stats.drafted, (
+        "rounds with both accepted and rejected drafts are what is tested"
+    )
     assert stats.target_forwards < 200
     assert torch.equal(out, plain)
 
@@ -61,7 +68,9 @@ def test_rolled_back_cache_equals_a_fresh_prefill_of_the_kept_tokens(target):
     target(idx[:, :23], fresh)
     assert cache.pos == fresh.pos == 23
     assert torch.equal(cache.k[:, :, :, 23:], fresh.k[:, :, :, 23:])  # the rejected positions are zero again
-    assert torch.allclose(cache.k, fresh.k, rtol=0, atol=1e-12) and torch.allclose(cache.v, fresh.v, rtol=0, atol=1e-12)
+    assert torch.allclose(cache.k, fresh.k, rtol=0, atol=1e-12) and torch.allclose(
+        cache.v, fresh.v, rtol=0, atol=1e-12
+    )
     nxt = idx[:, 23:25]  # and decoding goes on as if the rejected tokens had never been fed
     assert torch.allclose(target(nxt, cache), target(nxt, fresh), rtol=0, atol=1e-10)
 
@@ -93,7 +102,12 @@ def test_speculative_sampling_keeps_the_target_distribution(drafter):
     gen = torch.Generator().manual_seed(0)
     p0, p1 = torch.rand(vocab, generator=gen) + 0.2, torch.rand(vocab, vocab, generator=gen) + 0.2
     q0, q1 = torch.rand(vocab, generator=gen) ** 3 + 0.05, torch.rand(vocab, vocab, generator=gen) ** 3 + 0.05
-    p0, p1, q0, q1 = p0 / p0.sum(), p1 / p1.sum(-1, keepdim=True), q0 / q0.sum(), q1 / q1.sum(-1, keepdim=True)
+    p0, p1, q0, q1 = (
+        p0 / p0.sum(),
+        p1 / p1.sum(-1, keepdim=True),
+        q0 / q0.sum(),
+        q1 / q1.sum(-1, keepdim=True),
+    )
     counts = torch.zeros(vocab, vocab)
     for _ in range(runs):
         counts[sample_two_tokens(p0, p1, q0, q1, drafter == "prompt_lookup", gen)] += 1
@@ -105,8 +119,11 @@ def test_speculative_sampling_keeps_the_target_distribution(drafter):
     critical = 37.7  # chi-square, 15 degrees of freedom, p = 0.001
     assert chi_square(p0[:, None] * p1) < critical
     # The bound has the power to reject the drafter's own distribution (for lookup: always "2 3").
-    draft_joint = q0[:, None] * q1 if drafter == "draft_model" else torch.zeros(vocab, vocab).index_put_(
-        (torch.tensor(2), torch.tensor(3)), torch.tensor(1.0))
+    draft_joint = (
+        q0[:, None] * q1
+        if drafter == "draft_model"
+        else torch.zeros(vocab, vocab).index_put_((torch.tensor(2), torch.tensor(3)), torch.tensor(1.0))
+    )
     assert chi_square(draft_joint) > critical
 
 

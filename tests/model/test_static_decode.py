@@ -19,7 +19,9 @@ LAYOUTS = {"mha": (4, "aot_eager"), "gqa": (2, "inductor"), "mqa": (1, "aot_eage
 def lively_model(n_kv_head: int, block_size: int = 32, seed: int = 0) -> GPT:
     """A random model whose greedy output is not one repeated token: large weights, random norm gains."""
     torch.manual_seed(seed)
-    config = ModelConfig(vocab_size=101, block_size=block_size, n_layer=2, n_head=4, n_kv_head=n_kv_head, n_embd=32)
+    config = ModelConfig(
+        vocab_size=101, block_size=block_size, n_layer=2, n_head=4, n_kv_head=n_kv_head, n_embd=32
+    )
     model = GPT(config).double().eval()
     with torch.no_grad():
         for param in model.parameters():
@@ -39,7 +41,9 @@ def test_compiled_greedy_matches_eager_across_window_jumps_without_recompiling(n
     model = lively_model(n_kv_head)
     prompt = torch.randint(0, 101, (2, 10), generator=torch.Generator().manual_seed(1))
     eager = generate(model, prompt, 110, temperature=0.0)  # block_size 32: the window jumps 5 times
-    assert all(row.unique().numel() >= 8 for row in eager[:, 10:]), "degenerate model: the test would prove nothing"
+    assert all(row.unique().numel() >= 8 for row in eager[:, 10:]), (
+        "degenerate model: the test would prove nothing"
+    )
     before = graphs_compiled()
     compiled = generate(model, prompt, 110, temperature=0.0, compile=backend)
     assert graphs_compiled() - before == 1  # compiled once, then reused at ~100 positions

@@ -21,6 +21,10 @@ class RankDump(L.Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         samples = next(c for c in trainer.callbacks if isinstance(c, SampleGenerations))
         state = {k: v.detach().clone() for k, v in pl_module.model.state_dict().items()}
-        record = {"state": state, "sample_rows": len(samples.rows), "world_size": trainer.world_size,
-                  "inputs": self.inputs}
+        record = {
+            "state": state,
+            "sample_rows": len(samples.rows),
+            "world_size": trainer.world_size,
+            "inputs": self.inputs,
+        }
         torch.save(record, self.out_dir / f"rank{trainer.global_rank}.pt")

@@ -66,14 +66,17 @@ def shm_tmpdir(tmp_path):
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_a_kill_at_every_save_phase_resumes_to_the_uninterrupted_weights(corpus, data_cache, tmp_path, straight,
-                                                                         shm_tmpdir):
+def test_a_kill_at_every_save_phase_resumes_to_the_uninterrupted_weights(
+    corpus, data_cache, tmp_path, straight, shm_tmpdir
+):
     """One chain of runs, each SIGKILLed at its 2nd save in the next phase (sync and async alternating)."""
     run_dir, env = tmp_path / "chain", {"TMPDIR": str(shm_tmpdir)}
     left_temp = []
     for index, phase in enumerate(PHASES):
         flags = (["--resume"] if index else []) + (["--async"] if index % 2 else [])
-        result = run_worker(corpus, data_cache, run_dir, *flags, fault=f"{phase}@2", env=env, expect_kill=True)
+        result = run_worker(
+            corpus, data_cache, run_dir, *flags, fault=f"{phase}@2", env=env, expect_kill=True
+        )
         assert "cannot be resumed" not in result.stderr, f"a kill before {phase} left a corrupt checkpoint"
         left_temp.append(bool(stale_temp_files(run_dir / "checkpoints")))
     result = run_worker(corpus, data_cache, run_dir, "--resume", env=env)
@@ -139,10 +142,14 @@ def test_fallback_resume_reaches_the_uninterrupted_weights(corpus, data_cache, s
     assert same_weights(torch.load(run_dir / "final.pt"), torch.load(straight / "final.pt"))
 
 
-def test_when_every_checkpoint_is_corrupt_train_py_says_one_line_and_exits_2(straight, tmp_path, script,
-                                                                             tiny_args):
-    folder = corrupt_copy(straight, tmp_path / "runs" / "tiny", lambda f: (truncate(f / "step-00000010.ckpt"),
-                                                                          flip_bytes(f / "step-00000009.ckpt")))
+def test_when_every_checkpoint_is_corrupt_train_py_says_one_line_and_exits_2(
+    straight, tmp_path, script, tiny_args
+):
+    folder = corrupt_copy(
+        straight,
+        tmp_path / "runs" / "tiny",
+        lambda f: (truncate(f / "step-00000010.ckpt"), flip_bytes(f / "step-00000009.ckpt")),
+    )
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     result = script(*tiny_args(tmp_path / "runs", "--ckpt_path", "last"), check=False)
     assert result.returncode == 2, result.stderr[-2000:]

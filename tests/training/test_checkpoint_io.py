@@ -31,7 +31,11 @@ def test_keep_last_keeps_the_newest_k_and_last_links_the_newest(tmp_path):
     io = AtomicCheckpointIO(keep_last=2)
     for step in (1, 2, 3):
         io.save_checkpoint(checkpoint(step), tmp_path / "last.ckpt")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "step-00000002.ckpt", "step-00000003.ckpt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "last.ckpt",
+        "step-00000002.ckpt",
+        "step-00000003.ckpt",
+    ]
     assert (tmp_path / "last.ckpt").samefile(tmp_path / "step-00000003.ckpt")
     io.save_checkpoint(checkpoint(2), tmp_path / "last.ckpt")  # resumed from step 1: step 3 is abandoned
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "step-00000002.ckpt"]
@@ -88,8 +92,11 @@ def test_async_save_errors_surface_at_teardown_and_keep_the_previous(tmp_path, m
     io = BackgroundCheckpointIO(keep_last=2)
     io.save_checkpoint(checkpoint(1), tmp_path / "last.ckpt")
     io.wait()
-    monkeypatch.setattr(checkpoint_io_module.torch, "save", lambda obj, f: (_ for _ in ()).throw(
-        OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))))
+    monkeypatch.setattr(
+        checkpoint_io_module.torch,
+        "save",
+        lambda obj, f: (_ for _ in ()).throw(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))),
+    )
     io.save_checkpoint(checkpoint(2), tmp_path / "last.ckpt")
     with pytest.raises(CheckpointSaveError, match="No space left"):
         io.teardown()

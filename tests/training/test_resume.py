@@ -50,8 +50,11 @@ class NaNAt(LitGPT):
 def fit(corpus, cache, root, max_steps, stop_at=None, ckpt_path=None, model=None, callbacks=()):
     """One fit() call with a checkpoint every step; returns (module, recorded losses)."""
     recorder = LossRecorder()
-    callbacks = [recorder, *callbacks, ModelCheckpoint(dirpath=root / "checkpoints", save_last=True,
-                                                       every_n_train_steps=1, save_top_k=0)]
+    callbacks = [
+        recorder,
+        *callbacks,
+        ModelCheckpoint(dirpath=root / "checkpoints", save_last=True, every_n_train_steps=1, save_top_k=0),
+    ]
     if stop_at is not None:
         callbacks.append(StopAt(stop_at))
     trainer = L.Trainer(
@@ -59,7 +62,9 @@ def fit(corpus, cache, root, max_steps, stop_at=None, ckpt_path=None, model=None
         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
         gradient_clip_val=1.0, callbacks=callbacks,
     )  # fmt: skip
-    data = TextDataModule(data_files=str(corpus), cache_dir=str(cache), vocab_size=384, block_size=32, batch_size=8)
+    data = TextDataModule(
+        data_files=str(corpus), cache_dir=str(cache), vocab_size=384, block_size=32, batch_size=8
+    )
     torch.manual_seed(0)  # the same initial weights in every run
     module = model or LitGPT(vocab_size=384, block_size=32, **MODEL)
     trainer.fit(module, data, ckpt_path=ckpt_path)
@@ -76,7 +81,9 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(corpus, data_cache, tmp
     straight, straight_losses = fit(corpus, data_cache, tmp_path / "straight", max_steps=8)
     losses, ckpt = {}, None
     for stop in segments:
-        resumed, part = fit(corpus, data_cache, tmp_path / "resumed", max_steps=8, stop_at=stop, ckpt_path=ckpt)
+        resumed, part = fit(
+            corpus, data_cache, tmp_path / "resumed", max_steps=8, stop_at=stop, ckpt_path=ckpt
+        )
         losses |= part
         ckpt = tmp_path / "resumed" / "checkpoints" / "last.ckpt"
     assert sorted(losses) == list(range(1, 9))
@@ -119,7 +126,9 @@ def test_last_checkpoint_is_written_when_training_ends_between_saves(corpus, dat
         callbacks=[ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=5, save_top_k=0),
                    LastCheckpoint()],
     )  # fmt: skip
-    data = TextDataModule(data_files=str(corpus), cache_dir=str(data_cache), vocab_size=384, block_size=32, batch_size=8)
+    data = TextDataModule(
+        data_files=str(corpus), cache_dir=str(data_cache), vocab_size=384, block_size=32, batch_size=8
+    )
     trainer.fit(LitGPT(vocab_size=384, block_size=32, **MODEL), data)
     assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 7
 

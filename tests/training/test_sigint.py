@@ -48,7 +48,9 @@ def final_weights(run_dir: Path) -> dict:
     return ckpt["state_dict"]
 
 
-def test_ctrl_c_saves_the_step_reached_and_the_printed_resume_matches_a_straight_run(script, tiny_args, tmp_path):
+def test_ctrl_c_saves_the_step_reached_and_the_printed_resume_matches_a_straight_run(
+    script, tiny_args, tmp_path
+):
     proc = start(tiny_args(tmp_path / "stopped", *ARGS), tmp_path / "stderr.txt")
     wait_for_step(proc, 3)
     proc.send_signal(signal.SIGINT)
@@ -56,7 +58,9 @@ def test_ctrl_c_saves_the_step_reached_and_the_printed_resume_matches_a_straight
     assert proc.wait(timeout=120) == 130, (tmp_path / "stderr.txt").read_text()[-2000:]
     stderr = (tmp_path / "stderr.txt").read_text()
     assert "Traceback" not in stderr and "graceful shutdown" not in stderr
-    found = re.search(r"stopped by Ctrl-C at step (\d+): saved (\S+); resume with: (python train\.py .+)$", stderr, re.M)
+    found = re.search(
+        r"stopped by Ctrl-C at step (\d+): saved (\S+); resume with: (python train\.py .+)$", stderr, re.M
+    )
     assert found, stderr[-2000:]
     step, saved, resume = int(found.group(1)), Path(found.group(2)), shlex.split(found.group(3))
     assert 3 <= step < MAX_STEPS
@@ -66,7 +70,10 @@ def test_ctrl_c_saves_the_step_reached_and_the_printed_resume_matches_a_straight
     assert resume == ["python", "train.py", "fit", "--ckpt_path", str(tmp_path / "stopped" / "tiny")]
     script(*resume[1:])
     script(*tiny_args(tmp_path / "straight", *ARGS))
-    resumed, straight = final_weights(tmp_path / "stopped" / "tiny"), final_weights(tmp_path / "straight" / "tiny")
+    resumed, straight = (
+        final_weights(tmp_path / "stopped" / "tiny"),
+        final_weights(tmp_path / "straight" / "tiny"),
+    )
     for name, tensor in straight.items():
         assert torch.equal(tensor, resumed[name]), name
 

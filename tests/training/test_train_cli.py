@@ -19,7 +19,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_tiny_run_writes_a_self_contained_checkpoint(tiny_run):
     checkpoints = sorted(p.name for p in (tiny_run / "checkpoints").glob("*.ckpt"))
-    assert checkpoints == ["last.ckpt", "step-00000003.ckpt", "step-00000006.ckpt"]  # keep_last 2, last = newest
+    assert checkpoints == [
+        "last.ckpt",
+        "step-00000003.ckpt",
+        "step-00000006.ckpt",
+    ]  # keep_last 2, last = newest
     assert (tiny_run / "checkpoints" / "last.ckpt").samefile(tiny_run / "checkpoints" / "step-00000006.ckpt")
     ckpt = torch.load(tiny_run / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 6
@@ -63,7 +67,9 @@ def test_a_second_fit_into_the_same_run_is_refused(tiny_run, script, tiny_args):
     before = {p: p.stat().st_mtime_ns for p in (tiny_run / "checkpoints").glob("*.ckpt")}
     result = script(*tiny_args(tiny_run.parent), check=False)
     assert result.returncode == 2
-    assert "already holds checkpoints" in result.stderr and "python train.py fit --ckpt_path " in result.stderr
+    assert (
+        "already holds checkpoints" in result.stderr and "python train.py fit --ckpt_path " in result.stderr
+    )
     assert {p: p.stat().st_mtime_ns for p in (tiny_run / "checkpoints").glob("*.ckpt")} == before
 
 
@@ -100,8 +106,14 @@ def test_tokenizer_larger_than_the_vocab_is_refused(tiny_run, script, tiny_args,
 
 def test_help_documents_model_and_data_keys(script):
     out = script("train.py", "fit", "--help").stdout
-    for key in ("--model.n_kv_head", "--model.learning_rate", "--data.data_files", "--data.vocab_size",
-                "--attention_maps.every_n_steps", "--run_name"):
+    for key in (
+        "--model.n_kv_head",
+        "--model.learning_rate",
+        "--data.data_files",
+        "--data.vocab_size",
+        "--attention_maps.every_n_steps",
+        "--run_name",
+    ):
         assert key in out, key
     assert "Number of key/value heads" in out
 
@@ -128,10 +140,24 @@ def test_every_model_config_field_reaches_the_model(corpus, tmp_path, monkeypatc
     from training import LitGPT
     from training.cli import GPTCLI
 
-    overrides = {"norm_eps": 1e-6, "init_std": 0.01, "rope_theta": 500.0, "mlp_hidden": 96, "dropout": 0.1,
-                 "tie_embeddings": False}
-    args = ["--config", str(ROOT / "configs" / "tiny.yaml"), "--data.data_files", str(corpus),
-            "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false"]
+    overrides = {
+        "norm_eps": 1e-6,
+        "init_std": 0.01,
+        "rope_theta": 500.0,
+        "mlp_hidden": 96,
+        "dropout": 0.1,
+        "tie_embeddings": False,
+    }
+    args = [
+        "--config",
+        str(ROOT / "configs" / "tiny.yaml"),
+        "--data.data_files",
+        str(corpus),
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.logger",
+        "false",
+    ]
     for name, value in overrides.items():
         args += [f"--model.{name}", str(value).lower() if isinstance(value, bool) else str(value)]
     monkeypatch.setattr(sys, "argv", ["train.py"])  # only `args` is parsed, not pytest's own flags

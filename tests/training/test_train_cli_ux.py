@@ -22,7 +22,9 @@ def test_lightning_optimizer_flags_are_refused_with_the_model_keys(script):
     result = script("train.py", "fit", "--config", "configs/tiny.yaml", "--optimizer", "SGD", check=False)
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "--optimizer" in errors[0] and "model.learning_rate" in errors[0], result.stderr
+    assert len(errors) == 1 and "--optimizer" in errors[0] and "model.learning_rate" in errors[0], (
+        result.stderr
+    )
 
 
 def test_help_shows_the_project_sections_before_the_trainer_flags(script):
@@ -63,7 +65,9 @@ def test_a_run_that_fails_on_its_data_leaves_no_run_folder(source, tmp_path, dat
     assert not root.exists() or not any(root.iterdir())
 
 
-def test_a_run_that_fails_before_its_first_step_removes_the_run_folder_it_created(script, tiny_args, tmp_path):
+def test_a_run_that_fails_before_its_first_step_removes_the_run_folder_it_created(
+    script, tiny_args, tmp_path
+):
     # A missing checkpoint is found only after the wandb run and config.yaml were written (Lightning's setup).
     overrides = ["--trainer.logger", "true", "--ckpt_path", str(tmp_path / "nope.ckpt")]
     result = script(*tiny_args(tmp_path / "runs", *overrides), check=False)
@@ -74,6 +78,8 @@ def test_a_run_that_fails_before_its_first_step_removes_the_run_folder_it_create
 
 def test_an_unreachable_hub_names_the_network_and_the_local_file_keys(monkeypatch):
     monkeypatch.setattr("data.source.offline_reason", lambda: None)
-    error = CorpusSource(dataset="someone/corpus")._load_error(ConnectionError("Couldn't reach 'someone/corpus'"))
+    error = CorpusSource(dataset="someone/corpus")._load_error(
+        ConnectionError("Couldn't reach 'someone/corpus'")
+    )
     assert isinstance(error, DataConfigError)
     assert "network" in str(error) and "data.dataset=text" in str(error) and "data.data_files" in str(error)

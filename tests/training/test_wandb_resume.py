@@ -11,8 +11,9 @@ def steps(history: list[dict]) -> list[int]:
     return [row["trainer/global_step"] for row in history if "trainer/global_step" in row]
 
 
-def test_a_resumed_run_logs_to_the_same_wandb_run_with_steps_continuing(tiny_run, script, tiny_args, tmp_path,
-                                                                        wandb_history):
+def test_a_resumed_run_logs_to_the_same_wandb_run_with_steps_continuing(
+    tiny_run, script, tiny_args, tmp_path, wandb_history
+):
     root = tmp_path / "runs"
     shutil.copytree(tiny_run.parent, root)  # a copy: other tests read the session run as it is
     run_dir = root / tiny_run.name
@@ -25,8 +26,10 @@ def test_a_resumed_run_logs_to_the_same_wandb_run_with_steps_continuing(tiny_run
 
     segments = sorted((run_dir / "wandb").glob("offline-run-*"))  # names start with the start time
     assert len(segments) == 2
-    assert all(segment.name.endswith(f"-{run_id}") and (segment / f"run-{run_id}.wandb").is_file()
-               for segment in segments)
+    assert all(
+        segment.name.endswith(f"-{run_id}") and (segment / f"run-{run_id}.wandb").is_file()
+        for segment in segments
+    )
     first, second = (steps(wandb_history(segment)) for segment in segments)
     assert max(first) == 6 and min(second) >= 6 and max(second) == 9, (first, second)
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["wandb_run_id"] == run_id
