@@ -235,12 +235,16 @@ def run(args: argparse.Namespace) -> None:
 
 
 def load_drafter(args: argparse.Namespace, loaded, device: torch.device, dtype: torch.dtype):
-    """The drafter the flags ask for; a draft checkpoint must share the target's tokenizer and vocabulary."""
+    """A function making a fresh drafter of the kind the flags ask for (the draft checkpoint is read once here).
+
+    A draft checkpoint must share the target's tokenizer and vocabulary.
+    """
     if args.prompt_lookup:
-        return PromptLookup()
+        return PromptLookup
     draft = load_checkpoint(args.draft)
     check_draft(loaded.model, draft.model, loaded.meta["tokenizer_sha256"], draft.meta["tokenizer_sha256"])
-    return DraftModel(draft.model.to(device=device, dtype=dtype), device, dtype)
+    draft_model = draft.model.to(device=device, dtype=dtype)
+    return lambda: DraftModel(draft_model, device, dtype)
 
 
 def run_speculative(
@@ -249,16 +253,15 @@ def run_speculative(
     """Speculative decoding; prints the acceptance rate, and with --benchmark the speed-up over plain decoding."""
     sample = {key: sample[key] for key in ("temperature", "top_k", "top_p", "min_p")}
     eos_id = None if args.benchmark else tokenizer.eos_id  # a benchmark decodes the same count on both sides
-    dtype = next(model.parameters()).dtype
+    make_drafter = load_drafter(args, loaded, prompt.device, next(model.parameters()).dtype)
 
     def speculative(on_token=None):
         sampler = Sampler(generator=torch.Generator(device=prompt.device).manual_seed(args.seed), **sample)
-        drafter = load_drafter(args, loaded, prompt.device, dtype)
         return speculative_generate(
             model,
             prompt,
             args.max_new_tokens,
-            drafter,
+            make_drafter(),
             k=args.draft_k,
             sampler=sampler,
             eos_id=eos_id,

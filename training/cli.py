@@ -160,8 +160,11 @@ def _refuse_to_overwrite(run_dir: Path) -> None:
 
 def _check_ckpt_path(ckpt_path: str | None) -> None:
     """A missing --ckpt_path file is the same one-line CheckpointError (exit 2) as in generate.py and the export."""
-    if ckpt_path and ckpt_path not in ("last", "best", "hpc", "registry") and "://" not in ckpt_path:
-        resolve_checkpoint(ckpt_path)
+    if not ckpt_path or ckpt_path in ("last", "best", "hpc", "registry") or "://" in ckpt_path:
+        return
+    if (Path(ckpt_path) / "meta.pt").is_file():  # a sharded (FSDP) checkpoint folder: Lightning reads it
+        return
+    resolve_checkpoint(ckpt_path)
 
 
 def _refuse_finished_run(trainer, ckpt_path: str | None) -> None:

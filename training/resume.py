@@ -37,7 +37,8 @@ def expand_run_dir_resume(args: list[str]) -> tuple[list[str], bool]:
     if "fit" not in args:
         return args, False
     position, run_dir = _ckpt_path_argument(args)
-    if run_dir is None or not run_dir.is_dir():
+    # A sharded (FSDP) checkpoint is a directory too; a run directory is one that holds checkpoints/.
+    if run_dir is None or not (run_dir / "checkpoints").is_dir():
         return args, False
     config = run_dir / CONFIG_NAME
     if not config.is_file():

@@ -7,6 +7,8 @@ from pathlib import Path
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from .wandb_setup import record_wandb_run_id
+
 
 class RunWandbLogger(WandbLogger):
     """A WandbLogger that says how to upload an offline run when, and only when, the run is created.
@@ -28,6 +30,8 @@ class RunWandbLogger(WandbLogger):
         if created and self._save_dir:
             Path(self._save_dir).mkdir(parents=True, exist_ok=True)  # wandb warns about a missing folder
         run = super().experiment
+        if created and self._save_dir and getattr(run, "id", None):
+            record_wandb_run_id(Path(self._save_dir), run.id)
         if created and self._offline and getattr(run, "dir", None):
             folder = Path(run.dir).parent
             rank_zero_info(

@@ -34,13 +34,12 @@ RUN_ID_FILE = "wandb_run_id"
 
 
 def wandb_run_id(run_dir: Path, fallback: str | None = None) -> str:
-    """The wandb run id of `run_dir`, kept in `run_dir/wandb_run_id` so every resume logs to the same run.
+    """The wandb run id of `run_dir` (its `wandb_run_id` file), so every resume logs to the same run.
 
     A run directory without the file takes `fallback` (the id stored in the checkpoint being resumed) or a
-    new id, and records it.
+    new id. Nothing is written here: `record_wandb_run_id` does that once the wandb run exists, so a run that
+    fails before it starts leaves no folder behind.
     """
-    from common.files import atomic_write
-
     path = run_dir / RUN_ID_FILE
     if path.is_file():
         stored = path.read_text(encoding="utf-8").strip()
@@ -48,5 +47,13 @@ def wandb_run_id(run_dir: Path, fallback: str | None = None) -> str:
             return stored
     if fallback is None:  # the shape of wandb's own ids: 8 lowercase letters and digits
         fallback = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
-    atomic_write(path, fallback + "\n")
     return fallback
+
+
+def record_wandb_run_id(run_dir: Path, run_id: str) -> None:
+    """Keep `run_id` in `run_dir/wandb_run_id` (once) for the resumes to come."""
+    from common.files import atomic_write
+
+    path = run_dir / RUN_ID_FILE
+    if not path.is_file():
+        atomic_write(path, run_id + "\n")

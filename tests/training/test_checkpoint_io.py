@@ -144,9 +144,10 @@ def test_sweep_removes_killed_runs_leftovers_but_not_a_live_build(tmp_path):
 
 
 def test_wandb_run_id_is_kept_in_the_run_dir_or_taken_from_the_checkpoint(tmp_path):
-    from training.wandb_setup import wandb_run_id
+    from training.wandb_setup import record_wandb_run_id, wandb_run_id
 
     first = wandb_run_id(tmp_path / "a")
-    assert len(first) == 8 and wandb_run_id(tmp_path / "a") == first
+    assert len(first) == 8 and not (tmp_path / "a").exists(), "nothing is written before the wandb run exists"
+    record_wandb_run_id(tmp_path / "a", first)
+    assert wandb_run_id(tmp_path / "a") == first != wandb_run_id(tmp_path / "c")
     assert wandb_run_id(tmp_path / "b", fallback="fromckpt") == "fromckpt"
-    assert (tmp_path / "b" / "wandb_run_id").read_text().strip() == "fromckpt"

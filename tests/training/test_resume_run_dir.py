@@ -21,7 +21,11 @@ def run_dir(tmp_path) -> Path:
 
 
 @pytest.mark.parametrize("form", ["separate", "equals"])
-def test_run_dir_puts_its_config_first_and_keeps_overrides_after_it(run_dir, form):
+def test_run_dir_puts_its_config_first_and_keeps_overrides_after_it(run_dir, form, monkeypatch):
+    # Which checkpoint file is chosen (and its validation) is tested in test_checkpoint_faults.py.
+    monkeypatch.setattr(
+        "training.resume_choice.choose_resume_checkpoint", lambda folder, warn: folder / "last.ckpt"
+    )
     ckpt = ["--ckpt_path", str(run_dir)] if form == "separate" else [f"--ckpt_path={run_dir}"]
     args, expanded = expand_run_dir_resume(["fit", *ckpt, "--trainer.max_steps", "9"])
     assert expanded
@@ -39,7 +43,7 @@ def test_other_ckpt_paths_are_left_alone(ckpt_path, tmp_path):
 
 def test_a_directory_without_config_or_checkpoint_is_refused(run_dir):
     (run_dir / "checkpoints" / "last.ckpt").unlink()
-    with pytest.raises(UserError, match="no checkpoints/last.ckpt"):
+    with pytest.raises(UserError, match="has no checkpoint to resume"):
         checkpoint_in_run(run_dir)
     (run_dir / "config.yaml").unlink()
     with pytest.raises(UserError, match="without config.yaml"):
