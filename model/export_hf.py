@@ -17,11 +17,10 @@ import sys
 from pathlib import Path
 
 from safetensors.torch import save_file
-from tokenizers import Tokenizer
 
 from common.errors import UserError, run_command
 from common.files import StagedFolder
-from common.tokens import EOS_TOKEN
+from common.tokens import EOS_TOKEN, added_tokens
 
 from .checkpoint import load_checkpoint
 from .config import DTYPES
@@ -67,12 +66,12 @@ def refuse_existing(out: Path, force: bool) -> None:
 
 def eos_token_id(tokenizer_json: str) -> int:
     """The id of EOS_TOKEN in a `tokenizers` JSON; a tokenizer without it cannot mark documents."""
-    eos_id = Tokenizer.from_str(tokenizer_json).token_to_id(EOS_TOKEN)
-    if eos_id is None:
+    eos = added_tokens(tokenizer_json).get(EOS_TOKEN)
+    if eos is None:
         raise UserError(
             f"tokenizer has no {EOS_TOKEN} special token; train it with {EOS_TOKEN} as a special token"
         )
-    return eos_id
+    return int(eos["id"])
 
 
 def tokenizer_config(block_size: int) -> dict:

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import torch
 
 from common.errors import UserError
+from common.tokens import EOS_TOKEN, added_tokens
 
 from .gpt import GPT
 
 ARCHITECTURE = "llama"
-EOS_TOKEN = "<|endoftext|>"
 # llama.cpp's name for the GPT-2 split regex; tokenizer.json's ByteLevel pre-tokenizer with use_regex=True
 # splits with the same expression.
 PRE_TOKENIZER = "gpt-2"
@@ -108,7 +108,7 @@ def gguf_vocab(tokenizer_json: str, vocab_size: int) -> GGUFVocab:
     spec = json.loads(tokenizer_json)
     check_gpt2_compatible(spec)
     vocab: dict[str, int] = dict(spec["model"]["vocab"])
-    added = {token["content"]: token for token in spec.get("added_tokens", [])}
+    added = added_tokens(tokenizer_json)
     for content, token in added.items():
         vocab[content] = int(token["id"])
     if EOS_TOKEN not in added:

@@ -70,8 +70,8 @@ def test_tiny_model_overfits_one_batch():
 
 
 def test_model_package_imports_only_torch_and_stdlib():
-    # safetensors and tokenizers only for the Hugging Face export (weights file, tokenizer.json).
-    allowed = {"torch", "safetensors", "tokenizers", "common", "__future__"} | set(sys.stdlib_module_names)
+    # safetensors only for the Hugging Face export's weights file.
+    allowed = {"torch", "safetensors", "common", "__future__"} | set(sys.stdlib_module_names)
     # The gguf writer is an optional extra, imported inside a function by the one module that writes GGUF.
     optional = {"export_gguf.py": {"gguf"}}
     offenders = []
