@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.tokens import EOS_TOKEN as EOS
 from model import generate
 from model.export_gguf import export_gguf
-from tests.hf.conftest import EOS, training_texts
+from tests.hf.conftest import training_texts
 
 pytest.importorskip("gguf", reason='the GGUF export needs pip install -e ".[gguf]"')
 REPO_ROOT = Path(__file__).resolve().parents[2]
