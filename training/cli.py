@@ -135,9 +135,8 @@ class GPTCLI(LightningCLI):
         extra = [ThroughputMonitor(), LastCheckpoint(), self.ctrl_c, WandbIdInCheckpoint(), FitReport()]
         if config.trainer.logger is not False:  # LearningRateMonitor refuses to run without a logger
             extra.append(LearningRateMonitor(logging_interval="step"))
-        if (
-            config.trainer.enable_progress_bar is not False
-        ):  # a ProgressBar callback with it False is an error
+        # A ProgressBar callback while enable_progress_bar is False is an error in Lightning.
+        if config.trainer.enable_progress_bar is not False:
             extra.append(progress_for_output())
         config.trainer.plugins = with_checkpoint_io(
             config.trainer.plugins, config.checkpoint.keep_last, config.checkpoint.async_save
