@@ -31,9 +31,8 @@ class LastCheckpoint(L.Callback):
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
-        if isinstance(
-            exception, SIGTERMException
-        ):  # also the first Ctrl-C (training/ctrl_c.py); train.py says so
+        # SIGTERM, or the first Ctrl-C (training/ctrl_c.py); train.py prints the one line.
+        if isinstance(exception, SIGTERMException):
             self._save(trainer)
 
     @staticmethod
