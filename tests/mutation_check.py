@@ -2,7 +2,7 @@
 
     python tests/mutation_check.py              # every mutation, after a baseline run of the same tests
     python tests/mutation_check.py --list       # names only
-    python tests/mutation_check.py eos-no-padding sigterm-save-skipped   # a few
+    python tests/mutation_check.py eos-rows-not-padded sigterm-save-skipped   # a few
 
 The repository's working tree is copied once to a temporary folder (without .git, .venv, runs, caches). Each
 mutation replaces one exact snippet of one file there, runs `pytest -x -q` on the tests that guard that
