@@ -155,3 +155,18 @@ def read_wandb_history(run_dir: Path) -> list[dict]:
 @pytest.fixture(scope="session")
 def wandb_history():
     return read_wandb_history
+
+
+@pytest.fixture(scope="module")
+def ckpt(tiny_run) -> str:
+    """The 6-step tiny run's last.ckpt, for the generate.py tests."""
+    return str(tiny_run / "checkpoints" / "last.ckpt")
+
+
+def run_generate(capsys, *argv: str) -> tuple[int, str, str]:
+    """generate.py's main in-process: (exit code, stdout, stderr)."""
+    import generate
+
+    code = generate.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err

@@ -10,17 +10,7 @@ import torch
 from PIL import Image
 
 import generate as cli
-
-
-@pytest.fixture(scope="module")
-def ckpt(tiny_run):
-    return str(tiny_run / "checkpoints" / "last.ckpt")
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = cli.main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from tests.conftest import run_generate as run_cli
 
 
 @pytest.fixture(scope="module")

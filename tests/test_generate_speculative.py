@@ -5,20 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import generate as cli
 from model import GPT, ModelConfig
 from model.checkpoint import META_KEY, STATE_PREFIX, read_checkpoint
-
-
-@pytest.fixture(scope="module")
-def ckpt(tiny_run):
-    return str(tiny_run / "checkpoints" / "last.ckpt")
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = cli.main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from tests.conftest import run_generate as run_cli
 
 
 def write_draft(ckpt: str, path, vocab_delta: int = 0, tokenizer_suffix: str = "") -> str:

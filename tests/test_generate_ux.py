@@ -11,19 +11,9 @@ from pathlib import Path
 import pytest
 
 import generate as cli
+from tests.conftest import run_generate as run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def ckpt(tiny_run):
-    return str(tiny_run / "checkpoints" / "last.ckpt")
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = cli.main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.mark.parametrize("num_samples", ["1", "2"], ids=["streamed", "batch"])
