@@ -1,11 +1,13 @@
 """Train the default recipe for a fixed wall-clock budget on CPU, then score the whole validation text.
 
     python -m benchmarks.shakespeare_budget --budget_s 150
+    python -m benchmarks.shakespeare_budget --budget_s 25 --target_nats_per_char 1.88   # time to a loss
 
 Accepts train.py's overrides (`--config`, `--model.*`, `--data.*`, `--trainer.*`). Data preparation (tokenizer
 training, tokenization) happens before the clock starts, as nanoGPT's prepare.py does. The learning-rate
-schedule is laid out over the steps that fit the budget: during the stable phase the step count is
-re-estimated from the measured speed, and frozen once the final decay starts.
+schedule runs on elapsed training time (see TimeBudget): warmup in steps, then the decay ends with the budget.
+With --target_nats_per_char the whole validation text is scored every --eval_every_s seconds of training (the
+clock pauses meanwhile) and the first time at or below the target is printed.
 
 Validation is the last 10% of the text by characters (the classic nanoGPT split). Every validation token after
 the first is scored with non-overlapping windows of block_size; nats per character = total nats / characters
@@ -29,33 +31,69 @@ from training.cli import GPTCLI
 
 
 class TimeBudget(L.Callback):
-    """Stops at the budget and keeps trainer.max_steps at the step count the budget allows."""
+    """Stops at the budget and lays the schedule over elapsed training time, evaluating at a cadence if asked.
 
-    def __init__(self, budget_s: float, decay_fraction: float) -> None:
-        self.budget_s, self.decay_fraction = budget_s, decay_fraction
+    The schedule is written in steps (LitGPT reads trainer.max_steps at every step), so after every step
+    max_steps becomes the step count the budget allows at the average speed so far. Progress through the
+    schedule, step / max_steps, then equals elapsed / budget: the decay ends when the time does, even if the
+    machine speeds up or slows down on the way. Evaluation time is taken off the clock.
+    """
+
+    def __init__(
+        self, budget_s: float, evaluate=None, every_s: float = 0.0, target: float | None = None
+    ) -> None:
+        self.budget_s, self.evaluate, self.every_s, self.target = budget_s, evaluate, every_s, target
         self.start = 0.0
+        self.next_eval_s = every_s
+        self.evaluations: list[tuple[float, int, float]] = []  # (training seconds, step, val nats/char)
+
+    def train_seconds(self) -> float:
+        return time.perf_counter() - self.start
 
     def on_train_start(self, trainer, pl_module) -> None:
         self.start = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        elapsed, step = time.perf_counter() - self.start, trainer.global_step
+        elapsed, step = self.train_seconds(), trainer.global_step
+        if self.evaluate is not None and elapsed >= self.next_eval_s:
+            self.record(elapsed, step, pl_module)
+            self.next_eval_s += self.every_s
         if elapsed >= self.budget_s:
             trainer.should_stop = True
-        elif step >= 20 and step < (1 - self.decay_fraction) * trainer.max_steps:
-            trainer.fit_loop.epoch_loop.max_steps = max(step + 1, int(step * self.budget_s / elapsed))
+        elif step >= 20:  # the first steps are slow (allocations), so the estimate waits for them
+            trainer.fit_loop.epoch_loop.max_steps = max(step + 1, round(step * self.budget_s / elapsed))
+
+    def record(self, elapsed: float, step: int, pl_module) -> None:
+        paused = time.perf_counter()
+        pl_module.eval()
+        nats = self.evaluate(pl_module.model)
+        pl_module.train()
+        self.evaluations.append((elapsed, step, nats))
+        self.start += time.perf_counter() - paused
+
+    def time_to_target(self) -> tuple[float, int] | None:
+        """Training seconds and step of the first evaluation at or below the target."""
+        return next(((s, step) for s, step, nats in self.evaluations if nats <= self.target), None)
 
 
 @torch.no_grad()
-def score_validation(model, tokenizer, tokens, block_size: int) -> dict[str, float]:
-    """Total nats over every validation token but the first, per token, per character and per byte."""
+def score_validation(model, tokenizer, tokens, block_size: int, batch_size: int = 64) -> dict[str, float]:
+    """Total nats over every validation token but the first, per token, per character and per byte.
+
+    Non-overlapping windows of block_size (the last one shorter), scored batch_size windows at a time.
+    """
     ids = torch.from_numpy(tokens.astype("int64"))
-    nats, count = 0.0, 0
-    for start in range(0, len(ids) - 1, block_size):
-        window = ids[start : start + block_size + 1]
-        logits = model(window[None, :-1])
-        nats += F.cross_entropy(logits[0].float(), window[1:], reduction="sum").item()
-        count += len(window) - 1
+    full = (len(ids) - 1) // block_size
+    x = ids[: full * block_size].view(full, block_size)
+    y = ids[1 : full * block_size + 1].view(full, block_size)
+    nats = 0.0
+    for start in range(0, full, batch_size):
+        logits = model(x[start : start + batch_size]).flatten(0, 1).float()
+        nats += F.cross_entropy(logits, y[start : start + batch_size].flatten(), reduction="sum").item()
+    tail = ids[full * block_size :]
+    if len(tail) > 1:
+        nats += F.cross_entropy(model(tail[None, :-1])[0].float(), tail[1:], reduction="sum").item()
+    count = len(ids) - 1
     text = tokenizer.decode(ids[1:].tolist())
     return {
         "nats_per_token": nats / count,
@@ -92,6 +130,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget_s", type=float, default=150.0, help="training wall-clock budget in seconds")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument(
+        "--target_nats_per_char", type=float, default=None,
+        help="evaluate every --eval_every_s seconds of training and print when this loss is first reached",
+    )  # fmt: skip
+    parser.add_argument("--eval_every_s", type=float, default=2.5, help="evaluation cadence with a target")
     args, overrides = parser.parse_known_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -99,23 +142,46 @@ def main() -> None:
     data, module, trainer = cli.datamodule, cli.model, cli.trainer
     data.prepare_data()
     data.setup("fit")
-    trainer.callbacks.append(TimeBudget(args.budget_s, module.hparams.decay_fraction))
+
+    def evaluate(model) -> float:
+        return score_validation(model, data.tokenizer, data.val_tokens, data.block_size)["nats_per_char"]
+
+    targeted = args.target_nats_per_char is not None
+    budget = TimeBudget(
+        args.budget_s, evaluate if targeted else None, args.eval_every_s, args.target_nats_per_char
+    )
+    trainer.callbacks.append(budget)
     start = time.perf_counter()
     trainer.fit(module, data)
-    train_s = time.perf_counter() - start
+    train_s = budget.train_seconds()
+    wall_s = time.perf_counter() - start
     module.eval()
     scores = score_validation(module.model, data.tokenizer, data.val_tokens, data.block_size)
-    report(module, data, trainer, train_s, scores)
+    report(module, data, trainer, train_s, wall_s, scores)
+    if targeted:
+        budget.evaluations.append((train_s, trainer.global_step, scores["nats_per_char"]))
+        report_target(budget, args)
 
 
-def report(module, data, trainer, train_s: float, scores: dict) -> None:
+def report_target(budget: TimeBudget, args: argparse.Namespace) -> None:
+    print("evaluations (training s, step, val nats/char): " + ", ".join(
+        f"({s:.1f}, {step}, {nats:.4f})" for s, step, nats in budget.evaluations))  # fmt: skip
+    reached = budget.time_to_target()
+    if reached is None:
+        print(f"target {args.target_nats_per_char} nats/char: not reached in {args.budget_s:.0f} s")
+    else:
+        print(f"target {args.target_nats_per_char} nats/char: reached after {reached[0]:.1f} s of training "
+              f"(step {reached[1]}; evaluated every {args.eval_every_s} s)")  # fmt: skip
+
+
+def report(module, data, trainer, train_s: float, wall_s: float, scores: dict) -> None:
     steps = trainer.global_step
     tokens_per_s = steps * data.batch_size * data.block_size / train_s
     print(f"val_nats_per_char: {scores['nats_per_char']:.4f}")
     print(f"val_bpb: {scores['bpb']:.4f}   val_nats_per_token: {scores['nats_per_token']:.4f}")
     print(
         f"train: {steps} steps in {train_s:.1f} s, {tokens_per_s:,.0f} tokens/s, "
-        f"{tokens_per_s * data.chars_per_token:,.0f} chars/s"
+        f"{tokens_per_s * data.chars_per_token:,.0f} chars/s ({wall_s:.1f} s wall with evaluations)"
     )
     print(
         f"params: {module.model.num_params():,}   vocab: {data.tokenizer.vocab_size}   "
