@@ -159,7 +159,8 @@ def main() -> None:
     scores = score_validation(module.model, data.tokenizer, data.val_tokens, data.block_size)
     report(module, data, trainer, train_s, wall_s, scores)
     if targeted:
-        budget.evaluations.append((train_s, trainer.global_step, scores["nats_per_char"]))
+        if not budget.evaluations or budget.evaluations[-1][1] != trainer.global_step:
+            budget.evaluations.append((train_s, trainer.global_step, scores["nats_per_char"]))
         report_target(budget, args)
 
 
