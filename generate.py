@@ -47,6 +47,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--no_echo", action="store_true", help="print only the continuation, not the prompt before it"
     )
     p.add_argument("--max_new_tokens", type=int, default=200, help="tokens to generate per sample")
+    p.add_argument(
+        "--ignore_eos",
+        action="store_true",
+        help="keep generating past the end-of-text token (benchmarks, stress tests)",
+    )
     p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy; higher is more random")
     p.add_argument("--top_k", type=int, default=None, help="sample only among the k most likely tokens")
     p.add_argument(
@@ -205,7 +210,7 @@ def run(args: argparse.Namespace) -> None:
     prompt = encode_prompt(tokenizer, prompt_text, model.config.block_size, device)
     sample = dict(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty, eos_id=tokenizer.eos_id,
+        repetition_penalty=args.repetition_penalty, eos_id=None if args.ignore_eos else tokenizer.eos_id,
     )  # fmt: skip
     echo = "" if args.no_echo else prompt_text
     if args.draft or args.prompt_lookup:
@@ -254,8 +259,8 @@ def run_speculative(
     model, loaded, tokenizer: Tokenizer, prompt: torch.Tensor, args, sample: dict, echo: str
 ) -> None:
     """Speculative decoding; prints the acceptance rate, and with --benchmark the speed-up over plain decoding."""
+    eos_id = None if args.benchmark else sample["eos_id"]  # a benchmark decodes the same count on both sides
     sample = {key: sample[key] for key in ("temperature", "top_k", "top_p", "min_p")}
-    eos_id = None if args.benchmark else tokenizer.eos_id  # a benchmark decodes the same count on both sides
     make_drafter = load_drafter(args, loaded, prompt.device, next(model.parameters()).dtype)
 
     def speculative(on_token=None):

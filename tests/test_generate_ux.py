@@ -58,8 +58,9 @@ def test_a_prompt_of_bytes_never_merged_gets_a_note(ckpt, capsys):
 
 def test_ctrl_c_while_streaming_ends_the_line_and_exits_130(ckpt):
     proc = subprocess.Popen(
+        # --ignore_eos: a sampled end-of-text token would end the run before the signal arrives.
         [sys.executable, "generate.py", "--checkpoint", ckpt, "--prompt", "ROMEO:", "--max_new_tokens", "1000000",
-         "--device", "cpu"],
+         "--ignore_eos", "--device", "cpu"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
     )  # fmt: skip
     assert proc.stdout.read(len("ROMEO:")) == "ROMEO:"  # streaming has begun
@@ -68,3 +69,19 @@ def test_ctrl_c_while_streaming_ends_the_line_and_exits_130(ckpt):
     assert proc.returncode == 130
     assert err.strip() == "interrupted (Ctrl-C)"
     assert out.endswith("\n")
+
+
+@pytest.mark.parametrize("flag", [[], ["--ignore_eos"]], ids=["stops", "ignore_eos"])
+def test_ignore_eos_decodes_past_the_end_of_text_token(ckpt, capsys, monkeypatch, flag):
+    seen = {}
+    real_generate = cli.generate
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "generate", spy)
+    code, _, _ = run_cli(capsys, "--checkpoint", ckpt, "--prompt", "ROMEO:", "--max_new_tokens", "2", *flag)
+    assert code == 0
+    eos_id = cli.Tokenizer.from_json(cli.load_checkpoint(ckpt).tokenizer_json).eos_id
+    assert seen["eos_id"] == (None if flag else eos_id) and eos_id is not None
