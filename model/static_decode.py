@@ -27,7 +27,13 @@ class StaticStepCache:
     (B, Hkv, max_len, D); `visible` is the bool mask (1, 1, 1, max_len) of the positions written so far.
     """
 
-    def __init__(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, visible: torch.Tensor) -> None:
+    def __init__(
+        self,
+        k: tuple[torch.Tensor, ...],
+        v: tuple[torch.Tensor, ...],
+        pos: torch.Tensor,
+        visible: torch.Tensor,
+    ) -> None:
         self.k, self.v, self.pos, self.visible = k, v, pos, visible
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,18 +46,18 @@ def static_step(
     model: GPT,
     token: torch.Tensor,
     pos: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    k: tuple[torch.Tensor, ...],
+    v: tuple[torch.Tensor, ...],
     cos_table: torch.Tensor,
     sin_table: torch.Tensor,
 ) -> torch.Tensor:
     """Logits (B, V) of one token (B, 1) at position `pos` (1,), writing its keys/values into k, v.
 
-    k, v are the full buffers (L, B, Hkv, max_len, D); cos/sin tables cover every position (max_len, D).
+    k, v hold one full buffer (B, Hkv, max_len, D) per layer; cos/sin tables cover every position (max_len, D).
     Mirrors `GPT._run` with the position as a tensor.
     """
     cos, sin = cos_table.index_select(0, pos), sin_table.index_select(0, pos)  # (1, D)
-    key_pos = torch.arange(k.shape[3], device=pos.device)
+    key_pos = torch.arange(k[0].shape[2], device=pos.device)
     cache = StaticStepCache(k, v, pos, (key_pos <= pos).view(1, 1, 1, -1))  # (1, 1, 1, S)
     x = model.wte(token)  # (B, 1, C)
     for block in model.blocks:
@@ -87,6 +93,10 @@ class StaticDecoder:
             sin.clone(),
         )  # own tables: the shared ones are views of a bigger cache
         self.pos = torch.zeros(1, dtype=torch.long, device=cache.k.device)
+        # The step gets one view per layer rather than the stacked (L, ...) buffers: a write through a view of
+        # one stacked graph input made the compiled graph copy the whole cache at every step (9x slower at
+        # batch 32); separate inputs are written in place.
+        self.k_layers, self.v_layers = cache.k.unbind(0), cache.v.unbind(0)
         self.on_cuda = cache.k.device.type == "cuda"
         self.step = static_step
         if compile:
@@ -110,7 +120,7 @@ class StaticDecoder:
             )
         self.pos.fill_(self.cache.pos)
         logits = self.step(
-            self.model, token[:, None], self.pos, self.cache.k, self.cache.v, self.cos, self.sin
+            self.model, token[:, None], self.pos, self.k_layers, self.v_layers, self.cos, self.sin
         )
         self.cache.advance(1)
         # A CUDA graph reuses its output buffer on the next replay, so the caller gets its own copy.
