@@ -62,6 +62,9 @@ def test_ctrl_c_while_streaming_ends_the_line_and_exits_130(ckpt):
         [sys.executable, "generate.py", "--checkpoint", ckpt, "--prompt", "ROMEO:", "--max_new_tokens", "1000000",
          "--ignore_eos", "--device", "cpu"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+        # As from a terminal: a runner started in the background (`cmd &` in a script) ignores SIGINT, its
+        # children inherit that, and Python then installs no KeyboardInterrupt handler.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     assert proc.stdout.read(len("ROMEO:")) == "ROMEO:"  # streaming has begun
     proc.send_signal(signal.SIGINT)
