@@ -171,7 +171,7 @@ def parse_args() -> argparse.Namespace:
     add = parser.add_argument
     add("--steps", type=int, default=150, help="optimizer steps per run")
     add("--warmup", type=int, default=5, help="steps left out of the timing at the start of each run")
-    add("--repeats", type=int, default=7, help="rounds; each trains a fresh model on each side")
+    add("--repeats", type=int, default=7, help="rounds; each trains the same initial model on each side")
     add("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     add("--seed", type=int, default=0)
     add("--vocab_size", type=int, default=1024)

@@ -94,8 +94,8 @@ class StaticDecoder:
         )  # own tables: the shared ones are views of a bigger cache
         self.pos = torch.zeros(1, dtype=torch.long, device=cache.k.device)
         # The step gets one view per layer rather than the stacked (L, ...) buffers: a write through a view of
-        # one stacked graph input made the compiled graph copy the whole cache at every step (9x slower at
-        # batch 32); separate inputs are written in place.
+        # one stacked graph input made the compiled graph copy the whole cache at every step; separate inputs
+        # are written in place.
         self.k_layers, self.v_layers = cache.k.unbind(0), cache.v.unbind(0)
         self.on_cuda = cache.k.device.type == "cuda"
         self.step = static_step
