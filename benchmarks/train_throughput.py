@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import resource
 import statistics
 import time
 import warnings
@@ -34,6 +35,7 @@ from torch.utils.data import DataLoader
 
 from data.batches import TrainBatches
 from training import LitGPT
+from training.host_allocator import retain_freed_memory
 from training.schedule import lr_multiplier
 
 # The optimizer and schedule of configs/shakespeare.yaml; the model shape comes from the arguments.
@@ -116,8 +118,12 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # Lightning's own deprecation, not ours
 
 
-def measure(args: argparse.Namespace) -> dict[str, list[tuple[float, list[float]]]]:
-    """Alternating rounds: per side a list of (tokens/s, losses)."""
+def page_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def measure(args: argparse.Namespace) -> dict[str, list[tuple[float, list[float], float]]]:
+    """Alternating rounds: per side a list of (tokens/s, losses, minor page faults per step)."""
     tokens = np.random.default_rng(args.seed).integers(
         0, args.vocab_size, args.stream_tokens, dtype=np.uint16
     )
@@ -133,25 +139,30 @@ def measure(args: argparse.Namespace) -> dict[str, list[tuple[float, list[float]
         for side in order:
             module.load_state_dict(initial)
             module.zero_grad(set_to_none=True)  # a Lightning run ends with the last step's gradients in place
+            faults_before = page_faults()
             times, losses = runners[side](module, tokens, args)
-            results[side].append((tokens_per_s(times, args), losses))
-            print(f"round {round_index + 1} {side:9s} {results[side][-1][0]:9.0f} tokens/s", flush=True)
+            faults = (page_faults() - faults_before) / args.steps
+            results[side].append((tokens_per_s(times, args), losses, faults))
+            print(f"round {round_index + 1} {side:9s} {results[side][-1][0]:9.0f} tokens/s, {faults:6.0f} page "
+                  "faults/step", flush=True)  # fmt: skip
     return results
 
 
-def report(results: dict[str, list[tuple[float, list[float]]]], args: argparse.Namespace) -> None:
-    lit = statistics.median(speed for speed, _ in results["lightning"])
-    bare = statistics.median(speed for speed, _ in results["bare"])
+def report(results: dict[str, list[tuple[float, list[float], float]]], args: argparse.Namespace) -> None:
+    speed = {side: statistics.median(run[0] for run in results[side]) for side in results}
+    faults = {side: statistics.median(run[2] for run in results[side]) for side in results}
     lit_losses, bare_losses = results["lightning"][0][1], results["bare"][0][1]
-    per_round = [(b - li) / b for (li, _), (b, _) in zip(results["lightning"], results["bare"], strict=True)]
+    per_round = [(b[0] - li[0]) / b[0] for li, b in zip(results["lightning"], results["bare"], strict=True)]
     overhead = statistics.median(per_round)
     print(f"model: {args.n_layer} layers, {args.n_embd} wide, {args.n_head} heads / {args.n_kv_head} kv heads, "
           f"vocab {args.vocab_size}; batch {args.batch_size} x {args.block_size} tokens; "
-          f"torch threads {torch.get_num_threads()}")  # fmt: skip
+          f"torch threads {torch.get_num_threads()}; "
+          f"{'glibc default malloc' if args.default_allocator else 'freed memory retained as in train.py'}")  # fmt: skip
     print(f"steps {args.steps}, timed after step {args.warmup}; median of {args.repeats} rounds")
     tokens_per_step = args.batch_size * args.block_size
-    print(f"lightning: {lit:9.0f} tokens/s ({1000 * tokens_per_step / lit:7.1f} ms/step)")
-    print(f"bare:      {bare:9.0f} tokens/s ({1000 * tokens_per_step / bare:7.1f} ms/step)")
+    for side in ("lightning", "bare"):
+        print(f"{side + ':':10s} {speed[side]:9.0f} tokens/s ({1000 * tokens_per_step / speed[side]:7.1f} ms/step, "
+              f"{faults[side]:.0f} page faults/step)")  # fmt: skip
     print("overhead per round: " + ", ".join(f"{100 * o:.1f}%" for o in per_round))
     print(
         f"overhead:  {100 * overhead:8.2f} % of bare tokens/s, median of the rounds "
@@ -182,6 +193,7 @@ def parse_args() -> argparse.Namespace:
     add("--n_kv_head", type=int, default=2)
     add("--n_embd", type=int, default=128)
     add("--mlp_hidden", type=int, default=256)
+    add("--default_allocator", action="store_true", help="glibc's malloc thresholds (train.py changes them)")
     add("--stream_tokens", type=int, default=2_000_000, help="length of the random token stream")
     args = parser.parse_args()
     if not 1 <= args.warmup < args.steps:
@@ -193,6 +205,8 @@ def main() -> None:
     args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if not args.default_allocator:
+        retain_freed_memory()
     quiet_lightning()
     report(measure(args), args)
 

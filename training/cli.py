@@ -23,6 +23,7 @@ from .checkpointing import (
 from .cli_help import order_help_sections, refuse_optimizer_flags, silence_known_noise
 from .ctrl_c import GracefulCtrlC
 from .fit_report import FitReport
+from .host_allocator import retain_freed_memory
 from .last_checkpoint import LastCheckpoint
 from .progress import progress_for_output
 from .resume import checkpoint_step, expand_run_dir_resume
@@ -61,6 +62,7 @@ class GPTCLI(LightningCLI):
         self.ctrl_c = ctrl_c or GracefulCtrlC()
         self.resumed_from_run_dir = False
         silence_known_noise()
+        retain_freed_memory()
         super().__init__(*args, auto_configure_optimizers=False, **kwargs)
 
     def parse_arguments(self, parser, args) -> None:
