@@ -7,6 +7,11 @@ with a mask that hides the positions after `pos`. Shapes never change, so `torch
 builds one graph, and on CUDA `mode="reduce-overhead"` replays it as a CUDA graph.
 
 Prefill stays eager (`GPT.forward` into the same `KVCache` buffers); only the one-token step is compiled.
+
+On the CPU at batch 1 the compiled step also computes each linear layer as a multiply and a sum
+(`MatVecAsReduction`): torch's matrix-vector product reads a weight that does not fit in cache at about the
+bandwidth of one core, while Inductor turns the multiply-and-sum into one fused reduction that reads the weight
+once on every thread (`python -m benchmarks.decode_vs_hf` measures both against transformers).
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from __future__ import annotations
 import weakref
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from .cache import KVCache
 from .gpt import GPT
@@ -65,6 +72,36 @@ def static_step(
     return model.lm_head(model.norm(x))[:, -1]  # (B, V)
 
 
+class MatVecAsReduction(TorchFunctionMode):
+    """Computes a bias-free `F.linear` of a single row as `(x * weight).sum(-1)`, for Inductor to fuse.
+
+    Only meant inside a compiled step: run eagerly, the product would be materialised before the sum.
+    Larger inputs keep the matrix product, where the GEMM kernel is the better choice.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear and not kwargs and (len(args) == 2 or args[2] is None):
+            x, weight = args[:2]
+            if x.shape[:-1].numel() == 1:
+                return (x.unsqueeze(-2) * weight).sum(-1)
+        return func(*args, **kwargs)
+
+
+def static_step_matvec(
+    model: GPT,
+    token: torch.Tensor,
+    pos: torch.Tensor,
+    k: tuple[torch.Tensor, ...],
+    v: tuple[torch.Tensor, ...],
+    cos_table: torch.Tensor,
+    sin_table: torch.Tensor,
+) -> torch.Tensor:
+    """`static_step` with its one-row linear layers written as reductions (`MatVecAsReduction`)."""
+    with MatVecAsReduction():
+        return static_step(model, token, pos, k, v, cos_table, sin_table)
+
+
 class StaticDecoder:
     """Runs `static_step` on a `KVCache`, compiled or eager; eager prefill fills the same buffers.
 
@@ -105,7 +142,9 @@ class StaticDecoder:
             # A static address lets the CUDA graph keep pointing at the caller's buffers across replays.
             torch._dynamo.mark_static_address(cache.k)
             torch._dynamo.mark_static_address(cache.v)
-            self.step = torch.compile(static_step, fullgraph=True, dynamic=False, backend=backend, mode=mode)
+            matvec = cache.k.device.type == "cpu" and cache.k.shape[1] == 1  # (L, B, Hkv, S, D): batch 1
+            step = static_step_matvec if matvec else static_step
+            self.step = torch.compile(step, fullgraph=True, dynamic=False, backend=backend, mode=mode)
 
     def prefill(self, idx: torch.Tensor) -> torch.Tensor:
         """Forget the cache, feed idx (B, T) through the eager forward and return the last logits (B, V)."""

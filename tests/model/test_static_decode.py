@@ -11,7 +11,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from model import GPT, KVCache, ModelConfig, generate
-from model.static_decode import StaticDecoder
+from model.static_decode import MatVecAsReduction, StaticDecoder
 
 LAYOUTS = {"mha": (4, "aot_eager"), "gqa": (2, "inductor"), "mqa": (1, "aot_eager")}
 
@@ -73,3 +73,39 @@ def test_compile_needs_the_cache():
     model = lively_model(2)
     with pytest.raises(ValueError, match="use_cache"):
         generate(model, torch.zeros(1, 3, dtype=torch.long), 4, compile="aot_eager", use_cache=False)
+
+
+def test_batch_one_compiles_its_linear_layers_as_reductions_with_the_eager_tokens():
+    """At batch 1 on the CPU the step's linear layers become multiply-and-sum (no matrix product in the graph)."""
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    model = lively_model(1)
+    ops = []
+    for batch in (1, 2):
+        decoder = StaticDecoder(model, KVCache.allocate(model.config, batch, 32, dtype=torch.float64),
+                                backend=recording_backend)  # fmt: skip
+        with torch.no_grad():
+            decoder.prefill(torch.zeros(batch, 3, dtype=torch.long))
+            decoder.decode(torch.zeros(batch, dtype=torch.long))
+        ops.append({str(node.target) for node in graphs[-1].graph.nodes})
+    assert not any("linear" in op for op in ops[0]), ops[0]
+    assert any("linear" in op for op in ops[1]), ops[1]
+
+    prompt = torch.randint(0, 101, (1, 10), generator=torch.Generator().manual_seed(3))
+    eager = generate(model, prompt, 110, temperature=0.0)
+    assert eager[0, 10:].unique().numel() >= 8, "degenerate model: the test would prove nothing"
+    assert torch.equal(generate(model, prompt, 110, temperature=0.0, compile=True), eager)
+
+
+def test_the_reduction_gives_the_linear_layers_values():
+    layer = torch.nn.Linear(16, 24, bias=False).double()
+    row, rows = torch.randn(1, 1, 16, dtype=torch.float64), torch.randn(3, 16, dtype=torch.float64)
+    with MatVecAsReduction():
+        got_row, got_rows = layer(row), layer(rows)
+    assert got_row.shape == (1, 1, 24)
+    assert (got_row - layer(row)).abs().max().item() < 1e-12
+    assert torch.equal(got_rows, layer(rows))  # more than one row keeps the matrix product
