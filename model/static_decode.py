@@ -88,18 +88,10 @@ class MatVecAsReduction(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def static_step_matvec(
-    model: GPT,
-    token: torch.Tensor,
-    pos: torch.Tensor,
-    k: tuple[torch.Tensor, ...],
-    v: tuple[torch.Tensor, ...],
-    cos_table: torch.Tensor,
-    sin_table: torch.Tensor,
-) -> torch.Tensor:
-    """`static_step` with its one-row linear layers written as reductions (`MatVecAsReduction`)."""
+def static_step_matvec(*step_args) -> torch.Tensor:
+    """`static_step` (same arguments) with its one-row linear layers written as reductions."""
     with MatVecAsReduction():
-        return static_step(model, token, pos, k, v, cos_table, sin_table)
+        return static_step(*step_args)
 
 
 class StaticDecoder:
