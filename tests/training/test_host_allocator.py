@@ -57,9 +57,9 @@ def faults_per_step(how: str, tmp_path) -> float:
 def test_a_training_step_under_the_cli_does_not_page_fault(tmp_path):
     default = faults_per_step("default", tmp_path)
     under_cli = faults_per_step("cli", tmp_path)
-    # The default allocator's count shows the measurement can see the difference on this machine.
-    assert default > 200, default
+    # The default allocator's count (130-1150 per step seen) shows the measurement sees the difference here.
     assert under_cli < 50, (under_cli, default)
+    assert default > 4 * max(under_cli, 10), (under_cli, default)
 
 
 def test_a_users_own_malloc_settings_are_left_alone(monkeypatch):
