@@ -110,7 +110,7 @@ def generate(
     elif use_cache:
         dtype = next(model.parameters()).dtype
         cache = KVCache.allocate(model.config, idx.shape[0], block_size, device=idx.device, dtype=dtype)
-    logits = model(idx[:, start:], cache)[:, -1]
+    logits = model(idx[:, start:], cache, last_only=True)[:, -1]
     done = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
     for step in range(max_new_tokens):
         if repetition_penalty != 1.0:
@@ -132,7 +132,7 @@ def generate(
         start = new_start
         if cache is not None:
             cache.reset()
-        logits = model(idx[:, start:], cache)[:, -1]
+        logits = model(idx[:, start:], cache, last_only=True)[:, -1]
     return idx
 
 

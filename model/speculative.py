@@ -96,9 +96,8 @@ class DraftModel:
         if n + k - 1 - self.start > block_size:  # the draft's window is full: restart it on the recent half
             self.start = max(0, n - block_size // 2)
             self.cache.reset()
-        logits = self.model(idx[:, self.start + self.cache.pos :], self.cache)[
-            0, -1
-        ]  # catch up on new tokens
+        catch_up = idx[:, self.start + self.cache.pos :]  # the tokens fed since the last proposal
+        logits = self.model(catch_up, self.cache, last_only=True)[0, -1]
         tokens, dists = [], []
         for i in range(k):
             probs = sampler.probs(logits)
@@ -178,7 +177,7 @@ def speculative_generate(
     n = idx.shape[1]
     start = max(0, n - block_size)
     if n - 1 > start:  # the cache holds every window token but the last, which each round feeds first
-        model(idx[:, start : n - 1], cache)
+        model(idx[:, start : n - 1], cache, last_only=True)
     while stats.new_tokens < max_new_tokens:
         room = min(k, block_size - (n - start), max_new_tokens - stats.new_tokens - 1)
         drafts, q = drafter.propose(idx, room, sampler) if room > 0 else ([], None)
@@ -204,7 +203,7 @@ def speculative_generate(
             start = new_start
             cache.reset()
             if n - 1 > start:
-                model(idx[:, start : n - 1], cache)
+                model(idx[:, start : n - 1], cache, last_only=True)
     return idx, stats
 
 

@@ -141,7 +141,7 @@ class StaticDecoder:
     def prefill(self, idx: torch.Tensor) -> torch.Tensor:
         """Forget the cache, feed idx (B, T) through the eager forward and return the last logits (B, V)."""
         self.cache.reset()
-        return self.model(idx, self.cache)[:, -1]
+        return self.model(idx, self.cache, last_only=True)[:, -1]
 
     def decode(self, token: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (B,) at the cache's position; the logits (B, V) of the next token."""

@@ -59,6 +59,27 @@ def test_chunked_prefill_matches_full_forward(n_kv_head, chunks):
     assert (torch.cat(pieces, dim=1) - full).abs().max().item() <= 1e-4
 
 
+def test_last_only_logits_equal_the_full_forwards_last_position():
+    model = lively_model(2)
+    idx = torch.randint(0, 97, (2, 40))
+    full = model(idx)
+    last = model(idx, last_only=True)
+    assert last.shape == (2, 1, 97) and (last - full[:, -1:]).abs().max().item() <= 1e-4
+    cache = KVCache.allocate(model.config, 2, 64)
+    model(idx[:, :25], cache, last_only=True)  # a prefill that keeps only its last logits still fills the cache
+    assert cache.pos == 25
+    assert (model(idx[:, 25:], cache, last_only=True) - full[:, -1:]).abs().max().item() <= 1e-4
+
+
+def test_generate_runs_the_lm_head_on_one_position_per_call():
+    """The prefill needs only the last position's logits; the LM head on every prompt token is wasted work."""
+    model = tiny_model(2, block_size=32)
+    head_lengths = []
+    model.lm_head.register_forward_hook(lambda module, args, out: head_lengths.append(args[0].shape[1]))
+    generate(model, torch.randint(0, 97, (1, 20)), 40, temperature=0.0)  # 40 new tokens: the window jumps
+    assert len(head_lengths) == 40 and set(head_lengths) == {1}
+
+
 @pytest.mark.parametrize("n_kv_head", HEAD_LAYOUTS.values(), ids=HEAD_LAYOUTS.keys())
 def test_greedy_generate_with_cache_equals_recompute(n_kv_head):
     # 100 new tokens on a 32-token context: the window slides several times, both paths must agree anyway.
