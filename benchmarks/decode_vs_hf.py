@@ -43,7 +43,8 @@ CONFIGS = {
 }
 TARGET_RATIO = {"small": 3.0, "large": 1.2, "large32k": 1.5}  # ours (best path) / transformers default
 LENGTHS = {"large32k": (512, 128)}  # prompt, new tokens: a realistic vocabulary with a long prompt
-BANDWIDTH_BYTES, BANDWIDTH_READS = 512 * 2**20, 5  # torch.sums over this much memory measure the read bandwidth
+# The read bandwidth: BANDWIDTH_READS torch.sums over BANDWIDTH_BYTES of memory.
+BANDWIDTH_BYTES, BANDWIDTH_READS = 512 * 2**20, 5
 
 
 def minimal_tokenizer_json() -> str:

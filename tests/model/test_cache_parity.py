@@ -66,7 +66,7 @@ def test_last_only_logits_equal_the_full_forwards_last_position():
     last = model(idx, last_only=True)
     assert last.shape == (2, 1, 97) and (last - full[:, -1:]).abs().max().item() <= 1e-4
     cache = KVCache.allocate(model.config, 2, 64)
-    model(idx[:, :25], cache, last_only=True)  # a prefill that keeps only its last logits still fills the cache
+    model(idx[:, :25], cache, last_only=True)  # keeps only its last logits, still fills the cache
     assert cache.pos == 25
     assert (model(idx[:, 25:], cache, last_only=True) - full[:, -1:]).abs().max().item() <= 1e-4
 
