@@ -8,10 +8,11 @@ builds one graph, and on CUDA `mode="reduce-overhead"` replays it as a CUDA grap
 
 Prefill stays eager (`GPT.forward` into the same `KVCache` buffers); only the one-token step is compiled.
 
-On the CPU at batch 1 the compiled step also computes each linear layer as a multiply and a sum
-(`MatVecAsReduction`): torch's matrix-vector product reads a weight that does not fit in cache at about the
-bandwidth of one core, while Inductor turns the multiply-and-sum into one fused reduction that reads the weight
-once on every thread (`python -m benchmarks.decode_vs_hf` measures both against transformers).
+On the CPU the compiled step writes its one-row linear layers (batch 1) and its one-query attention (every batch)
+as multiplies and sums (`ReductionKernels`), which Inductor fuses into reductions that read each weight or cached
+key once on every thread: torch's matrix-vector product reads a weight that does not fit in cache at about the
+bandwidth of one core, and the fused attention kernel is built for many queries, not one
+(`python -m benchmarks.decode_vs_hf` and `python -m benchmarks.decode --batches 1 8 32` measure them).
 """
 
 from __future__ import annotations
@@ -72,11 +73,11 @@ def static_step(
     return model.lm_head(model.norm(x))[:, -1]  # (B, V)
 
 
-class MatVecAsReduction(TorchFunctionMode):
-    """Computes a bias-free `F.linear` of a single row as `(x * weight).sum(-1)`, for Inductor to fuse.
+class ReductionKernels(TorchFunctionMode):
+    """Writes a one-row `F.linear` and a one-query masked attention as multiplies and sums, for Inductor to fuse.
 
-    Only meant inside a compiled step: run eagerly, the product would be materialised before the sum.
-    Larger inputs keep the matrix product, where the GEMM kernel is the better choice.
+    Only meant inside a compiled step: run eagerly, the products would be materialised before the sums.
+    A linear layer of more than one row keeps the matrix product, where the GEMM kernel is the better choice.
     """
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -85,12 +86,32 @@ class MatVecAsReduction(TorchFunctionMode):
             x, weight = args[:2]
             if x.shape[:-1].numel() == 1:
                 return (x.unsqueeze(-2) * weight).sum(-1)
+        if func is F.scaled_dot_product_attention and len(args) == 3 and args[0].shape[2] == 1:
+            if kwargs.keys() == {"attn_mask", "enable_gqa"} and kwargs["attn_mask"].dtype == torch.bool:
+                return one_query_attention(*args, kwargs["attn_mask"])
         return func(*args, **kwargs)
 
 
-def static_step_matvec(*step_args) -> torch.Tensor:
-    """`static_step` (same arguments) with its one-row linear layers written as reductions."""
-    with MatVecAsReduction():
+def one_query_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor
+) -> torch.Tensor:
+    """softmax(q kᵀ / sqrt(D)) v for one query per head, q (B, H, 1, D), over k, v (B, Hkv, S, D).
+
+    `visible` is a bool mask broadcastable to (B, 1, 1, S). Each key head serves its group of query heads
+    without being repeated.
+    """
+    b, h, _, d = q.shape
+    hkv = k.shape[1]
+    q = q.view(b, hkv, h // hkv, 1, d)  # (B, Hkv, G, 1, D): the query heads of each key head
+    scores = (q * k.unsqueeze(2)).sum(-1) / d**0.5  # (B, Hkv, G, S)
+    scores = scores.masked_fill(~visible.view(visible.shape[0], 1, 1, -1), float("-inf"))
+    out = (scores.softmax(-1).unsqueeze(-1) * v.unsqueeze(2)).sum(-2)  # (B, Hkv, G, D)
+    return out.reshape(b, h, 1, d)
+
+
+def static_step_reductions(*step_args) -> torch.Tensor:
+    """`static_step` (same arguments) with its one-row linear layers and its attention written as reductions."""
+    with ReductionKernels():
         return static_step(*step_args)
 
 
@@ -134,8 +155,7 @@ class StaticDecoder:
             # A static address lets the CUDA graph keep pointing at the caller's buffers across replays.
             torch._dynamo.mark_static_address(cache.k)
             torch._dynamo.mark_static_address(cache.v)
-            matvec = cache.k.device.type == "cpu" and cache.k.shape[1] == 1  # (L, B, Hkv, S, D): batch 1
-            step = static_step_matvec if matvec else static_step
+            step = static_step_reductions if cache.k.device.type == "cpu" else static_step
             self.step = torch.compile(step, fullgraph=True, dynamic=False, backend=backend, mode=mode)
 
     def prefill(self, idx: torch.Tensor) -> torch.Tensor:

@@ -8,10 +8,11 @@ Models run in float64 so a reordered reduction cannot flip a near-tied argmax.
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 from model import GPT, KVCache, ModelConfig, generate
-from model.static_decode import MatVecAsReduction, StaticDecoder
+from model.static_decode import ReductionKernels, StaticDecoder
 
 LAYOUTS = {"mha": (4, "aot_eager"), "gqa": (2, "inductor"), "mqa": (1, "aot_eager")}
 
@@ -75,8 +76,8 @@ def test_compile_needs_the_cache():
         generate(model, torch.zeros(1, 3, dtype=torch.long), 4, compile="aot_eager", use_cache=False)
 
 
-def test_batch_one_compiles_its_linear_layers_as_reductions_with_the_eager_tokens():
-    """At batch 1 on the CPU the step's linear layers become multiply-and-sum (no matrix product in the graph)."""
+def test_cpu_step_compiles_linear_layers_at_batch_one_and_attention_as_reductions_with_the_eager_tokens():
+    """On the CPU the step's attention becomes multiply-and-sum, and at batch 1 its linear layers do too."""
     graphs = []
 
     def recording_backend(gm, example_inputs):
@@ -92,8 +93,9 @@ def test_batch_one_compiles_its_linear_layers_as_reductions_with_the_eager_token
             decoder.prefill(torch.zeros(batch, 3, dtype=torch.long))
             decoder.decode(torch.zeros(batch, dtype=torch.long))
         ops.append({str(node.target) for node in graphs[-1].graph.nodes})
-    assert not any("linear" in op for op in ops[0]), ops[0]
+    assert not any("linear" in op or "scaled_dot_product" in op for op in ops[0]), ops[0]
     assert any("linear" in op for op in ops[1]), ops[1]
+    assert not any("scaled_dot_product" in op for op in ops[1]), ops[1]
 
     prompt = torch.randint(0, 101, (1, 10), generator=torch.Generator().manual_seed(3))
     eager = generate(model, prompt, 110, temperature=0.0)
@@ -101,11 +103,32 @@ def test_batch_one_compiles_its_linear_layers_as_reductions_with_the_eager_token
     assert torch.equal(generate(model, prompt, 110, temperature=0.0, compile=True), eager)
 
 
-def test_the_reduction_gives_the_linear_layers_values():
+def test_the_reductions_give_the_linear_layers_values():
     layer = torch.nn.Linear(16, 24, bias=False).double()
     row, rows = torch.randn(1, 1, 16, dtype=torch.float64), torch.randn(3, 16, dtype=torch.float64)
-    with MatVecAsReduction():
+    with ReductionKernels():
         got_row, got_rows = layer(row), layer(rows)
     assert got_row.shape == (1, 1, 24)
     assert (got_row - layer(row)).abs().max().item() < 1e-12
     assert torch.equal(got_rows, layer(rows))  # more than one row keeps the matrix product
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+def test_the_reductions_give_the_masked_attentions_values(n_kv_head):
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 1, 8, dtype=torch.float64)
+    k, v = (torch.randn(2, n_kv_head, 12, 8, dtype=torch.float64) for _ in range(2))
+    visible = (torch.arange(12) <= 6).view(1, 1, 1, 12)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
+    with ReductionKernels():
+        got = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
+        several = F.scaled_dot_product_attention(
+            q.expand(2, 4, 3, 8), k, v, attn_mask=visible, enable_gqa=True
+        )
+    assert got.shape == expected.shape
+    assert (got - expected).abs().max().item() < 1e-12
+    assert (
+        expected - F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    ).abs().max() > 0.01  # mask matters
+    assert torch.equal(several, F.scaled_dot_product_attention(q.expand(2, 4, 3, 8), k, v, attn_mask=visible,
+                                                               enable_gqa=True))  # fmt: skip
