@@ -121,7 +121,12 @@ def bench_config(
     # The read bandwidth is measured in every round, between the decoding runs, and the fastest sum counts: a
     # single sum swings by 2x on a shared machine, and a dip would flatter the MBU.
     data, read_seconds = torch.ones(BANDWIDTH_BYTES // 4), []
-    runs["read"] = lambda: [read_seconds.append(timed(data.sum)) for _ in range(BANDWIDTH_READS)]
+
+    def read() -> None:
+        for _ in range(BANDWIDTH_READS):
+            read_seconds.append(timed(data.sum))
+
+    runs["read"] = read
     with torch.inference_mode():
         seconds, outputs = interleaved_medians(runs, repeats)
     bandwidth = data.nbytes / min(read_seconds)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -28,6 +29,8 @@ from data.datamodule import TextDataModule
 from model import generate
 from training import LitGPT
 from training.cli import GPTCLI
+
+RECIPE = Path(__file__).resolve().parents[1] / "configs" / "shakespeare.yaml"  # found from any directory
 
 
 class TimeBudget(L.Callback):
@@ -108,7 +111,7 @@ def build(overrides: list[str], budget_s: float):
     run_name = f"budget-{budget_s:.0f}s-{time.strftime('%Y%m%d-%H%M%S')}"
     args = [
         "--config",
-        "configs/shakespeare.yaml",
+        str(RECIPE),
         *overrides,
         "--trainer.logger",
         "false",
