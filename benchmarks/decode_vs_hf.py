@@ -12,8 +12,8 @@ cache) and transformers with its static cache + `torch.compile` (fullgraph). Eac
 (which compiles), then the median of `--repeats` timed runs (the sides alternate) is reported. Every side also
 runs with one new token, its prefill alone; decode tok/s is (new tokens - 1) / (time - prefill time). MBU is the
 bytes a step must read (every weight once, plus the KV cache at the mean context length) x decode tok/s, over the
-read bandwidth of the fastest of 5 `torch.sum`s over 512 MiB in every round (a conservative MBU: a slow sum
-would flatter it).
+read bandwidth of the fastest of 5 `torch.sum`s over 512 MiB in every round, warm-up included (a conservative
+MBU: a slow sum would flatter it).
 `min_new_tokens` makes transformers produce exactly as many tokens as ours, which never stops early
 without an `eos_id`.
 """
@@ -64,8 +64,8 @@ def timed(run: Callable[[], object]) -> float:
 
 
 def interleaved_medians(
-    runs: dict[Hashable, Callable[[], torch.Tensor]], repeats: int
-) -> tuple[dict[Hashable, float], dict[Hashable, torch.Tensor]]:
+    runs: dict[Hashable, Callable[[], object]], repeats: int
+) -> tuple[dict[Hashable, float], dict[Hashable, object]]:
     """Median wall time of each run over `repeats` rounds after one warm-up round, and its last output.
 
     The runs alternate within each round, so a load spike from other processes hits both sides alike.
@@ -172,7 +172,7 @@ def main() -> None:
     print(
         f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads, "
         f"batch 1, greedy, median of {args.repeats}; MBU = (weights + cache at the mean context) bytes per token "
-        "x decode tok/s / the bandwidth of the fastest torch.sum over 512 MiB, 5 in every round"
+        f"x decode tok/s / the bandwidth of the fastest torch.sum over 512 MiB, {BANDWIDTH_READS} in every round"
     )
     for name in args.configs:
         prompt_len, new_tokens = LENGTHS.get(name, (args.prompt_len, args.new_tokens))

@@ -96,7 +96,7 @@ class DraftModel:
         if n + k - 1 - self.start > block_size:  # the draft's window is full: restart it on the recent half
             self.start = max(0, n - block_size // 2)
             self.cache.reset()
-        catch_up = idx[:, self.start + self.cache.pos :]  # the tokens fed since the last proposal
+        catch_up = idx[:, self.start + self.cache.pos :]  # the tokens the draft has not seen yet
         logits = self.model(catch_up, self.cache, last_only=True)[0, -1]
         tokens, dists = [], []
         for i in range(k):

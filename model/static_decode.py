@@ -87,8 +87,16 @@ class ReductionKernels(TorchFunctionMode):
             if x.shape[:-1].numel() == 1:
                 return (x.unsqueeze(-2) * weight).sum(-1)
         if func is F.scaled_dot_product_attention and len(args) == 3 and args[0].shape[2] == 1:
-            if kwargs.keys() == {"attn_mask", "enable_gqa"} and kwargs["attn_mask"].dtype == torch.bool:
-                return one_query_attention(*args, kwargs["attn_mask"])
+            mask = kwargs.get("attn_mask")
+            if (
+                kwargs.keys() == {"attn_mask", "enable_gqa"}
+                and kwargs["enable_gqa"] is True
+                and mask is not None
+                and mask.dtype == torch.bool
+                and mask.dim() == 4
+                and mask.shape[1:3] == (1, 1)
+            ):
+                return one_query_attention(*args, mask)
         return func(*args, **kwargs)
 
 
@@ -97,16 +105,17 @@ def one_query_attention(
 ) -> torch.Tensor:
     """softmax(q kᵀ / sqrt(D)) v for one query per head, q (B, H, 1, D), over k, v (B, Hkv, S, D).
 
-    `visible` is a bool mask broadcastable to (B, 1, 1, S). Each key head serves its group of query heads
-    without being repeated.
+    `visible` is a bool mask (B or 1, 1, 1, S). Each key head serves its group of query heads without being
+    repeated. Scores and probabilities are at least float32, as in the fused kernel, for bf16 and fp16 models.
     """
     b, h, _, d = q.shape
     hkv = k.shape[1]
+    q = q.to(torch.promote_types(q.dtype, torch.float32))  # bf16/fp16 -> float32, float64 stays
     q = q.view(b, hkv, h // hkv, 1, d)  # (B, Hkv, G, 1, D): the query heads of each key head
     scores = (q * k.unsqueeze(2)).sum(-1) / d**0.5  # (B, Hkv, G, S)
     scores = scores.masked_fill(~visible.view(visible.shape[0], 1, 1, -1), float("-inf"))
-    out = (scores.softmax(-1).unsqueeze(-1) * v.unsqueeze(2)).sum(-2)  # (B, Hkv, G, D)
-    return out.reshape(b, h, 1, d)
+    out = (scores.softmax(-1).unsqueeze(-1) * v.unsqueeze(2)).sum(-2)  # (B, Hkv, G, Dv)
+    return out.to(v.dtype).reshape(b, h, 1, v.shape[-1])
 
 
 def static_step_reductions(*step_args) -> torch.Tensor:

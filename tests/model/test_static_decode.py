@@ -132,3 +132,19 @@ def test_the_reductions_give_the_masked_attentions_values(n_kv_head):
     ).abs().max() > 0.01  # mask matters
     assert torch.equal(several, F.scaled_dot_product_attention(q.expand(2, 4, 3, 8), k, v, attn_mask=visible,
                                                                enable_gqa=True))  # fmt: skip
+
+
+def test_the_attention_reduction_keeps_bf16_as_accurate_as_the_fused_kernel():
+    """Scores and probabilities are float32 inside, as in SDPA: bf16 rounding them would double the error."""
+    torch.manual_seed(0)
+    q = torch.randn(3, 12, 1, 64, dtype=torch.float64)
+    k, v = (torch.randn(3, 4, 1024, 64, dtype=torch.float64) for _ in range(2))
+    visible = (torch.arange(1024) <= 700).view(1, 1, 1, 1024)
+    exact = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    fused = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
+    with ReductionKernels():
+        rewritten = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
+    assert rewritten.dtype == torch.bfloat16
+    fused_error = (fused.double() - exact).abs().max().item()
+    assert (rewritten.double() - exact).abs().max().item() <= 1.3 * fused_error
