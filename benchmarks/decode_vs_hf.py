@@ -12,8 +12,8 @@ cache) and transformers with its static cache + `torch.compile` (fullgraph). Eac
 (which compiles), then the median of `--repeats` timed runs (the sides alternate) is reported. Every side also
 runs with one new token, its prefill alone; decode tok/s is (new tokens - 1) / (time - prefill time). MBU is the
 bytes a step must read (every weight once, plus the KV cache at the mean context length) x decode tok/s, over the
-read bandwidth of the fastest of 5 `torch.sum`s over 512 MiB in every round, warm-up included (a conservative
-MBU: a slow sum would flatter it).
+best read bandwidth over the rounds, each round measuring it (`benchmarks.decode.read_bandwidth`) between the
+decoding runs (a conservative MBU: a slow reading would flatter it).
 `min_new_tokens` makes transformers produce exactly as many tokens as ours, which never stops early
 without an `eos_id`.
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.decode import bytes_per_token
+from benchmarks.decode import bytes_per_token, read_bandwidth
 from common.tokens import EOS_TOKEN
 from model import GPT, ModelConfig, generate
 from model.export_hf import export_hf
@@ -44,8 +44,6 @@ CONFIGS = {
 }
 TARGET_RATIO = {"small": 3.0, "large": 1.2, "large32k": 1.5}  # ours (best path) / transformers default
 LENGTHS = {"large32k": (512, 128)}  # prompt, new tokens: a realistic vocabulary with a long prompt
-# The read bandwidth: BANDWIDTH_READS torch.sums over BANDWIDTH_BYTES of memory.
-BANDWIDTH_BYTES, BANDWIDTH_READS = 512 * 2**20, 5
 
 
 def minimal_tokenizer_json() -> str:
@@ -55,12 +53,6 @@ def minimal_tokenizer_json() -> str:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.add_special_tokens([EOS_TOKEN])
     return tokenizer.to_str()
-
-
-def timed(run: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
 
 
 def interleaved_medians(
@@ -118,18 +110,13 @@ def bench_config(
     # Each side also runs with one new token: its prefill alone. Decoding speed is then the other tokens over the
     # difference, the same way on every side.
     runs = {(side, n): run for n in (new_tokens, 1) for side, run in sides(n).items()}
-    # The read bandwidth is measured in every round, between the decoding runs, and the fastest sum counts: a
-    # single sum swings by 2x on a shared machine, and a dip would flatter the MBU.
-    data, read_seconds = torch.ones(BANDWIDTH_BYTES // 4), []
-
-    def read() -> None:
-        for _ in range(BANDWIDTH_READS):
-            read_seconds.append(timed(data.sum))
-
-    runs["read"] = read
+    # The read bandwidth is measured in every round, between the decoding runs, and the best round counts: a
+    # reading swings by 2x on a shared machine, and a dip would flatter the MBU.
+    readings: list[float] = []
+    runs["read"] = lambda: readings.append(read_bandwidth(torch.device("cpu")))
     with torch.inference_mode():
         seconds, outputs = interleaved_medians(runs, repeats)
-    bandwidth = data.nbytes / min(read_seconds)
+    bandwidth = max(readings)
     per_token = bytes_per_token(model, prompt_len + new_tokens // 2)
     same = all(torch.equal(outputs[(side, new_tokens)], outputs[("ours", new_tokens)]) for side in sides(1))
     print(
@@ -172,7 +159,7 @@ def main() -> None:
     print(
         f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads, "
         f"batch 1, greedy, median of {args.repeats}; MBU = (weights + cache at the mean context) bytes per token "
-        f"x decode tok/s / the bandwidth of the fastest torch.sum over 512 MiB, {BANDWIDTH_READS} in every round"
+        "x decode tok/s / the best read bandwidth of the rounds (a torch.sum over 512 MiB, median of 5, each round)"
     )
     for name in args.configs:
         prompt_len, new_tokens = LENGTHS.get(name, (args.prompt_len, args.new_tokens))

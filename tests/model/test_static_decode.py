@@ -120,18 +120,18 @@ def test_the_reductions_give_the_masked_attentions_values(n_kv_head):
     k, v = (torch.randn(2, n_kv_head, 12, 8, dtype=torch.float64) for _ in range(2))
     visible = (torch.arange(12) <= 6).view(1, 1, 1, 12)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
+    several = q.expand(2, 4, 3, 8)
     with ReductionKernels():
         got = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
-        several = F.scaled_dot_product_attention(
-            q.expand(2, 4, 3, 8), k, v, attn_mask=visible, enable_gqa=True
-        )
+        got_several = F.scaled_dot_product_attention(several, k, v, attn_mask=visible, enable_gqa=True)
     assert got.shape == expected.shape
     assert (got - expected).abs().max().item() < 1e-12
-    assert (
-        expected - F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    ).abs().max() > 0.01  # mask matters
-    assert torch.equal(several, F.scaled_dot_product_attention(q.expand(2, 4, 3, 8), k, v, attn_mask=visible,
-                                                               enable_gqa=True))  # fmt: skip
+    unmasked = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    assert (expected - unmasked).abs().max().item() > 0.01  # the mask matters
+    # More than one query keeps the fused kernel.
+    assert torch.equal(
+        got_several, F.scaled_dot_product_attention(several, k, v, attn_mask=visible, enable_gqa=True)
+    )
 
 
 def test_the_attention_reduction_keeps_bf16_as_accurate_as_the_fused_kernel():
