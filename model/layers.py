@@ -20,7 +20,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 (as Hugging Face Llama does) so bf16 runs and exported models agree.
+        # float32: the same numbers as below in one call (a decode step is made of small ops, 2 norms a layer).
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        # Normalise in float32 and round before the scale (as Hugging Face Llama does) so bf16 runs and
+        # exported models agree.
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
         return self.weight * normed
 

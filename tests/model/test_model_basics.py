@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT, ModelConfig
+from model.layers import RMSNorm
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "model"
 
@@ -45,6 +46,26 @@ def test_tied_embeddings_share_one_tensor():
         ModelConfig(vocab_size=64, n_embd=32, n_head=4, n_kv_head=2, n_layer=1, tie_embeddings=False)
     )
     assert untied.num_params() == model.num_params() + 64 * 32
+
+
+def test_rms_norm_scales_by_the_reciprocal_rms_in_every_dtype():
+    torch.manual_seed(0)
+    norm = RMSNorm(48, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(3, 5, 48) * 4
+    x64, w64 = x.double(), norm.weight.double()
+    expected = w64 * x64 / (x64.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt()
+    assert torch.allclose(norm(x).double(), expected, rtol=1e-6, atol=0)
+    # bf16: normalised in float32, rounded to bf16, then scaled by the bf16 gain (Hugging Face Llama's order).
+    norm_bf16 = norm.to(torch.bfloat16)
+    x_bf16 = x.bfloat16()
+    hf_order = (
+        norm_bf16.weight
+        * (x_bf16.float() / (x_bf16.float().pow(2).mean(-1, keepdim=True) + 1e-5).sqrt()).bfloat16()
+    )
+    assert norm_bf16(x_bf16).dtype == torch.bfloat16
+    assert torch.equal(norm_bf16(x_bf16), hf_order)
 
 
 def test_initial_loss_is_near_log_vocab():
