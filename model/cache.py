@@ -70,9 +70,10 @@ class KVCache:
                 f"KVCache is full: writing {k.shape[2]} token(s) at position {self.pos} exceeds max_len "
                 f"{self.max_len}; allocate a longer cache or call reset()"
             )
-        self.k[layer, :, :, self.pos : end] = k
-        self.v[layer, :, :, self.pos : end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        keys, values = self.k[layer], self.v[layer]  # (B, Hkv, max_len, D) views
+        keys.narrow(2, self.pos, k.shape[2]).copy_(k)
+        values.narrow(2, self.pos, k.shape[2]).copy_(v)
+        return keys.narrow(2, 0, end), values.narrow(2, 0, end)
 
     def advance(self, n_tokens: int) -> None:
         self.pos += n_tokens
