@@ -6,11 +6,16 @@ built by `checkpoint_metadata`:
 `{"format": FORMAT_VERSION, "model_config": dict, "tokenizer_json": str, "tokenizer_sha256": str, "data": dict,
 "skipped_batches": int}`.
 Everything is plain types and tensors, so `torch.load(path, weights_only=True)` reads it without Lightning.
+
+A sharded strategy (FSDP2 through Lightning's ModelParallelStrategy) writes a folder instead: the weights as a
+torch.distributed.checkpoint (one file per rank, keys `state_dict.<name>`) and everything else in SHARDED_META.
+`load_checkpoint` reads both kinds in one process.
 """
 
 from __future__ import annotations
 
 import hashlib
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +31,7 @@ FORMAT_VERSION = 1
 META_KEY = "gqa_gpt"
 STATE_PREFIX = "model."
 REQUIRED_KEYS = ("format", "model_config", "tokenizer_json", "tokenizer_sha256")
+SHARDED_META = "meta.pt"  # Lightning's name for the non-tensor part of a sharded checkpoint folder
 
 
 class CheckpointError(UserError):
@@ -70,12 +76,19 @@ def plain(value: Any) -> Any:
     return str(value)
 
 
+def is_sharded_checkpoint(path: Path) -> bool:
+    """A checkpoint folder written by a sharded strategy: weight shards plus SHARDED_META."""
+    return (path / SHARDED_META).is_file()
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
-    """The file behind `path`: a .ckpt file, or a run directory whose checkpoints/last.ckpt is used."""
+    """The checkpoint behind `path`: a .ckpt file or sharded folder, or a run directory's checkpoints/last.ckpt."""
     path = Path(path).expanduser()
+    if is_sharded_checkpoint(path):
+        return path
     if path.is_dir():
         for candidate in (path / "checkpoints" / "last.ckpt", path / "last.ckpt"):
-            if candidate.is_file():
+            if candidate.is_file() or is_sharded_checkpoint(candidate):
                 return candidate
         raise CheckpointError(
             f"{path}: no checkpoints/last.ckpt in this directory; pass a .ckpt file or a run directory"
@@ -86,15 +99,19 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict, Path]:
-    """The raw checkpoint dict (weights_only) and its resolved path, with its metadata checked (one-line errors)."""
+    """The raw checkpoint dict (weights_only) and its resolved path, with its metadata checked (one-line errors).
+
+    For a sharded folder the dict is SHARDED_META's: everything but the weights (see `load_checkpoint`).
+    """
     path = resolve_checkpoint(path)
+    sharded = is_sharded_checkpoint(path)
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = torch.load(path / SHARDED_META if sharded else path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for truncated zips and pickles
         raise CheckpointError(
             f"{path}: cannot read checkpoint ({type(err).__name__}); the file is truncated or corrupt"
         ) from err
-    if not isinstance(ckpt, dict) or META_KEY not in ckpt or "state_dict" not in ckpt:
+    if not isinstance(ckpt, dict) or META_KEY not in ckpt or ("state_dict" not in ckpt and not sharded):
         raise CheckpointError(
             f"{path}: not a gqa-gpt checkpoint (no '{META_KEY}' metadata); use one written by train.py"
         )
@@ -127,7 +144,12 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     ckpt, path = read_checkpoint(path)
     meta = ckpt[META_KEY]
     model = GPT(ModelConfig(**meta["model_config"]))
-    state = {k[len(STATE_PREFIX) :]: v for k, v in ckpt["state_dict"].items() if k.startswith(STATE_PREFIX)}
+    if is_sharded_checkpoint(path):
+        state = read_sharded_weights(path, model)
+    else:
+        state = {
+            k[len(STATE_PREFIX) :]: v for k, v in ckpt["state_dict"].items() if k.startswith(STATE_PREFIX)
+        }
     try:
         model.load_state_dict(state)
     except RuntimeError as err:
@@ -135,3 +157,24 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             f"{path}: weights do not fit the stored model config ({first_line(err)})"
         ) from err
     return LoadedCheckpoint(model.to(map_location).eval(), meta["tokenizer_json"], meta, path)
+
+
+def read_sharded_weights(path: Path, model: GPT) -> dict[str, torch.Tensor]:
+    """The GPT weights of a sharded checkpoint folder, gathered from every rank's file in this one process."""
+    import torch.distributed.checkpoint as dcp
+
+    # torch.distributed.checkpoint fills tensors of the expected shapes, so the model's own state dict is the
+    # template; its keys are the LightningModule's, nested under "state_dict" as Lightning saved them.
+    state = {STATE_PREFIX + name: tensor for name, tensor in model.state_dict().items()}
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp.load({"state_dict": state}, checkpoint_id=path, no_dist=True)
+    except (Exception, dcp.api.CheckpointException) as err:  # missing keys or files, shapes that differ
+        # CheckpointException (a BaseException) wraps each rank's own error: that one says what went wrong.
+        cause = next(iter(err.failures.values()))[0] if isinstance(err, dcp.api.CheckpointException) else err
+        raise CheckpointError(
+            f"{path}: cannot read the sharded weights ({type(cause).__name__}: {first_line(cause)}); "
+            "the folder is incomplete or altered"
+        ) from err
+    return {name[len(STATE_PREFIX) :]: tensor for name, tensor in state.items()}

@@ -96,7 +96,7 @@ class WandbIdInCheckpoint(L.Callback):
 
 def stored_wandb_id(ckpt_path: str | None) -> str | None:
     """The wandb run id saved in the checkpoint at `ckpt_path` (None without one)."""
-    if not ckpt_path or not Path(ckpt_path).is_file():
+    if not ckpt_path or not Path(ckpt_path).exists():  # a file, or a sharded checkpoint folder
         return None
     from model.checkpoint import read_checkpoint
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from common.errors import UserError, first_line
-from model.checkpoint import CheckpointError, load_checkpoint, read_checkpoint
+from model.checkpoint import CheckpointError, is_sharded_checkpoint, load_checkpoint, read_checkpoint
 
 from .checkpoint_io import LAST_NAME, step_files
 
@@ -28,13 +28,32 @@ def resume_candidates(checkpoint_dir: Path) -> list[Path]:
     """
     steps = list(reversed(step_files(checkpoint_dir).values()))
     last = checkpoint_dir / LAST_NAME
-    if last.is_file() and not any(last.samefile(p) for p in steps):
+    # A sharded strategy (no CheckpointIO of ours, so no step files) leaves last.ckpt as a folder.
+    if (last.is_file() or is_sharded_checkpoint(last)) and not any(last.samefile(p) for p in steps):
         steps.append(last)
     return steps
 
 
 def check_resumable(path: Path) -> None:
-    """Raise CheckpointError unless `path` is intact (zip CRCs), loads as ours and has what resuming needs."""
+    """Raise CheckpointError unless `path` is intact (zip CRCs), loads as ours and has what resuming needs.
+
+    A sharded checkpoint folder keeps its weights and optimizer states in the shard files: loading the weights
+    reads every shard.
+    """
+    if is_sharded_checkpoint(path):
+        needed = [key for key in RESUME_KEYS if key not in ("state_dict", "optimizer_states")]
+    else:
+        _check_zip(path)
+        needed = list(RESUME_KEYS)
+    ckpt, _ = read_checkpoint(path)
+    missing = [key for key in needed if key not in ckpt]
+    if missing:
+        raise CheckpointError(f"{path}: lacks {', '.join(missing)}; it cannot resume training")
+    del ckpt
+    load_checkpoint(path)  # our format's own checks: metadata, tokenizer digest, weights that fit the config
+
+
+def _check_zip(path: Path) -> None:
     try:
         with zipfile.ZipFile(
             path
@@ -44,12 +63,6 @@ def check_resumable(path: Path) -> None:
         raise CheckpointError(f"{path}: not a complete checkpoint ({first_line(err)})") from err
     if bad_member is not None:
         raise CheckpointError(f"{path}: checksum mismatch in {bad_member}; the file is corrupt")
-    ckpt, _ = read_checkpoint(path)
-    missing = [key for key in RESUME_KEYS if key not in ckpt]
-    if missing:
-        raise CheckpointError(f"{path}: lacks {', '.join(missing)}; it cannot resume training")
-    del ckpt
-    load_checkpoint(path)  # our format's own checks: metadata, tokenizer digest, weights that fit the config
 
 
 def choose_resume_checkpoint(checkpoint_dir: str | Path, warn: Callable[[str], None] = print) -> Path | None:

@@ -4,6 +4,8 @@ weights, a sharded checkpoint, an exact resume, and each rank reading its own pa
 from __future__ import annotations
 
 import json
+import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +13,9 @@ import pytest
 import torch
 
 from data.batches import TrainBatches
+from model.checkpoint import CheckpointError, load_checkpoint
+from tests.conftest import run_generate
+from training.resume import expand_run_dir_resume
 
 FSDP2 = {
     "class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
@@ -100,6 +105,7 @@ def fsdp_runs(script, tiny_args, corpus, tmp_path_factory):
         "straight": _ranks(tmp / "straight"),
         "resumed": _ranks(tmp / "resumed"),
         "step2": step2,
+        "run_dir": tmp / "runs" / "tiny",
         "cache": cache,
     }
 
@@ -140,3 +146,40 @@ def test_ranks_read_their_own_part_of_the_stream(fsdp_runs):
         windows.append({tuple(row.tolist()) for batch in record["batches"].values() for row in batch})
     assert len(windows[0]) == len(windows[1]) == 4 * BATCH, "no window twice on one rank"
     assert not windows[0] & windows[1], "no window on both ranks"
+
+
+def test_generate_reads_a_sharded_checkpoint_in_one_process(fsdp_runs, capsys):
+    run_dir = fsdp_runs["run_dir"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        final = load_checkpoint(run_dir)  # the run directory's checkpoints/last.ckpt folder
+    assert not [w for w in caught if "torch.distributed" in str(w.message)]  # one process is what we mean
+    assert final.path == run_dir / "checkpoints" / "last.ckpt"
+    weights = final.model.state_dict()
+    gathered = fsdp_runs["straight"][0]["state"]  # the full weights gathered from the shards at the end
+    assert sorted(weights) == sorted(gathered)
+    for name, tensor in gathered.items():
+        assert torch.equal(weights[name], tensor), name
+    at_step2 = load_checkpoint(fsdp_runs["step2"]).model.state_dict()
+    assert not torch.equal(at_step2["blocks.0.attn.qkv.weight"], weights["blocks.0.attn.qkv.weight"])
+    args = ("--max_new_tokens", "8", "--temperature", "0", "--prompt", "The")
+    code, out, err = run_generate(capsys, "--checkpoint", str(run_dir), *args)
+    assert code == 0 and out.startswith("The") and len(out.strip()) > len("The"), err
+
+
+def test_a_sharded_folder_missing_a_shard_is_one_line(fsdp_runs, tmp_path, capsys):
+    broken = tmp_path / "epoch=0-step=2.ckpt"
+    shutil.copytree(fsdp_runs["step2"], broken)
+    (broken / "__1_0.distcp").unlink()
+    with pytest.raises(CheckpointError, match="cannot read the sharded weights") as err:
+        load_checkpoint(broken)
+    assert "\n" not in str(err.value) and str(broken) in str(err.value)
+    code, _, stderr = run_generate(capsys, "--checkpoint", str(broken), "--prompt", "The")
+    assert code == 2 and len(stderr.strip().splitlines()) == 1
+
+
+def test_a_sharded_run_directory_resumes_from_its_last_folder(fsdp_runs):
+    run_dir = fsdp_runs["run_dir"]
+    args, expanded = expand_run_dir_resume(["fit", "--ckpt_path", str(run_dir)])
+    assert expanded
+    assert args[args.index("--ckpt_path") + 1] == str(run_dir / "checkpoints" / "last.ckpt")
