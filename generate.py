@@ -396,31 +396,15 @@ def write_attention_html(model, tokenizer: Tokenizer, ids: torch.Tensor, path: s
 
 def explain(model, tokenizer: Tokenizer, text: str, layer: int, head: int, device: torch.device) -> None:
     from inspection.attention_image import printable_label
-    from inspection.explain import attention_steps
+    from inspection.explain import attention_steps, steps_as_text
 
     ids = tokenizer.encode(text)[-model.config.block_size :]
     if not ids:
         raise UserError("--explain_attention text is empty; pass a short sentence")
     labels = [printable_label(tokenizer.decode([i]), max_chars=7) for i in ids]
     steps = attention_steps(model.float(), torch.tensor([ids], device=device), layer, head)
-    titles = {
-        "scores": "1. scaled scores q·kᵀ / sqrt(d)  (row = query token, column = key token)",
-        "masked": "2. causal mask: a token may not look at later tokens (-inf above the diagonal)",
-        "probs": "3. softmax over each row: attention probabilities (each row sums to 1)",
-    }
     print(f"layer {layer}, head {head}, {len(ids)} tokens")
-    for key, title in titles.items():
-        print(f"\n{title}")
-        print(_matrix(steps[key], labels))
-
-
-def _matrix(values: torch.Tensor, labels: list[str], width: int = 8) -> str:
-    header = " " * width + "".join(f"{label:>{width}}" for label in labels)
-    rows = [header]
-    for label, row in zip(labels, values.tolist(), strict=True):
-        cells = "".join(f"{'-inf' if v == float('-inf') else f'{v:.3f}':>{width}}" for v in row)
-        rows.append(f"{label:>{width}}{cells}")
-    return "\n".join(rows)
+    print(steps_as_text(steps, labels))
 
 
 def main(argv: list[str] | None = None) -> int:
