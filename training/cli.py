@@ -163,9 +163,7 @@ def _check_ckpt_path(ckpt_path: str | None) -> None:
     """A missing --ckpt_path file is the same one-line CheckpointError (exit 2) as in generate.py and the export."""
     if not ckpt_path or ckpt_path in ("last", "best", "hpc", "registry") or "://" in ckpt_path:
         return
-    if (Path(ckpt_path) / "meta.pt").is_file():  # a sharded (FSDP) checkpoint folder: Lightning reads it
-        return
-    resolve_checkpoint(ckpt_path)
+    resolve_checkpoint(ckpt_path)  # a sharded (FSDP) checkpoint folder passes too: Lightning reads it
 
 
 def _refuse_finished_run(trainer, ckpt_path: str | None) -> None:
@@ -173,7 +171,7 @@ def _refuse_finished_run(trainer, ckpt_path: str | None) -> None:
         return
     if ckpt_path == "last" and trainer.checkpoint_callback is not None:
         ckpt_path = str(Path(trainer.checkpoint_callback.dirpath) / "last.ckpt")
-    step = checkpoint_step(Path(ckpt_path)) if Path(ckpt_path).is_file() else None
+    step = checkpoint_step(Path(ckpt_path)) if Path(ckpt_path).exists() else None
     if step is not None and step >= trainer.max_steps:
         raise RunAlreadyFinished(
             f"{ckpt_path} is at step {step}, already trainer.max_steps={trainer.max_steps}: nothing to train "

@@ -15,7 +15,7 @@ import torch
 from data.batches import TrainBatches
 from model.checkpoint import CheckpointError, load_checkpoint
 from tests.conftest import run_generate
-from training.resume import expand_run_dir_resume
+from training.resume import checkpoint_step, expand_run_dir_resume
 
 FSDP2 = {
     "class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
@@ -183,3 +183,6 @@ def test_a_sharded_run_directory_resumes_from_its_last_folder(fsdp_runs):
     args, expanded = expand_run_dir_resume(["fit", "--ckpt_path", str(run_dir)])
     assert expanded
     assert args[args.index("--ckpt_path") + 1] == str(run_dir / "checkpoints" / "last.ckpt")
+    # The step that `fit` checks against trainer.max_steps before resuming a finished run.
+    assert checkpoint_step(run_dir / "checkpoints" / "last.ckpt") == 4
+    assert checkpoint_step(fsdp_runs["step2"]) == 2
