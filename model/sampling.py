@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -95,44 +96,54 @@ def generate(
     receives each new column (B,) as soon as it is chosen, for streaming.
 
     `compile=True` decodes with the static-shape step of model/static_decode.py compiled by inductor (a
-    string names another `torch.compile` backend); the same tokens, one graph for every position.
+    string names another `torch.compile` backend); the same tokens, one graph for every position. Otherwise the
+    model runs eagerly, even one compiled in place with `model.compile()`.
     """
     check_sampling_args(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty)
     if compile and not use_cache:
         raise UserError("compile=True needs use_cache=True: the compiled step decodes from the KV cache")
     block_size = model.config.block_size
     start = max(0, idx.shape[1] - block_size)
-    cache, decoder = None, None
-    if compile:
-        decoder = static_decoder(model, idx.shape[0], "inductor" if compile is True else compile)
-        cache = decoder.cache
-        cache.reset()
-    elif use_cache:
+    decoder = (
+        static_decoder(model, idx.shape[0], "inductor" if compile is True else compile) if compile else None
+    )
+    cache = decoder.cache if decoder else None
+    if use_cache and not decoder:
         dtype = next(model.parameters()).dtype
         cache = KVCache.allocate(model.config, idx.shape[0], block_size, device=idx.device, dtype=dtype)
-    logits = model(idx[:, start:], cache, last_only=True)[:, -1]
-    done = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
-    for step in range(max_new_tokens):
-        if repetition_penalty != 1.0:
-            logits = penalize_repeats(logits, idx, repetition_penalty)
-        token = sample_next(logits, temperature, generator, top_k, top_p, min_p)
-        if eos_id is not None:
-            token = token.masked_fill(done, eos_id)
-            done |= token == eos_id
-        idx = torch.cat([idx, token[:, None]], dim=1)
-        if on_token is not None:
-            on_token(token)
-        # done.all() syncs with the device, so it is only asked when an eos can have been emitted.
-        if step == max_new_tokens - 1 or (eos_id is not None and bool(done.all())):
-            break
-        new_start = context_start(start, idx.shape[1], block_size)
-        if cache is not None and new_start == start:
-            logits = decoder.decode(token) if decoder else model(token[:, None], cache)[:, -1]
-            continue
-        start = new_start
+
+    def prefill(window: torch.Tensor) -> torch.Tensor:
+        """The next-token logits (B, V) after `window` (B, T), encoded into the emptied cache."""
+        if decoder:
+            return decoder.prefill(window)
         if cache is not None:
             cache.reset()
-        logits = model(idx[:, start:], cache, last_only=True)[:, -1]
+        return model(window, cache, last_only=True)[:, -1]
+
+    # The eager path runs a model compiled in place (`model.compile()`, as training with `compile: true` does)
+    # eagerly: that graph specialises on the cache position and would be rebuilt at every step.
+    with contextlib.nullcontext() if decoder else torch.compiler.set_stance("force_eager"):
+        logits = prefill(idx[:, start:])
+        done = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
+        for step in range(max_new_tokens):
+            if repetition_penalty != 1.0:
+                logits = penalize_repeats(logits, idx, repetition_penalty)
+            token = sample_next(logits, temperature, generator, top_k, top_p, min_p)
+            if eos_id is not None:
+                token = token.masked_fill(done, eos_id)
+                done |= token == eos_id
+            idx = torch.cat([idx, token[:, None]], dim=1)
+            if on_token is not None:
+                on_token(token)
+            # done.all() syncs with the device, so it is only asked when an eos can have been emitted.
+            if step == max_new_tokens - 1 or (eos_id is not None and bool(done.all())):
+                break
+            new_start = context_start(start, idx.shape[1], block_size)
+            if cache is not None and new_start == start:
+                logits = decoder.decode(token) if decoder else model(token[:, None], cache)[:, -1]
+                continue
+            start = new_start
+            logits = prefill(idx[:, start:])
     return idx
 
 

@@ -150,7 +150,9 @@ def verify(logits: torch.Tensor, drafts: list[int], q: torch.Tensor | None, samp
     return out + [sampler.draw(p[len(drafts)])]
 
 
+# Eager even for a model compiled in place (`model.compile()`): that graph would be rebuilt for every position.
 @torch.inference_mode()
+@torch.compiler.set_stance("force_eager")
 def speculative_generate(
     model: GPT,
     idx: torch.Tensor,

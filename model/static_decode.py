@@ -168,9 +168,13 @@ class StaticDecoder:
             self.step = torch.compile(step, fullgraph=True, dynamic=False, backend=backend, mode=mode)
 
     def prefill(self, idx: torch.Tensor) -> torch.Tensor:
-        """Forget the cache, feed idx (B, T) through the eager forward and return the last logits (B, V)."""
+        """Forget the cache, feed idx (B, T) through the eager forward and return the last logits (B, V).
+
+        Eager even for a model compiled in place (`model.compile()`): that graph would specialise on the position.
+        """
         self.cache.reset()
-        return self.model(idx, self.cache, last_only=True)[:, -1]
+        with torch.compiler.set_stance("force_eager"):
+            return self.model(idx, self.cache, last_only=True)[:, -1]
 
     def decode(self, token: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (B,) at the cache's position; the logits (B, V) of the next token."""

@@ -55,3 +55,34 @@ def test_bad_sampling_arguments_name_the_argument(kwargs, word):
     args = {"max_new_tokens": 4} | kwargs
     with pytest.raises(ValueError, match=word):
         generate(model, torch.zeros(1, 2, dtype=torch.long), args.pop("max_new_tokens"), **args)
+
+
+def test_a_model_compiled_in_place_decodes_eagerly_without_a_graph_per_position():
+    """Training with `compile: true` compiles the GPT in place and its samples callback calls `generate`: a
+    compiled forward would specialise on the cache position and be rebuilt at every step."""
+    from torch._dynamo.utils import counters
+
+    from model.speculative import PromptLookup, Sampler, speculative_generate
+
+    def speculative():
+        sampler = Sampler(temperature=0.8, generator=torch.Generator().manual_seed(2))
+        return speculative_generate(model, prompt, 30, PromptLookup(), sampler=sampler)[0]
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=64, block_size=24, n_layer=2, n_head=4, n_kv_head=2, n_embd=32))
+    prompt = torch.randint(0, 64, (1, 6))
+    expected = generate(model, prompt, 30, temperature=0.8, generator=torch.Generator().manual_seed(1))
+    expected_speculative = speculative()
+    torch._dynamo.reset()
+    model.compile(backend="eager")  # dynamo traces and guards as with inductor, without generating kernels
+    model(prompt).sum().backward()  # a training step: the one graph training needs
+    graphs = counters["stats"]["unique_graphs"]
+    sampled = generate(model, prompt, 30, temperature=0.8, generator=torch.Generator().manual_seed(1))
+    sampled_speculative = speculative()
+    assert counters["stats"]["unique_graphs"] == graphs  # 30 tokens across a window jump, no new graph
+    assert torch.equal(sampled, expected) and torch.equal(sampled_speculative, expected_speculative)
+    generate(
+        model, prompt, 30, temperature=0.0, compile="eager"
+    )  # the static step: its one graph, eager prefills
+    assert counters["stats"]["unique_graphs"] == graphs + 1
+    torch._dynamo.reset()
