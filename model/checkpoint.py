@@ -32,6 +32,8 @@ META_KEY = "gqa_gpt"
 STATE_PREFIX = "model."
 REQUIRED_KEYS = ("format", "model_config", "tokenizer_json", "tokenizer_sha256")
 SHARDED_META = "meta.pt"  # Lightning's name for the non-tensor part of a sharded checkpoint folder
+SHARDED_INDEX = ".metadata"  # torch.distributed.checkpoint's index of a sharded folder: which file holds what
+INTERRUPTED = "its save was interrupted; use an earlier checkpoint"
 
 
 class CheckpointError(UserError):
@@ -84,16 +86,17 @@ def is_sharded_checkpoint(path: Path) -> bool:
 def resolve_checkpoint(path: str | Path) -> Path:
     """The checkpoint behind `path`: a .ckpt file or sharded folder, or a run directory's checkpoints/last.ckpt."""
     path = Path(path).expanduser()
-    if is_sharded_checkpoint(path):
-        return path
-    if path.is_dir():
-        for candidate in (path / "checkpoints" / "last.ckpt", path / "last.ckpt"):
-            if candidate.is_file() or is_sharded_checkpoint(candidate):
-                return candidate
-        raise CheckpointError(
-            f"{path}: no checkpoints/last.ckpt in this directory; pass a .ckpt file or a run directory"
-        )
-    if not path.is_file():
+    if path.is_dir() and not is_sharded_checkpoint(path) and not (path / SHARDED_INDEX).is_file():
+        last = [c for c in (path / "checkpoints" / "last.ckpt", path / "last.ckpt") if c.exists()]
+        if not last:
+            raise CheckpointError(
+                f"{path}: no checkpoints/last.ckpt in this directory; pass a .ckpt file, a run directory or a "
+                "sharded checkpoint folder"
+            )
+        path = last[0]
+    if path.is_dir() and not is_sharded_checkpoint(path):
+        raise CheckpointError(f"{path}: sharded checkpoint folder without {SHARDED_META}: {INTERRUPTED}")
+    if not path.exists():
         raise CheckpointError(f"{path}: checkpoint not found; pass a .ckpt file or a run directory")
     return path
 
@@ -109,7 +112,8 @@ def read_checkpoint(path: str | Path) -> tuple[dict, Path]:
         ckpt = torch.load(path / SHARDED_META if sharded else path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for truncated zips and pickles
         raise CheckpointError(
-            f"{path}: cannot read checkpoint ({type(err).__name__}); the file is truncated or corrupt"
+            f"{path / SHARDED_META if sharded else path}: cannot read checkpoint ({type(err).__name__}); the file "
+            "is truncated or corrupt"
         ) from err
     if not isinstance(ckpt, dict) or META_KEY not in ckpt or ("state_dict" not in ckpt and not sharded):
         raise CheckpointError(
@@ -135,7 +139,7 @@ def check_metadata(meta: dict, path: Path) -> None:
 
 
 def validate_checkpoint(path: str | Path) -> Path:
-    """Check that `path` is a complete, readable checkpoint of ours; return the resolved file."""
+    """Check that `path` is a complete, readable checkpoint of ours; return the resolved file or folder."""
     return read_checkpoint(path)[1]
 
 
@@ -159,10 +163,41 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return LoadedCheckpoint(model.to(map_location).eval(), meta["tokenizer_json"], meta, path)
 
 
+def sharded_contents(path: Path) -> set[str]:
+    """The state groups a sharded folder holds ("state_dict", "optimizer_0", ...), without reading tensors.
+
+    Its index and every shard file the index names must be there; otherwise one CheckpointError line.
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+
+    if not (path / SHARDED_INDEX).is_file():
+        raise CheckpointError(f"{path}: sharded checkpoint without {SHARDED_INDEX}: {INTERRUPTED}")
+    try:
+        index = FileSystemReader(path).read_metadata()
+    except Exception as err:
+        raise CheckpointError(
+            f"{path / SHARDED_INDEX}: unreadable ({type(err).__name__}): {INTERRUPTED}"
+        ) from err
+    missing = sorted(
+        {
+            item.relative_path
+            for item in index.storage_data.values()
+            if not (path / item.relative_path).is_file()
+        }
+    )
+    if missing:
+        raise CheckpointError(f"{path}: shard file {missing[0]} is missing: {INTERRUPTED}")
+    return {key.split(".", 1)[0] for key in index.state_dict_metadata}
+
+
 def read_sharded_weights(path: Path, model: GPT) -> dict[str, torch.Tensor]:
     """The GPT weights of a sharded checkpoint folder, gathered from every rank's file in this one process."""
     import torch.distributed.checkpoint as dcp
 
+    if "state_dict" not in sharded_contents(path):
+        raise CheckpointError(
+            f"{path}: this sharded checkpoint holds no model weights; use one written by train.py"
+        )
     # torch.distributed.checkpoint fills tensors of the expected shapes, so the model's own state dict is the
     # template; its keys are the LightningModule's, nested under "state_dict" as Lightning saved them.
     state = {STATE_PREFIX + name: tensor for name, tensor in model.state_dict().items()}
@@ -170,9 +205,11 @@ def read_sharded_weights(path: Path, model: GPT) -> dict[str, torch.Tensor]:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
             dcp.load({"state_dict": state}, checkpoint_id=path, no_dist=True)
-    except (Exception, dcp.api.CheckpointException) as err:  # missing keys or files, shapes that differ
+    except (Exception, dcp.api.CheckpointException) as err:  # missing keys, shapes that differ
         # CheckpointException (a BaseException) wraps each rank's own error: that one says what went wrong.
         cause = next(iter(err.failures.values()))[0] if isinstance(err, dcp.api.CheckpointException) else err
+        if isinstance(cause, KeyboardInterrupt):
+            raise cause from None
         raise CheckpointError(
             f"{path}: cannot read the sharded weights ({type(cause).__name__}: {first_line(cause)}); "
             "the folder is incomplete or altered"

@@ -97,7 +97,7 @@ def generate(
 
     `compile=True` decodes with the static-shape step of model/static_decode.py compiled by inductor (a
     string names another `torch.compile` backend); the same tokens, one graph for every position. Otherwise the
-    model runs eagerly, even one compiled in place with `model.compile()`.
+    model runs eagerly, even one compiled in place with `model.compile()`, and so does `on_token`.
     """
     check_sampling_args(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty)
     if compile and not use_cache:

@@ -160,7 +160,7 @@ def _refuse_to_overwrite(run_dir: Path) -> None:
 
 
 def _check_ckpt_path(ckpt_path: str | None) -> None:
-    """A missing --ckpt_path file is the same one-line CheckpointError (exit 2) as in generate.py and the export."""
+    """A missing --ckpt_path checkpoint is the same one-line CheckpointError (exit 2) as in generate.py and the export."""
     if not ckpt_path or ckpt_path in ("last", "best", "hpc", "registry") or "://" in ckpt_path:
         return
     resolve_checkpoint(ckpt_path)  # a sharded (FSDP) checkpoint folder passes too: Lightning reads it

@@ -21,7 +21,7 @@ CKPT_FLAG = "--ckpt_path"
 
 
 def checkpoint_in_run(run_dir: Path) -> Path:
-    """The checkpoint file to resume `run_dir` from: its newest whole one (see training.resume_choice)."""
+    """The checkpoint (file or sharded folder) to resume `run_dir` from: its newest whole one (training.resume_choice)."""
     from .resume_choice import choose_resume_checkpoint
 
     path = choose_resume_checkpoint(run_dir / "checkpoints", warn=lambda line: print(line, file=sys.stderr))
@@ -34,7 +34,7 @@ def checkpoint_in_run(run_dir: Path) -> Path:
 
 def expand_run_dir_resume(args: list[str]) -> tuple[list[str], bool]:
     """Rewrite `fit ... --ckpt_path <run dir> ...` so the run's config.yaml comes first and the checkpoint
-    file replaces the directory. Returns (args, True) when it did so, else (args unchanged, False)."""
+    replaces the directory. Returns (args, True) when it did so, else (args unchanged, False)."""
     if "fit" not in args:
         return args, False
     position, run_dir = _ckpt_path_argument(args)

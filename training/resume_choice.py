@@ -7,9 +7,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from common.errors import UserError, first_line
-from model.checkpoint import CheckpointError, is_sharded_checkpoint, load_checkpoint, read_checkpoint
+from model.checkpoint import (
+    CheckpointError,
+    is_sharded_checkpoint,
+    load_checkpoint,
+    read_checkpoint,
+    sharded_contents,
+)
 
 from .checkpoint_io import LAST_NAME, step_files
+from .resume import checkpoint_step
 
 # What Lightning needs to continue a run exactly; a checkpoint without them is not resumable.
 RESUME_KEYS = ("global_step", "state_dict", "optimizer_states", "loops")
@@ -20,7 +27,8 @@ class NoGoodCheckpointError(UserError):
 
 
 def resume_candidates(checkpoint_dir: Path) -> list[Path]:
-    """Checkpoints in `checkpoint_dir`, newest first: step files by step, then a `last.ckpt` that is not one of them.
+    """Checkpoints in `checkpoint_dir`, newest first: step files by step, then a `last.ckpt` that is not one of
+    them, then sharded checkpoint folders.
 
     `last.ckpt` is normally a hard link to the newest step file; it is listed on its own only when it is a
     separate file (a run from before step files, or a copy), and then after the step files, since a kill
@@ -28,20 +36,34 @@ def resume_candidates(checkpoint_dir: Path) -> list[Path]:
     """
     steps = list(reversed(step_files(checkpoint_dir).values()))
     last = checkpoint_dir / LAST_NAME
-    # A sharded strategy (no CheckpointIO of ours, so no step files) leaves last.ckpt as a folder.
-    if (last.is_file() or is_sharded_checkpoint(last)) and not any(last.samefile(p) for p in steps):
+    if last.is_file() and not any(last.samefile(p) for p in steps):
         steps.append(last)
-    return steps
+    return steps + sharded_folders(checkpoint_dir)
+
+
+def sharded_folders(checkpoint_dir: Path) -> list[Path]:
+    """The sharded checkpoint folders of a run (a sharded strategy writes no step files), newest step first.
+
+    Lightning rewrites a sharded `last.ckpt` in place, so at equal steps the step-named folder comes first.
+    """
+    if not checkpoint_dir.is_dir():
+        return []
+    folders = [path for path in checkpoint_dir.iterdir() if is_sharded_checkpoint(path)]
+    return sorted(
+        folders, key=lambda path: (checkpoint_step(path) or -1, path.name != LAST_NAME), reverse=True
+    )
 
 
 def check_resumable(path: Path) -> None:
-    """Raise CheckpointError unless `path` is intact (zip CRCs), loads as ours and has what resuming needs.
+    """Raise CheckpointError unless `path` is intact, ours, and holds what resuming needs.
 
-    A sharded checkpoint folder keeps its weights and optimizer states in the shard files: loading the weights
-    reads every shard.
+    A file's zip CRCs are checked and its weights loaded. A sharded folder's weights and optimizer states stay in
+    its shard files, unread: the index must name both and every shard file must be there.
     """
     if is_sharded_checkpoint(path):
+        held = sharded_contents(path)
         needed = [key for key in RESUME_KEYS if key not in ("state_dict", "optimizer_states")]
+        needed += [key for key in ("state_dict", "optimizer_0") if key not in held]
     else:
         _check_zip(path)
         needed = list(RESUME_KEYS)
@@ -50,7 +72,10 @@ def check_resumable(path: Path) -> None:
     if missing:
         raise CheckpointError(f"{path}: lacks {', '.join(missing)}; it cannot resume training")
     del ckpt
-    load_checkpoint(path)  # our format's own checks: metadata, tokenizer digest, weights that fit the config
+    if not is_sharded_checkpoint(path):
+        load_checkpoint(
+            path
+        )  # our format's own checks: metadata, tokenizer digest, weights that fit the config
 
 
 def _check_zip(path: Path) -> None:

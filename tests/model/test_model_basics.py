@@ -57,6 +57,7 @@ def test_rms_norm_scales_by_the_reciprocal_rms_in_every_dtype():
     x64, w64 = x.double(), norm.weight.double()
     expected = w64 * x64 / (x64.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt()
     assert torch.allclose(norm(x).double(), expected, rtol=1e-6, atol=0)
+    assert torch.equal(norm(x), norm.weight * F.rms_norm(x, (48,), eps=1e-5))  # the one-call path's claim
     # bf16: normalised in float32, rounded to bf16, then scaled by the bf16 gain (Hugging Face Llama's order).
     norm_bf16 = norm.to(torch.bfloat16)
     x_bf16 = x.bfloat16()

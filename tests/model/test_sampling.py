@@ -74,15 +74,17 @@ def test_a_model_compiled_in_place_decodes_eagerly_without_a_graph_per_position(
     expected = generate(model, prompt, 30, temperature=0.8, generator=torch.Generator().manual_seed(1))
     expected_speculative = speculative()
     torch._dynamo.reset()
-    model.compile(backend="eager")  # dynamo traces and guards as with inductor, without generating kernels
-    model(prompt).sum().backward()  # a training step: the one graph training needs
-    graphs = counters["stats"]["unique_graphs"]
-    sampled = generate(model, prompt, 30, temperature=0.8, generator=torch.Generator().manual_seed(1))
-    sampled_speculative = speculative()
-    assert counters["stats"]["unique_graphs"] == graphs  # 30 tokens across a window jump, no new graph
-    assert torch.equal(sampled, expected) and torch.equal(sampled_speculative, expected_speculative)
-    generate(
-        model, prompt, 30, temperature=0.0, compile="eager"
-    )  # the static step: its one graph, eager prefills
-    assert counters["stats"]["unique_graphs"] == graphs + 1
-    torch._dynamo.reset()
+    try:
+        model.compile(
+            backend="eager"
+        )  # dynamo traces and guards as with inductor, without generating kernels
+        model(prompt).sum().backward()  # a training step: the one graph training needs
+        graphs = counters["stats"]["unique_graphs"]
+        sampled = generate(model, prompt, 30, temperature=0.8, generator=torch.Generator().manual_seed(1))
+        sampled_speculative = speculative()
+        assert counters["stats"]["unique_graphs"] == graphs  # 30 tokens across a window jump, no new graph
+        assert torch.equal(sampled, expected) and torch.equal(sampled_speculative, expected_speculative)
+        generate(model, prompt, 30, temperature=0.0, compile="eager")  # the static step's one graph
+        assert counters["stats"]["unique_graphs"] == graphs + 1
+    finally:
+        torch._dynamo.reset()

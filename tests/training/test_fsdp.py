@@ -11,11 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 
 from data.batches import TrainBatches
 from model.checkpoint import CheckpointError, load_checkpoint
 from tests.conftest import run_generate
 from training.resume import checkpoint_step, expand_run_dir_resume
+from training.resume_choice import check_resumable, choose_resume_checkpoint
 
 FSDP2 = {
     "class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
@@ -167,22 +169,48 @@ def test_generate_reads_a_sharded_checkpoint_in_one_process(fsdp_runs, capsys):
     assert code == 0 and out.startswith("The") and len(out.strip()) > len("The"), err
 
 
-def test_a_sharded_folder_missing_a_shard_is_one_line(fsdp_runs, tmp_path, capsys):
-    broken = tmp_path / "epoch=0-step=2.ckpt"
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("__1_0.distcp", "shard file __1_0.distcp is missing"),
+        (".metadata", "sharded checkpoint without .metadata"),
+        ("meta.pt", "sharded checkpoint folder without meta.pt"),
+    ],
+)
+def test_an_interrupted_sharded_save_is_one_line(fsdp_runs, tmp_path, capsys, damage, message):
+    broken = tmp_path / "checkpoints" / "last.ckpt"  # read through its run directory, as a user would
     shutil.copytree(fsdp_runs["step2"], broken)
-    (broken / "__1_0.distcp").unlink()
-    with pytest.raises(CheckpointError, match="cannot read the sharded weights") as err:
-        load_checkpoint(broken)
-    assert "\n" not in str(err.value) and str(broken) in str(err.value)
-    code, _, stderr = run_generate(capsys, "--checkpoint", str(broken), "--prompt", "The")
-    assert code == 2 and len(stderr.strip().splitlines()) == 1
+    (broken / damage).unlink()
+    with pytest.raises(CheckpointError, match=message) as err:
+        load_checkpoint(tmp_path)
+    assert str(broken) in str(err.value) and "use an earlier checkpoint" in str(err.value)
+    code, _, stderr = run_generate(capsys, "--checkpoint", str(tmp_path), "--prompt", "The")
+    assert code == 2 and stderr.count("\n") == 1 and message in stderr
 
 
-def test_a_sharded_run_directory_resumes_from_its_last_folder(fsdp_runs):
+def test_a_sharded_run_resumes_from_its_newest_whole_folder(fsdp_runs, tmp_path):
     run_dir = fsdp_runs["run_dir"]
+    checkpoints = run_dir / "checkpoints"
     args, expanded = expand_run_dir_resume(["fit", "--ckpt_path", str(run_dir)])
-    assert expanded
-    assert args[args.index("--ckpt_path") + 1] == str(run_dir / "checkpoints" / "last.ckpt")
-    # The step that `fit` checks against trainer.max_steps before resuming a finished run.
-    assert checkpoint_step(run_dir / "checkpoints" / "last.ckpt") == 4
-    assert checkpoint_step(fsdp_runs["step2"]) == 2
+    assert (
+        expanded
+    )  # step 4 is in last.ckpt and in the step folder; the one Lightning rewrites in place loses
+    assert args[args.index("--ckpt_path") + 1] == str(checkpoints / "epoch=0-step=4.ckpt")
+    assert checkpoint_step(checkpoints / "last.ckpt") == 4 and checkpoint_step(fsdp_runs["step2"]) == 2
+    # A kill during the step-4 saves: the step folder lacks a shard, last.ckpt its meta.pt. Step 2 resumes.
+    copy = tmp_path / "checkpoints"
+    shutil.copytree(checkpoints, copy)
+    (copy / "epoch=0-step=4.ckpt" / "__1_0.distcp").unlink()
+    (copy / "last.ckpt" / "meta.pt").unlink()
+    warnings_seen: list[str] = []
+    assert choose_resume_checkpoint(copy, warn=warnings_seen.append) == copy / "epoch=0-step=2.ckpt"
+    assert len(warnings_seen) == 1 and "__1_0.distcp is missing" in warnings_seen[0]
+    # A folder of weights only (no optimizer state in its index) cannot resume training.
+    weights_only = tmp_path / "weights-only.ckpt"
+    model = load_checkpoint(fsdp_runs["step2"]).model
+    state = {"state_dict": {"model." + name: tensor for name, tensor in model.state_dict().items()}}
+    dcp.save(state, checkpoint_id=weights_only, no_dist=True)
+    shutil.copy(fsdp_runs["step2"] / "meta.pt", weights_only / "meta.pt")
+    load_checkpoint(weights_only)  # readable for generate.py ...
+    with pytest.raises(CheckpointError, match="lacks optimizer_0"):
+        check_resumable(weights_only)  # ... but not resumable
