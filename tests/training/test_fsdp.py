@@ -16,6 +16,7 @@ import torch.distributed.checkpoint as dcp
 from data.batches import TrainBatches
 from model.checkpoint import CheckpointError, load_checkpoint
 from tests.conftest import run_generate
+from training.checkpointing import WANDB_ID_KEY, stored_wandb_id
 from training.resume import checkpoint_step, expand_run_dir_resume
 from training.resume_choice import check_resumable, choose_resume_checkpoint
 
@@ -214,3 +215,11 @@ def test_a_sharded_run_resumes_from_its_newest_whole_folder(fsdp_runs, tmp_path)
     load_checkpoint(weights_only)  # readable for generate.py ...
     with pytest.raises(CheckpointError, match="lacks optimizer_0"):
         check_resumable(weights_only)  # ... but not resumable
+
+
+def test_a_sharded_checkpoint_gives_back_its_wandb_run_id(fsdp_runs, tmp_path):
+    folder = tmp_path / "epoch=0-step=2.ckpt"
+    shutil.copytree(fsdp_runs["step2"], folder)
+    meta = torch.load(folder / "meta.pt", weights_only=True)
+    torch.save({**meta, WANDB_ID_KEY: "abc123"}, folder / "meta.pt")  # as WandbIdInCheckpoint stores it
+    assert stored_wandb_id(str(folder)) == "abc123"  # a resumed run logs to the same wandb run
