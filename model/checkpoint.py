@@ -83,6 +83,11 @@ def is_sharded_checkpoint(path: Path) -> bool:
     return (path / SHARDED_META).is_file()
 
 
+def checkpoint_dict_file(path: Path) -> Path:
+    """The file `torch.load` reads for a resolved checkpoint: the file itself, or a sharded folder's SHARDED_META."""
+    return path / SHARDED_META if is_sharded_checkpoint(path) else path
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """The checkpoint behind `path`: a .ckpt file or sharded folder, or a run directory's checkpoints/last.ckpt."""
     path = Path(path).expanduser()
@@ -107,15 +112,18 @@ def read_checkpoint(path: str | Path) -> tuple[dict, Path]:
     For a sharded folder the dict is SHARDED_META's: everything but the weights (see `load_checkpoint`).
     """
     path = resolve_checkpoint(path)
-    sharded = is_sharded_checkpoint(path)
+    file = checkpoint_dict_file(path)
     try:
-        ckpt = torch.load(path / SHARDED_META if sharded else path, map_location="cpu", weights_only=True)
+        ckpt = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for truncated zips and pickles
         raise CheckpointError(
-            f"{path / SHARDED_META if sharded else path}: cannot read checkpoint ({type(err).__name__}); the file "
-            "is truncated or corrupt"
+            f"{file}: cannot read checkpoint ({type(err).__name__}); the file is truncated or corrupt"
         ) from err
-    if not isinstance(ckpt, dict) or META_KEY not in ckpt or ("state_dict" not in ckpt and not sharded):
+    if (
+        not isinstance(ckpt, dict)
+        or META_KEY not in ckpt
+        or ("state_dict" not in ckpt and not is_sharded_checkpoint(path))
+    ):
         raise CheckpointError(
             f"{path}: not a gqa-gpt checkpoint (no '{META_KEY}' metadata); use one written by train.py"
         )

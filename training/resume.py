@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from common.errors import UserError
-from model.checkpoint import SHARDED_META, is_sharded_checkpoint
+from model.checkpoint import checkpoint_dict_file
 
 CONFIG_NAME = "config.yaml"
 CKPT_FLAG = "--ckpt_path"
@@ -74,9 +74,8 @@ def _ckpt_path_argument(args: list[str]) -> tuple[tuple[int, int], Path | None]:
 
 def checkpoint_step(path: Path) -> int | None:
     """The global step a checkpoint file or sharded folder holds, read without loading its tensors into memory."""
-    if is_sharded_checkpoint(path):
-        path = path / SHARDED_META
     try:
-        return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"])
+        file = checkpoint_dict_file(path)
+        return int(torch.load(file, map_location="cpu", weights_only=True, mmap=True)["global_step"])
     except Exception:  # an unreadable checkpoint is reported by the real load, with its own message
         return None

@@ -60,22 +60,21 @@ def check_resumable(path: Path) -> None:
     A file's zip CRCs are checked and its weights loaded. A sharded folder's weights and optimizer states stay in
     its shard files, unread: the index must name both and every shard file must be there.
     """
-    if is_sharded_checkpoint(path):
+    sharded = is_sharded_checkpoint(path)
+    if sharded:  # the index must name the weights and optimizer states kept in the shard files
         held = sharded_contents(path)
+        not_in_shards = [key for key in ("state_dict", "optimizer_0") if key not in held]
         needed = [key for key in RESUME_KEYS if key not in ("state_dict", "optimizer_states")]
-        needed += [key for key in ("state_dict", "optimizer_0") if key not in held]
     else:
         _check_zip(path)
-        needed = list(RESUME_KEYS)
+        not_in_shards, needed = [], list(RESUME_KEYS)
     ckpt, _ = read_checkpoint(path)
-    missing = [key for key in needed if key not in ckpt]
+    missing = [key for key in needed if key not in ckpt] + not_in_shards
     if missing:
         raise CheckpointError(f"{path}: lacks {', '.join(missing)}; it cannot resume training")
     del ckpt
-    if not is_sharded_checkpoint(path):
-        load_checkpoint(
-            path
-        )  # our format's own checks: metadata, tokenizer digest, weights that fit the config
+    if not sharded:  # our format's own checks: metadata, tokenizer digest, weights that fit the config
+        load_checkpoint(path)
 
 
 def _check_zip(path: Path) -> None:
