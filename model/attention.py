@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cache import KVCache
+from .cache import Cache
 from .config import ModelConfig
 from .rope import apply_rope
 
@@ -90,7 +90,7 @@ class CausalSelfAttention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        cache: KVCache | None = None,
+        cache: Cache | None = None,
         probs_out: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C). With `probs_out`, the explicit path runs and appends its probabilities."""

@@ -3,23 +3,41 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from .config import ModelConfig
+from .rope import Rope
+
+
+class Cache(Protocol):
+    """What a forward asks of a cache: `KVCache` answers at an integer position, the static cache of the
+    compiled decode step (model/static_decode.py) at a tensor position, so one forward serves both."""
+
+    def rope_rows(self, t: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    @property
+    def visible(self) -> torch.Tensor | None: ...
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def advance(self, n_tokens: int) -> None: ...
 
 
 @dataclass
 class KVCache:
-    """Keys and values of every layer for the tokens seen so far.
+    """Keys and values of every layer for the tokens seen so far, and where the next tokens go.
 
-    Only the n_kv_head heads are stored, so GQA/MQA shrink the cache by n_head / n_kv_head. Each attention
-    layer writes its slice at [pos, pos + T) and reads [0, pos + T); the model calls `advance` once after
-    the last layer. The cache is a plain object: it never appears in a state_dict.
+    Only the n_kv_head heads are stored, so GQA/MQA shrink the cache by n_head / n_kv_head. A forward asks
+    the cache for the RoPE rows of its T new tokens (`rope_rows`) and the mask its keys need (`visible`);
+    each attention layer writes its slice at [pos, pos + T) and reads [0, pos + T); the model calls
+    `advance` once after the last layer. The cache is a plain object: it never appears in a state_dict.
     """
 
     k: torch.Tensor  # (L, B, Hkv, max_len, D)
     v: torch.Tensor  # (L, B, Hkv, max_len, D)
+    rope: Rope
     pos: int = 0
 
     @classmethod
@@ -36,16 +54,16 @@ class KVCache:
             raise ValueError(f"KVCache max_len must be in 1..block_size ({config.block_size}), got {max_len}")
         shape = (config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim)
         dtype = dtype or torch.get_default_dtype()
-        return cls(
-            torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype)
-        )
+        zeros = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(2)]
+        return cls(*zeros, rope=config.rope)
+
+    def rope_rows(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin (T, D) of the T new tokens, which sit at positions pos .. pos + T - 1."""
+        return self.rope.tables(self.pos, t, self.k.device)
 
     @property
     def visible(self) -> None:
-        """No mask: `update` returns only the filled keys, so the masking rule of `sdpa_attention` applies.
-
-        The static-shape decode step (model/static_decode.py) returns the whole buffer and a mask instead.
-        """
+        """No mask: `update` returns only the filled keys, so the masking rule of `sdpa_attention` applies."""
         return None
 
     @property

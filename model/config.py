@@ -9,6 +9,8 @@ import torch
 
 from common.errors import UserError
 
+from .rope import Rope
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """Weight dtypes the command lines (generate.py --dtype, the export's --dtype) accept by name."""
 
@@ -80,6 +82,11 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def rope(self) -> Rope:
+        """The rotary embedding of these heads; caches hold it to hand each forward its cos/sin rows."""
+        return Rope(self.head_dim, float(self.rope_theta))
 
     @property
     def n_rep(self) -> int:

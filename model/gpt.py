@@ -7,10 +7,9 @@ import math
 import torch
 from torch import nn
 
-from .cache import KVCache
+from .cache import Cache
 from .config import ModelConfig
 from .layers import Block, RMSNorm
-from .rope import rope_tables
 
 
 class GPT(nn.Module):
@@ -45,14 +44,16 @@ class GPT(nn.Module):
                 nn.init.normal_(proj.weight, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
 
     def forward(
-        self, idx: torch.Tensor, cache: KVCache | None = None, *, last_only: bool = False
+        self, idx: torch.Tensor, cache: Cache | None = None, *, last_only: bool = False
     ) -> torch.Tensor:
-        """Logits (B, T, V) for token ids idx (B, T) placed after the cache's `pos` tokens.
+        """Logits (B, T, V) for token ids idx (B, T) placed after the tokens the cache holds.
 
         `last_only=True` returns the last position's logits only, (B, 1, V): a prefill that just picks the
         next token skips the LM head on every other position (a quarter of a 512-token prefill at V=32000).
+        The cache is a `KVCache` or the static-shape cache of the compiled decode step
+        (model/static_decode.py): either one hands the blocks the RoPE rows and the mask of its position.
         """
-        return self._run(idx, cache, probs_out=None, last_only=last_only)
+        return self._forward(idx, cache, None, last_only)
 
     @torch.no_grad()
     def attention_maps(self, idx: torch.Tensor) -> torch.Tensor:
@@ -61,24 +62,27 @@ class GPT(nn.Module):
         Call it in eval mode if dropout is on; it never touches a cache.
         """
         probs: list[torch.Tensor] = []
-        self._run(idx, None, probs_out=probs, last_only=True)
+        self._forward(idx, None, probs, last_only=True)
         return torch.stack(probs)
 
-    def _run(
+    def _forward(
         self,
         idx: torch.Tensor,
-        cache: KVCache | None,
+        cache: Cache | None,
         probs_out: list[torch.Tensor] | None,
         last_only: bool,
     ) -> torch.Tensor:
-        start = cache.pos if cache is not None else 0
+        """The one walk through the blocks; `probs_out` switches attention to the explicit path."""
         t = idx.shape[1]
-        if start + t > self.config.block_size:
-            raise ValueError(
-                f"sequence of {start + t} tokens exceeds block_size {self.config.block_size}; "
-                "crop the input or use generate(), which slides the context"
-            )
-        cos, sin = rope_tables(self.config.head_dim, start, t, self.config.rope_theta, idx.device)
+        if cache is None:
+            if t > self.config.block_size:
+                raise ValueError(
+                    f"sequence of {t} tokens exceeds block_size {self.config.block_size}; "
+                    "crop the input or use generate(), which slides the context"
+                )
+            cos, sin = self.config.rope.tables(0, t, idx.device)  # (T, D)
+        else:
+            cos, sin = cache.rope_rows(t)  # (T, D) at the cache's position
         x = self.dropout(self.wte(idx))  # (B, T, C)
         for block in self.blocks:
             x = block(x, cos, sin, cache, probs_out)

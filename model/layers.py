@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import CausalSelfAttention
-from .cache import KVCache
+from .cache import Cache
 from .config import ModelConfig
 
 
@@ -59,7 +59,7 @@ class Block(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        cache: KVCache | None = None,
+        cache: Cache | None = None,
         probs_out: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         x = x + self.dropout(self.attn(self.attn_norm(x), cos, sin, cache, probs_out))

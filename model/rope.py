@@ -2,9 +2,27 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
+
+
+@dataclass(frozen=True)
+class Rope:
+    """The rotation a model applies, enough to build its cos/sin tables on any device.
+
+    Frozen and hashable, so a cache can hold it and the tables it builds are shared per (rope, device).
+    """
+
+    head_dim: int
+    theta: float
+
+    def tables(
+        self, start: int, length: int, device: torch.device | str | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin (length, head_dim) for absolute positions start..start+length-1, in float32."""
+        return rope_tables(self.head_dim, start, length, self.theta, device)
 
 
 @lru_cache(maxsize=32)

@@ -1,18 +1,14 @@
 """A static-shape decode step: one graph for every position, so it can be compiled once.
 
 The eager path (`GPT.forward` with a `KVCache`) slices the cache to `[:pos + T]`, so every step has a new key
-length and a compiled graph would be rebuilt (or made dynamic) as the position moves. Here the position is a
-tensor: a step writes its key/value at `pos` with `index_copy_` and attends over the whole fixed-length buffer
-with a mask that hides the positions after `pos`. Shapes never change, so `torch.compile(fullgraph=True)`
-builds one graph, and on CUDA `mode="reduce-overhead"` replays it as a CUDA graph.
+length and a compiled graph would be rebuilt (or made dynamic) as the position moves. Here the same forward runs
+over a `StaticCache`, whose position is a tensor: a step writes its key/value at `pos` with `index_copy_`,
+selects its RoPE rows at `pos`, and attends over the whole fixed-length buffer with a mask that hides the
+positions after `pos`. Shapes never change, so `torch.compile(fullgraph=True)` builds one graph, and on CUDA
+`mode="reduce-overhead"` replays it as a CUDA graph.
 
-Prefill stays eager (`GPT.forward` into the same `KVCache` buffers); only the one-token step is compiled.
-
-On the CPU the compiled step writes its one-row linear layers (batch 1) and its one-query attention (every batch)
-as multiplies and sums (`ReductionKernels`), which Inductor fuses into reductions that read each weight or cached
-key once on every thread: torch's matrix-vector product reads a weight that does not fit in cache at about the
-bandwidth of one core, and the fused attention kernel is built for many queries, not one
-(`python -m benchmarks.decode_vs_hf` and `python -m benchmarks.decode --batches 1 8 32` measure them).
+Prefill stays eager (`GPT.forward` into the `KVCache` whose buffers the static cache shares); only the one-token
+step is compiled. On the CPU it runs under `ReductionKernels` (model/reduction_kernels.py).
 """
 
 from __future__ import annotations
@@ -20,112 +16,66 @@ from __future__ import annotations
 import weakref
 
 import torch
-import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 from .cache import KVCache
 from .gpt import GPT
-from .rope import rope_tables
+from .reduction_kernels import ReductionKernels
 
 
-class StaticStepCache:
-    """The view of a `KVCache` that one static step hands to the attention layers.
+class StaticCache:
+    """The buffers of a `KVCache` seen at a tensor position, one token per forward.
 
-    `update` writes the new key/value (B, Hkv, 1, D) at the tensor position and returns the whole buffers
-    (B, Hkv, max_len, D); `visible` is the bool mask (1, 1, 1, max_len) of the positions written so far.
+    `rope_rows` selects the RoPE rows at `pos`, `update` writes the new key/value (B, Hkv, 1, D) there and
+    returns the whole buffers (B, Hkv, max_len, D), and `visible` is the bool mask (1, 1, 1, max_len) of the
+    positions written so far. `StaticDecoder` sets `pos` before each step.
     """
 
-    def __init__(
-        self,
-        k: tuple[torch.Tensor, ...],
-        v: tuple[torch.Tensor, ...],
-        pos: torch.Tensor,
-        visible: torch.Tensor,
-    ) -> None:
-        self.k, self.v, self.pos, self.visible = k, v, pos, visible
+    def __init__(self, cache: KVCache) -> None:
+        device = cache.k.device
+        # One view per layer rather than the stacked (L, ...) buffers: a write through a view of one stacked
+        # graph input made the compiled graph copy the whole cache at every step; separate inputs are written
+        # in place.
+        self.k, self.v = cache.k.unbind(0), cache.v.unbind(0)
+        self.pos = torch.zeros(1, dtype=torch.long, device=device)
+        cos, sin = cache.rope.tables(0, cache.max_len, device)
+        self.cos, self.sin = cos.clone(), sin.clone()  # own tables: the shared ones are views of a bigger one
+        self.key_pos = torch.arange(cache.max_len, device=device)
+
+    def rope_rows(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if t != 1:
+            raise ValueError(
+                f"the static cache takes one token per forward, got {t}; prefill into the KVCache"
+            )
+        return self.cos.index_select(0, self.pos), self.sin.index_select(0, self.pos)  # (1, D)
+
+    @property
+    def visible(self) -> torch.Tensor:
+        return (self.key_pos <= self.pos).view(1, 1, 1, -1)  # (1, 1, 1, S)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.k[layer].index_copy_(2, self.pos, k)
         self.v[layer].index_copy_(2, self.pos, v)
         return self.k[layer], self.v[layer]
 
-
-def static_step(
-    model: GPT,
-    token: torch.Tensor,
-    pos: torch.Tensor,
-    k: tuple[torch.Tensor, ...],
-    v: tuple[torch.Tensor, ...],
-    cos_table: torch.Tensor,
-    sin_table: torch.Tensor,
-) -> torch.Tensor:
-    """Logits (B, V) of one token (B, 1) at position `pos` (1,), writing its keys/values into k, v.
-
-    k, v hold one full buffer (B, Hkv, max_len, D) per layer; cos/sin tables cover every position (max_len, D).
-    Mirrors `GPT._run` with the position as a tensor.
-    """
-    cos, sin = cos_table.index_select(0, pos), sin_table.index_select(0, pos)  # (1, D)
-    key_pos = torch.arange(k[0].shape[2], device=pos.device)
-    cache = StaticStepCache(k, v, pos, (key_pos <= pos).view(1, 1, 1, -1))  # (1, 1, 1, S)
-    x = model.wte(token)  # (B, 1, C)
-    for block in model.blocks:
-        x = block(x, cos, sin, cache)
-    return model.lm_head(model.norm(x))[:, -1]  # (B, V)
+    def advance(self, n_tokens: int) -> None:
+        """Nothing: the decoder sets `pos` between steps. Moving it inside the step would mutate a graph
+        input, which keeps CUDA graphs from replaying."""
 
 
-class ReductionKernels(TorchFunctionMode):
-    """Writes a one-row `F.linear` and a one-query masked attention as multiplies and sums, for Inductor to fuse.
-
-    Only meant inside a compiled step: run eagerly, the products would be materialised before the sums.
-    A linear layer of more than one row keeps the matrix product, where the GEMM kernel is the better choice.
-    """
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.linear and not kwargs and (len(args) == 2 or args[2] is None):
-            x, weight = args[:2]
-            if x.shape[:-1].numel() == 1:
-                return (x.unsqueeze(-2) * weight).sum(-1)
-        if func is F.scaled_dot_product_attention and len(args) == 3 and args[0].shape[2] == 1:
-            mask = kwargs.get("attn_mask")
-            if (
-                kwargs.keys() == {"attn_mask", "enable_gqa"}
-                and kwargs["enable_gqa"] is True
-                and mask is not None
-                and mask.dtype == torch.bool
-                and mask.dim() == 4
-                and mask.shape[1:3] == (1, 1)
-            ):
-                return one_query_attention(*args, mask)
-        return func(*args, **kwargs)
+def decode_step(model: GPT, token: torch.Tensor, cache: StaticCache) -> torch.Tensor:
+    """Logits (B, V) of one token (B, 1) at the cache's position: the model's own forward."""
+    return model(token, cache, last_only=True)[:, -1]
 
 
-def one_query_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor
-) -> torch.Tensor:
-    """softmax(q kᵀ / sqrt(D)) v for one query per head, q (B, H, 1, D), over k, v (B, Hkv, S, D).
-
-    `visible` is a bool mask (B or 1, 1, 1, S). Each key head serves its group of query heads without being
-    repeated. Scores and probabilities are at least float32, as in the fused kernel, for bf16 and fp16 models.
-    """
-    b, h, _, d = q.shape
-    hkv = k.shape[1]
-    q = q.to(torch.promote_types(q.dtype, torch.float32))  # bf16/fp16 -> float32, float64 stays
-    q = q.view(b, hkv, h // hkv, 1, d)  # (B, Hkv, G, 1, D): the query heads of each key head
-    scores = (q * k.unsqueeze(2)).sum(-1) / d**0.5  # (B, Hkv, G, S)
-    scores = scores.masked_fill(~visible.view(visible.shape[0], 1, 1, -1), float("-inf"))
-    out = (scores.softmax(-1).unsqueeze(-1) * v.unsqueeze(2)).sum(-2)  # (B, Hkv, G, Dv)
-    return out.to(v.dtype).reshape(b, h, 1, v.shape[-1])
-
-
-def static_step_reductions(*step_args) -> torch.Tensor:
-    """`static_step` (same arguments) with its one-row linear layers and its attention written as reductions."""
+def decode_step_reductions(model: GPT, token: torch.Tensor, cache: StaticCache) -> torch.Tensor:
+    """`decode_step` with its one-row linear layers and its attention written as reductions (CPU)."""
     with ReductionKernels():
-        return static_step(*step_args)
+        return decode_step(model, token, cache)
 
 
 class StaticDecoder:
-    """Runs `static_step` on a `KVCache`, compiled or eager; eager prefill fills the same buffers.
+    """Runs the model's forward over a `StaticCache` of a `KVCache`, compiled or eager; eager prefill fills
+    the same buffers.
 
     Args:
         model: the GPT, in eval mode.
@@ -145,26 +95,16 @@ class StaticDecoder:
     ) -> None:
         self.model, self.cache = model, cache
         self.key: tuple = ()
-        config = model.config
-        cos, sin = rope_tables(config.head_dim, 0, cache.max_len, config.rope_theta, cache.k.device)
-        self.cos, self.sin = (
-            cos.clone(),
-            sin.clone(),
-        )  # own tables: the shared ones are views of a bigger cache
-        self.pos = torch.zeros(1, dtype=torch.long, device=cache.k.device)
-        # The step gets one view per layer rather than the stacked (L, ...) buffers: a write through a view of
-        # one stacked graph input made the compiled graph copy the whole cache at every step; separate inputs
-        # are written in place.
-        self.k_layers, self.v_layers = cache.k.unbind(0), cache.v.unbind(0)
+        self.static = StaticCache(cache)
         self.on_cuda = cache.k.device.type == "cuda"
-        self.step = static_step
+        self.step = decode_step
         if compile:
             if mode is None and backend == "inductor" and self.on_cuda:
                 mode = "reduce-overhead"
             # A static address lets the CUDA graph keep pointing at the caller's buffers across replays.
             torch._dynamo.mark_static_address(cache.k)
             torch._dynamo.mark_static_address(cache.v)
-            step = static_step_reductions if cache.k.device.type == "cpu" else static_step
+            step = decode_step_reductions if cache.k.device.type == "cpu" else decode_step
             self.step = torch.compile(step, fullgraph=True, dynamic=False, backend=backend, mode=mode)
 
     def prefill(self, idx: torch.Tensor) -> torch.Tensor:
@@ -182,10 +122,8 @@ class StaticDecoder:
             raise ValueError(
                 f"KVCache is full at position {self.cache.pos}; reset it or allocate a longer one"
             )
-        self.pos.fill_(self.cache.pos)
-        logits = self.step(
-            self.model, token[:, None], self.pos, self.k_layers, self.v_layers, self.cos, self.sin
-        )
+        self.static.pos.fill_(self.cache.pos)
+        logits = self.step(self.model, token[:, None], self.static)
         self.cache.advance(1)
         # A CUDA graph reuses its output buffer on the next replay, so the caller gets its own copy.
         return logits.clone() if self.on_cuda else logits
@@ -199,7 +137,7 @@ def static_decoder(model: GPT, batch_size: int, backend: str = "inductor") -> St
 
     Reusing it keeps one cache and one compiled graph: a second `generate` call neither recompiles nor
     allocates. A new batch size, dtype, device or backend replaces it (and compiles once more). Dynamo keeps
-    at most `torch._dynamo.config.recompile_limit` (8) graphs of `static_step` per process, one per model shape.
+    at most `torch._dynamo.config.recompile_limit` (8) graphs of `decode_step` per process, one per model shape.
     """
     param = next(model.parameters())
     decoder = _DECODERS.get(model)

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 from model import GPT, KVCache, ModelConfig, generate
-from model.static_decode import ReductionKernels, StaticDecoder
+from model.reduction_kernels import ReductionKernels
+from model.static_decode import StaticDecoder
 
 LAYOUTS = {"mha": (4, "aot_eager"), "gqa": (2, "inductor"), "mqa": (1, "aot_eager")}
 
