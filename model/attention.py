@@ -10,6 +10,7 @@ from torch import nn
 
 from .cache import Cache
 from .config import ModelConfig
+from .norm import RMSNorm
 from .rope import apply_rope
 
 
@@ -64,15 +65,19 @@ def explicit_attention(
 
 
 class CausalSelfAttention(nn.Module):
-    """Fused QKV projection, RoPE, causal GQA attention and the output projection."""
+    """Fused QKV projection (biased for Qwen2), per-head q/k RMSNorm (Qwen3), RoPE, causal GQA attention and
+    the output projection."""
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
         self.qkv = nn.Linear(
-            config.n_embd, (config.n_head + 2 * config.n_kv_head) * config.head_dim, bias=False
+            config.n_embd, (config.n_head + 2 * config.n_kv_head) * config.head_dim, bias=config.qkv_bias
         )
+        # One gain per head dimension, shared by every head and position: it bounds the attention logits.
+        self.q_norm = RMSNorm(config.head_dim, config.norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.norm_eps) if config.qk_norm else None
         self.proj = nn.Linear(config.n_head * config.head_dim, config.n_embd, bias=False)
 
     def project(
@@ -82,7 +87,10 @@ class CausalSelfAttention(nn.Module):
         b, t, _ = x.shape
         h, hkv = self.n_head, self.n_kv_head
         qkv = self.qkv(x).view(b, t, h + 2 * hkv, self.head_dim).transpose(1, 2)  # (B, H + 2 Hkv, T, D)
-        qk = apply_rope(qkv[:, : h + hkv], cos, sin)  # q and k rotated in one call: fewer ops per decode step
+        qk = qkv[:, : h + hkv]
+        if self.q_norm is not None and self.k_norm is not None:  # Qwen3 normalises before rotating
+            qk = torch.cat([self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])], dim=1)
+        qk = apply_rope(qk, cos, sin)  # q and k rotated in one call: fewer ops per decode step
         return qk[:, :h], qk[:, h:], qkv[:, h + hkv :]  # (B, H, T, D), (B, Hkv, T, D), (B, Hkv, T, D)
 
     def forward(

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 import torch
 
 from common.errors import UserError
 
-from .rope import Rope
+from .rope import Llama3Scaling, Rope
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """Weight dtypes the command lines (generate.py --dtype, the export's --dtype) accept by name."""
@@ -25,7 +26,8 @@ class ModelConfig:
         n_layer: Number of transformer blocks.
         n_head: Number of query heads.
         n_kv_head: Number of key/value heads; n_head for MHA, 1 for MQA, a divisor of n_head for GQA.
-        n_embd: Width of the residual stream; n_embd / n_head is the head dimension.
+        n_embd: Width of the residual stream.
+        head_dim: Width of each attention head; None uses n_embd / n_head (Qwen3 sets it apart, e.g. 128).
         mlp_hidden: Width of the SwiGLU hidden layer; None picks 8/3 * n_embd rounded up to a multiple of 64.
         rope_theta: RoPE base frequency.
         norm_eps: Epsilon of RMSNorm.
@@ -33,6 +35,13 @@ class ModelConfig:
         dropout: Dropout on the residual branches during training (attention dropout stays 0 so the
             fused kernel is kept).
         init_std: Standard deviation of the normal initialisation.
+        qkv_bias: Add biases to the query, key and value projections (Qwen2 / Qwen2.5).
+        qk_norm: RMS-normalise each head's queries and keys before RoPE, one gain per head dimension (Qwen3).
+        rope_type: "default" for plain RoPE, or "llama3" for Llama 3's rescaled low frequencies.
+        rope_factor: llama3 RoPE: how much the lowest frequencies are slowed down.
+        rope_low_freq_factor: llama3 RoPE: wavelengths above rope_original_context / this are fully slowed.
+        rope_high_freq_factor: llama3 RoPE: wavelengths below rope_original_context / this are kept.
+        rope_original_context: llama3 RoPE: the context length the model was first trained at.
 
     Invalid values raise a one-line `UserError` naming the field as `model.<field>`, the key that sets it in a
     training config and on the command line (`--model.n_head`).
@@ -50,6 +59,14 @@ class ModelConfig:
     tie_embeddings: bool = True
     dropout: float = 0.0
     init_std: float = 0.02
+    head_dim: int | None = None
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    rope_type: Literal["default", "llama3"] = "default"
+    rope_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_context: int = 8192
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd"):
@@ -58,11 +75,16 @@ class ModelConfig:
                 raise UserError(f"model.{name} must be a positive integer, got {value!r}")
         if self.mlp_hidden is not None and self.mlp_hidden <= 0:
             raise UserError(f"model.mlp_hidden must be positive or None, got {self.mlp_hidden!r}")
-        if self.n_embd % self.n_head:
-            raise UserError(
-                f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head}); "
-                "change one of them"
-            )
+        if self.head_dim is None:
+            if self.n_embd % self.n_head:
+                raise UserError(
+                    f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head}); "
+                    "change one of them or set model.head_dim"
+                )
+            # Resolved here so every reader sees an int; to_dict writes None back when it is the derived one.
+            object.__setattr__(self, "head_dim", self.n_embd // self.n_head)
+        elif not isinstance(self.head_dim, int) or isinstance(self.head_dim, bool) or self.head_dim <= 0:
+            raise UserError(f"model.head_dim must be a positive integer or None, got {self.head_dim!r}")
         if self.n_head % self.n_kv_head:
             raise UserError(
                 f"model.n_head ({self.n_head}) must be divisible by model.n_kv_head ({self.n_kv_head}); "
@@ -70,23 +92,44 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise UserError(
-                f"the head dimension model.n_embd / model.n_head = {self.head_dim} must be even for RoPE; "
-                "change model.n_embd or model.n_head"
+                f"the head dimension (model.head_dim, or model.n_embd / model.n_head) = {self.head_dim} must be "
+                "even for RoPE; change model.head_dim, model.n_embd or model.n_head"
             )
         if not 0.0 <= self.dropout < 1.0:
             raise UserError(f"model.dropout must be in [0, 1), got {self.dropout!r}")
         for name in ("rope_theta", "norm_eps", "init_std"):
             if getattr(self, name) <= 0:
                 raise UserError(f"model.{name} must be positive, got {getattr(self, name)!r}")
+        self._check_rope_scaling()
 
-    @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+    def _check_rope_scaling(self) -> None:
+        if self.rope_type not in ("default", "llama3"):
+            raise UserError(f"model.rope_type must be 'default' or 'llama3', got {self.rope_type!r}")
+        if self.rope_type == "default":
+            return
+        for name in ("rope_factor", "rope_low_freq_factor", "rope_original_context"):
+            if getattr(self, name) <= 0:
+                raise UserError(
+                    f"model.{name} must be positive for rope_type llama3, got {getattr(self, name)!r}"
+                )
+        if self.rope_high_freq_factor <= self.rope_low_freq_factor:
+            raise UserError(
+                f"model.rope_high_freq_factor ({self.rope_high_freq_factor}) must exceed "
+                f"model.rope_low_freq_factor ({self.rope_low_freq_factor}) for rope_type llama3"
+            )
 
     @property
     def rope(self) -> Rope:
         """The rotary embedding of these heads; caches hold it to hand each forward its cos/sin rows."""
-        return Rope(self.head_dim, float(self.rope_theta))
+        scaling = None
+        if self.rope_type == "llama3":
+            scaling = Llama3Scaling(
+                float(self.rope_factor),
+                float(self.rope_low_freq_factor),
+                float(self.rope_high_freq_factor),
+                int(self.rope_original_context),
+            )
+        return Rope(self.head_dim, float(self.rope_theta), scaling)
 
     @property
     def n_rep(self) -> int:
@@ -101,5 +144,11 @@ class ModelConfig:
         return math.ceil(8 * self.n_embd / 3 / 64) * 64
 
     def to_dict(self) -> dict:
-        """Plain-typed fields, safe for checkpoints loaded with weights_only=True."""
-        return asdict(self)
+        """Plain-typed fields, safe for checkpoints loaded with weights_only=True.
+
+        A head_dim equal to n_embd / n_head is written as None, so a dict edited to a new width stays whole.
+        """
+        fields = asdict(self)
+        if fields["head_dim"] == self.n_embd // self.n_head and self.n_embd % self.n_head == 0:
+            fields["head_dim"] = None
+        return fields

@@ -19,8 +19,8 @@ import torch
 from common.errors import UserError, run_command
 from common.files import atomic_path
 
-from .checkpoint import CheckpointError, load_checkpoint
-from .gguf_layout import ARCHITECTURE, PRE_TOKENIZER, gguf_tensors, gguf_vocab, hyperparameters
+from .checkpoint import load_checkpoint
+from .gguf_layout import PRE_TOKENIZER, gguf_architecture, gguf_tensors, gguf_vocab, hyperparameters
 from .gpt import GPT
 
 GGUFDtype = Literal["f32", "f16", "bf16", "q8_0"]
@@ -42,7 +42,9 @@ def import_gguf() -> ModuleType:
 def export_gguf(
     model: GPT, tokenizer_json: str, out: str | Path, dtype: GGUFDtype = "f32", force: bool = False
 ) -> Path:
-    """Write `model` and its tokenizer as a llama.cpp `llama` GGUF file at `out` and return its path.
+    """Write `model` and its tokenizer as a llama.cpp GGUF file at `out` and return its path.
+
+    The architecture is `llama`, or `qwen2` / `qwen3` for the Qwen options (model/gguf_layout.py).
 
     Norm weights stay float32 whatever `dtype` is (llama.cpp keeps 1-D tensors in f32); with q8_0, a matrix
     whose rows are not a multiple of 32 falls back to f16. An existing `out` is replaced only with `force`.
@@ -52,9 +54,10 @@ def export_gguf(
     refuse_existing(out, force)
     if dtype not in GGUF_DTYPES:
         raise UserError(f"--dtype {dtype!r} is not one of {', '.join(GGUF_DTYPES)}")
+    architecture = gguf_architecture(model.config)  # before writing anything: an unsupported mix is refused
     vocab = gguf_vocab(tokenizer_json, model.config.vocab_size)
     with atomic_path(out) as tmp:
-        writer = gguf.GGUFWriter(tmp, ARCHITECTURE)
+        writer = gguf.GGUFWriter(tmp, architecture)
         write_metadata(gguf, writer, model, vocab, dtype, name=out.stem)
         for name, tensor in gguf_tensors(model).items():
             data, raw_dtype = encode_tensor(gguf, tensor, dtype)
@@ -82,7 +85,7 @@ def write_metadata(gguf: ModuleType, writer, model: GPT, vocab, dtype: GGUFDtype
     writer.add_name(name)
     writer.add_file_type(int(getattr(gguf.LlamaFileType, file_types[dtype])))
     for key, value in hyperparameters(model).items():
-        full_key = f"{ARCHITECTURE}.{key}"
+        full_key = f"{gguf_architecture(model.config)}.{key}"
         if isinstance(value, float):
             writer.add_float32(full_key, value)
         else:
@@ -131,10 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import_gguf()  # before reading a possibly large checkpoint
     refuse_existing(Path(args.out).expanduser(), args.force)
-    try:
-        loaded = load_checkpoint(args.checkpoint)
-    except CheckpointError as err:  # a plain ValueError until the checkpoint module subclasses UserError
-        raise UserError(str(err)) from err
+    loaded = load_checkpoint(args.checkpoint)  # a bad checkpoint is a CheckpointError, a UserError
     out = export_gguf(loaded.model, loaded.tokenizer_json, args.out, dtype=args.dtype, force=args.force)
     print(f'exported {loaded.path} -> {out} ({args.dtype}); run it with: llama-cli -m {out} -p "..."')
     return 0

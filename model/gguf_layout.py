@@ -1,11 +1,14 @@
-"""What a GGUF file of our model holds, in llama.cpp's `llama` layout: tensor names, metadata and vocabulary.
+"""What a GGUF file of our model holds, in llama.cpp's layouts: tensor names, metadata and vocabulary.
 
-Torch and the standard library only; model/export_gguf.py hands these to the `gguf` writer.
+Torch and the standard library only; model/export_gguf.py hands these to the `gguf` writer. The architecture
+follows the options: `llama` by default (with Llama 3's RoPE scaling as its `rope_freqs` tensor), `qwen2` for
+q/k/v biases, `qwen3` for per-head q/k RMSNorm; other combinations are refused in one line.
 
 RoPE layout: our RoPE is rotate-half (Hugging Face Llama), pairing dimension i of a head with i + D/2. llama.cpp's
 `llama` architecture rotates adjacent pairs (2i, 2i + 1), the layout of Meta's original checkpoints. Both use
 frequency theta^(-2i/D) for pair i, so moving row i + D/2 next to row i in every q and k head makes the two
-compute the same attention; v and the output projection do not meet RoPE and map over as they are.
+compute the same attention; v and the output projection do not meet RoPE and map over as they are. llama.cpp's
+`qwen2` and `qwen3` rotate halves as we do, so their rows map over unpermuted.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ import torch
 from common.errors import UserError
 from common.tokens import EOS_TOKEN, added_tokens
 
+from .config import ModelConfig
 from .gpt import GPT
+from .rope import inverse_frequencies
 
 ARCHITECTURE = "llama"
+"""The architecture of a model without options, as every GGUF we wrote before the options existed."""
 # llama.cpp's name for the GPT-2 split regex; tokenizer.json's ByteLevel pre-tokenizer with use_regex=True
 # splits with the same expression.
 PRE_TOKENIZER = "gpt-2"
@@ -42,35 +48,66 @@ def from_interleaved_rope(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
     return pairs.transpose(1, 2).reshape(rows, cols)  # (H * D, C)
 
 
+def gguf_architecture(config: ModelConfig) -> str:
+    """The llama.cpp architecture that computes what `config` computes, or a one-line UserError."""
+    if config.qkv_bias and config.qk_norm:
+        raise UserError("model.qkv_bias with model.qk_norm has no llama.cpp architecture; export one of them")
+    if config.rope_type == "llama3" and (config.qkv_bias or config.qk_norm):
+        raise UserError(
+            "rope_type llama3 is written for llama.cpp's llama architecture only, not with model.qkv_bias "
+            "or model.qk_norm"
+        )
+    return "qwen3" if config.qk_norm else "qwen2" if config.qkv_bias else ARCHITECTURE
+
+
 def gguf_tensors(model: GPT) -> dict[str, torch.Tensor]:
-    """Our weights under llama.cpp names, float32 copies on the CPU, q and k rows in llama.cpp's RoPE layout.
+    """Our weights under llama.cpp names, float32 copies on the CPU, q and k rows in the architecture's RoPE layout.
 
     A tied output projection is left out: llama.cpp uses token_embd.weight when output.weight is absent.
     """
     c = model.config
+    architecture = gguf_architecture(c)
     sizes = [c.n_head * c.head_dim, c.n_kv_head * c.head_dim, c.n_kv_head * c.head_dim]
     tensors = {"token_embd.weight": model.wte.weight, "output_norm.weight": model.norm.weight}
+    if c.rope_type == "llama3":
+        tensors["rope_freqs.weight"] = llama3_freq_factors(c)
     for i, block in enumerate(model.blocks):
-        q, k, v = block.attn.qkv.weight.split(sizes, dim=0)
+        attn = block.attn
+        q, k, v = attn.qkv.weight.split(sizes, dim=0)
+        if architecture == ARCHITECTURE:
+            q, k = to_interleaved_rope(q, c.n_head), to_interleaved_rope(k, c.n_kv_head)
         gate, up = block.mlp.gate_up.weight.chunk(2, dim=0)
         tensors |= {
             f"blk.{i}.attn_norm.weight": block.attn_norm.weight,
-            f"blk.{i}.attn_q.weight": to_interleaved_rope(q, c.n_head),
-            f"blk.{i}.attn_k.weight": to_interleaved_rope(k, c.n_kv_head),
+            f"blk.{i}.attn_q.weight": q,
+            f"blk.{i}.attn_k.weight": k,
             f"blk.{i}.attn_v.weight": v,
-            f"blk.{i}.attn_output.weight": block.attn.proj.weight,
+            f"blk.{i}.attn_output.weight": attn.proj.weight,
             f"blk.{i}.ffn_norm.weight": block.mlp_norm.weight,
             f"blk.{i}.ffn_gate.weight": gate,
             f"blk.{i}.ffn_up.weight": up,
             f"blk.{i}.ffn_down.weight": block.mlp.down.weight,
         }
+        if attn.qkv.bias is not None:
+            for name, bias in zip("qkv", attn.qkv.bias.split(sizes), strict=True):
+                tensors[f"blk.{i}.attn_{name}.bias"] = bias
+        if attn.q_norm is not None and attn.k_norm is not None:
+            tensors[f"blk.{i}.attn_q_norm.weight"] = attn.q_norm.weight
+            tensors[f"blk.{i}.attn_k_norm.weight"] = attn.k_norm.weight
     if not c.tie_embeddings:
         tensors["output.weight"] = model.lm_head.weight
     return {name: t.detach().to("cpu", torch.float32, copy=True).contiguous() for name, t in tensors.items()}
 
 
+def llama3_freq_factors(config: ModelConfig) -> torch.Tensor:
+    """llama.cpp's `rope_freqs` (D/2,): the number each plain RoPE frequency is divided by under llama3."""
+    rope = config.rope
+    plain = inverse_frequencies(rope.head_dim, rope.theta)
+    return plain / inverse_frequencies(rope.head_dim, rope.theta, rope.llama3)
+
+
 def hyperparameters(model: GPT) -> dict[str, int | float]:
-    """The `llama.*` metadata values llama.cpp reads, keyed by the GGUF key suffix."""
+    """The `<architecture>.*` metadata values llama.cpp reads, keyed by the GGUF key suffix."""
     c = model.config
     return {
         "context_length": c.block_size,

@@ -9,11 +9,12 @@ from torch import nn
 
 from .cache import Cache
 from .config import ModelConfig
-from .layers import Block, RMSNorm
+from .layers import Block
+from .norm import RMSNorm
 
 
 class GPT(nn.Module):
-    """A Llama-style GPT: pre-norm RMSNorm, RoPE, SwiGLU, no biases, causal GQA attention."""
+    """A Llama-style GPT: pre-norm RMSNorm, RoPE, SwiGLU, causal GQA attention; no biases unless `qkv_bias`."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -28,7 +29,8 @@ class GPT(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Normal(0, init_std) everywhere, and init_std / sqrt(2 * n_layer) on the residual projections.
+        """Normal(0, init_std) on every weight, zero biases, unit norm gains, and init_std / sqrt(2 * n_layer)
+        on the residual projections.
 
         Each block adds two branches to the residual stream; shrinking the projections that write into it
         keeps the stream's variance roughly independent of depth at initialisation (GPT-2's scheme).
@@ -37,6 +39,8 @@ class GPT(nn.Module):
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
         for block in self.blocks:

@@ -1,4 +1,4 @@
-"""The pieces of a pre-norm Llama block: RMSNorm, SwiGLU MLP and the block itself."""
+"""The pieces of a pre-norm Llama block: the SwiGLU MLP and the block itself (RMSNorm is in norm.py)."""
 
 from __future__ import annotations
 
@@ -9,24 +9,7 @@ from torch import nn
 from .attention import CausalSelfAttention
 from .cache import Cache
 from .config import ModelConfig
-
-
-class RMSNorm(nn.Module):
-    """Scale by the reciprocal root-mean-square of the features; no mean subtraction, no bias."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # float32: the same numbers as below in one call (a decode step is made of small ops, 2 norms a layer).
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-        # Normalise in float32 and round before the scale (as Hugging Face Llama does) so bf16 runs and
-        # exported models agree.
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
-        return self.weight * normed
+from .norm import RMSNorm
 
 
 class SwiGLU(nn.Module):

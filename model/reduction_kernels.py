@@ -24,10 +24,12 @@ class ReductionKernels(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is F.linear and not kwargs and (len(args) == 2 or args[2] is None):
+        if func is F.linear and not kwargs and 2 <= len(args) <= 3:
             x, weight = args[:2]
+            bias = args[2] if len(args) == 3 else None
             if x.shape[:-1].numel() == 1:
-                return (x.unsqueeze(-2) * weight).sum(-1)
+                out = (x.unsqueeze(-2) * weight).sum(-1)
+                return out if bias is None else out + bias
         if func is F.scaled_dot_product_attention and len(args) == 3 and args[0].shape[2] == 1:
             mask = kwargs.get("attn_mask")
             if (

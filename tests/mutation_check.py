@@ -48,23 +48,23 @@ MUTATIONS = [
     # The five that once passed every test (issue 20), then the ones the low-level tests already caught.
     Mutation(
         "rope-ignores-cache-pos (generate.py)",
-        "model/gpt.py",
-        "head_dim, start, t,",
-        "head_dim, 0, t,",
+        "model/cache.py",
+        "self.rope.tables(self.pos, t,",
+        "self.rope.tables(0, t,",
         (GENERATE,),
     ),
     Mutation(
         "rope-ignores-cache-pos (greedy)",
-        "model/gpt.py",
-        "head_dim, start, t,",
-        "head_dim, 0, t,",
+        "model/cache.py",
+        "self.rope.tables(self.pos, t,",
+        "self.rope.tables(0, t,",
         (f"{PARITY}::test_greedy_generate_with_cache_equals_recompute",),
     ),
     Mutation(
         "rope-ignores-cache-pos (sampling)",
-        "model/gpt.py",
-        "head_dim, start, t,",
-        "head_dim, 0, t,",
+        "model/cache.py",
+        "self.rope.tables(self.pos, t,",
+        "self.rope.tables(0, t,",
         (f"{PARITY}::test_seeded_sampling_with_cache_equals_recompute",),
     ),
     Mutation(
@@ -158,7 +158,7 @@ MUTATIONS = [
     ),
     Mutation(
         "export-rms-norm-eps-10x-smaller",
-        "model/hf.py",
+        "model/hf_config.py",
         '"rms_norm_eps": config.norm_eps,',
         '"rms_norm_eps": config.norm_eps / 10,',
         (HF_LOGITS,),
@@ -181,8 +181,8 @@ MUTATIONS = [
     Mutation(
         "cache-writes-at-position-0",
         "model/cache.py",
-        "self.k[layer, :, :, self.pos : end] = k",
-        "self.k[layer, :, :, : k.shape[2]] = k",
+        "keys.narrow(2, self.pos, k.shape[2]).copy_(k)",
+        "keys.narrow(2, 0, k.shape[2]).copy_(k)",
         (f"{PARITY}::test_token_by_token_decode_matches_full_forward",),
     ),
     Mutation(
