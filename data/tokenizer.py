@@ -238,7 +238,8 @@ class Tokenizer:
         spell = _byte_level_bytes if "ByteLevel" in json.dumps(spec.get("decoder")) else _sentencepiece_bytes
         table = [b""] * self.vocab_size
         for token, token_id in self._backend.get_vocab(with_added_tokens=True).items():
-            if token in added:  # special tokens stand for no text; other added tokens for their own
+            if token in added and not _is_byte_token(token):  # a byte-fallback token is a byte even if added
+                # Special tokens stand for no text; other added tokens for their own.
                 table[token_id] = b"" if added[token].get("special") else token.encode("utf-8")
             else:
                 table[token_id] = spell(token)
@@ -263,9 +264,14 @@ def _byte_level_bytes(token: str) -> bytes:
         return token.encode("utf-8")
 
 
+def _is_byte_token(token: str) -> bool:
+    """`<0xNN>`: a sentencepiece byte-fallback token."""
+    return len(token) == 6 and token.startswith("<0x") and token.endswith(">")
+
+
 def _sentencepiece_bytes(token: str) -> bytes:
     """A sentencepiece-style token's bytes: `<0xNN>` is byte NN (byte fallback), the meta space a space."""
-    if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+    if _is_byte_token(token):
         return bytes([int(token[3:5], 16)])
     return token.replace(SENTENCEPIECE_SPACE, " ").encode("utf-8")
 

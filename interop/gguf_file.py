@@ -120,7 +120,8 @@ class GGUFFile:
                     "dequantised; convert the file to f16, bf16, q8_0 or another common quantisation"
                 ) from err
             shape = [int(n) for n in reversed(tensor.shape)]  # GGUF lists the fastest-varying dimension first
-            weight = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32).reshape(shape))
+            # A copy: F32 tensors are read-only views of the memory-mapped file.
+            weight = torch.from_numpy(np.require(array, np.float32, ["C", "W"]).reshape(shape))
             if name.endswith("q_proj.weight"):
                 weight = from_interleaved_rope(weight, n_head)
             elif name.endswith("k_proj.weight"):
