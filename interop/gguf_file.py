@@ -47,6 +47,11 @@ def import_gguf() -> ModuleType:
     return gguf
 
 
+def _as_written(value: float) -> float:
+    """The decimal a float32 metadata value was written from (1e-05, not 9.999999747378752e-06)."""
+    return float(str(np.float32(value)))
+
+
 class GGUFFile:
     """One GGUF file opened for reading (memory-mapped: only what is asked for is read)."""
 
@@ -88,8 +93,8 @@ class GGUFFile:
             "num_key_value_heads": self.field(f"{arch}.attention.head_count_kv", heads),
             "hidden_size": self.field(f"{arch}.embedding_length"),
             "intermediate_size": self.field(f"{arch}.feed_forward_length"),
-            "rms_norm_eps": self.field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5),
-            "rope_theta": self.field(f"{arch}.rope.freq_base", 10000.0),
+            "rms_norm_eps": _as_written(self.field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+            "rope_theta": _as_written(self.field(f"{arch}.rope.freq_base", 10000.0)),
             "tie_word_embeddings": "output.weight" not in self._tensor_names(),
             "hidden_act": "silu",
         }
