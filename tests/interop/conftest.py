@@ -31,7 +31,9 @@ def llama2_backend() -> BackendTokenizer:
     """A 300-token sentencepiece-style BPE: meta-space words, byte fallback, a post-processor that adds <s>."""
     texts = [" ".join(WORDS[(7 * i + j) % len(WORDS)] for j in range(8)) for i in range(200)]
     backend = BackendTokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement="\u2581", prepend_scheme="first", split=False
+    )
     backend.decoder = decoders.Sequence(
         [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     )

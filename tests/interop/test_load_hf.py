@@ -17,7 +17,12 @@ from interop import PretrainedError, load_pretrained, load_tokenizer
 from tests.conftest import ROOT, TEST_ENV
 from tests.interop.conftest import STOP_IDS, save_llama
 
-TEXTS = ["the cat sat on the mat", "héllo wörld, naïve 日本語", "unseen bytes: ß 漢字 🚀", "  two  spaces\tand\nlines"]
+TEXTS = [
+    "the cat sat on the mat",
+    "héllo wörld, naïve 日本語",
+    "unseen bytes: ß 漢字 🚀",
+    "  two  spaces\tand\nlines",
+]
 CHAT = [
     {"role": "user", "content": "Hello there "},
     {"role": "assistant", "content": "General Kenobi."},
@@ -57,8 +62,10 @@ def test_tokenizer_follows_the_folders_rules(transformers, llama_folder):
         assert ours.decode(ids) == theirs.decode(ids)  # Llama strips one leading space, as transformers does
     assert ours.encode_batch(TEXTS) == [ours.encode(text) for text in TEXTS]
     for prompt in (True, False):
-        expected = theirs.apply_chat_template(CHAT[:2 + prompt], tokenize=False, add_generation_prompt=prompt)
-        assert ours.render_chat(CHAT[:2 + prompt], add_generation_prompt=prompt) == expected
+        expected = theirs.apply_chat_template(
+            CHAT[: 2 + prompt], tokenize=False, add_generation_prompt=prompt
+        )
+        assert ours.render_chat(CHAT[: 2 + prompt], add_generation_prompt=prompt) == expected
     with pytest.raises(PretrainedError.__mro__[1], match="roles must alternate"):
         ours.render_chat(CHAT[1:])
 
