@@ -49,7 +49,7 @@ def count_loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def test_second_run_does_no_work(jsonl_corpus: Path, cache_dir: Path, count_loads: list[str]) -> None:
     first = _module(jsonl_corpus, cache_dir)
-    meta = Path(first.train_tokens.filename).parent / META_FILE
+    meta = first.train_tokens.files[0].parent / META_FILE
     stamp = meta.stat().st_mtime_ns
     assert count_loads == ["json"]
     second = _module(jsonl_corpus, cache_dir)

@@ -16,7 +16,7 @@ def _raises(key: str, cache_dir: Path, cached_files, **settings) -> str:
     """Build (and if that passes, prepare) a module; return the error message after the shared checks."""
     settings = {"vocab_size": VOCAB, "block_size": 16, "cache_dir": str(cache_dir), **settings}
     with pytest.raises(DataConfigError) as caught:
-        TextDataModule(**settings).prepare_data()
+        TextDataModule(**settings).setup()
     message = str(caught.value)
     assert message.startswith(f"{key}: "), message
     assert "\n" not in message
@@ -96,12 +96,14 @@ def test_bad_numbers_fail_at_construction(
     _raises(key, cache_dir, cached_files, dataset="json", data_files=str(jsonl_corpus), **settings)
 
 
-def test_validation_shorter_than_a_block(corpus_file, cache_dir: Path, cached_files) -> None:
+def test_validation_shorter_than_a_block(corpus_file, cache_dir: Path) -> None:
     tiny = corpus_file("tiny.jsonl", ["To be, or not to be, that is the question. " * 4])
-    message = _raises(
-        "data.block_size", cache_dir, cached_files, dataset="json", data_files=str(tiny), block_size=64
-    )
-    assert "block_size=64" in message and "data.val_fraction" in message
+    settings = {"dataset": "json", "data_files": str(tiny), "vocab_size": VOCAB, "cache_dir": str(cache_dir)}
+    with pytest.raises(DataConfigError, match=r"^data\.block_size: ") as caught:
+        TextDataModule(block_size=64, **settings).setup()
+    assert "block_size=64" in str(caught.value) and "data.val_fraction" in str(caught.value)
+    # The cache itself is complete and correct: a smaller block size uses it as it is.
+    assert [path.name for path in cache_dir.rglob("meta.json")] == ["meta.json"]
 
 
 def test_cached_tokens_too_short_for_a_larger_block(corpus_file, cache_dir: Path) -> None:
