@@ -17,7 +17,6 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from common.files import StagedFolder
 from data.errors import DataConfigError
@@ -159,7 +158,11 @@ def prepare_tokens(settings: PrepareSettings) -> Path:
     dtype = token_dtype(tokenizer.vocab_size)
     tokenize_parts(parts, tokenizer, source.text_column, building, dtype, procs)
     names = {"train": [part.name for part in plan.train], "val": [part.name for part in plan.val]}
-    details = {"val_source": plan.val_source, "corpus": source.identity(), "val_fraction": settings.val_fraction}
+    details = {
+        "val_source": plan.val_source,
+        "corpus": source.identity(),
+        "val_fraction": settings.val_fraction,
+    }
     finish_token_folder(building, tokenizer, names, details)
     try:
         building.rename(final)

@@ -15,7 +15,6 @@ import torch
 from torch.utils.data import DataLoader
 
 from data.batches import TrainBatches, ValWindows
-from data.errors import DataConfigError
 from data.cache import (
     PrepareSettings,
     find_stream,
@@ -24,6 +23,7 @@ from data.cache import (
     prepare_stream,
     prepare_tokens,
 )
+from data.errors import DataConfigError
 from data.rank_wait import build_or_wait
 from data.source import CorpusSource, SampleBy
 from data.stream_batches import LoaderPosition, StreamBatches

@@ -22,7 +22,9 @@ def parse(argv: list[str]) -> dict[str, Any]:
 
     from data.datamodule import TextDataModule
 
-    parser = ArgumentParser(prog="python -m data.prepare", description=__doc__.splitlines()[0], exit_on_error=False)
+    parser = ArgumentParser(
+        prog="python -m data.prepare", description=__doc__.splitlines()[0], exit_on_error=False
+    )
     parser.add_argument("--config", type=Path, help="a train.py YAML config; only its data: section is read")
     parser.add_class_arguments(TextDataModule, "data")
     config_args = parser.parse_known_args(argv)[0] if "--config" in argv else None
@@ -31,7 +33,9 @@ def parse(argv: list[str]) -> dict[str, Any]:
         try:
             section = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("data") or {}
         except OSError as error:
-            raise UserError(f"--config: cannot read {path} ({error.strerror}); pass a train.py config file") from None
+            raise UserError(
+                f"--config: cannot read {path} ({error.strerror}); pass a train.py config file"
+            ) from None
         parser.set_defaults({f"data.{key}": value for key, value in section.items()})
     try:
         return dict(parser.parse_args(argv).data)

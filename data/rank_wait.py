@@ -42,7 +42,9 @@ def build_or_wait(
         except BaseException as error:
             if not others_wait:
                 raise
-            reason = str(error) if isinstance(error, UserError) else f"{type(error).__name__}: {first_line(error)}"
+            reason = (
+                str(error) if isinstance(error, UserError) else f"{type(error).__name__}: {first_line(error)}"
+            )
             atomic_write(failure_note, reason or type(error).__name__)
             raise
     return _wait(find, failure_note, started, what)

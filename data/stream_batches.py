@@ -47,7 +47,9 @@ def document_ids(texts: list[str | None], tokenizer: Tokenizer) -> np.ndarray:
     segments = segment_documents(texts, [False] * len(texts))
     eos = [tokenizer.eos_id]
     encoded = tokenizer.encode_batch(segments["text"])
-    pieces = [eos + ids if sep else ids for ids, sep in zip(encoded, segments["separator_before"], strict=True)]
+    pieces = [
+        eos + ids if sep else ids for ids, sep in zip(encoded, segments["separator_before"], strict=True)
+    ]
     return np.fromiter((i for piece in pieces for i in piece), dtype=np.int64)
 
 
@@ -106,7 +108,9 @@ class StreamBatches(IterableDataset):
             windows = torch.from_numpy(np.ascontiguousarray(windows))  # (B, T + 1)
             yield windows[:, :-1], windows[:, 1:], reader, position
 
-    def _chunks(self, reader: int, readers: int, state: ReaderState) -> Iterator[tuple[ReaderState, np.ndarray]]:
+    def _chunks(
+        self, reader: int, readers: int, state: ReaderState
+    ) -> Iterator[tuple[ReaderState, np.ndarray]]:
         """(position before the chunk, its tokens) for ever, epoch after epoch; raises if a reader gets nothing."""
         from datasets.distributed import split_dataset_by_node
 
@@ -119,7 +123,9 @@ class StreamBatches(IterableDataset):
             before = {"epoch": epoch, "hf": hf_state}
             produced = 0
             for batch in docs.iter(batch_size=DOCS_PER_CHUNK):
-                texts = [text for text in batch[self.column] if text and document_digest(text) not in self.heldout]
+                texts = [
+                    text for text in batch[self.column] if text and document_digest(text) not in self.heldout
+                ]
                 tokens = document_ids(texts, self.tokenizer)
                 after = {"epoch": epoch, "hf": docs.state_dict()}
                 if len(tokens):

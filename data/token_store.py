@@ -64,7 +64,9 @@ class TokenParts:
         self.dtype = np.dtype(dtype)
         sizes = [file.stat().st_size // self.dtype.itemsize for file in self.files]
         self._arrays = [
-            np.memmap(file, dtype=self.dtype, mode="r") for file, size in zip(self.files, sizes, strict=True) if size
+            np.memmap(file, dtype=self.dtype, mode="r")
+            for file, size in zip(self.files, sizes, strict=True)
+            if size
         ]
         self._ends = np.cumsum([len(array) for array in self._arrays], dtype=np.int64)
 

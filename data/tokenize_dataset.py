@@ -8,6 +8,7 @@ parts an earlier, killed one finished. data/tokenize_parts.py tokenizes them.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -41,7 +42,10 @@ class Part:
 
     def chunks(self) -> list[tuple[int, int]]:
         """Row ranges of `_ROWS_PER_READ` documents, the unit read and tokenized at once."""
-        return [(start, min(self.stop, start + _ROWS_PER_READ)) for start in range(self.first, self.stop, _ROWS_PER_READ)]
+        return [
+            (start, min(self.stop, start + _ROWS_PER_READ))
+            for start in range(self.first, self.stop, _ROWS_PER_READ)
+        ]
 
     def segments(self, column: str) -> Iterator[dict[str, list]]:
         """The part's segments, chunk by chunk."""
@@ -52,13 +56,13 @@ class Part:
         """Segments of rows [start, stop), clipped at the hold-out cut (see data.segments.segment_batch)."""
         rows = self.docs[start:stop]
         return segment_batch(
-                rows,
-                [row - self.split_start for row in range(start, stop)],
-                column=column,
-                first_offset=self.first_offset,
-                last_index=self.last_index,
-                last_limit=self.last_limit,
-            )
+            rows,
+            [row - self.split_start for row in range(start, stop)],
+            column=column,
+            first_offset=self.first_offset,
+            last_index=self.last_index,
+            last_limit=self.last_limit,
+        )
 
 
 @dataclass(frozen=True)
@@ -68,12 +72,16 @@ class Plan:
     val_source: str
 
 
-def plan_parts(train_docs: Dataset, val_docs: Dataset | None, column: str, corpus_key: str, val_fraction: float) -> Plan:
+def plan_parts(
+    train_docs: Dataset, val_docs: Dataset | None, column: str, corpus_key: str, val_fraction: float
+) -> Plan:
     """Cut both splits into parts; raises a one-line error for a corpus without text or a too-large hold-out."""
     train_docs = train_docs.select_columns([column])
     chars, sizes = document_lengths(train_docs, column)
     if not chars.sum():
-        raise DataConfigError(f"{corpus_key}: the corpus has no text in column '{column}'; point it at real text")
+        raise DataConfigError(
+            f"{corpus_key}: the corpus has no text in column '{column}'; point it at real text"
+        )
     if val_docs is not None:
         val_docs = val_docs.select_columns([column])
         _, val_sizes = document_lengths(val_docs, column)
@@ -82,7 +90,9 @@ def plan_parts(train_docs: Dataset, val_docs: Dataset | None, column: str, corpu
         return Plan(train, val, "the dataset's validation split")
     cut = find_char_cut(chars, val_fraction)
     if cut.row == 0 and cut.offset == 0:
-        raise DataConfigError(f"data.val_fraction: {val_fraction} holds out all of the text; use a smaller value")
+        raise DataConfigError(
+            f"data.val_fraction: {val_fraction} holds out all of the text; use a smaller value"
+        )
     train = _split_parts("train", train_docs, sizes, 0, cut.row + 1, 0, cut.row, cut.offset)
     val = _split_parts("val", train_docs, sizes, cut.row, len(train_docs), cut.offset, -1, None)
     return Plan(train, val, f"the last {val_fraction:g} of the train split's characters")
@@ -117,7 +127,7 @@ def _split_parts(
         bounds.append(max(bounds[-1] + 1, int(np.searchsorted(ends, done + PART_BYTES, side="left")) + 1))
     bounds[-1] = min(bounds[-1], len(ends))
     parts = []
-    for index, (first, stop_row) in enumerate(zip(bounds, bounds[1:])):
+    for index, (first, stop_row) in enumerate(itertools.pairwise(bounds)):
         text = int(ends[stop_row - 1]) - (int(ends[first - 1]) if first else 0)
         parts.append(
             Part(

@@ -48,7 +48,9 @@ def build_stream_folder(
         heldout = []
         source = f"the first {len(validation)} documents of the validation split"
     if not any(validation):
-        raise DataConfigError(f"{corpus_key}: the corpus has no text in column '{column}'; point it at real text")
+        raise DataConfigError(
+            f"{corpus_key}: the corpus has no text in column '{column}'; point it at real text"
+        )
     if tokenizer is None:
         sample = [text for text in islice(head, tokenizer_train_docs) if text]
         if not sample:
