@@ -27,9 +27,9 @@ def parse(argv: list[str]) -> dict[str, Any]:
     )
     parser.add_argument("--config", type=Path, help="a train.py YAML config; only its data: section is read")
     parser.add_class_arguments(TextDataModule, "data")
-    config_args = parser.parse_known_args(argv)[0] if "--config" in argv else None
-    if config_args is not None and config_args.config is not None:
-        path = Path(config_args.config)
+    config = _config_path(argv)
+    if config is not None:
+        path = Path(config)
         try:
             section = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("data") or {}
         except OSError as error:
@@ -41,6 +41,16 @@ def parse(argv: list[str]) -> dict[str, Any]:
         return dict(parser.parse_args(argv).data)
     except Exception as error:  # jsonargparse's ArgumentError: one line, as train.py prints it
         raise UserError(f"{' '.join(str(error).split())} (see: python -m data.prepare --help)") from error
+
+
+def _config_path(argv: list[str]) -> str | None:
+    """The value of --config (read first: its data section becomes the defaults the other flags override)."""
+    for index, arg in enumerate(argv):
+        if arg == "--config" and index + 1 < len(argv):
+            return argv[index + 1]
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1]
+    return None
 
 
 def prepare(argv: list[str]) -> int:

@@ -23,7 +23,11 @@ def _write_shards(folder: Path, documents: list[str], shards: int) -> list[str]:
     folder.mkdir(parents=True, exist_ok=True)
     files = [folder / f"shard-{index}.jsonl" for index in range(shards)]
     for index, file in enumerate(files):
-        rows = [json.dumps({"text": f"doc{i}: {doc}"}) + "\n" for i, doc in enumerate(documents) if i % shards == index]
+        rows = [
+            json.dumps({"text": f"doc{i}: {doc}"}) + "\n"
+            for i, doc in enumerate(documents)
+            if i % shards == index
+        ]
         file.write_text("".join(rows), encoding="utf-8")
     return [str(file) for file in files]
 
@@ -47,7 +51,11 @@ def _module(files: list[str], cache_dir: Path, **overrides) -> TextDataModule:
 
 
 def _doc_ids(tokenizer: Tokenizer, tokens: np.ndarray) -> list[str]:
-    return [doc.split(":")[0] for doc in tokenizer.decode(tokens.tolist()).split(EOS_TOKEN) if doc.startswith("doc")]
+    return [
+        doc.split(":")[0]
+        for doc in tokenizer.decode(tokens.tolist()).split(EOS_TOKEN)
+        if doc.startswith("doc")
+    ]
 
 
 def test_validation_is_held_out_and_the_tokenizer_trains_on_the_next_documents(
@@ -57,7 +65,9 @@ def test_validation_is_held_out_and_the_tokenizer_trains_on_the_next_documents(
     module = _module(files, cache_dir)
     texts = [f"doc{i}: {doc}" for i, doc in enumerate(documents)]
     assert module.tokenizer.sha256 == Tokenizer.train(texts[10:40], VOCAB, show_progress=False).sha256
-    assert module.tokenizer.decode(module.val_tokens.tolist()) == "".join(EOS_TOKEN + text for text in texts[:10])
+    assert module.tokenizer.decode(module.val_tokens.tolist()) == "".join(
+        EOS_TOKEN + text for text in texts[:10]
+    )
     assert len(module.heldout) == 10
     assert module.meta["val"]["tokens"] == len(module.val_tokens)
     assert [path.name for path in cache_dir.rglob("*.bin")] == ["val.bin"], "no training tokens are written"
