@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from data import DataConfigError, Tokenizer
+from data import EOS_TOKEN, DataConfigError, Tokenizer
 from data.datamodule import TINY_SHAKESPEARE_URL, TextDataModule
 
 VOCAB = 300
@@ -128,3 +129,25 @@ def test_tokenizer_path_missing_or_too_large(
         "data.vocab_size", cache_dir, cached_files, tokenizer_path=str(path), vocab_size=300, **common
     )
     assert ">= 400" in message
+
+
+def test_a_folder_of_files_is_read(tmp_path: Path, cache_dir: Path, shakespeare_text: str) -> None:
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "a.txt").write_text(shakespeare_text[:30_000], encoding="utf-8")
+    (folder / "b.txt").write_text(shakespeare_text[30_000:60_000], encoding="utf-8")
+    module = TextDataModule(data_files=str(folder), vocab_size=VOCAB, block_size=16, cache_dir=str(cache_dir))
+    module.setup()
+    text = module.tokenizer.decode(np.asarray(module.train_tokens).tolist())
+    assert text.startswith(shakespeare_text[:1000]) and EOS_TOKEN in text, "both files, one document each"
+
+
+def test_an_empty_folder_and_json_with_the_text_builder(
+    tmp_path: Path, jsonl_corpus: Path, cache_dir: Path, cached_files
+) -> None:
+    (tmp_path / "empty").mkdir()
+    assert "holds no files" in _raises(
+        "data.data_files", cache_dir, cached_files, data_files=str(tmp_path / "empty")
+    )
+    message = _raises("data.dataset", cache_dir, cached_files, data_files=str(jsonl_corpus))
+    assert "--data.dataset json" in message
