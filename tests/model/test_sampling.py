@@ -62,7 +62,8 @@ def test_a_model_compiled_in_place_decodes_eagerly_without_a_graph_per_position(
     compiled forward would specialise on the cache position and be rebuilt at every step."""
     from torch._dynamo.utils import counters
 
-    from model.speculative import PromptLookup, Sampler, speculative_generate
+    from model.sampling import Sampler
+    from model.speculative import PromptLookup, speculative_generate
 
     def speculative():
         sampler = Sampler(temperature=0.8, generator=torch.Generator().manual_seed(2))

@@ -4,23 +4,12 @@ import pytest
 import torch
 
 from common.errors import UserError
-from model import GPT, KVCache, ModelConfig, generate
-from model.speculative import DraftModel, PromptLookup, Sampler, check_draft, speculative_generate, verify
+from model import GPT, KVCache, generate
+from model.sampling import Sampler
+from model.speculative import DraftModel, PromptLookup, check_draft, speculative_generate, verify
+from tests.model.lively import lively_model
 
 CPU = torch.device("cpu")
-
-
-def lively_model(vocab: int = 101, block_size: int = 48, n_kv_head: int = 2, seed: int = 0) -> GPT:
-    """A random float64 model with large weights, so greedy output is varied (not one repeated token)."""
-    torch.manual_seed(seed)
-    config = ModelConfig(
-        vocab_size=vocab, block_size=block_size, n_layer=2, n_head=4, n_kv_head=n_kv_head, n_embd=32
-    )
-    model = GPT(config).double().eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.mul_(8) if param.dim() > 1 else param.uniform_(0.5, 2.0)
-    return model
 
 
 def noisy_copy(model: GPT, noise: float, seed: int = 5) -> GPT:
