@@ -137,3 +137,19 @@ def test_eos_stops_the_speculative_run(target):
     expected = plain[0, : 8 + (plain[0, 8:] == eos).nonzero()[0, 0] + 1]
     out, _ = speculative_generate(target, prompt, 30, PromptLookup(), sampler=Sampler(0.0), eos_id=eos)
     assert torch.equal(out[0], expected)
+
+
+@pytest.mark.parametrize("draft_block", [1, 6])
+def test_a_draft_with_a_short_window_slides_by_the_rule_of_generate(target, draft_block):
+    """A draft whose block_size is below the target's (1: a window of one token; 6 with k = 5: the drafts
+    overrun half the window) keeps its own window by `context_start` and never overfills its cache."""
+    from model import ModelConfig
+
+    draft = noisy_copy(target, 0.3)
+    short = GPT(ModelConfig(**{**draft.config.to_dict(), "block_size": draft_block})).double().eval()
+    short.load_state_dict(draft.state_dict())
+    prompt = torch.randint(0, 101, (1, 8), generator=torch.Generator().manual_seed(1))
+    plain = generate(target, prompt, 60, temperature=0.0)
+    drafter = DraftModel(short, CPU, torch.float64)
+    out, stats = speculative_generate(target, prompt, 60, drafter, k=5, sampler=Sampler(temperature=0.0))
+    assert stats.drafted > 0 and torch.equal(out, plain)
