@@ -22,7 +22,7 @@ def test_cpu_smoke_runs_every_check_and_passes(script):
 
 
 def _attention_with_dropout(q, k, v):
-    # Attention dropout is what the CPU flash kernel cannot do (DESIGN.md section 4): math would run it.
+    # Attention dropout is what the CPU flash kernel cannot do: the math kernel would run it.
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.1, enable_gqa=True)
 
 
