@@ -319,11 +319,6 @@ def check_decode(settings: Settings, trained: GPT, prompt: torch.Tensor) -> list
     return rows
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 class StopAt(L.Callback):
     """Ends fit() after `step` optimizer steps, as an interruption would, keeping max_steps (the schedule)."""
 
