@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from inspection.attention_image import colour_table
-from inspection.attention_stats import head_statistics
+from inspection.attention_stats import STATISTICS, head_statistics
 from inspection.explorer import build_explorer, model_explorer, quantise_rows, write_explorer
 from inspection.phase_change import Formation
 
@@ -26,7 +26,6 @@ CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run",
 ]  # fmt: skip
-STATISTICS = ("entropy", "sink_mass", "previous_token", "induction")
 TOKENS = 24
 # Stated budgets for 12 layers x 12 heads x 1024 tokens (README, "Attention explorer"): the file at most
 # 32 MB for the noisy test maps, and interactive in a few seconds. The size is asserted; the time is
