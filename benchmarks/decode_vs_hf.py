@@ -93,7 +93,9 @@ def bench_config(
     # difference, the same way on every side.
     outputs: dict = {}
     runs = {
-        (side, n): wall_seconds(run, outputs, (side, n)) for n in (new_tokens, 1) for side, run in sides(n).items()
+        (side, n): wall_seconds(run, outputs, (side, n))
+        for n in (new_tokens, 1)
+        for side, run in sides(n).items()
     }
     # The read bandwidth is measured in every round, between the decoding runs, and the best round counts: a
     # reading swings by 2x on a shared machine, and a dip would flatter the MBU.

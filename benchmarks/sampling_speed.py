@@ -48,7 +48,9 @@ def report_decode_speed(
     """
     sampler = sampler or Sampler(temperature=0.0)
     param = next(model.parameters())
-    cache = KVCache.allocate(model.config, prompt.shape[0], model.config.block_size, param.device, param.dtype)
+    cache = KVCache.allocate(
+        model.config, prompt.shape[0], model.config.block_size, param.device, param.dtype
+    )
     print(
         f"KV cache: {cache.bytes_per_token} bytes per token per sequence, {cache.nbytes / 2**20:.2f} MiB "
         f"for {prompt.shape[0]} x {cache.max_len} tokens"
@@ -70,7 +72,9 @@ def report_decode_speed(
         print(f"{name:>8}: {prefill_line(prompt.shape[1], prefill_s)}, decode {decode_tps:,.1f} tokens/s")
     cached = medians["cached"][1]
     if "compiled" in medians:
-        print(f"decode speed-up of the compiled step over the eager one: {medians['compiled'][1] / cached:.2f}x")
+        print(
+            f"decode speed-up of the compiled step over the eager one: {medians['compiled'][1] / cached:.2f}x"
+        )
     if "no_cache" in medians:
         print(f"decode speed-up from the KV cache: {cached / medians['no_cache'][1]:.1f}x")
     print(f"(medians of {repeats} alternating runs, {new_tokens} new tokens, batch {prompt.shape[0]})")
@@ -106,7 +110,9 @@ def report_speculative_speed(
     def plain():
         return generate(model, prompt, new_tokens, sampler=seeded(sampler, seed, prompt.device))
 
-    runs = {name: wall_seconds(fn, outputs, name) for name, fn in [("speculative", speculative), ("plain", plain)]}
+    runs = {
+        name: wall_seconds(fn, outputs, name) for name, fn in [("speculative", speculative), ("plain", plain)]
+    }
     seconds = alternate_medians(runs, repeats)
     out, stats = outputs["speculative"]
     print(

@@ -25,9 +25,13 @@ EXPLAIN_TOKENS = 16
 def check_layer_and_head(config, layer: int | None, head: int) -> None:
     """Refuse a --layer or --head the model does not have, before anything is generated."""
     if layer is not None and not 0 <= layer < config.n_layer:
-        raise UserError(f"--layer must be in 0..{config.n_layer - 1} (the model has {config.n_layer}), got {layer}")
+        raise UserError(
+            f"--layer must be in 0..{config.n_layer - 1} (the model has {config.n_layer}), got {layer}"
+        )
     if not 0 <= head < config.n_head:
-        raise UserError(f"--head must be in 0..{config.n_head - 1} (the model has {config.n_head}), got {head}")
+        raise UserError(
+            f"--head must be in 0..{config.n_head - 1} (the model has {config.n_head}), got {head}"
+        )
 
 
 def token_labels(tokenizer, ids: list[int]) -> list[str]:
@@ -40,7 +44,9 @@ def map_title(layer: int, shown: int, total: int) -> str:
     if shown < total:
         title = f"layer {layer}, the last {shown} of {total} tokens (the model's context window)"
     if shown > MAX_LABELLED_TOKENS:
-        title += f"\ntoo many to label (labels up to {MAX_LABELLED_TOKENS} tokens); --attention_html labels all"
+        title += (
+            f"\ntoo many to label (labels up to {MAX_LABELLED_TOKENS} tokens); --attention_html labels all"
+        )
     return title
 
 

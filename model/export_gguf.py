@@ -133,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     refuse_existing(Path(args.out).expanduser(), args.force)
     loaded = load_checkpoint(args.checkpoint)  # a CheckpointError is a UserError: one line, exit 2
     out = export_gguf(loaded.model, loaded.tokenizer_json, args.out, dtype=args.dtype, force=args.force)
-    print(f'exported {loaded.path} -> {out} ({args.dtype}); run it with: llama-completion -m {out} -no-cnv -p "..."')
+    print(
+        f'exported {loaded.path} -> {out} ({args.dtype}); run it with: llama-completion -m {out} -no-cnv -p "..."'
+    )
     return 0
 
 

@@ -64,7 +64,8 @@ class DraftModel:
 
     def propose(self, idx: torch.Tensor, k: int, sampler: Sampler) -> tuple[list[int], torch.Tensor | None]:
         n, block_size = idx.shape[1], self.model.config.block_size
-        new_start = context_start(self.start, n, block_size)  # the draft's own window, by the rule of `generate`
+        # The draft keeps its own window, by the rule of `generate`.
+        new_start = context_start(self.start, n, block_size)
         if new_start != self.start:
             self.start = new_start
             self.cache.reset()
@@ -146,8 +147,11 @@ def speculative_generate(
             f"speculative decoding needs k >= 1 and max_new_tokens >= 1, got {k} and {max_new_tokens}"
         )
     sampler = (sampler or Sampler()).check()
-    if sampler.repetition_penalty != 1.0:  # the accept test needs one distribution per prefix, fixed in advance
-        raise UserError("speculative decoding samples without a repetition penalty; use plain decoding for it")
+    # The accept test compares two distributions fixed per prefix; a penalty would change them as tokens arrive.
+    if sampler.repetition_penalty != 1.0:
+        raise UserError(
+            "speculative decoding samples without a repetition penalty; use plain decoding for it"
+        )
     block_size, stats = model.config.block_size, SpeculativeStats()
     cache = KVCache.allocate(
         model.config, 1, block_size, device=idx.device, dtype=next(model.parameters()).dtype

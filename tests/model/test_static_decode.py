@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
-from model import GPT, KVCache, ModelConfig, generate
+from model import KVCache, generate
 from model.static_decode import ReductionKernels, StaticDecoder
 from tests.model.lively import lively_model
 
