@@ -8,7 +8,10 @@ from benchmarks.timing import alternate_medians, wall_seconds
 
 def test_runs_alternate_after_a_warm_up_round_and_medians_are_taken():
     calls: list[str] = []
-    scripted = {"a": iter([100.0, 5.0, 1.0, 3.0]), "b": iter([(9.0, 1.0), (2.0, 7.0), (4.0, 8.0), (6.0, 9.0)])}
+    scripted = {
+        "a": iter([100.0, 5.0, 1.0, 3.0]),
+        "b": iter([(9.0, 1.0), (2.0, 7.0), (4.0, 8.0), (6.0, 9.0)]),
+    }
 
     def run(name: str):
         def measure():
@@ -33,6 +36,8 @@ def test_wall_seconds_keeps_the_output_of_the_latest_run():
 
 def test_prefill_speed_of_a_tiny_prompt_is_shown_as_a_time_only():
     short = prefill_line(2, 0.0005)
-    assert "tokens/s" not in short.split("(")[0] and "0.5 ms" in short and f"from {MIN_PREFILL_TOKENS}" in short
+    assert (
+        "tokens/s" not in short.split("(")[0] and "0.5 ms" in short and f"from {MIN_PREFILL_TOKENS}" in short
+    )
     long = prefill_line(256, 0.01)
     assert "(25,600 tokens/s)" in long
