@@ -86,7 +86,7 @@ def prefill_line(prompt_len: int, seconds: float) -> str:
     line = f"prefill {prompt_len} tokens in {seconds * 1000:.1f} ms"
     if prompt_len >= MIN_PREFILL_TOKENS:
         return f"{line} ({prompt_len / seconds:,.0f} tokens/s)"
-    return f"{line} (tokens/s shown from {MIN_PREFILL_TOKENS} prompt tokens)"
+    return f"{line} (too short for a rate: tokens/s needs a prompt of {MIN_PREFILL_TOKENS}+ tokens)"
 
 
 def report_speculative_speed(

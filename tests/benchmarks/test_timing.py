@@ -37,7 +37,9 @@ def test_wall_seconds_keeps_the_output_of_the_latest_run():
 def test_prefill_speed_of_a_tiny_prompt_is_shown_as_a_time_only():
     short = prefill_line(2, 0.0005)
     assert (
-        "tokens/s" not in short.split("(")[0] and "0.5 ms" in short and f"from {MIN_PREFILL_TOKENS}" in short
+        "tokens/s" not in short.split("(")[0]
+        and "0.5 ms" in short
+        and f"prompt of {MIN_PREFILL_TOKENS}+ tokens" in short
     )
     long = prefill_line(256, 0.01)
     assert "(25,600 tokens/s)" in long
