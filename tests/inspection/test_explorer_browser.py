@@ -27,6 +27,8 @@ from inspection.explorer import (
 )
 from inspection.phase_change import Formation
 
+pytestmark = pytest.mark.slow  # drives a browser
+
 CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
