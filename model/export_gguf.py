@@ -19,7 +19,7 @@ import torch
 from common.errors import UserError, run_command
 from common.files import atomic_path
 
-from .checkpoint import CheckpointError, load_checkpoint
+from .checkpoint import load_checkpoint
 from .gguf_layout import ARCHITECTURE, PRE_TOKENIZER, gguf_tensors, gguf_vocab, hyperparameters
 from .gpt import GPT
 
@@ -131,12 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import_gguf()  # before reading a possibly large checkpoint
     refuse_existing(Path(args.out).expanduser(), args.force)
-    try:
-        loaded = load_checkpoint(args.checkpoint)
-    except CheckpointError as err:  # a plain ValueError until the checkpoint module subclasses UserError
-        raise UserError(str(err)) from err
+    loaded = load_checkpoint(args.checkpoint)  # a CheckpointError is a UserError: one line, exit 2
     out = export_gguf(loaded.model, loaded.tokenizer_json, args.out, dtype=args.dtype, force=args.force)
-    print(f'exported {loaded.path} -> {out} ({args.dtype}); run it with: llama-cli -m {out} -p "..."')
+    print(
+        f'exported {loaded.path} -> {out} ({args.dtype}); run it with: llama-completion -m {out} -no-cnv -p "..."'
+    )
     return 0
 
 
