@@ -2,10 +2,11 @@
 
     python -m benchmarks.decode                          # 1024-context model: cached vs recompute vs compiled
     python -m benchmarks.decode --batches 1 8 32         # tokens/s at batch 1, 8 and 32, one cache each
-    python -m benchmarks.decode --checkpoint runs/tiny   # a trained checkpoint, through generate.py's CLI path
+    python -m benchmarks.decode --checkpoint runs/tiny   # a trained checkpoint, as generate.py --benchmark
 
 Random model: 4 layers, 256 wide, 8/2 heads, block_size 1024, vocab 1024. Prompt 64 tokens, 512 new, greedy,
-fp32 on CPU (or --device). The paths alternate within each repeat and medians are printed with the ratios; the
+fp32 on CPU (or --device). The paths alternate within each repeat and medians are printed with the ratios
+(benchmarks/timing.py); the
 target is a cached path at least 10x faster than recomputing. `gpu_decode_report` is the GPU check that
 benchmarks.device_check calls: the compiled decode of a 124 M model in bf16, tokens/s and bandwidth use.
 """
@@ -18,40 +19,43 @@ import time
 
 import torch
 
+from benchmarks.timing import alternate_medians, synchronize
 from model import GPT, ModelConfig, generate
 
 SMALL_1024 = ModelConfig(vocab_size=1024, block_size=1024, n_layer=4, n_head=8, n_kv_head=2, n_embd=256)
 GPT_124M = ModelConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_kv_head=4, n_embd=768)
 
 
-def tokens_per_s(model: GPT, prompt: torch.Tensor, new_tokens: int, **kwargs) -> float:
-    """Decode tokens/s of one greedy `generate` call, the prefill excluded (timed from the first new token)."""
-    stamps: list[float] = []
-    generate(
-        model,
-        prompt,
-        new_tokens + 1,
-        temperature=0.0,
-        on_token=lambda _: stamps.append(time.perf_counter()),
-        **kwargs,
-    )
-    if prompt.device.type == "cuda":
-        torch.cuda.synchronize()
-        stamps[-1] = time.perf_counter()
-    return new_tokens * prompt.shape[0] / (stamps[-1] - stamps[0])
+def timed_decode(model: GPT, prompt: torch.Tensor, new_tokens: int, **kwargs) -> tuple[float, float]:
+    """(prefill seconds, decode tokens/s) of one `generate` call (greedy unless kwargs say otherwise).
+
+    The first new token's arrival ends the prefill; decode speed counts the other new_tokens - 1 tokens of every
+    row. `eos_id` is never passed, so every run decodes the same count.
+    """
+    stamps = [time.perf_counter()]
+
+    def arrived(_: torch.Tensor) -> None:
+        if len(stamps) == 1:  # the prefill's end: wait for the device before reading the clock
+            synchronize()
+        stamps.append(time.perf_counter())
+
+    kwargs = kwargs if "sampler" in kwargs else {"temperature": 0.0, **kwargs}
+    generate(model, prompt, new_tokens, on_token=arrived, **kwargs)
+    synchronize()
+    stamps[-1] = time.perf_counter()
+    decode_s = stamps[-1] - stamps[1]
+    return stamps[1] - stamps[0], prompt.shape[0] * (new_tokens - 1) / decode_s if decode_s else float("inf")
 
 
 def compare_paths(
     model: GPT, prompt: torch.Tensor, new_tokens: int, repeats: int, paths: dict
 ) -> dict[str, float]:
-    """Median tokens/s of each path (name -> generate kwargs), alternating the paths in every repeat."""
-    for kwargs in paths.values():
-        tokens_per_s(model, prompt, 8, **kwargs)  # warm-up: thread pools, kernels, the compile
-    results: dict[str, list[float]] = {name: [] for name in paths}
-    for _ in range(repeats):
-        for name, kwargs in paths.items():
-            results[name].append(tokens_per_s(model, prompt, new_tokens, **kwargs))
-    return {name: statistics.median(values) for name, values in results.items()}
+    """Median decode tokens/s of each path (name -> generate kwargs), the paths alternating in every round."""
+    runs = {
+        name: (lambda kwargs=kwargs: timed_decode(model, prompt, new_tokens + 1, **kwargs)[1])
+        for name, kwargs in paths.items()
+    }
+    return alternate_medians(runs, repeats)
 
 
 def bench_random_model(args: argparse.Namespace) -> None:
@@ -136,13 +140,17 @@ def gpu_decode_report(new_tokens: int = 256, prompt_len: int = 64, device: str =
 
 
 def bench_checkpoint(args: argparse.Namespace) -> None:
-    import generate as generate_cli  # the repository's generate.py
+    """generate.py --benchmark --no_cache on a trained checkpoint: its KV cache, prefill and decode speeds."""
+    from benchmarks.sampling_speed import report_decode_speed
+    from data.tokenizer import Tokenizer
+    from model.checkpoint import load_checkpoint
 
-    prompt = " ".join(["the"] * args.prompt_len)  # one token per word for a BPE trained on English text
-    generate_cli.main([
-        "--checkpoint", args.checkpoint, "--prompt", prompt, "--max_new_tokens", str(args.new_tokens),
-        "--benchmark", "--no_cache", "--temperature", "0", "--device", args.device,
-    ])  # fmt: skip
+    loaded = load_checkpoint(args.checkpoint)
+    model = loaded.model.to(args.device).eval()
+    tokenizer = Tokenizer.from_json(loaded.tokenizer_json)
+    ids = tokenizer.encode(" ".join(["the"] * args.prompt_len))  # one token per word for an English BPE
+    prompt = torch.tensor([ids[: args.prompt_len]], device=args.device)
+    report_decode_speed(model, prompt, args.new_tokens, with_recompute=True, repeats=args.repeats)
 
 
 def main() -> None:

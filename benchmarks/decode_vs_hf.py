@@ -9,7 +9,7 @@ Batch 1, fp32, CPU, under `torch.inference_mode`. Each model is exported with `e
 `AutoModelForCausalLM.from_pretrained` (SDPA attention), so every side runs identical weights. Four sides: our
 eager `generate`, ours with `compile=True` (the static-shape step), transformers' default `generate` (dynamic
 cache) and transformers with its static cache + `torch.compile` (fullgraph). Each side gets one warm-up run
-(which compiles), then the median of `--repeats` timed runs (the sides alternate) is reported. Every side also
+(which compiles), then the median of `--repeats` timed runs (the sides alternate: benchmarks/timing.py). Every side also
 runs with one new token, its prefill alone; decode tok/s is (new tokens - 1) / (time - prefill time). MBU is the
 bytes a step must read (every weight once, plus the KV cache at the mean context length) x decode tok/s, over the
 best read bandwidth over the rounds, each round measuring it (`benchmarks.decode.read_bandwidth`) between the
@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
-import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from benchmarks.decode import bytes_per_token, read_bandwidth
+from benchmarks.timing import alternate_medians, wall_seconds
 from common.tokens import EOS_TOKEN
 from model import GPT, ModelConfig, generate
 from model.export_hf import export_hf
@@ -53,23 +52,6 @@ def minimal_tokenizer_json() -> str:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.add_special_tokens([EOS_TOKEN])
     return tokenizer.to_str()
-
-
-def interleaved_medians(
-    runs: dict[Hashable, Callable[[], object]], repeats: int
-) -> tuple[dict[Hashable, float], dict[Hashable, object]]:
-    """Median wall time of each run over `repeats` rounds after one warm-up round, and its last output.
-
-    The runs alternate within each round, so a load spike from other processes hits both sides alike.
-    """
-    outputs = {name: run() for name, run in runs.items()}
-    times: dict[Hashable, list[float]] = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            outputs[name] = run()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}, outputs
 
 
 def bench_config(
@@ -109,13 +91,23 @@ def bench_config(
 
     # Each side also runs with one new token: its prefill alone. Decoding speed is then the other tokens over the
     # difference, the same way on every side.
-    runs = {(side, n): run for n in (new_tokens, 1) for side, run in sides(n).items()}
+    outputs: dict = {}
+    runs = {
+        (side, n): wall_seconds(run, outputs, (side, n))
+        for n in (new_tokens, 1)
+        for side, run in sides(n).items()
+    }
     # The read bandwidth is measured in every round, between the decoding runs, and the best round counts: a
     # reading swings by 2x on a shared machine, and a dip would flatter the MBU.
     readings: list[float] = []
-    runs["read"] = lambda: readings.append(read_bandwidth(torch.device("cpu")))
+
+    def read_round() -> float:
+        readings.append(read_bandwidth(torch.device("cpu")))
+        return readings[-1]
+
+    runs["read"] = read_round
     with torch.inference_mode():
-        seconds, outputs = interleaved_medians(runs, repeats)
+        seconds = alternate_medians(runs, repeats)
     bandwidth = max(readings)
     per_token = bytes_per_token(model, prompt_len + new_tokens // 2)
     same = all(torch.equal(outputs[(side, new_tokens)], outputs[("ours", new_tokens)]) for side in sides(1))

@@ -21,7 +21,6 @@ Checks, in order:
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
 import sys
 import tempfile
@@ -38,6 +37,7 @@ import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from benchmarks.timing import alternate_medians, wall_seconds
 from data.datamodule import TINY_SHAKESPEARE, TextDataModule
 from model import GPT, generate
 from model.attention import explicit_attention, sdpa_attention
@@ -298,20 +298,16 @@ def check_decode(settings: Settings, trained: GPT, prompt: torch.Tensor) -> list
     model = GPT(trained.config)
     model.load_state_dict(trained.state_dict())
     model = model.to(settings.device, torch.bfloat16).eval()
-    variants = {"decode tokens/s": {}}
-    if "compile" in inspect.signature(generate).parameters:  # the compiled static decode step, when present
-        variants["decode tokens/s (compile=True)"] = {"compile": True}
+    variants = {"decode tokens/s": {}, "decode tokens/s (compile=True)": {"compile": True}}
+
+    def decode(extra: dict) -> None:
+        with torch.inference_mode():
+            generate(model, prompt, settings.decode_tokens, temperature=0.0, **extra)
+
+    runs = {name: wall_seconds(lambda extra=extra: decode(extra)) for name, extra in variants.items()}
+    seconds = alternate_medians(runs, 3)  # after a warm-up round, which compiles
     rows = []
-    for name, extra in variants.items():
-        times = []
-        for _ in range(4):  # the first run warms up (and compiles)
-            _sync(settings.device)
-            start = time.perf_counter()
-            with torch.inference_mode():
-                generate(model, prompt, settings.decode_tokens, temperature=0.0, **extra)
-            _sync(settings.device)
-            times.append(time.perf_counter() - start)
-        median = sorted(times[1:])[1]
+    for name, median in seconds.items():
         rows.append(
             Row(
                 name,
@@ -321,11 +317,6 @@ def check_decode(settings: Settings, trained: GPT, prompt: torch.Tensor) -> list
             )
         )
     return rows
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 class StopAt(L.Callback):

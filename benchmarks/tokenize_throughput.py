@@ -64,7 +64,7 @@ def pipeline(
     corpus: Path, tokenizer_file: Path, cache_dir: Path, num_proc: int, vocab_size: int
 ) -> tuple[float, float]:
     """Wall and CPU seconds for `prepare_tokens` with the given tokenizer (its training is not timed)."""
-    from data.prepare import PrepareSettings, prepare_tokens
+    from data.cache import PrepareSettings, prepare_tokens
     from data.source import CorpusSource
 
     settings = PrepareSettings(

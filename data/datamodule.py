@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +15,20 @@ import torch
 from torch.utils.data import DataLoader
 
 from data.batches import TrainBatches, ValWindows
+from data.cache import (
+    PrepareSettings,
+    find_stream,
+    find_tokens,
+    load_tokenizer_setting,
+    prepare_stream,
+    prepare_tokens,
+)
 from data.errors import DataConfigError
-from data.prepare import PrepareSettings, load_tokenizer_setting, prepare_tokens
+from data.rank_wait import build_or_wait
 from data.source import CorpusSource, SampleBy
-from data.token_store import open_token_cache
+from data.stream_batches import LoaderPosition, StreamBatches
+from data.token_store import META_FILE, TOKENIZER_FILE, VAL_FILE, open_token_cache
+from data.tokenize_stream import read_heldout
 from data.tokenizer import MIN_VOCAB_SIZE, Tokenizer
 
 # The default corpus ships with the package (public domain, 1.1 MB), so the default config trains offline.
@@ -46,12 +59,15 @@ class TextDataModule(L.LightningDataModule):
         num_workers: DataLoader worker processes.
         seed: Seed of the training windows; batch i on rank r depends only on (seed, i, r).
         cache_dir: Folder for tokenizers and token streams (~ is expanded).
-        streaming: Stream the corpus instead of materialising it (tokenizes on the fly; the tokenizer trains on
-            the first tokenizer_train_docs documents; the hold-out is then the last val_fraction of tokens).
+        streaming: Stream the corpus instead of materialising it: each rank and DataLoader worker reads and
+            tokenizes its own documents during training, nothing is written but the tokenizer and the
+            validation tokens, and the checkpoint holds the stream position for an exact resume.
         val_fraction: Without a validation split, the fraction of the train text held out for validation (the
             last characters, as nanoGPT does).
         num_proc: Processes for tokenizing; None picks one per ~4 MB of text, up to min(8, CPUs).
         tokenizer_train_docs: With streaming, how many leading documents train the tokenizer.
+        val_docs: With streaming, how many documents form the fixed validation set: the first ones of the
+            validation split, or else the first ones of the train split, which training then skips.
     """
 
     def __init__(
@@ -73,6 +89,7 @@ class TextDataModule(L.LightningDataModule):
         val_fraction: float = 0.1,
         num_proc: int | None = None,
         tokenizer_train_docs: int = 10_000,
+        val_docs: int = 1000,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -92,13 +109,18 @@ class TextDataModule(L.LightningDataModule):
             val_fraction=val_fraction,
             num_proc=num_proc,
             tokenizer_train_docs=tokenizer_train_docs,
+            val_docs=val_docs,
             val_block_size=block_size,
         )
         self._check_settings()
+        self._created = time.time()  # a failure note older than this belongs to another run
         self.tokenizer: Tokenizer | None = None
         self.train_tokens: np.ndarray | None = None
         self.val_tokens: np.ndarray | None = None
+        self.heldout: frozenset[str] = frozenset()
         self.meta: dict[str, Any] = {}
+        self._stream_state: dict[str, Any] = {}  # from the checkpoint, until the loader takes it over
+        self._position: LoaderPosition | None = None
 
     def _check_settings(self) -> None:
         """Cheap checks, so a bad config fails when it is parsed rather than minutes into preparation."""
@@ -121,6 +143,7 @@ class TextDataModule(L.LightningDataModule):
             "data.num_proc",
             f"must be positive or null, got {settings.num_proc}",
         )
+        _require(settings.val_docs > 0, "data.val_docs", f"must be positive, got {settings.val_docs}")
         _require(
             settings.tokenizer_train_docs > 0,
             "data.tokenizer_train_docs",
@@ -130,15 +153,28 @@ class TextDataModule(L.LightningDataModule):
         if settings.tokenizer_path is not None:
             load_tokenizer_setting(settings.tokenizer_path, self.vocab_size)
 
-    def prepare_data(self) -> None:
-        """Download, train the tokenizer and tokenize once (Lightning calls this on one process per node)."""
-        prepare_tokens(self.settings)
-
     def setup(self, stage: str | None = None) -> None:
-        """Memory-map the token streams and load the tokenizer (prepares them first when nothing has)."""
-        if self.train_tokens is not None:
+        """Find or build the data (local rank 0 builds, the other ranks wait on its files), then open it."""
+        if self.tokenizer is not None:
             return
-        cache = open_token_cache(prepare_tokens(self.settings))  # checks the validation length for block_size
+        trainer = self.trainer
+        streaming = self.source.streaming
+        folder = build_or_wait(
+            lambda: (find_stream if streaming else find_tokens)(self.settings),
+            lambda: (prepare_stream if streaming else prepare_tokens)(self.settings),
+            builder=trainer is None or trainer.local_rank == 0,
+            others_wait=trainer is not None and trainer.world_size > 1,
+            failure_note=self.settings.cache_dir / f".failed-{self.settings.corpus_dir().name}",
+            started=self._created,
+            what="the streaming tokenizer and validation set" if streaming else "the token cache",
+        )
+        if streaming:
+            self.meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
+            self.tokenizer = Tokenizer.from_file(folder / TOKENIZER_FILE)
+            self.val_tokens = np.memmap(folder / VAL_FILE, dtype=np.dtype(self.meta["dtype"]), mode="r")
+            self.heldout = read_heldout(folder)
+            return
+        cache = open_token_cache(folder)  # checks the validation length for block_size
         self.tokenizer = cache.tokenizer
         self.train_tokens = cache.train
         self.val_tokens = cache.val
@@ -170,6 +206,8 @@ class TextDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         """Resumes where the attached trainer stands: batch global_step * accumulate_grad_batches."""
+        if self.source.streaming:
+            return self._stream_dataloader()
         trainer = self.trainer
         if trainer is None:
             batches = self.train_batches()
@@ -199,15 +237,98 @@ class TextDataModule(L.LightningDataModule):
             worker_init_fn=leave_ctrl_c_to_the_main_process,
         )
 
+    def _stream_dataloader(self) -> DataLoader:
+        self._require_setup()
+        assert self.tokenizer is not None
+        trainer = self.trainer
+        rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        start_batch = trainer.global_step * trainer.accumulate_grad_batches if trainer is not None else 0
+        start = self._saved_positions(world_size)
+        batches = StreamBatches(
+            self.source.load()[0],
+            self.source.text_column,
+            self.tokenizer,
+            self.heldout,
+            self.block_size,
+            self.batch_size,
+            rank=rank,
+            world_size=world_size,
+            start=start,
+        )
+        self._position = LoaderPosition(rank, self.num_workers, start, start_batch)
+        if self.num_workers:
+            # Each worker tokenizes on one core; the Rust pool of every worker would oversubscribe the CPU.
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        return PositionedLoader(
+            self._position,
+            batches,
+            batch_size=None,
+            num_workers=self.num_workers,
+            pin_memory=torch.cuda.is_available(),
+            worker_init_fn=leave_ctrl_c_to_the_main_process,
+        )
+
+    def _saved_positions(self, world_size: int) -> dict[int, Any]:
+        saved = self._stream_state
+        if not saved:
+            return {}
+        if (saved["world_size"], saved["num_workers"]) != (world_size, self.num_workers):
+            raise DataConfigError(
+                f"data.num_workers: the checkpoint's stream position is for {saved['world_size']} processes x "
+                f"{saved['num_workers']} workers; resume with the same process count and "
+                f"--data.num_workers {saved['num_workers']} (now {world_size} x {self.num_workers})"
+            )
+        return {int(reader): state for reader, state in saved["readers"].items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The stream position after the last trained batch of every reader of every rank (streaming only)."""
+        if self._position is None or self.trainer is None:
+            return {"stream": self._stream_state} if self._stream_state else {}
+        trainer = self.trainer
+        mine = self._position.positions(trainer.global_step * trainer.accumulate_grad_batches)
+        readers: dict[int, Any] = {}
+        for part in _gather(mine, trainer.world_size):
+            readers.update(part)
+        return {
+            "stream": {"world_size": trainer.world_size, "num_workers": self.num_workers, "readers": readers}
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._stream_state = state_dict.get("stream", {})
+
     def _meta_value(self, key: str) -> float:
         self._require_setup()
         return float(self.meta[key])
 
     def _require_setup(self) -> None:
-        if self.train_tokens is None:
+        if self.tokenizer is None:
             raise RuntimeError(
                 "TextDataModule: call setup() (or let the Trainer call it) before using the data"
             )
+
+
+class PositionedLoader(DataLoader):
+    """A DataLoader over `StreamBatches` that records each batch's reader position and yields only (x, y)."""
+
+    def __init__(self, position: LoaderPosition, *args: Any, **kwargs: Any) -> None:
+        self.position = position
+        super().__init__(*args, **kwargs)
+
+    def __iter__(self):
+        for x, y, reader, state in super().__iter__():
+            self.position.record(int(reader), state)
+            yield x, y
+
+
+def _gather(mine: dict[int, Any], world_size: int) -> list[dict[int, Any]]:
+    """Every rank's reader positions (a collective: Lightning builds the checkpoint dict on every rank)."""
+    import torch.distributed as dist
+
+    if world_size == 1 or not dist.is_available() or not dist.is_initialized():
+        return [mine]
+    parts: list[Any] = [None] * world_size
+    dist.all_gather_object(parts, mine)
+    return parts
 
 
 def leave_ctrl_c_to_the_main_process(worker_id: int) -> None:

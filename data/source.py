@@ -71,6 +71,12 @@ class CorpusSource:
             )
         files = _flatten(self.builder_files)
         local = [path for file in files if not is_remote(file) for path in _resolve_local(file)]
+        json_files = [path for path in local if path.endswith((".json", ".jsonl", ".json.gz", ".jsonl.gz"))]
+        if self.dataset == "text" and json_files:
+            raise DataConfigError(
+                f"data.dataset: {json_files[0]} is JSON but data.dataset is 'text', which would train on the raw "
+                "JSON lines; pass --data.dataset json (and --data.text_column if the text is not in 'text')"
+            )
         all_local = not any(is_remote(file) for file in files)
         if local and all_local and not any(os.path.getsize(path) for path in local):
             raise DataConfigError(f"data.data_files: {local[0]} is empty; point it at a file with text")
@@ -78,8 +84,11 @@ class CorpusSource:
     def resolved_data_files(self) -> DataFiles | None:
         """`data_files` with local paths made absolute (globs kept), so the cache key ignores the cwd."""
 
-        def resolve(file: str) -> str:
-            return file if is_remote(file) else str(Path(file).expanduser().resolve())
+        def resolve(file: str) -> str | list[str]:
+            if is_remote(file):
+                return file
+            path = Path(file).expanduser().resolve()
+            return _folder_files(path) if path.is_dir() else str(path)
 
         files = self.builder_files
         if isinstance(files, dict):
@@ -194,7 +203,23 @@ def _flatten(data_files: DataFiles | None) -> list[str]:
 
 
 def _map_files(files: str | list[str], function: Any) -> str | list[str]:
-    return function(files) if isinstance(files, str) else [function(file) for file in files]
+    """`function` over one file or a list; a folder maps to its files, flattened into the list."""
+    if isinstance(files, str):
+        return function(files)
+    mapped = [function(file) for file in files]
+    return [file for item in mapped for file in (item if isinstance(item, list) else [item])]
+
+
+def _folder_files(folder: Path) -> list[str]:
+    """The files under a folder given as data_files (hidden ones skipped), in a stable order."""
+    files = sorted(
+        str(path) for path in folder.rglob("*") if path.is_file() and not path.name.startswith(".")
+    )
+    if not files:
+        raise DataConfigError(
+            f"data.data_files: the folder {folder} holds no files; put the corpus files in it"
+        )
+    return files
 
 
 def _resolve_local(file: str) -> list[str]:
@@ -202,6 +227,8 @@ def _resolve_local(file: str) -> list[str]:
     if is_remote(file):
         return [file]
     path = str(Path(file).expanduser().resolve())
+    if os.path.isdir(path):
+        return _folder_files(Path(path))
     matches = sorted(glob.glob(path)) if glob.has_magic(path) else [path] if os.path.isfile(path) else []
     if not matches:
         raise DataConfigError(f"data.data_files: {file} does not exist; pass an existing file or URL")

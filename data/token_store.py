@@ -1,7 +1,8 @@
-"""The on-disk token cache: one folder with train.bin / val.bin (flat token arrays), tokenizer.json, meta.json.
+"""The on-disk token cache: one folder of flat token part files, tokenizer.json and meta.json.
 
-A folder is built under a temporary name (common.files.StagedFolder) and renamed into place only once complete, so a crashed or failed run
-never leaves a folder a later run would trust. `meta.json` records what training needs to report bits per byte.
+`meta.json` lists the train and validation part files in order and records what training needs to report bits
+per byte. It is written last and the folder only gets its final name once complete, so a crashed run never
+leaves a folder a later run would trust. The streaming folder holds just val.bin next to its tokenizer.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ TRAIN_FILE = "train.bin"
 VAL_FILE = "val.bin"
 META_FILE = "meta.json"
 TOKENIZER_FILE = "tokenizer.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: part files listed in meta.json
 _STATS_CHUNK = 1 << 24
 
 
@@ -49,6 +50,58 @@ class TokenWriter:
 
     def __exit__(self, *exc_info: object) -> None:
         self._file.close()
+
+
+class TokenParts:
+    """The token stream stored as part files (one per tokenizing job), read as one array without merging them.
+
+    Supports what the batch code needs: len, slices (a window may span two parts), `np.asarray`; it pickles
+    as its file names, so DataLoader workers map the files themselves instead of receiving a copy.
+    """
+
+    def __init__(self, files: list[Path], dtype: np.dtype) -> None:
+        self.files = [Path(file) for file in files]
+        self.dtype = np.dtype(dtype)
+        sizes = [file.stat().st_size // self.dtype.itemsize for file in self.files]
+        self._arrays = [
+            np.memmap(file, dtype=self.dtype, mode="r")
+            for file, size in zip(self.files, sizes, strict=True)
+            if size
+        ]
+        self._ends = np.cumsum([len(array) for array in self._arrays], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return int(self._ends[-1]) if len(self._ends) else 0
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (len(self),)
+
+    def __getitem__(self, index: slice) -> np.ndarray:
+        if not isinstance(index, slice) or index.step not in (None, 1):
+            raise TypeError("TokenParts supports contiguous slices only")
+        start, stop, _ = index.indices(len(self))
+        pieces = []
+        part = int(np.searchsorted(self._ends, start, side="right"))
+        while start < stop and part < len(self._arrays):
+            part_start = int(self._ends[part]) - len(self._arrays[part])
+            take = min(stop, int(self._ends[part])) - start
+            pieces.append(self._arrays[part][start - part_start : start - part_start + take])
+            start += take
+            part += 1
+        if len(pieces) == 1:
+            return pieces[0]
+        return np.concatenate(pieces) if pieces else np.zeros(0, dtype=self.dtype)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        whole = self[:]
+        return np.asarray(whole, dtype=dtype)
+
+    def tolist(self) -> list[int]:
+        return self[:].tolist()
+
+    def __reduce__(self) -> tuple:
+        return (TokenParts, ([str(file) for file in self.files], self.dtype.str))
 
 
 def publish_token_folder(staged: StagedFolder, name: str) -> Path:
@@ -84,13 +137,16 @@ def stream_stats(tokens: np.ndarray, token_bytes: list[bytes]) -> dict[str, int]
     }
 
 
-def finish_token_folder(folder: Path, tokenizer: Tokenizer, details: dict[str, Any]) -> dict[str, Any]:
-    """Write tokenizer.json and then meta.json (counts, bytes and chars per validation token) into `folder`."""
+def finish_token_folder(
+    folder: Path, tokenizer: Tokenizer, parts: dict[str, list[str]], details: dict[str, Any]
+) -> dict[str, Any]:
+    """Write tokenizer.json and then meta.json (part files, counts, bytes and chars per token) into `folder`."""
     dtype = token_dtype(tokenizer.vocab_size)
     token_bytes = tokenizer.token_bytes()
-    train = stream_stats(np.memmap(folder / TRAIN_FILE, dtype=dtype, mode="r"), token_bytes)
-    val = stream_stats(np.memmap(folder / VAL_FILE, dtype=dtype, mode="r"), token_bytes)
+    train = stream_stats(TokenParts([folder / name for name in parts["train"]], dtype), token_bytes)
+    val = stream_stats(TokenParts([folder / name for name in parts["val"]], dtype), token_bytes)
     meta = {
+        "parts": parts,
         "format": FORMAT_VERSION,
         "vocab_size": tokenizer.vocab_size,
         "dtype": dtype.name,
@@ -112,8 +168,8 @@ class TokenCache:
     """An opened cache folder: memory-mapped token streams, their tokenizer and meta.json."""
 
     folder: Path
-    train: np.memmap
-    val: np.memmap
+    train: TokenParts
+    val: TokenParts
     tokenizer: Tokenizer
     meta: dict[str, Any]
 
@@ -124,8 +180,8 @@ def open_token_cache(folder: Path) -> TokenCache:
     dtype = np.dtype(meta["dtype"])
     return TokenCache(
         folder=folder,
-        train=np.memmap(folder / TRAIN_FILE, dtype=dtype, mode="r"),
-        val=np.memmap(folder / VAL_FILE, dtype=dtype, mode="r"),
+        train=TokenParts([folder / name for name in meta["parts"]["train"]], dtype),
+        val=TokenParts([folder / name for name in meta["parts"]["val"]], dtype),
         tokenizer=Tokenizer.from_file(folder / TOKENIZER_FILE),
         meta=meta,
     )

@@ -1,119 +1,92 @@
-"""Streaming pipeline: tokenize documents on the fly into train.bin / val.bin, never materialising the text.
+"""What streaming needs before step 1: the tokenizer and the held-out validation documents, tokenized once.
 
-The tokenizer is trained on the first `tokenizer_train_docs` documents. Without a validation split the
-held-out part is the last `val_fraction` of the *tokens* (the character count is unknown until the stream
-ends), and the documents the tokenizer saw must lie before it.
+One sequential pass over the head of the stream (no sharding): without a validation split, the first
+`val_docs` documents are held out (their digests go to heldout.json, and every training reader skips them),
+and the tokenizer trains on the next `tokenizer_train_docs` documents, so it never sees validation text. With a
+validation split, its first `val_docs` documents are the validation set and the tokenizer trains on the first
+`tokenizer_train_docs` training documents. The training text itself is tokenized later, in the loader.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Iterator
+import json
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from data.errors import DataConfigError
-from data.segments import segment_documents
-from data.token_store import TRAIN_FILE, VAL_FILE, TokenWriter, token_dtype
+from data.stream_batches import document_digest, document_ids
+from data.token_store import META_FILE, TOKENIZER_FILE, VAL_FILE, stream_stats, token_dtype
 from data.tokenizer import Tokenizer
 
+HELDOUT_FILE = "heldout.json"
 _DOCS_PER_BATCH = 256
 
 
-def tokenize_stream(
-    train_docs: Iterable[dict[str, Any]],
-    val_docs: Iterable[dict[str, Any]] | None,
+def build_stream_folder(
+    train_docs: Any,
+    val_docs: Any | None,
     *,
     column: str,
     corpus_key: str,
     tokenizer: Tokenizer | None,
     vocab_size: int,
-    val_fraction: float,
+    held_out_docs: int,
     tokenizer_train_docs: int,
     out_dir: Path,
-) -> tuple[Tokenizer, str]:
-    """Write train.bin and val.bin into `out_dir`; returns the tokenizer and where validation came from."""
-    sample_docs = 0
-    if tokenizer is None:
-        sample = list(islice(_texts(train_docs, column), tokenizer_train_docs))
-        if val_docs is None and len(sample) < tokenizer_train_docs:
-            raise _leak_error(tokenizer_train_docs, f"the stream has only {len(sample)} documents")
-        tokenizer = Tokenizer.train(sample, vocab_size)
-        sample_docs = len(sample)
-    dtype = token_dtype(tokenizer.vocab_size)
-    with TokenWriter(out_dir / TRAIN_FILE, dtype) as writer:
-        sample_tokens = write_documents(
-            _texts(train_docs, column), tokenizer, writer, mark_after_docs=sample_docs
-        )
-    if writer.count == 0:
+) -> Tokenizer:
+    """Write val.bin, heldout.json, tokenizer.json and (last) meta.json into `out_dir`."""
+    head = _texts(train_docs, column)
+    if val_docs is None:
+        validation = list(islice(head, held_out_docs))
+        heldout = sorted({document_digest(text) for text in validation if text})
+        source = f"the first {len(validation)} documents of the train split (left out of training)"
+    else:
+        validation = list(islice(_texts(val_docs, column), held_out_docs))
+        heldout = []
+        source = f"the first {len(validation)} documents of the validation split"
+    if not any(validation):
         raise DataConfigError(
             f"{corpus_key}: the corpus has no text in column '{column}'; point it at real text"
         )
-    if val_docs is not None:
-        with TokenWriter(out_dir / VAL_FILE, dtype) as val_writer:
-            write_documents(_texts(val_docs, column), tokenizer, val_writer)
-        return tokenizer, "the dataset's validation split"
-    hold_out_token_tail(out_dir, dtype, val_fraction, protected_tokens=sample_tokens, sample_docs=sample_docs)
-    return tokenizer, f"the last {val_fraction:g} of the train split's tokens"
+    if tokenizer is None:
+        sample = [text for text in islice(head, tokenizer_train_docs) if text]
+        if not sample:
+            raise DataConfigError(
+                f"data.val_docs: holding out {held_out_docs} documents leaves none to train the tokenizer or "
+                "the model on; lower data.val_docs or add a validation split"
+            )
+        tokenizer = Tokenizer.train(sample, vocab_size)
+    dtype = token_dtype(tokenizer.vocab_size)
+    val = np.concatenate(
+        [
+            document_ids(validation[start : start + _DOCS_PER_BATCH], tokenizer)
+            for start in range(0, len(validation), _DOCS_PER_BATCH)
+        ]
+    ).astype(dtype)
+    val.tofile(out_dir / VAL_FILE)
+    (out_dir / HELDOUT_FILE).write_text(json.dumps(heldout), encoding="utf-8")
+    tokenizer.save(out_dir / TOKENIZER_FILE)
+    stats = stream_stats(val, tokenizer.token_bytes())
+    meta = {
+        "vocab_size": tokenizer.vocab_size,
+        "dtype": dtype.name,
+        "eos_id": tokenizer.eos_id,
+        "tokenizer_sha256": tokenizer.sha256,
+        "val": stats,
+        "val_source": source,
+        "bytes_per_token": stats["bytes"] / max(1, stats["tokens"]),
+        "chars_per_token": stats["chars"] / max(1, stats["tokens"]),
+    }
+    (out_dir / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
+    return tokenizer
 
 
-def write_documents(
-    texts: Iterator[str | None], tokenizer: Tokenizer, writer: TokenWriter, mark_after_docs: int = 0
-) -> int:
-    """Tokenize `texts` into `writer` with a progress bar; returns the token count after `mark_after_docs` docs."""
-    docs_done = 0
-    mark = 0
-    with tqdm(desc=f"Tokenizing {writer.path.name}", unit=" docs") as bar:
-        for limit in (mark_after_docs, None):
-            while batch := list(islice(texts, _batch_size(docs_done, limit))):
-                segments = segment_documents(batch, [docs_done + i == 0 for i in range(len(batch))])
-                writer.write(_flat_ids(segments, tokenizer))
-                docs_done += len(batch)
-                bar.update(len(batch))
-            if limit is not None:
-                mark = writer.count
-    return mark
+def read_heldout(folder: Path) -> frozenset[str]:
+    return frozenset(json.loads((folder / HELDOUT_FILE).read_text(encoding="utf-8")))
 
 
-def hold_out_token_tail(
-    out_dir: Path, dtype: np.dtype, val_fraction: float, *, protected_tokens: int, sample_docs: int
-) -> None:
-    """Move the last `val_fraction` of train.bin's tokens into val.bin (a token-boundary cut, no overlap)."""
-    train_path = out_dir / TRAIN_FILE
-    tokens = np.memmap(train_path, dtype=dtype, mode="r")
-    cut = int(len(tokens) * (1 - val_fraction))
-    if protected_tokens > cut:
-        raise _leak_error(sample_docs, "they reach into the held-out tail")
-    tokens[cut:].tofile(out_dir / VAL_FILE)
-    del tokens  # release the mapping before shrinking the file under it
-    os.truncate(train_path, cut * dtype.itemsize)
-
-
-def _batch_size(docs_done: int, limit: int | None) -> int:
-    # The first pass stops exactly at `limit` documents so the mark falls on a document boundary.
-    return _DOCS_PER_BATCH if limit is None else min(_DOCS_PER_BATCH, max(0, limit - docs_done))
-
-
-def _flat_ids(segments: dict[str, list], tokenizer: Tokenizer) -> np.ndarray:
-    encoded = tokenizer.encode_batch(segments["text"])
-    eos = [tokenizer.eos_id]
-    pieces = [
-        eos + ids if sep else ids for ids, sep in zip(encoded, segments["separator_before"], strict=True)
-    ]
-    return np.fromiter((i for piece in pieces for i in piece), dtype=np.int64)
-
-
-def _texts(docs: Iterable[dict[str, Any]], column: str) -> Iterator[str | None]:
+def _texts(docs: Any, column: str):
     return (row[column] for row in docs)
-
-
-def _leak_error(sample_docs: int, reason: str) -> DataConfigError:
-    return DataConfigError(
-        f"data.tokenizer_train_docs: the tokenizer would train on held-out text ({sample_docs} documents; "
-        f"{reason}); lower data.tokenizer_train_docs, split documents finer (data.text_sample_by), "
-        "or add a validation split"
-    )

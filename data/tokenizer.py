@@ -1,7 +1,12 @@
-"""Byte-level BPE tokenizer: trained with `tokenizers`, stored as tokenizer.json, identified by its sha256.
+"""The tokenizer: our byte-level BPE trained with `tokenizers`, or a pretrained model's own; identified by sha256.
 
-Imports only `tokenizers` and the standard library so `generate.py` can rebuild the tokenizer embedded in a
-checkpoint without pulling in `datasets` or Lightning.
+Our BPE is stored as its plain tokenizer.json and ends documents with `<|endoftext|>`. A pretrained tokenizer
+(data/pretrained_tokenizer.py builds one) also carries its model's `TokenRules`: which ids end a text, whether a
+BOS id starts one, the chat template. Those are stored next to the tokenizers JSON in one wrapper object, so one
+string (`to_json`, the copy a checkpoint embeds) and one hash describe everything that decides the ids.
+
+Imports only `tokenizers` and the standard library (jinja2 only when a chat is rendered) so `generate.py` can
+rebuild the tokenizer embedded in a checkpoint without pulling in `datasets` or Lightning.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer as BackendTokenizer
@@ -17,10 +23,38 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from common.errors import UserError, first_line
 from common.files import atomic_write
-from common.tokens import EOS_TOKEN
+from common.tokens import EOS_TOKEN, WRAPPER_KEY, split_tokenizer_json
 
 SPECIAL_TOKENS = (EOS_TOKEN,)
 MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
+SENTENCEPIECE_SPACE = "\u2581"  # how sentencepiece-style vocabularies (Llama 2) spell a space
+
+
+@dataclass(frozen=True)
+class TokenRules:
+    """How a model uses its special tokens.
+
+    Args:
+        eos_ids: Ids that end a text; the first also separates training documents. Several models stop at more
+            than one (Llama 3 Instruct: `<|end_of_text|>`, `<|eom_id|>`, `<|eot_id|>`).
+        bos_id: Id of the begin-of-text token, if the model has one.
+        add_bos: Whether `encode` puts `bos_id` first by default (Llama does, SmolLM2 does not).
+        chat_template: The model's jinja2 chat template, if any.
+    """
+
+    eos_ids: tuple[int, ...]
+    bos_id: int | None = None
+    add_bos: bool = False
+    chat_template: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "eos_ids", tuple(int(i) for i in self.eos_ids))
+        if not self.eos_ids:
+            raise UserError("the tokenizer has no EOS id; set eos_token_id in generation_config.json")
+        if self.add_bos and self.bos_id is None:
+            raise UserError(
+                "the tokenizer adds a BOS token but names none; set bos_token in tokenizer_config.json"
+            )
 
 
 def _byte_to_char() -> dict[int, str]:
@@ -40,15 +74,27 @@ def _byte_to_char() -> dict[int, str]:
 
 
 class Tokenizer:
-    """A byte-level BPE tokenizer with `<|endoftext|>` as document separator; any Unicode text round-trips."""
+    """Our byte-level BPE (`<|endoftext|>` separates documents) or a pretrained model's tokenizer and rules.
 
-    def __init__(self, backend: BackendTokenizer) -> None:
-        eos_id = backend.token_to_id(EOS_TOKEN)
-        if eos_id is None:
+    Without `rules` the backend must hold `<|endoftext|>`, which then is the only EOS id and no BOS is added.
+    """
+
+    def __init__(self, backend: BackendTokenizer, rules: TokenRules | None = None) -> None:
+        own_eos = backend.token_to_id(EOS_TOKEN)
+        default = TokenRules((own_eos,)) if own_eos is not None else None
+        rules = rules or default
+        if rules is None:
             raise UserError(f"tokenizer has no {EOS_TOKEN} token; train it with data.Tokenizer.train")
+        size = backend.get_vocab_size(with_added_tokens=True)
+        for token_id in (*rules.eos_ids, rules.bos_id):
+            if token_id is not None and not 0 <= token_id < size:
+                raise UserError(f"special token id {token_id} is outside the tokenizer's {size} ids")
         self._backend = backend
-        self._eos_id = eos_id
-        self._json = _canonical_json(backend.to_str())
+        self._rules = rules
+        backend_json = _canonical_json(backend.to_str())
+        # Our own BPE keeps its plain tokenizer.json (and so the sha256 of every existing cache and checkpoint).
+        self._json = backend_json if rules == default else _wrapped_json(backend_json, rules)
+        self._backend_json = backend_json
         self._sha256 = hashlib.sha256(self._json.encode("utf-8")).hexdigest()
 
     @classmethod
@@ -81,7 +127,8 @@ class Tokenizer:
     @classmethod
     def from_json(cls, text: str) -> Tokenizer:
         """Rebuild from the string `to_json()` returned (e.g. the copy embedded in a checkpoint)."""
-        return cls(BackendTokenizer.from_str(text))
+        backend_json, rules = split_tokenizer_json(text)
+        return cls(BackendTokenizer.from_str(backend_json), TokenRules(**rules) if rules else None)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> Tokenizer:
@@ -99,8 +146,21 @@ class Tokenizer:
         atomic_write(path, self._json)
 
     def to_json(self) -> str:
-        """The canonical JSON string (sorted keys, compact); `sha256` is the hash of exactly this string."""
+        """The canonical JSON string (sorted keys, compact); `sha256` is the hash of exactly this string.
+
+        Our own BPE gives its plain tokenizer.json; a tokenizer with its own rules gives the wrapper object
+        that `common.tokens.split_tokenizer_json` takes apart.
+        """
         return self._json
+
+    @property
+    def backend_json(self) -> str:
+        """The `tokenizers` JSON alone (what a tokenizer.json file of an export holds)."""
+        return self._backend_json
+
+    @property
+    def rules(self) -> TokenRules:
+        return self._rules
 
     @property
     def sha256(self) -> str:
@@ -109,24 +169,60 @@ class Tokenizer:
 
     @property
     def eos_id(self) -> int:
-        """Id of `<|endoftext|>`, the separator placed between documents."""
-        return self._eos_id
+        """The first EOS id (`<|endoftext|>` for our BPE): the separator placed between documents."""
+        return self._rules.eos_ids[0]
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        """Every id that ends a text; generation stops at any of them."""
+        return self._rules.eos_ids
+
+    @property
+    def bos_id(self) -> int | None:
+        return self._rules.bos_id
+
+    @property
+    def add_bos(self) -> bool:
+        """Whether `encode` starts a text with `bos_id` unless told otherwise."""
+        return self._rules.add_bos
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._rules.chat_template
+
+    def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        """The chat `messages` ({"role", "content"} dicts) as text, through the model's chat template."""
+        from data.chat_template import render_chat
+
+        if self.chat_template is None:
+            raise UserError("this model's tokenizer has no chat template; prompt it with plain text instead")
+        names = {"bos_token": self.bos_id, "eos_token": self.eos_id}
+        tokens = {name: self._backend.id_to_token(i) if i is not None else "" for name, i in names.items()}
+        return render_chat(self.chat_template, messages, add_generation_prompt, **tokens)
 
     @property
     def vocab_size(self) -> int:
         """Number of token ids this tokenizer can produce (may be below the size asked for at training)."""
         return self._backend.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text`; a literal `<|endoftext|>` in the text becomes `eos_id`."""
-        return self._backend.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        """Token ids of `text`, after `bos_id` if `add_bos` (default: the model's rule); a literal special
+        token in the text (`<|endoftext|>`, `<|im_start|>`) becomes its id.
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        Pass add_bos=False for text that already holds the BOS token, such as a rendered chat template.
+        """
+        return self._with_bos(self._backend.encode(text, add_special_tokens=False).ids, add_bos)
+
+    def encode_batch(self, texts: Sequence[str], add_bos: bool | None = None) -> list[list[int]]:
         """Token ids of many texts at once (parallel inside `tokenizers`, no offsets computed)."""
         return [
-            encoding.ids
+            self._with_bos(encoding.ids, add_bos)
             for encoding in self._backend.encode_batch_fast(list(texts), add_special_tokens=False)
         ]
+
+    def _with_bos(self, ids: list[int], add_bos: bool | None) -> list[int]:
+        add = self._rules.add_bos if add_bos is None else add_bos
+        return [self._rules.bos_id, *ids] if add and self._rules.bos_id is not None else ids
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids`; special tokens are kept so `decode(encode(s)) == s` for every string."""
@@ -137,12 +233,16 @@ class Tokenizer:
 
         Lets callers count bytes of a token stream without decoding it, and stream partial characters.
         """
-        char_to_byte = {char: byte for byte, char in _byte_to_char().items()}
+        spec = json.loads(self._backend_json)
+        added = {token["content"]: token for token in spec.get("added_tokens", [])}
+        spell = _byte_level_bytes if "ByteLevel" in json.dumps(spec.get("decoder")) else _sentencepiece_bytes
         table = [b""] * self.vocab_size
-        specials = set(SPECIAL_TOKENS)
         for token, token_id in self._backend.get_vocab(with_added_tokens=True).items():
-            if token not in specials:
-                table[token_id] = bytes(char_to_byte[char] for char in token)
+            if token in added and not _is_byte_token(token):  # a byte-fallback token is a byte even if added
+                # Special tokens stand for no text; other added tokens for their own.
+                table[token_id] = b"" if added[token].get("special") else token.encode("utf-8")
+            else:
+                table[token_id] = spell(token)
         return table
 
     def __reduce__(self) -> tuple:
@@ -151,6 +251,34 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, sha256={self._sha256[:12]}...)"
+
+
+_CHAR_TO_BYTE = {char: byte for byte, char in _byte_to_char().items()}
+
+
+def _byte_level_bytes(token: str) -> bytes:
+    """A byte-level BPE token's bytes: each character of its spelling stands for one byte."""
+    try:
+        return bytes(_CHAR_TO_BYTE[char] for char in token)
+    except KeyError:  # a token spelled outside the byte alphabet (a mislabelled added token): its own text
+        return token.encode("utf-8")
+
+
+def _is_byte_token(token: str) -> bool:
+    """`<0xNN>`: a sentencepiece byte-fallback token."""
+    return len(token) == 6 and token.startswith("<0x") and token.endswith(">")
+
+
+def _sentencepiece_bytes(token: str) -> bytes:
+    """A sentencepiece-style token's bytes: `<0xNN>` is byte NN (byte fallback), the meta space a space."""
+    if _is_byte_token(token):
+        return bytes([int(token[3:5], 16)])
+    return token.replace(SENTENCEPIECE_SPACE, " ").encode("utf-8")
+
+
+def _wrapped_json(backend_json: str, rules: TokenRules) -> str:
+    wrapper = {WRAPPER_KEY: {"rules": asdict(rules), "tokenizer": json.loads(backend_json)}}
+    return json.dumps(wrapper, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
 def _canonical_json(text: str) -> str:

@@ -27,6 +27,7 @@ HEATMAP_PIXELS = 192  # target side of one head's heatmap before it is rounded t
 MAX_LABELLED_TOKENS = 32  # beyond this, token labels would overlap or be too small to read
 MAX_LABEL_CHARS = 10
 PAD = 6
+AXES_NOTE = "rows: query, columns: key"  # which way a map reads: query token i attends to key token j
 BACKGROUND, INK = (255, 255, 255), (0, 0, 0)
 
 
@@ -155,13 +156,17 @@ def _colour_bar(height: int, vmax: float, font: ImageFont.ImageFont) -> Image.Im
 def _assemble(
     cells: list[Image.Image], title: str, bar: Image.Image, font: ImageFont.ImageFont
 ) -> Image.Image:
-    """Cells in a near-square grid under the title, the colour bar on the right."""
+    """Cells in a near-square grid under the title lines and the axes note, the colour bar on the right."""
     cols = math.ceil(math.sqrt(len(cells)))
     rows = math.ceil(len(cells) / cols)
     cell_w, cell_h = max(c.width for c in cells) + PAD, max(c.height for c in cells) + PAD
-    top = _text_height(font) + 2 * PAD
-    image = Image.new("RGB", (PAD + cols * cell_w + bar.width, top + rows * cell_h), BACKGROUND)
-    ImageDraw.Draw(image).text((PAD, PAD), title, fill=INK, font=font)
+    lines = [*title.splitlines(), AXES_NOTE]
+    top = len(lines) * _text_height(font) + 2 * PAD
+    width = max(PAD + cols * cell_w + bar.width, 2 * PAD + math.ceil(max(map(font.getlength, lines))))
+    image = Image.new("RGB", (width, top + rows * cell_h), BACKGROUND)
+    draw = ImageDraw.Draw(image)
+    for i, line in enumerate(lines):
+        draw.text((PAD, PAD + i * _text_height(font)), line, fill=INK, font=font)
     for i, cell in enumerate(cells):
         image.paste(cell, (PAD + (i % cols) * cell_w, top + (i // cols) * cell_h))
     image.paste(bar, (PAD + cols * cell_w, top))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+STATISTICS = ("entropy", "sink_mass", "previous_token", "induction")  # what head_statistics returns, in order
+
 
 def attention_entropy(probs: torch.Tensor) -> torch.Tensor:
     """Mean over query rows of the row entropy -sum p log p, in nats (0 log 0 = 0).

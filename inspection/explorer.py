@@ -28,15 +28,25 @@ import torch
 
 from common.files import atomic_write
 from inspection.attention_image import colour_table, printable_label
-from inspection.attention_stats import head_statistics
+from inspection.attention_stats import STATISTICS, head_statistics
 from inspection.phase_change import Formation
 
 THUMB_SIZE = 48  # thumbnail side in pixels: 12 heads fit a laptop screen's width next to the detail view
-STATISTICS = {  # key in head_statistics -> column title in the explorer
+STATISTIC_TITLES = {  # name in head_statistics -> column title in the explorer
     "entropy": "entropy (nats)",
     "sink_mass": "sink",
     "previous_token": "previous token",
     "induction": "induction",
+}
+STATISTIC_MEANINGS = {  # shown under the table, for a reader who has not met these words yet
+    "entropy": "how spread out a query's attention is, averaged over queries: 0 when every query looks at one "
+    "key; high for a head that looks everywhere a little (log of the number of keys if uniform)",
+    "sink_mass": "the share of attention on the first token: many heads park weight there when nothing else "
+    "is useful (an attention sink)",
+    "previous_token": "the share of attention on the token just before the query: 1 for a head that always "
+    "looks one step back",
+    "induction": "on a random sequence repeated twice, the share of attention on the token that followed the "
+    "earlier copy of the query's token: high for an induction head, which copies what came next last time",
 }
 
 
@@ -99,12 +109,14 @@ def build_explorer(
     history: Sequence[tuple[int, Mapping[str, torch.Tensor]]] = (),
     formations: Sequence[Formation] = (),
     threshold: float | None = None,
+    prompt_len: int | None = None,
 ) -> str:
     """The explorer's HTML for `maps` (L, H, T, T) of one text, its `tokens` (T strings) and `statistics`.
 
     `statistics` maps each name in STATISTICS to an (L, H) tensor (e.g. `head_statistics`). `history` lists
     (step, statistics) pairs for the heads-over-training view (shown from two steps on); `formations` are
-    the induction heads that formed, found with `threshold`.
+    the induction heads that formed, found with `threshold`. `prompt_len` marks the first tokens as the
+    prompt and the others as generated. The page opens on `most_telling_head`.
     """
     maps = _checked_maps(maps, tokens)
     n_layer, n_head, t, _ = maps.shape
@@ -128,7 +140,10 @@ def build_explorer(
         "thumb": thumb,
         "tokens": list(tokens),
         "labels": [printable_label(x, 16) for x in tokens],
-        "statistics": STATISTICS,
+        "statistics": {name: STATISTIC_TITLES[name] for name in STATISTICS},
+        "meanings": {name: STATISTIC_MEANINGS[name] for name in STATISTICS},
+        "prompt_len": prompt_len,
+        "initial_head": most_telling_head(statistics),
         "stats": {name: _nested(statistics[name], n_layer, n_head) for name in STATISTICS},
         "history": [
             {"step": int(s), "stats": {name: _nested(values[name], n_layer, n_head) for name in STATISTICS}}
@@ -152,6 +167,17 @@ def build_explorer(
         .replace("{{DATA}}", "\n".join(data))
         .replace("/*{{JS}}*/", _asset("explorer.js"))
     )
+
+
+def most_telling_head(statistics: Mapping[str, torch.Tensor]) -> list[int]:
+    """[layer, head] of the head with the highest induction or previous-token score.
+
+    Those two patterns can be seen at a glance on the map (a diagonal stripe), where the first head, L0H0,
+    is often close to uniform and shows a learner nothing.
+    """
+    score = torch.maximum(statistics["induction"], statistics["previous_token"])  # (L, H)
+    best = int(score.flatten().argmax())
+    return [best // score.shape[1], best % score.shape[1]]
 
 
 def model_explorer(

@@ -136,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     refuse_existing(Path(args.out).expanduser(), args.force)
     loaded = load_checkpoint(args.checkpoint)  # a bad checkpoint is a CheckpointError, a UserError
     out = export_gguf(loaded.model, loaded.tokenizer_json, args.out, dtype=args.dtype, force=args.force)
-    print(f'exported {loaded.path} -> {out} ({args.dtype}); run it with: llama-cli -m {out} -p "..."')
+    print(
+        f'exported {loaded.path} -> {out} ({args.dtype}); run it with: llama-completion -m {out} -no-cnv -p "..."'
+    )
     return 0
 
 

@@ -1,9 +1,14 @@
-"""Autoregressive sampling: prefill once, then decode one token at a time from the KV cache."""
+"""Autoregressive sampling: how a token is picked (`Sampler`), and `generate`, which prefills once and then
+decodes one token at a time from the KV cache.
+
+Plain, compiled and speculative decoding all pick their tokens with the same `Sampler`, and all follow the
+same context-window rule (`context_start`), so they agree token for token wherever they should.
+"""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -11,6 +16,71 @@ from common.errors import UserError
 
 from .cache import KVCache
 from .static_decode import static_decoder
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """How a token is picked from logits: greedy when temperature == 0, else drawn from a filtered softmax.
+
+    The filters apply in this order: repetition penalty (on the raw logits), temperature, then top-k, top-p
+    (nucleus) and min-p; `generator` makes the draws reproducible.
+    """
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+    generator: torch.Generator | None = None
+
+    def check(self, prefix: str = "") -> Sampler:
+        """Raise a one-line UserError for a value that cannot sample; `prefix="--"` names command-line flags."""
+        if self.temperature < 0:
+            raise UserError(f"{prefix}temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise UserError(f"{prefix}top_k must be at least 1, got {self.top_k}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise UserError(f"{prefix}top_p must be in (0, 1], got {self.top_p}")
+        if self.min_p is not None and not 0.0 <= self.min_p <= 1.0:
+            raise UserError(f"{prefix}min_p must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise UserError(f"{prefix}repetition_penalty must be positive, got {self.repetition_penalty}")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: torch.Tensor, seen: torch.Tensor | None = None) -> torch.Tensor:
+        """The distribution (..., V) tokens are drawn from; one-hot on the argmax when greedy.
+
+        `seen` (B, T), the tokens so far, is what the repetition penalty discourages (logits (B, V) then).
+        """
+        if seen is not None and self.repetition_penalty != 1.0:
+            logits = penalize_repeats(logits, seen, self.repetition_penalty)
+        if self.greedy:
+            return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        flat = logits.reshape(-1, logits.shape[-1]).float() / self.temperature
+        return filter_logits(flat, self.top_k, self.top_p, self.min_p).softmax(-1).view(logits.shape)
+
+    def next_token(self, logits: torch.Tensor, seen: torch.Tensor | None = None) -> torch.Tensor:
+        """One token id per row of logits (B, V), given the tokens `seen` (B, T) so far."""
+        if self.greedy and (seen is None or self.repetition_penalty == 1.0):
+            return logits.argmax(dim=-1)  # no softmax needed, the common greedy case stays one kernel
+        probs = self.probs(logits, seen)
+        if self.greedy:
+            return probs.argmax(dim=-1)
+        return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+
+    def draw(self, probs: torch.Tensor) -> int:
+        """One token id from a distribution (V,) made by `probs` (the argmax when greedy)."""
+        if self.greedy:
+            return int(probs.argmax())
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+    def uniform(self) -> float:
+        """A number in [0, 1) from the sampler's generator (speculative decoding's accept test)."""
+        return float(torch.rand((), generator=self.generator))
 
 
 def filter_logits(
@@ -43,32 +113,67 @@ def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -
     return logits.scatter(-1, seen, picked)
 
 
-def sample_next(
-    logits: torch.Tensor,
-    temperature: float,
-    generator: torch.Generator | None,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-) -> torch.Tensor:
-    """One token id per row of logits (B, V): argmax when temperature == 0, else a filtered sample."""
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    logits = filter_logits(logits.float() / temperature, top_k, top_p, min_p)
-    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
-
-
 def context_start(start: int, length: int, block_size: int) -> int:
     """First token of the window the model sees, given the previous window start and the sequence length.
 
     The window grows until it holds block_size tokens; when the next token would not fit, the window jumps
-    forward so that the most recent block_size // 2 tokens remain and are re-encoded from position 0.
-    Jumping by half (instead of by one) lets the cached path re-prefill once per block_size / 2 tokens, and
-    both paths of `generate` follow this same rule, so they agree at every length.
+    forward so that the most recent block_size // 2 tokens remain (at least one, for block_size 1) and are
+    re-encoded from position 0. Jumping by half (instead of by one) lets the cached path re-prefill once per
+    block_size / 2 tokens. Every decoder (plain, no cache, compiled, speculative and its draft model) follows
+    this one rule, so they agree at every length.
     """
     if length - start <= block_size:
         return start
     return length - max(1, block_size // 2)
+
+
+class CachedDecoder:
+    """Eager decoding from a `KVCache`: prefill a window, then one single-token forward per step."""
+
+    def __init__(self, model: torch.nn.Module, cache: KVCache) -> None:
+        self.model, self.cache = model, cache
+
+    # Eager even for a model compiled in place (`model.compile()`, as training with `compile: true` does):
+    # that graph specialises on the cache position and would be rebuilt at every step.
+    @torch.compiler.set_stance("force_eager")
+    def prefill(self, window: torch.Tensor) -> torch.Tensor:
+        """The next-token logits (B, V) after `window` (B, T), encoded into the emptied cache."""
+        self.cache.reset()
+        return self.model(window, self.cache, last_only=True)[:, -1]
+
+    @torch.compiler.set_stance("force_eager")
+    def decode(self, token: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row (B,); the logits (B, V) of the next one."""
+        return self.model(token[:, None], self.cache)[:, -1]
+
+
+class RecomputingDecoder:
+    """No cache: every step runs the whole window again (the reference the cached paths are tested against)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model, self.window = model, None
+
+    @torch.compiler.set_stance("force_eager")
+    def prefill(self, window: torch.Tensor) -> torch.Tensor:
+        self.window = window
+        return self.model(window, last_only=True)[:, -1]
+
+    def decode(self, token: torch.Tensor) -> torch.Tensor:
+        return self.prefill(torch.cat([self.window, token[:, None]], dim=1))
+
+
+def make_decoder(model: torch.nn.Module, batch_size: int, use_cache: bool, compile: bool | str):
+    """The decoder `generate` asks for: an object with `prefill(window)` and `decode(token)`, both -> logits."""
+    if compile and not use_cache:
+        raise UserError("compile=True needs use_cache=True: the compiled step decodes from the KV cache")
+    if compile:  # model/static_decode.py: one compiled graph for every position
+        return static_decoder(model, batch_size, "inductor" if compile is True else compile)
+    if not use_cache:
+        return RecomputingDecoder(model)
+    param = next(model.parameters())
+    config = model.config
+    cache = KVCache.allocate(config, batch_size, config.block_size, device=param.device, dtype=param.dtype)
+    return CachedDecoder(model, cache)
 
 
 @torch.inference_mode()
@@ -77,95 +182,49 @@ def generate(
     idx: torch.Tensor,
     max_new_tokens: int,
     *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-    repetition_penalty: float = 1.0,
     eos_id: int | None = None,
-    generator: torch.Generator | None = None,
     use_cache: bool = True,
-    on_token: Callable[[torch.Tensor], None] | None = None,
     compile: bool | str = False,
+    on_token: Callable[[torch.Tensor], None] | None = None,
+    sampler: Sampler | None = None,
+    **sampling,
 ) -> torch.Tensor:
     """Continue idx (B, T) by up to max_new_tokens tokens and return (B, T + new) token ids.
 
-    With `use_cache` the prompt is prefilled once and each new token costs one single-token forward; with
-    `use_cache=False` the whole window is recomputed every step (the reference the cache is tested
-    against). Rows that emit `eos_id` keep emitting it; decoding stops when every row has. `on_token`
-    receives each new column (B,) as soon as it is chosen, for streaming.
+    How tokens are picked: a `Sampler`, or its fields as keywords (temperature=1.0, top_k, top_p, min_p,
+    repetition_penalty, generator); `temperature=0` is greedy. Rows that emit `eos_id` keep emitting it;
+    decoding stops when every row has. `on_token` receives each new column (B,) as soon as it is chosen.
 
-    `compile=True` decodes with the static-shape step of model/static_decode.py compiled by inductor (a
-    string names another `torch.compile` backend); the same tokens, one graph for every position. Otherwise the
-    model runs eagerly, even one compiled in place with `model.compile()`, and so does `on_token`.
+    How the model runs: from a KV cache, prefilled once, one single-token forward per new token; with
+    `use_cache=False` the whole window is recomputed every step (the reference the cache is tested against);
+    `compile=True` decodes with the static-shape step of model/static_decode.py compiled by inductor (a string
+    names another `torch.compile` backend): the same tokens, one graph for every position.
     """
-    check_sampling_args(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty)
-    if compile and not use_cache:
-        raise UserError("compile=True needs use_cache=True: the compiled step decodes from the KV cache")
-    block_size = model.config.block_size
-    start = max(0, idx.shape[1] - block_size)
-    decoder = (
-        static_decoder(model, idx.shape[0], "inductor" if compile is True else compile) if compile else None
-    )
-    cache = decoder.cache if decoder else None
-    if use_cache and not decoder:
-        dtype = next(model.parameters()).dtype
-        cache = KVCache.allocate(model.config, idx.shape[0], block_size, device=idx.device, dtype=dtype)
-
-    def prefill(window: torch.Tensor) -> torch.Tensor:
-        """The next-token logits (B, V) after `window` (B, T), encoded into the emptied cache."""
-        if decoder:
-            return decoder.prefill(window)
-        if cache is not None:
-            cache.reset()
-        return model(window, cache, last_only=True)[:, -1]
-
-    # The eager path runs a model compiled in place (`model.compile()`, as training with `compile: true` does)
-    # eagerly: that graph specialises on the cache position and would be rebuilt at every step.
-    with contextlib.nullcontext() if decoder else torch.compiler.set_stance("force_eager"):
-        logits = prefill(idx[:, start:])
-        done = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
-        for step in range(max_new_tokens):
-            if repetition_penalty != 1.0:
-                logits = penalize_repeats(logits, idx, repetition_penalty)
-            token = sample_next(logits, temperature, generator, top_k, top_p, min_p)
-            if eos_id is not None:
-                token = token.masked_fill(done, eos_id)
-                done |= token == eos_id
-            idx = torch.cat([idx, token[:, None]], dim=1)
-            if on_token is not None:
-                on_token(token)
-            # done.all() syncs with the device, so it is only asked when an eos can have been emitted.
-            if step == max_new_tokens - 1 or (eos_id is not None and bool(done.all())):
-                break
-            new_start = context_start(start, idx.shape[1], block_size)
-            if cache is not None and new_start == start:
-                logits = decoder.decode(token) if decoder else model(token[:, None], cache)[:, -1]
-                continue
-            start = new_start
-            logits = prefill(idx[:, start:])
-    return idx
-
-
-def check_sampling_args(
-    max_new_tokens: int,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
-    min_p: float | None,
-    repetition_penalty: float,
-    prefix: str = "",
-) -> None:
-    """Raise a one-line UserError for a value `generate` cannot use; `prefix="--"` names command-line flags."""
+    if sampler is not None and sampling:
+        raise TypeError(f"pass a Sampler or its fields, not both (got sampler and {sorted(sampling)})")
+    sampler = (sampler or Sampler(**sampling)).check()
     if max_new_tokens < 1:
-        raise UserError(f"{prefix}max_new_tokens must be at least 1, got {max_new_tokens}")
-    if temperature < 0:
-        raise UserError(f"{prefix}temperature must be >= 0 (0 is greedy), got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise UserError(f"{prefix}top_k must be at least 1, got {top_k}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise UserError(f"{prefix}top_p must be in (0, 1], got {top_p}")
-    if min_p is not None and not 0.0 <= min_p <= 1.0:
-        raise UserError(f"{prefix}min_p must be in [0, 1], got {min_p}")
-    if repetition_penalty <= 0:
-        raise UserError(f"{prefix}repetition_penalty must be positive, got {repetition_penalty}")
+        raise UserError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    block_size = model.config.block_size
+    decoder = make_decoder(model, idx.shape[0], use_cache, compile)
+    start = max(0, idx.shape[1] - block_size)  # a long prompt: the model sees its last block_size tokens
+    logits = decoder.prefill(idx[:, start:])
+    done = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
+    for step in range(max_new_tokens):
+        token = sampler.next_token(logits, idx)
+        if eos_id is not None:
+            token = token.masked_fill(done, eos_id)
+            done |= token == eos_id
+        idx = torch.cat([idx, token[:, None]], dim=1)
+        if on_token is not None:
+            on_token(token)
+        # done.all() syncs with the device, so it is only asked when an eos can have been emitted.
+        if step == max_new_tokens - 1 or (eos_id is not None and bool(done.all())):
+            break
+        new_start = context_start(start, idx.shape[1], block_size)
+        if new_start == start:
+            logits = decoder.decode(token)
+        else:  # the window jumped: encode its recent half from position 0
+            start = new_start
+            logits = decoder.prefill(idx[:, start:])
+    return idx

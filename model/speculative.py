@@ -1,14 +1,15 @@
 """Exact speculative decoding: a cheap drafter proposes tokens, the target checks them all in one forward.
 
 Each round the target is fed its last accepted token plus up to k drafted ones (a chunked prefill, so the
-bottom-right causal mask of DESIGN.md section 4), which gives its next-token distribution after every prefix at
+bottom-right aligned causal mask of model/attention.py), which gives its next-token distribution after every prefix at
 once. Drafted tokens are kept while the target agrees, the first disagreement is replaced by the target's own
 choice, and the cache is rolled back past the rejected tokens. Greedy output is token-identical to plain greedy
 decoding; with sampling the accept/reject rule (accept d with probability min(1, p(d) / q(d)), else sample from
 the normalised max(p - q, 0)) leaves the output distributed exactly as the target's.
 
-The window rule of `generate` (model.sampling.context_start) is followed at every length, so the target sees the
-same context as in plain decoding: a round never drafts past the end of the current window.
+Tokens are picked by the `Sampler` of plain decoding (model/sampling.py), and the window rule of `generate`
+(`context_start`) is followed at every length, by the target and by a draft model in its own window, so the
+target sees the same context as in plain decoding: a round never drafts past the end of the current window.
 """
 
 from __future__ import annotations
@@ -23,37 +24,7 @@ from common.errors import UserError
 
 from .cache import KVCache
 from .gpt import GPT
-from .sampling import context_start, filter_logits
-
-
-@dataclass(frozen=True)
-class Sampler:
-    """How a token is picked from logits: greedy when temperature == 0, else from the filtered softmax."""
-
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    generator: torch.Generator | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """The distribution (..., V) tokens are drawn from; one-hot on the argmax when greedy."""
-        if self.greedy:
-            return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-        flat = logits.reshape(-1, logits.shape[-1]).float() / self.temperature
-        return filter_logits(flat, self.top_k, self.top_p, self.min_p).softmax(-1).view(logits.shape)
-
-    def draw(self, probs: torch.Tensor) -> int:
-        return (
-            int(probs.argmax()) if self.greedy else int(torch.multinomial(probs, 1, generator=self.generator))
-        )
-
-    def uniform(self) -> float:
-        return float(torch.rand((), generator=self.generator))
+from .sampling import Sampler, context_start
 
 
 class Drafter(Protocol):
@@ -93,9 +64,13 @@ class DraftModel:
 
     def propose(self, idx: torch.Tensor, k: int, sampler: Sampler) -> tuple[list[int], torch.Tensor | None]:
         n, block_size = idx.shape[1], self.model.config.block_size
-        if n + k - 1 - self.start > block_size:  # the draft's window is full: restart it on the recent half
-            self.start = max(0, n - block_size // 2)
+        # The draft keeps its own window, by the rule of `generate`.
+        new_start = context_start(self.start, n, block_size)
+        if new_start != self.start:
+            self.start = new_start
             self.cache.reset()
+        # The window holds n - start tokens, and the k - 1 drafts fed after them must fit too.
+        k = min(k, block_size + 1 - (n - self.start))
         catch_up = idx[:, self.start + self.cache.pos :]  # the tokens the draft has not seen yet
         logits = self.model(catch_up, self.cache, last_only=True)[0, -1]
         tokens, dists = [], []
@@ -171,7 +146,12 @@ def speculative_generate(
         raise UserError(
             f"speculative decoding needs k >= 1 and max_new_tokens >= 1, got {k} and {max_new_tokens}"
         )
-    sampler = sampler or Sampler()
+    sampler = (sampler or Sampler()).check()
+    # The accept test compares two distributions fixed per prefix; a penalty would change them as tokens arrive.
+    if sampler.repetition_penalty != 1.0:
+        raise UserError(
+            "speculative decoding samples without a repetition penalty; use plain decoding for it"
+        )
     block_size, stats = model.config.block_size, SpeculativeStats()
     cache = KVCache.allocate(
         model.config, 1, block_size, device=idx.device, dtype=next(model.parameters()).dtype

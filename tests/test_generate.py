@@ -78,7 +78,6 @@ def test_run_directory_and_stdin_prompt(tiny_run, ckpt, capsys, monkeypatch):
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
-        (["--prompt", ""], "prompt is empty"),
         (["--prompt", "a", "--temperature", "-1"], "--temperature"),
         (["--prompt", "a", "--top_p", "0"], "--top_p"),
         (["--prompt", "a", "--top_p", "1.5"], "--top_p"),
@@ -90,6 +89,21 @@ def test_bad_sampling_input_is_one_line(ckpt, capsys, argv, words):
     code, out, err = run_cli(capsys, "--checkpoint", ckpt, *argv)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("error:") and words in err
+
+
+def test_an_empty_prompt_samples_from_the_end_of_text_token(ckpt, capsys, monkeypatch):
+    seen = {}
+    real_generate = cli.generate
+
+    def spy(model, idx, *args, **kwargs):
+        seen["idx"] = idx
+        return real_generate(model, idx, *args, **kwargs)
+
+    monkeypatch.setattr(cli, "generate", spy)
+    code, out, err = run_cli(capsys, "--checkpoint", ckpt, "--prompt", "", "--max_new_tokens", "5")
+    eos_id = cli.Tokenizer.from_json(cli.load_checkpoint(ckpt).tokenizer_json).eos_id
+    assert code == 0 and err == "" and seen["idx"].tolist() == [[eos_id]]
+    assert "<|endoftext|>" not in out  # the start token is not printed
 
 
 def test_bad_checkpoints_are_one_line(ckpt, tmp_path, capsys):

@@ -88,3 +88,49 @@ def test_ignore_eos_decodes_past_the_end_of_text_token(ckpt, capsys, monkeypatch
     assert code == 0
     eos_id = cli.Tokenizer.from_json(cli.load_checkpoint(ckpt).tokenizer_json).eos_id
     assert seen["eos_id"] == (None if flag else eos_id) and eos_id is not None
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda", "cuda:7", "mps"])
+def test_a_device_this_machine_lacks_is_one_line_before_loading(tmp_path, capsys, device):
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.device_count() > int(device.partition(":")[2] or 0):
+        pytest.skip(f"{device} exists here")
+    if device == "mps" and torch.backends.mps.is_available():
+        pytest.skip("mps exists here")
+    # A missing checkpoint: the device is refused first, with the fix, before anything is read.
+    code, out, err = run_cli(
+        capsys, "--checkpoint", str(tmp_path / "none.ckpt"), "--prompt", "a", "--device", device
+    )
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert f"--device {device} is not available" in err and "use --device cpu" in err
+
+
+def test_a_layer_the_model_lacks_is_refused_before_generating(ckpt, capsys, monkeypatch, tmp_path):
+    called = []
+    monkeypatch.setattr(cli, "generate", lambda *args, **kwargs: called.append(1))
+    png = str(tmp_path / "map.png")
+    code, out, err = run_cli(
+        capsys, "--checkpoint", ckpt, "--prompt", "a", "--attention_map", png, "--layer", "5"
+    )
+    assert code == 2 and out == "" and err.count("\n") == 1 and "--layer must be in 0..1" in err
+    assert called == []  # nothing was generated (or streamed) before the refusal
+
+
+def test_benchmark_measures_the_compiled_step_when_asked(ckpt, capsys, monkeypatch):
+    import benchmarks.decode
+    from model import generate
+
+    asked = []
+
+    def traced(*args, compile=False, **kwargs):
+        asked.append(compile)
+        # aot_eager traces the same static step as inductor, without generating kernels (a CPU compile is slow).
+        return generate(*args, compile="aot_eager" if compile else False, **kwargs)
+
+    monkeypatch.setattr(benchmarks.decode, "generate", traced)
+    code, out, _ = run_cli(capsys, "--checkpoint", ckpt, "--prompt", "a b", "--benchmark", "--compile",
+                           "--max_new_tokens", "4")  # fmt: skip
+    assert code == 0 and True in asked and False in asked
+    assert "compiled:" in out and "cached:" in out and "speed-up of the compiled step" in out
+    assert "too short for a rate" in out  # a 2-token prefill gets a time, not a rate

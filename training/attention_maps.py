@@ -10,14 +10,13 @@ import torch
 from lightning.pytorch.loggers import WandbLogger
 
 from inspection.attention_image import draw_attention_grid
-from inspection.attention_stats import head_statistics
+from inspection.attention_stats import STATISTICS, head_statistics
 from inspection.explorer import build_explorer, write_explorer
 from inspection.phase_change import Formation, PhaseChangeDetector
 
 from .sharding import runs_on_this_rank
 
 DEFAULT_PROBE = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak."
-STATISTICS = ("entropy", "sink_mass", "previous_token", "induction")
 
 
 class AttentionMaps(L.Callback):

@@ -186,7 +186,9 @@
       const span = document.createElement("span");
       span.textContent = token;
       span.dataset.i = i;
-      span.title = `${i}: ${meta.labels[i]}`;
+      const generated = meta.prompt_len != null && i >= meta.prompt_len;
+      span.title = `${i}: ${meta.labels[i]}` + (meta.prompt_len == null ? "" : generated ? " (generated)" : " (prompt)");
+      if (meta.prompt_len != null) span.classList.add(generated ? "generated" : "prompt");
       if (token.includes("\n")) span.classList.add("nl");
       box.append(span);
     });
@@ -274,6 +276,14 @@
       head.append(th);
     }
     $("stats-table").tHead.append(head);
+    for (const [key, title] of Object.entries(meta.statistics)) {
+      head.querySelector(`th[data-key="${key}"]`).title = meta.meanings[key];
+      const item = document.createElement("div");
+      item.innerHTML = "<dt></dt><dd></dd>";
+      item.querySelector("dt").textContent = title;
+      item.querySelector("dd").textContent = meta.meanings[key];
+      $("meanings").append(...item.children);
+    }
     const maxima = Object.fromEntries(Object.keys(meta.statistics).map((k) => [k, Math.max(1e-12, ...meta.stats[k].flat())]));
     const body = $("stats-table").tBodies[0];
     for (let l = 0; l < L; l++) {
@@ -463,7 +473,8 @@
     $("topk").addEventListener("input", (e) => { state.topk = Math.max(1, Math.min(20, Number(e.target.value) || 1)); updateText(); });
     $("help-button").addEventListener("click", () => { $("help").hidden = !$("help").hidden; });
     document.addEventListener("keydown", onKey);
-    await select(0, 0);
+    if (meta.prompt_len != null) $("text-legend").textContent = ` · ${meta.prompt_len} prompt tokens, then ${T - meta.prompt_len} generated (italic, dotted underline)`;
+    await select(...(meta.initial_head ?? [0, 0]));
     document.documentElement.dataset.readyMs = (performance.now() - started).toFixed(1);
     document.documentElement.dataset.ready = "1";
   }

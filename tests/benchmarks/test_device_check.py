@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch.nn.functional as F
 
 from benchmarks import device_check
@@ -10,6 +11,7 @@ from benchmarks.device_check import Row, check_sdpa, exit_code, fused_attention_
 CHECKS = ("sdpa fused for training", "train attention kernels", "train loss falls", "resume exact")
 
 
+@pytest.mark.slow  # a subprocess that trains
 def test_cpu_smoke_runs_every_check_and_passes(script):
     result = script("-m", "benchmarks.device_check", "--cpu_smoke", timeout=900)
     table = result.stdout
@@ -22,7 +24,7 @@ def test_cpu_smoke_runs_every_check_and_passes(script):
 
 
 def _attention_with_dropout(q, k, v):
-    # Attention dropout is what the CPU flash kernel cannot do (DESIGN.md section 4): math would run it.
+    # Attention dropout is what the CPU flash kernel cannot do: the math kernel would run it.
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.1, enable_gqa=True)
 
 

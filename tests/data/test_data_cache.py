@@ -14,7 +14,6 @@ from common.files import StagedFolder
 from data import Tokenizer
 from data.datamodule import TextDataModule
 from data.token_store import META_FILE, publish_token_folder
-from data.tokenize_dataset import segment_split, tokenize_segments
 
 VOCAB = 300
 
@@ -49,7 +48,7 @@ def count_loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def test_second_run_does_no_work(jsonl_corpus: Path, cache_dir: Path, count_loads: list[str]) -> None:
     first = _module(jsonl_corpus, cache_dir)
-    meta = Path(first.train_tokens.filename).parent / META_FILE
+    meta = first.train_tokens.files[0].parent / META_FILE
     stamp = meta.stat().st_mtime_ns
     assert count_loads == ["json"]
     second = _module(jsonl_corpus, cache_dir)
@@ -94,72 +93,86 @@ def test_editing_the_data_file_invalidates_the_cache(new_documents, corpus_file,
     assert not np.array_equal(before.train_tokens[:100], after.train_tokens[:100])
 
 
-def test_map_cache_is_keyed_on_the_tokenizer_hash(
-    new_documents, corpus_file, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Dataset.map itself: the same tokenizer loads the cached ids, a different one recomputes them."""
-    documents = new_documents(80, seed=11)  # a corpus no other test has mapped
-    docs = datasets.load_dataset("json", data_files=str(corpus_file("fresh.jsonl", documents)), split="train")
-    segments = segment_split(docs, "text")
-    first_tokenizer = Tokenizer.train(documents, 300, show_progress=False)
-    second_tokenizer = Tokenizer.train(documents, 380, show_progress=False)
-    encoded_batches = []
-    real_encode = Tokenizer.encode_batch
-    monkeypatch.setattr(
-        Tokenizer,
-        "encode_batch",
-        lambda self, texts: encoded_batches.append(len(texts)) or real_encode(self, texts),
-    )
-
-    first = tokenize_segments(segments, first_tokenizer)
-    assert encoded_batches, "the first run tokenizes"
-    encoded_batches.clear()
-    again = tokenize_segments(segments, first_tokenizer)
-    assert encoded_batches == [], "the second run loads the cached ids"
-    assert again.cache_files == first.cache_files
-    second = tokenize_segments(segments, second_tokenizer)
-    assert encoded_batches, "a new tokenizer recomputes"
-    assert second.cache_files != first.cache_files
-    assert second[0]["ids"] == second_tokenizer.encode(documents[0]) != first[0]["ids"]
-
-
-def test_two_map_processes_give_the_same_ids_in_order(new_documents, corpus_file) -> None:
-    documents = new_documents(40, seed=12)
-    docs = datasets.load_dataset(
-        "json", data_files=str(corpus_file("parallel.jsonl", documents)), split="train"
-    )
-    segments = segment_split(docs, "text", num_proc=2)
-    tokenizer = Tokenizer.train(documents, 300, show_progress=False)
-    parallel = tokenize_segments(segments, tokenizer, num_proc=2)
-    assert len(parallel.cache_files) == 2, "one Arrow file per worker process"
-    single = tokenize_segments(segments, tokenizer, num_proc=1)
-    assert parallel["ids"] == single["ids"]
-    flat = [i for ids in parallel["ids"] for i in ids]
-    assert tokenizer.decode(flat) == "<|endoftext|>".join(documents)
-
-
-def test_a_failed_run_leaves_nothing_to_trust(
-    jsonl_corpus: Path, cache_dir: Path, cached_files, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_two_processes_give_the_ids_of_one(new_documents, corpus_file, tmp_path: Path, monkeypatch) -> None:
     import data.tokenize_dataset
 
-    real_write = data.tokenize_dataset.write_ids
-    calls = []
+    monkeypatch.setattr(data.tokenize_dataset, "PART_BYTES", 4096)  # several parts from a small corpus
+    path = corpus_file("parallel.jsonl", new_documents(60, seed=12))
+    one = _module(path, tmp_path / "one", num_proc=1)
+    two = _module(path, tmp_path / "two", num_proc=2)
+    assert len(one.train_tokens.files) > 3
+    assert np.array_equal(one.train_tokens, two.train_tokens)
+    assert np.array_equal(one.val_tokens, two.val_tokens)
 
-    def crash_on_val(ids, path, dtype):
-        calls.append(path.name)
-        real_write(ids, path, dtype)  # train.bin is written in full, then the run dies
-        if path.name == "val.bin":
-            raise KeyboardInterrupt
 
-    monkeypatch.setattr(data.tokenize_dataset, "write_ids", crash_on_val)
+def test_a_killed_build_resumes_without_redoing_finished_parts(
+    new_documents, corpus_file, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import data.tokenize_dataset
+    import data.tokenize_parts
+
+    monkeypatch.setattr(data.tokenize_dataset, "PART_BYTES", 4096)
+    path = corpus_file("killed.jsonl", new_documents(60, seed=13))
+    real = data.tokenize_parts._tokenize_part
+    done: list[str] = []
+    first_run: list[str] = []
+
+    def killed_after_three(part):
+        if len(done) == 3 and not first_run:
+            raise KeyboardInterrupt  # as a Ctrl-C or kill lands mid-build
+        real(part)
+        done.append(part.name)
+
+    monkeypatch.setattr(data.tokenize_parts, "_tokenize_part", killed_after_three)
     with pytest.raises(KeyboardInterrupt):
-        _module(jsonl_corpus, cache_dir)
-    assert calls == ["train.bin", "val.bin"]
-    assert cached_files(cache_dir) == []
+        _module(path, cache_dir, num_proc=1)
+    assert not list(cache_dir.rglob(META_FILE)), "no complete cache after a kill"
+    assert sorted(p.name for p in cache_dir.rglob("*.bin")) == sorted(done) and len(done) == 3
+    stamps = {p.name: p.stat().st_mtime_ns for p in cache_dir.rglob("*.bin")}
+    first_run.extend(done)
+    done.clear()
+    resumed = _module(path, cache_dir, num_proc=1)
+    assert done and not set(done) & set(first_run), "finished parts are kept, not tokenized again"
+    for part in resumed.train_tokens.files:
+        if part.name in stamps:
+            assert part.stat().st_mtime_ns == stamps[part.name]
     monkeypatch.undo()
-    module = _module(jsonl_corpus, cache_dir)
-    assert len(module.val_tokens) > 0
+    monkeypatch.setattr(data.tokenize_dataset, "PART_BYTES", 4096)
+    straight = _module(path, cache_dir.parent / "straight", num_proc=1)
+    assert np.array_equal(resumed.train_tokens, straight.train_tokens)
+    assert np.array_equal(resumed.val_tokens, straight.val_tokens)
+
+
+def test_prepare_command_builds_the_cache_fit_uses(
+    jsonl_corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    import data.tokenize_parts
+    from data.prepare import main
+
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "trainer:\n  max_steps: 3\nmodel:\n  n_layer: 2\n"
+        f"data:\n  dataset: json\n  data_files: {jsonl_corpus}\n  vocab_size: {VOCAB}\n  block_size: 16\n",
+        encoding="utf-8",
+    )
+    cache = tmp_path / "cache"
+    argv = ["--config", str(config), "--data.cache_dir", str(cache), "--data.num_proc", "2"]
+    monkeypatch.setattr("sys.argv", ["data.prepare", *argv])
+    assert main() == 0
+    assert "ready in" in capsys.readouterr().out
+    monkeypatch.setattr(data.tokenize_parts, "tokenize_parts", None)  # any tokenization now fails loudly
+    module = _module(jsonl_corpus, cache)  # what fit builds from the same data section
+    assert cache in module.train_tokens.files[0].parents
+    assert len(module.train_tokens) > 0
+
+
+def test_prepare_command_refuses_a_bad_key_in_one_line(monkeypatch, capsys) -> None:
+    from data.prepare import main
+
+    monkeypatch.setattr("sys.argv", ["data.prepare", "--data.vocab_sise", "300"])
+    assert main() == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "vocab_sise" in err
 
 
 def test_publish_keeps_a_folder_another_process_published_first(tmp_path: Path) -> None:

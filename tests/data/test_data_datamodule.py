@@ -52,7 +52,7 @@ def test_shakespeare_arrays_meta_and_bytes_per_token(
     assert module.bytes_per_token == pytest.approx(len(val_text.encode()) / len(module.val_tokens), rel=1e-12)
     assert module.chars_per_token == pytest.approx(len(val_text) / len(module.val_tokens), rel=1e-12)
     assert 1.5 < module.bytes_per_token < 3.0
-    meta = json.loads((Path(module.train_tokens.filename).parent / "meta.json").read_text())
+    meta = json.loads((module.train_tokens.files[0].parent / "meta.json").read_text())
     assert meta["train"]["tokens"] == len(module.train_tokens) and meta["val"]["tokens"] == len(
         module.val_tokens
     )

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from data import DataConfigError, Tokenizer
+from data import EOS_TOKEN, DataConfigError, Tokenizer
 from data.datamodule import TINY_SHAKESPEARE_URL, TextDataModule
 
 VOCAB = 300
@@ -16,7 +17,7 @@ def _raises(key: str, cache_dir: Path, cached_files, **settings) -> str:
     """Build (and if that passes, prepare) a module; return the error message after the shared checks."""
     settings = {"vocab_size": VOCAB, "block_size": 16, "cache_dir": str(cache_dir), **settings}
     with pytest.raises(DataConfigError) as caught:
-        TextDataModule(**settings).prepare_data()
+        TextDataModule(**settings).setup()
     message = str(caught.value)
     assert message.startswith(f"{key}: "), message
     assert "\n" not in message
@@ -96,12 +97,14 @@ def test_bad_numbers_fail_at_construction(
     _raises(key, cache_dir, cached_files, dataset="json", data_files=str(jsonl_corpus), **settings)
 
 
-def test_validation_shorter_than_a_block(corpus_file, cache_dir: Path, cached_files) -> None:
+def test_validation_shorter_than_a_block(corpus_file, cache_dir: Path) -> None:
     tiny = corpus_file("tiny.jsonl", ["To be, or not to be, that is the question. " * 4])
-    message = _raises(
-        "data.block_size", cache_dir, cached_files, dataset="json", data_files=str(tiny), block_size=64
-    )
-    assert "block_size=64" in message and "data.val_fraction" in message
+    settings = {"dataset": "json", "data_files": str(tiny), "vocab_size": VOCAB, "cache_dir": str(cache_dir)}
+    with pytest.raises(DataConfigError, match=r"^data\.block_size: ") as caught:
+        TextDataModule(block_size=64, **settings).setup()
+    assert "block_size=64" in str(caught.value) and "data.val_fraction" in str(caught.value)
+    # The cache itself is complete and correct: a smaller block size uses it as it is.
+    assert [path.name for path in cache_dir.rglob("meta.json")] == ["meta.json"]
 
 
 def test_cached_tokens_too_short_for_a_larger_block(corpus_file, cache_dir: Path) -> None:
@@ -126,3 +129,25 @@ def test_tokenizer_path_missing_or_too_large(
         "data.vocab_size", cache_dir, cached_files, tokenizer_path=str(path), vocab_size=300, **common
     )
     assert ">= 400" in message
+
+
+def test_a_folder_of_files_is_read(tmp_path: Path, cache_dir: Path, shakespeare_text: str) -> None:
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "a.txt").write_text(shakespeare_text[:30_000], encoding="utf-8")
+    (folder / "b.txt").write_text(shakespeare_text[30_000:60_000], encoding="utf-8")
+    module = TextDataModule(data_files=str(folder), vocab_size=VOCAB, block_size=16, cache_dir=str(cache_dir))
+    module.setup()
+    text = module.tokenizer.decode(np.asarray(module.train_tokens).tolist())
+    assert text.startswith(shakespeare_text[:1000]) and EOS_TOKEN in text, "both files, one document each"
+
+
+def test_an_empty_folder_and_json_with_the_text_builder(
+    tmp_path: Path, jsonl_corpus: Path, cache_dir: Path, cached_files
+) -> None:
+    (tmp_path / "empty").mkdir()
+    assert "holds no files" in _raises(
+        "data.data_files", cache_dir, cached_files, data_files=str(tmp_path / "empty")
+    )
+    message = _raises("data.dataset", cache_dir, cached_files, data_files=str(jsonl_corpus))
+    assert "--data.dataset json" in message

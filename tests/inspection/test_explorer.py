@@ -131,3 +131,34 @@ def test_induction_benchmark_prints_the_formation_once_at_the_crossing_step(monk
     lines = [line for line in capsys.readouterr().out.splitlines() if "formed at" in line]
     assert lines[0] == "induction head L1H0 formed at step 3 (score 0.55)"
     assert len(lines) == 2 and lines[1].startswith("induction head formed at step 3")  # and the verdict
+
+
+def test_the_page_opens_on_the_head_with_the_highest_induction_or_previous_token_score(explorer_kit):
+    maps = explorer_kit.noisy_maps(2, 3, 8)
+    stats = {name: torch.zeros(2, 3) for name in ("entropy", "sink_mass", "previous_token", "induction")}
+    stats["entropy"][0, 0] = 5.0  # a near-uniform head: high entropy is not what makes a head telling
+    stats["previous_token"][0, 2] = 0.6
+    stats["induction"][1, 1] = 0.8
+    meta = explorer_kit.meta(build_explorer(maps, [str(i) for i in range(8)], stats))
+    assert meta["initial_head"] == [1, 1]
+    stats["previous_token"][0, 2] = 0.9
+    assert explorer_kit.meta(build_explorer(maps, [str(i) for i in range(8)], stats))["initial_head"] == [
+        0,
+        2,
+    ]
+
+
+def test_the_page_explains_its_statistics_axes_and_prompt(explorer_kit):
+    maps = explorer_kit.noisy_maps(1, 2, 6)
+    page = build_explorer(maps, list("abcdef"), stats_for(maps), prompt_len=4)
+    meta = explorer_kit.meta(page)
+    assert meta["prompt_len"] == 4
+    assert (
+        set(meta["meanings"])
+        == set(meta["statistics"])
+        == {"entropy", "sink_mass", "previous_token", "induction"}
+    )
+    assert (
+        "first token" in meta["meanings"]["sink_mass"] and "just before" in meta["meanings"]["previous_token"]
+    )
+    assert "rows: query" in page and "columns: key" in page

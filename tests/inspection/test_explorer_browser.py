@@ -17,16 +17,23 @@ import torch
 from PIL import Image
 
 from inspection.attention_image import colour_table
-from inspection.attention_stats import head_statistics
-from inspection.explorer import build_explorer, model_explorer, quantise_rows, write_explorer
+from inspection.attention_stats import STATISTICS, head_statistics
+from inspection.explorer import (
+    build_explorer,
+    model_explorer,
+    most_telling_head,
+    quantise_rows,
+    write_explorer,
+)
 from inspection.phase_change import Formation
+
+pytestmark = pytest.mark.slow  # drives a browser
 
 CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run",
 ]  # fmt: skip
-STATISTICS = ("entropy", "sink_mass", "previous_token", "induction")
 TOKENS = 24
 # Stated budgets for 12 layers x 12 heads x 1024 tokens (README, "Attention explorer"): the file at most
 # 32 MB for the noisy test maps, and interactive in a few seconds. The size is asserted; the time is
@@ -146,6 +153,7 @@ def test_clicking_a_thumbnail_draws_that_head(browser, small):
 
 def test_arrow_keys_move_through_the_grid(browser, small):
     opened = Opened(browser, small[0])
+    opened.page.evaluate("window.explorer.select(0, 0)")  # the page opens on its most telling head
     opened.page.keyboard.press("ArrowDown")
     opened.page.keyboard.press("ArrowRight")
     opened.page.keyboard.press("ArrowRight")
@@ -202,6 +210,28 @@ def test_table_shows_head_statistics_and_sorts(browser, small):
     assert opened.page.get_attribute(".thumb.formed", "data-head") == "2"
 
 
+def test_opens_on_the_most_telling_head_and_explains_the_statistics(browser, small, explorer_kit):
+    path, _, stats, _ = small
+    opened = Opened(browser, path)
+    expected = most_telling_head(stats)
+    assert list(opened.shown_head()) == expected and expected != [0, 0]
+    assert opened.page.get_attribute(".thumb.selected", "data-layer") == str(expected[0])
+    terms = opened.page.eval_on_selector_all("#meanings dt", "d => d.map(x => x.textContent)")
+    assert terms == ["entropy (nats)", "sink", "previous token", "induction"]
+    assert opened.page.is_visible("#meanings") and "query" in opened.page.inner_text("#map-axes")
+
+
+def test_prompt_and_generated_tokens_are_marked(browser, tmp_path, explorer_kit):
+    maps = explorer_kit.noisy_maps(1, 2, 10)
+    stats = {name: torch.rand(1, 2) for name in STATISTICS}
+    page = build_explorer(maps, [f"t{i} " for i in range(10)], stats, prompt_len=6)
+    opened = Opened(browser, write_explorer(tmp_path / "marked.html", page))
+    classes = opened.page.eval_on_selector_all("#text span", "s => s.map(x => x.className.split(' ')[0])")
+    assert classes == ["prompt"] * 6 + ["generated"] * 4
+    assert "6 prompt tokens, then 4 generated" in opened.page.inner_text("#text-panel h2")
+    assert opened.errors == []
+
+
 @pytest.fixture(scope="module")
 def big(tmp_path_factory, explorer_kit):
     """12 layers x 12 heads x 1024 tokens (12 different noisy heads, repeated: cheaper to make, same work)."""
@@ -227,7 +257,7 @@ def test_12x12x1024_becomes_interactive(browser, big, explorer_kit):
     assert opened.errors == []
     # Responsive by construction: at start only the shown head's map is decoded, not all 144.
     assert opened.page.evaluate("window.explorer.decodedHeads()") == 1
-    probs = maps[0, 0].numpy()
+    probs = maps[opened.shown_head()].numpy()
     i = explorer_kit.top_keys_with_margin(probs, 3)[-1]
     opened.page.hover(f"#text span[data-i='{i}']")
     opened.page.wait_for_function(f"() => document.querySelector('#text').dataset.query === '{i}'")

@@ -1,9 +1,12 @@
 """Cached decoding must reproduce the full forward, for MHA, GQA and MQA."""
 
+import functools
+
 import pytest
 import torch
 
 from model import GPT, KVCache, ModelConfig, generate
+from tests.model import lively
 
 HEAD_LAYOUTS = {"mha": 8, "gqa": 2, "mqa": 1}
 
@@ -16,17 +19,10 @@ def tiny_model(n_kv_head: int, block_size: int = 64, seed: int = 0) -> GPT:
     return GPT(config).eval()
 
 
-def lively_model(n_kv_head: int, block_size: int = 64, seed: int = 0) -> GPT:
-    """A tiny GPT with large random weights (norms included): its greedy output does not repeat one token.
-
-    At init scale the logits are nearly flat and greedy decoding repeats the last prompt token, so two
-    decoding paths would agree even when one ignores the cache.
-    """
-    model = tiny_model(n_kv_head, block_size, seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.normal_(1.0, 0.3) if name.endswith("norm.weight") else param.normal_(0.0, 0.2)
-    return model
+# The shared varied-output model, in this file's shape (vocabulary 97, 8 heads) and in float32.
+lively_model = functools.partial(
+    lively.lively_model, block_size=64, vocab=97, n_head=8, n_embd=64, dtype=torch.float32
+)
 
 
 def distinct_new_tokens(out: torch.Tensor, prompt_len: int) -> list[int]:

@@ -62,7 +62,8 @@ def test_a_model_compiled_in_place_decodes_eagerly_without_a_graph_per_position(
     compiled forward would specialise on the cache position and be rebuilt at every step."""
     from torch._dynamo.utils import counters
 
-    from model.speculative import PromptLookup, Sampler, speculative_generate
+    from model.sampling import Sampler
+    from model.speculative import PromptLookup, speculative_generate
 
     def speculative():
         sampler = Sampler(temperature=0.8, generator=torch.Generator().manual_seed(2))
@@ -88,3 +89,36 @@ def test_a_model_compiled_in_place_decodes_eagerly_without_a_graph_per_position(
         assert counters["stats"]["unique_graphs"] == graphs + 1
     finally:
         torch._dynamo.reset()
+
+
+def test_one_sampler_object_or_its_fields_pick_the_same_tokens():
+    from model.sampling import Sampler
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=64, block_size=24, n_layer=2, n_head=4, n_kv_head=2, n_embd=32))
+    prompt = torch.randint(0, 64, (2, 5))
+    fields = dict(temperature=0.9, top_k=20, top_p=0.9, min_p=0.05, repetition_penalty=1.3)
+    by_fields = generate(model, prompt, 20, generator=torch.Generator().manual_seed(3), **fields)
+    sampler = Sampler(**fields, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(generate(model, prompt, 20, sampler=sampler), by_fields)
+    with pytest.raises(TypeError, match="not both"):
+        generate(model, prompt, 4, sampler=sampler, temperature=0.5)
+
+
+def test_the_repetition_penalty_reaches_the_greedy_choice():
+    from model.sampling import Sampler
+
+    logits = torch.tensor([[3.0, 2.0, 1.0]])
+    assert Sampler(0.0).next_token(logits, torch.tensor([[0]])).tolist() == [0]
+    assert Sampler(0.0, repetition_penalty=2.0).next_token(logits, torch.tensor([[0]])).tolist() == [1]
+
+
+def test_speculative_decoding_refuses_a_repetition_penalty():
+    from common.errors import UserError
+    from model.sampling import Sampler
+    from model.speculative import PromptLookup, speculative_generate
+
+    model = GPT(ModelConfig(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=16))
+    with pytest.raises(UserError, match="repetition penalty"):
+        speculative_generate(model, torch.zeros(1, 3, dtype=torch.long), 4, PromptLookup(),
+                             sampler=Sampler(repetition_penalty=1.2))  # fmt: skip

@@ -4,23 +4,12 @@ import pytest
 import torch
 
 from common.errors import UserError
-from model import GPT, KVCache, ModelConfig, generate
-from model.speculative import DraftModel, PromptLookup, Sampler, check_draft, speculative_generate, verify
+from model import GPT, KVCache, generate
+from model.sampling import Sampler
+from model.speculative import DraftModel, PromptLookup, check_draft, speculative_generate, verify
+from tests.model.lively import lively_model
 
 CPU = torch.device("cpu")
-
-
-def lively_model(vocab: int = 101, block_size: int = 48, n_kv_head: int = 2, seed: int = 0) -> GPT:
-    """A random float64 model with large weights, so greedy output is varied (not one repeated token)."""
-    torch.manual_seed(seed)
-    config = ModelConfig(
-        vocab_size=vocab, block_size=block_size, n_layer=2, n_head=4, n_kv_head=n_kv_head, n_embd=32
-    )
-    model = GPT(config).double().eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.mul_(8) if param.dim() > 1 else param.uniform_(0.5, 2.0)
-    return model
 
 
 def noisy_copy(model: GPT, noise: float, seed: int = 5) -> GPT:
@@ -148,3 +137,19 @@ def test_eos_stops_the_speculative_run(target):
     expected = plain[0, : 8 + (plain[0, 8:] == eos).nonzero()[0, 0] + 1]
     out, _ = speculative_generate(target, prompt, 30, PromptLookup(), sampler=Sampler(0.0), eos_id=eos)
     assert torch.equal(out[0], expected)
+
+
+@pytest.mark.parametrize("draft_block", [1, 6])
+def test_a_draft_with_a_short_window_slides_by_the_rule_of_generate(target, draft_block):
+    """A draft whose block_size is below the target's (1: a window of one token; 6 with k = 5: the drafts
+    overrun half the window) keeps its own window by `context_start` and never overfills its cache."""
+    from model import ModelConfig
+
+    draft = noisy_copy(target, 0.3)
+    short = GPT(ModelConfig(**{**draft.config.to_dict(), "block_size": draft_block})).double().eval()
+    short.load_state_dict(draft.state_dict())
+    prompt = torch.randint(0, 101, (1, 8), generator=torch.Generator().manual_seed(1))
+    plain = generate(target, prompt, 60, temperature=0.0)
+    drafter = DraftModel(short, CPU, torch.float64)
+    out, stats = speculative_generate(target, prompt, 60, drafter, k=5, sampler=Sampler(temperature=0.0))
+    assert stats.drafted > 0 and torch.equal(out, plain)

@@ -11,27 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
-from model import GPT, KVCache, ModelConfig, generate
+from model import KVCache, generate
 from model.reduction_kernels import ReductionKernels
 from model.static_decode import StaticDecoder
+from tests.model.lively import lively_model
 
 LAYOUTS = {"mha": (4, "aot_eager"), "gqa": (2, "inductor"), "mqa": (1, "aot_eager")}
-
-
-def lively_model(n_kv_head: int, block_size: int = 32, seed: int = 0) -> GPT:
-    """A random model whose greedy output is not one repeated token: large weights, random norm gains."""
-    torch.manual_seed(seed)
-    config = ModelConfig(
-        vocab_size=101, block_size=block_size, n_layer=2, n_head=4, n_kv_head=n_kv_head, n_embd=32
-    )
-    model = GPT(config).double().eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() > 1:
-                param.mul_(8)
-            else:
-                param.uniform_(0.5, 2.0)
-    return model
 
 
 def graphs_compiled() -> int:
@@ -40,7 +25,7 @@ def graphs_compiled() -> int:
 
 @pytest.mark.parametrize(("n_kv_head", "backend"), LAYOUTS.values(), ids=LAYOUTS.keys())
 def test_compiled_greedy_matches_eager_across_window_jumps_without_recompiling(n_kv_head, backend):
-    model = lively_model(n_kv_head)
+    model = lively_model(n_kv_head, block_size=32)
     prompt = torch.randint(0, 101, (2, 10), generator=torch.Generator().manual_seed(1))
     eager = generate(model, prompt, 110, temperature=0.0)  # block_size 32: the window jumps 5 times
     assert all(row.unique().numel() >= 8 for row in eager[:, 10:]), (
@@ -72,7 +57,7 @@ def test_static_step_logits_and_cache_match_the_eager_step():
 
 
 def test_compile_needs_the_cache():
-    model = lively_model(2)
+    model = lively_model(2, block_size=32)
     with pytest.raises(ValueError, match="use_cache"):
         generate(model, torch.zeros(1, 3, dtype=torch.long), 4, compile="aot_eager", use_cache=False)
 
@@ -85,7 +70,7 @@ def test_cpu_step_compiles_linear_layers_at_batch_one_and_attention_as_reduction
         graphs.append(gm)
         return gm.forward
 
-    model = lively_model(1)
+    model = lively_model(1, block_size=32)
     ops = []
     for batch in (1, 2):
         decoder = StaticDecoder(model, KVCache.allocate(model.config, batch, 32, dtype=torch.float64),

@@ -105,7 +105,7 @@ CASES = {
             "1",
         ],
         hub_stand_in="json",
-        extra=["--data.tokenizer_train_docs", "60"],
+        extra=["--data.tokenizer_train_docs", "60", "--data.val_docs", "60"],
     ),
 }
 # tiny.yaml runs once for the whole suite (tests/conftest.py tiny_run); these are that run's overrides.

@@ -1,0 +1,127 @@
+"""What `generate.py --benchmark` prints: the KV cache's size, prefill and decode speed, and for speculative
+decoding its speed-up over plain decoding of the same tokens.
+
+Every figure is a median over alternating runs (benchmarks/timing.py). Each run samples with a fresh generator
+seeded alike, so every run picks the same tokens, and never stops at an end-of-text token, so every run decodes
+the same count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
+from benchmarks.decode import timed_decode
+from benchmarks.timing import alternate_medians, wall_seconds
+from model import KVCache, generate
+from model.sampling import Sampler
+from model.speculative import Drafter, speculative_generate
+
+REPEATS = 5
+# A prefill of a handful of tokens is over in microseconds, dominated by fixed costs: its tokens/s swings
+# from tens to thousands and says nothing about the model. Below this prompt length only its time is shown.
+MIN_PREFILL_TOKENS = 32
+
+
+def seeded(sampler: Sampler, seed: int, device: torch.device) -> Sampler:
+    """The sampler with a fresh generator seeded with `seed`: every run draws the same tokens."""
+    return dataclasses.replace(sampler, generator=torch.Generator(device=device).manual_seed(seed))
+
+
+def report_decode_speed(
+    model: torch.nn.Module,
+    prompt: torch.Tensor,
+    new_tokens: int,
+    sampler: Sampler | None = None,
+    seed: int = 0,
+    *,
+    compile: bool = False,
+    with_recompute: bool = False,
+    repeats: int = REPEATS,
+) -> dict[str, float]:
+    """Print the cache size and, for each decoding path, prefill time and decode tokens/s; return the latter.
+
+    Paths: the eager KV cache always, the compiled step with `compile`, recomputing the window with
+    `with_recompute`; the speed-up of each over the eager cached path is printed too.
+    """
+    sampler = sampler or Sampler(temperature=0.0)
+    param = next(model.parameters())
+    cache = KVCache.allocate(
+        model.config, prompt.shape[0], model.config.block_size, param.device, param.dtype
+    )
+    print(
+        f"KV cache: {cache.bytes_per_token} bytes per token per sequence, {cache.nbytes / 2**20:.2f} MiB "
+        f"for {prompt.shape[0]} x {cache.max_len} tokens"
+    )
+    del cache
+    paths = {"cached": {}}
+    if compile:
+        paths["compiled"] = {"compile": True}
+    if with_recompute:
+        paths["no_cache"] = {"use_cache": False}
+
+    def run(kwargs: dict) -> Callable[[], tuple[float, float]]:
+        return lambda: timed_decode(
+            model, prompt, new_tokens, sampler=seeded(sampler, seed, prompt.device), **kwargs
+        )
+
+    medians = alternate_medians({name: run(kwargs) for name, kwargs in paths.items()}, repeats)
+    for name, (prefill_s, decode_tps) in medians.items():
+        print(f"{name:>8}: {prefill_line(prompt.shape[1], prefill_s)}, decode {decode_tps:,.1f} tokens/s")
+    cached = medians["cached"][1]
+    if "compiled" in medians:
+        print(
+            f"decode speed-up of the compiled step over the eager one: {medians['compiled'][1] / cached:.2f}x"
+        )
+    if "no_cache" in medians:
+        print(f"decode speed-up from the KV cache: {cached / medians['no_cache'][1]:.1f}x")
+    print(f"(medians of {repeats} alternating runs, {new_tokens} new tokens, batch {prompt.shape[0]})")
+    return {name: decode_tps for name, (_, decode_tps) in medians.items()}
+
+
+def prefill_line(prompt_len: int, seconds: float) -> str:
+    """The prefill's time, and its tokens/s only for a prompt long enough for the rate to mean something."""
+    line = f"prefill {prompt_len} tokens in {seconds * 1000:.1f} ms"
+    if prompt_len >= MIN_PREFILL_TOKENS:
+        return f"{line} ({prompt_len / seconds:,.0f} tokens/s)"
+    return f"{line} (too short for a rate: tokens/s needs a prompt of {MIN_PREFILL_TOKENS}+ tokens)"
+
+
+def report_speculative_speed(
+    model: torch.nn.Module,
+    prompt: torch.Tensor,
+    new_tokens: int,
+    make_drafter: Callable[[], Drafter],
+    sampler: Sampler,
+    seed: int,
+    *,
+    k: int,
+    repeats: int = REPEATS,
+) -> None:
+    """Print speculative and plain decoding tokens/s, the acceptance rate, and whether both gave the same tokens."""
+    outputs: dict[str, object] = {}
+
+    def speculative():
+        fresh = seeded(sampler, seed, prompt.device)
+        return speculative_generate(model, prompt, new_tokens, make_drafter(), k=k, sampler=fresh)
+
+    def plain():
+        return generate(model, prompt, new_tokens, sampler=seeded(sampler, seed, prompt.device))
+
+    runs = {
+        name: wall_seconds(fn, outputs, name) for name, fn in [("speculative", speculative), ("plain", plain)]
+    }
+    seconds = alternate_medians(runs, repeats)
+    out, stats = outputs["speculative"]
+    print(
+        f"speculative: {stats.new_tokens / seconds['speculative']:.1f} tokens/s, acceptance {stats.acceptance:.0%} "
+        f"({stats.accepted}/{stats.drafted}), {stats.target_forwards} target forwards"
+    )
+    print(f"plain:       {new_tokens / seconds['plain']:.1f} tokens/s")
+    speed_up = seconds["plain"] / seconds["speculative"] * stats.new_tokens / new_tokens
+    print(
+        f"speed-up:    {speed_up:.2f}x, same tokens: {torch.equal(out, outputs['plain'])} "
+        f"(medians of {repeats} alternating runs)"
+    )

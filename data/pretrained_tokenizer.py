@@ -1,0 +1,149 @@
+"""A pretrained model's own tokenizer: from a Hugging Face folder's files, or from a GGUF file's vocabulary.
+
+A Hugging Face folder holds `tokenizer.json` (the `tokenizers` pipeline) and the rules around it:
+`tokenizer_config.json` (BOS/EOS tokens, `add_bos_token`, the chat template, or a `chat_template.jinja` file
+next to it) and `generation_config.json` (the ids generation stops at, often several). A GGUF file stores the
+vocabulary as `tokenizer.ggml.*` arrays; the reader (interop/gguf_file.py) hands them over as a `GGUFVocabulary`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as BackendTokenizer
+
+from common.errors import UserError, first_line
+from data.tokenizer import Tokenizer, TokenRules
+
+# Token types of a GGUF vocabulary (gguf.TokenType): control tokens are special, user-defined ones are added.
+GGUF_CONTROL, GGUF_USER_DEFINED = 3, 4
+# llama.cpp's pre-tokenizer names for byte-level BPE vocabularies we can rebuild exactly: GPT-2's split regex,
+# and SmolLM's, which first isolates every digit (as its tokenizer.json's Digits(individual_digits) does).
+GGUF_PRE_TOKENIZERS = ("gpt-2", "default", "smollm")
+
+
+def tokenizer_from_hf_folder(folder: Path) -> Tokenizer:
+    """The tokenizer of a Hugging Face model folder, with its BOS/EOS rules and chat template."""
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise UserError(
+            f"{folder}: no tokenizer.json; this model ships no fast tokenizer, which gqa-gpt needs"
+        )
+    try:
+        backend = BackendTokenizer.from_file(str(path))
+    except Exception as err:  # tokenizers raises bare Exception subclasses for malformed files
+        raise UserError(f"{path} is not a tokenizers JSON file: {first_line(err)}") from err
+    config = _read_json(folder / "tokenizer_config.json")
+    generation = _read_json(folder / "generation_config.json") or _read_json(folder / "config.json")
+    bos_id = _token_id(backend, config.get("bos_token"), generation.get("bos_token_id"))
+    add_bos = config.get("add_bos_token")
+    if add_bos is None:  # no flag: the post-processor tells, as for Llama 3 (TemplateProcessing adds BOS)
+        add_bos = bos_id is not None and _post_processor_adds(json.loads(backend.to_str()), bos_id)
+    eos_ids = _ids(generation.get("eos_token_id"))
+    own_eos = _token_id(backend, config.get("eos_token"), None)
+    if own_eos is not None and own_eos not in eos_ids:
+        eos_ids.insert(0, own_eos)
+    if not eos_ids:
+        raise UserError(f"{folder}: no EOS token in tokenizer_config.json or generation_config.json; add one")
+    rules = TokenRules(tuple(eos_ids), bos_id, bool(add_bos), _chat_template(folder, config))
+    return Tokenizer(backend, rules)
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path} is not valid JSON ({err.msg}, line {err.lineno}); restore the file") from err
+
+
+def _token_id(backend: BackendTokenizer, token, fallback_id) -> int | None:
+    """The id of a tokenizer_config token entry (a string or an AddedToken dict), else `fallback_id`."""
+    content = token.get("content") if isinstance(token, dict) else token
+    token_id = backend.token_to_id(content) if content else None
+    if token_id is None and isinstance(fallback_id, list):
+        fallback_id = fallback_id[0] if fallback_id else None
+    return token_id if token_id is not None else fallback_id
+
+
+def _ids(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(i) for i in value] if isinstance(value, list) else [int(value)]
+
+
+def _post_processor_adds(spec: dict, bos_id: int) -> bool:
+    """Whether tokenizer.json's post-processor puts `bos_id` first in a single sequence."""
+    processor = spec.get("post_processor") or {}
+    steps = processor.get("processors", [processor]) if processor.get("type") == "Sequence" else [processor]
+    for step in steps:
+        single = step.get("single") or []
+        if step.get("type") == "TemplateProcessing" and single and "SpecialToken" in single[0]:
+            token = single[0]["SpecialToken"]["id"]
+            return bos_id in step.get("special_tokens", {}).get(token, {}).get("ids", [])
+    return False
+
+
+def _chat_template(folder: Path, config: dict) -> str | None:
+    """chat_template.jinja (what transformers 5 writes) or tokenizer_config's entry (a string or named list)."""
+    file = folder / "chat_template.jinja"
+    if file.is_file():
+        return file.read_text(encoding="utf-8")
+    template = config.get("chat_template")
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+        named = {entry.get("name"): entry.get("template") for entry in template}
+        template = named.get("default")
+    return template
+
+
+@dataclass(frozen=True)
+class GGUFVocabulary:
+    """The `tokenizer.ggml.*` values of a GGUF file, as plain Python values."""
+
+    model: str
+    pre: str
+    tokens: list[str]
+    token_types: list[int]
+    merges: list[str]
+    eos_id: int
+    bos_id: int | None = None
+    add_bos: bool = False
+    chat_template: str | None = None
+
+
+def tokenizer_from_gguf(vocab: GGUFVocabulary, source: str) -> Tokenizer:
+    """A byte-level BPE tokenizer built from a GGUF vocabulary; other kinds are one UserError naming `source`."""
+    if vocab.model != "gpt2":
+        raise UserError(
+            f"{source}: tokenizer.ggml.model={vocab.model!r} is not supported (only 'gpt2' byte-level BPE); "
+            "load the model's Hugging Face folder instead"
+        )
+    if vocab.pre not in GGUF_PRE_TOKENIZERS:
+        raise UserError(
+            f"{source}: tokenizer.ggml.pre={vocab.pre!r} is not supported (only {', '.join(GGUF_PRE_TOKENIZERS)}); "
+            "load the model's Hugging Face folder instead"
+        )
+    ids = {token: i for i, token in enumerate(vocab.tokens)}
+    merges = [tuple(merge.split(" ", 1)) for merge in vocab.merges]
+    backend = BackendTokenizer(models.BPE(vocab=ids, merges=merges, fuse_unk=False))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if vocab.pre == "smollm":
+        digits = pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated")
+        backend.pre_tokenizer = pre_tokenizers.Sequence([digits, byte_level])
+    else:
+        backend.pre_tokenizer = byte_level
+    backend.decoder = decoders.ByteLevel()
+    # Added tokens keep their vocabulary ids and are matched whole in any text, as llama.cpp does.
+    for kind, add in ((GGUF_CONTROL, backend.add_special_tokens), (GGUF_USER_DEFINED, backend.add_tokens)):
+        picked = [
+            token
+            for token, token_kind in zip(vocab.tokens, vocab.token_types, strict=True)
+            if token_kind == kind
+        ]
+        add([AddedToken(token, special=kind == GGUF_CONTROL, normalized=False) for token in picked])
+    rules = TokenRules((vocab.eos_id,), vocab.bos_id, vocab.add_bos, vocab.chat_template)
+    return Tokenizer(backend, rules)

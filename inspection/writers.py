@@ -1,0 +1,93 @@
+"""What generate.py writes about attention: a PNG of one layer (--attention_map), the interactive explorer
+(--attention_html) and the step-by-step tables of one head (--explain_attention)."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from common.errors import UserError
+from inspection.attention_image import (
+    MAX_LABELLED_TOKENS,
+    draw_attention_grid,
+    printable_label,
+    save_attention_png,
+)
+from inspection.explain import attention_steps, steps_as_text
+from inspection.explorer import model_explorer, write_explorer
+
+# Three tables of 16 x 16 cells of 8 characters stay within a 140-column terminal; a whole 64-token window
+# would print lines over 500 characters long.
+EXPLAIN_TOKENS = 16
+
+
+def check_layer_and_head(config, layer: int | None, head: int) -> None:
+    """Refuse a --layer or --head the model does not have, before anything is generated."""
+    if layer is not None and not 0 <= layer < config.n_layer:
+        raise UserError(
+            f"--layer must be in 0..{config.n_layer - 1} (the model has {config.n_layer}), got {layer}"
+        )
+    if not 0 <= head < config.n_head:
+        raise UserError(
+            f"--head must be in 0..{config.n_head - 1} (the model has {config.n_head}), got {head}"
+        )
+
+
+def token_labels(tokenizer, ids: list[int]) -> list[str]:
+    return [tokenizer.decode([i]) for i in ids]
+
+
+def map_title(layer: int, shown: int, total: int) -> str:
+    """The PNG's title: the layer, and which tokens it shows when that is not simply all of them."""
+    title = f"layer {layer}, {shown} tokens"
+    if shown < total:
+        title = f"layer {layer}, the last {shown} of {total} tokens (the model's context window)"
+    if shown > MAX_LABELLED_TOKENS:
+        title += (
+            f"\ntoo many to label (labels up to {MAX_LABELLED_TOKENS} tokens); --attention_html labels all"
+        )
+    return title
+
+
+def write_attention_map(model, tokenizer, ids: torch.Tensor, path: str, layer: int | None) -> None:
+    """Draw every head of `layer` (default: the last) over the sequence ids (1, T), cropped to the window."""
+    layer = model.config.n_layer - 1 if layer is None else layer
+    total = ids.shape[1]
+    ids = ids[:, -model.config.block_size :]
+    probs = model.float().attention_maps(ids)[layer, 0]  # (H, T, T)
+    title = map_title(layer, ids.shape[1], total)
+    save_attention_png(draw_attention_grid(probs, token_labels(tokenizer, ids[0].tolist()), title), path)
+    print(f"wrote {path} ({title.replace(chr(10), '; ')})", file=sys.stderr)
+
+
+def write_attention_html(model, tokenizer, ids: torch.Tensor, path: str, prompt_len: int) -> None:
+    """The explorer of the sequence ids (1, T), whose first `prompt_len` tokens are the prompt."""
+    total = ids.shape[1]
+    ids = ids[:, -model.config.block_size :]
+    generator = torch.Generator().manual_seed(0)  # the induction probe, as in training: comparable scores
+    page = model_explorer(
+        model.float(), ids, token_labels(tokenizer, ids[0].tolist()), induction_period=32, generator=generator,
+        title="generate.py", prompt_len=max(0, prompt_len - (total - ids.shape[1])),
+    )  # fmt: skip
+    try:
+        write_explorer(path, page)
+    except OSError as err:
+        raise UserError(f"--attention_html {path}: {err.strerror}; pass a writable .html file path") from None
+    print(f"wrote {path} (attention explorer, {ids.shape[1]} tokens)", file=sys.stderr)
+
+
+def explain_attention(model, tokenizer, text: str, layer: int, head: int) -> None:
+    """Print the scores, the causal mask and the softmax of one head over the last EXPLAIN_TOKENS tokens of text."""
+    ids = tokenizer.encode(text)
+    if not ids:
+        raise UserError("--explain_attention text is empty; pass a short sentence")
+    kept = ids[-min(EXPLAIN_TOKENS, model.config.block_size) :]
+    labels = [printable_label(label, max_chars=7) for label in token_labels(tokenizer, kept)]
+    device = next(model.parameters()).device
+    steps = attention_steps(model.float(), torch.tensor([kept], device=device), layer, head)
+    what = f"{len(kept)} tokens"
+    if len(kept) < len(ids):
+        what = f"the last {len(kept)} of {len(ids)} tokens (kept short so that the tables stay readable)"
+    print(f"layer {layer}, head {head}, {what}")
+    print(steps_as_text(steps, labels))
