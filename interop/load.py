@@ -77,9 +77,7 @@ def load_tokenizer(name: str | Path, revision: str | None = None) -> Tokenizer:
 def _load_hf_folder(folder: Path) -> GPT:
     try:
         return load_hf_model(folder)
-    except UserError:
-        raise
-    except ValueError as err:  # model.hf's one-line messages already name the folder and the field
+    except ValueError as err:  # model.hf's one-line messages (UserErrors too) already name the folder and field
         raise PretrainedError(str(err)) from err
 
 
