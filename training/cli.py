@@ -10,9 +10,9 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.cli import LightningCLI
 
 from common.errors import UserError
-from model.checkpoint import resolve_checkpoint
 
 from .attention_maps import AttentionMaps
+from .checkpoint_checks import check_readable, refuse_size_change
 from .checkpointing import (
     GPTCheckpoint,
     WandbIdInCheckpoint,
@@ -27,6 +27,7 @@ from .host_allocator import retain_freed_memory
 from .last_checkpoint import LastCheckpoint
 from .progress import progress_for_output
 from .resume import checkpoint_step, expand_run_dir_resume
+from .run_config import RunConfig
 from .samples import SampleGenerations
 from .throughput import ThroughputMonitor
 from .wandb_setup import wandb_offline, wandb_run_id
@@ -63,7 +64,7 @@ class GPTCLI(LightningCLI):
         self.resumed_from_run_dir = False
         silence_known_noise()
         retain_freed_memory()
-        super().__init__(*args, auto_configure_optimizers=False, **kwargs)
+        super().__init__(*args, auto_configure_optimizers=False, save_config_callback=RunConfig, **kwargs)
 
     def parse_arguments(self, parser, args) -> None:
         """Refuse LightningCLI's optimizer flags and expand `--ckpt_path <run dir>` before parsing."""
@@ -77,6 +78,9 @@ class GPTCLI(LightningCLI):
         self.config = parser.parse_args(args)
 
     def _parse_ckpt_path(self) -> None:
+        subcommand = self.config.get("subcommand")
+        # Before Lightning's own torch.load of the file, which turns a text file into a traceback.
+        check_readable(self.config[subcommand].get("ckpt_path") if subcommand else None)
         # Lightning re-applies a checkpoint's hyperparameters over the parsed config; from a run directory the
         # saved config.yaml already holds them, and re-applying would undo the user's explicit overrides.
         if not self.resumed_from_run_dir:
@@ -93,6 +97,8 @@ class GPTCLI(LightningCLI):
         except BaseException:
             # A run that fails before its first step (data setup, a config check in setup) leaves only a
             # config.yaml and an empty wandb run: remove the folder this command created, so a retry starts clean.
+            if not self.ctrl_c.training_started:
+                _discard_wandb_segments(self.trainer)
             if new_run and not self.ctrl_c.training_started:
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
@@ -105,6 +111,12 @@ class GPTCLI(LightningCLI):
             type=str | None,
             default=None,
             help="Run directory name under trainer.default_root_dir; defaults to the config file's name.",
+        )
+        parser.add_argument(
+            "--threads",
+            type=int | None,
+            default=None,
+            help="CPU threads for torch; null picks the free CPUs (CPUs minus load average, see docs/training.md).",
         )
         parser.add_argument(
             "--wandb_project", type=str, default="gqa-gpt", help="wandb project the run logs to."
@@ -122,13 +134,21 @@ class GPTCLI(LightningCLI):
         run_dir = Path(config.trainer.default_root_dir) / (config.run_name or _config_stem(config))
         if self.subcommand in ("fit", None) and not config.get("ckpt_path"):
             _refuse_to_overwrite(run_dir)
-        _check_ckpt_path(config.get("ckpt_path"))
+        check_readable(config.get("ckpt_path"))  # with run=False, _parse_ckpt_path did not run
+        _apply_threads(config.get("threads"))
         config.trainer.default_root_dir = str(run_dir)
         config.checkpoint.dirpath = str(run_dir / "checkpoints")
         if self.subcommand == "fit":
             config.ckpt_path = prepare_checkpoint_dir(
                 run_dir / "checkpoints", config.get("ckpt_path"), config.data.get("cache_dir")
             )
+        refuse_size_change(config, config.get("ckpt_path"), self.subcommand or "fit")
+        if self.subcommand not in ("fit", None):
+            # validate/test/predict print their results; they write nothing into the training run's folder
+            # (no config.yaml, no wandb segment under the run's id) unless a logger is asked for explicitly.
+            self.save_config_callback = None
+            if config.trainer.logger in (None, True):
+                config.trainer.logger = False
         if config.trainer.logger in (None, True):
             run_id = wandb_run_id(run_dir, stored_wandb_id(config.get("ckpt_path")))
             config.trainer.logger = _wandb_logger(
@@ -146,6 +166,24 @@ class GPTCLI(LightningCLI):
         self.trainer_defaults = {**self.trainer_defaults, "callbacks": extra}
 
 
+def _apply_threads(requested: int | None) -> None:
+    import torch
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+    from common.threads import apply_thread_count
+
+    _, line = apply_thread_count(requested, torch.set_num_threads)
+    rank_zero_info(line)
+
+
+def _discard_wandb_segments(trainer) -> None:
+    from .wandb_logger import RunWandbLogger
+
+    for logger in trainer.loggers:
+        if isinstance(logger, RunWandbLogger):
+            logger.discard_segment()
+
+
 def _config_stem(config) -> str:
     files = config.get("config") or []
     return Path(str(files[-1])).stem if files else "default"
@@ -157,13 +195,6 @@ def _refuse_to_overwrite(run_dir: Path) -> None:
             f"{run_dir} already holds checkpoints; resume it with `python train.py fit --ckpt_path {run_dir}` "
             "or start a new run with --run_name"
         )
-
-
-def _check_ckpt_path(ckpt_path: str | None) -> None:
-    """A missing --ckpt_path checkpoint is the same one-line CheckpointError (exit 2) as in generate.py and the export."""
-    if not ckpt_path or ckpt_path in ("last", "best", "hpc", "registry") or "://" in ckpt_path:
-        return
-    resolve_checkpoint(ckpt_path)  # a sharded (FSDP) checkpoint folder passes too: Lightning reads it
 
 
 def _refuse_finished_run(trainer, ckpt_path: str | None) -> None:

@@ -25,6 +25,25 @@ class NonFiniteLossError(UserError):
     """
 
 
+def check_optimizer_values(
+    learning_rate: float, min_lr_ratio: float, weight_decay: float, beta1: float, beta2: float,
+    warmup_steps: int, decay_fraction: float,
+) -> None:  # fmt: skip
+    """One line naming the key, before anything is written, instead of AdamW's traceback at the first step."""
+    checks = [
+        ("learning_rate", learning_rate, learning_rate > 0, "a positive number such as 3e-3"),
+        ("min_lr_ratio", min_lr_ratio, 0 <= min_lr_ratio <= 1, "in [0, 1]"),
+        ("weight_decay", weight_decay, weight_decay >= 0, ">= 0"),
+        ("beta1", beta1, 0 <= beta1 < 1, "in [0, 1)"),
+        ("beta2", beta2, 0 <= beta2 < 1, "in [0, 1)"),
+        ("warmup_steps", warmup_steps, warmup_steps >= 0, ">= 0"),
+        ("decay_fraction", decay_fraction, 0 < decay_fraction <= 1, "in (0, 1]"),
+    ]
+    for name, value, ok, expected in checks:
+        if not ok:
+            raise UserError(f"model.{name} must be {expected}, got {value!r} (--model.{name})")
+
+
 class LitGPT(L.LightningModule):
     """Trains a `model.GPT` with cross-entropy, AdamW and a warmup schedule stepped every optimizer step.
 
@@ -59,6 +78,9 @@ class LitGPT(L.LightningModule):
         **model_config: Any,
     ) -> None:
         super().__init__()
+        check_optimizer_values(
+            learning_rate, min_lr_ratio, weight_decay, beta1, beta2, warmup_steps, decay_fraction
+        )
         self.save_hyperparameters()
         # jsonargparse follows **model_config into this call, so ModelConfig's fields become --model.<field>.
         config = ModelConfig(**model_config)

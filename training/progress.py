@@ -11,7 +11,10 @@ import sys
 import time
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
+
+from common.threads import busy_note
 
 LINES_PER_RUN = 100  # the plain-line progress prints at most about this many lines
 
@@ -79,7 +82,8 @@ class LineProgress(ProgressBar):
         if total > 0 and done > 0:
             line += f" | {_clock(elapsed)} elapsed, ~{_clock(elapsed / done * (total - step))} left"
         metrics = _metrics_text(self.get_metrics(trainer, pl_module))
-        print(f"{line} | {metrics}" if metrics else line, flush=True)
+        busy = busy_note(torch.get_num_threads())
+        print(" | ".join(part for part in (line, metrics, busy) if part), flush=True)
 
 
 def _clock(seconds: float) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from lightning.pytorch.loggers import WandbLogger
@@ -22,6 +23,16 @@ class RunWandbLogger(WandbLogger):
         if self._wandb_init.get("anonymous") is None:
             # Lightning always passes anonymous=None, which wandb >= 0.2x warns about on every run.
             self._wandb_init.pop("anonymous", None)
+        self.segment: Path | None = None  # the offline run folder this process created, if any
+
+    def discard_segment(self) -> None:
+        """Close and remove the offline segment this process created: for a resume that failed before its first
+        step, so `wandb sync` does not upload an empty segment into the run."""
+        if self.segment is None or self._experiment is None:
+            return
+        self._experiment.finish()
+        shutil.rmtree(self.segment, ignore_errors=True)
+        self._experiment, self.segment = None, None
 
     @property
     def experiment(self):
@@ -34,6 +45,7 @@ class RunWandbLogger(WandbLogger):
             record_wandb_run_id(Path(self._save_dir), run.id)
         if created and self._offline and getattr(run, "dir", None):
             folder = Path(run.dir).parent
+            self.segment = folder
             rank_zero_info(
                 f"wandb: no credentials (or WANDB_MODE=offline): logging offline. Upload later with: wandb sync {folder}"
             )
