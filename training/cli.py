@@ -6,7 +6,6 @@ import shutil
 import sys
 from pathlib import Path
 
-from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.cli import LightningCLI
 
 from common.errors import UserError
@@ -92,6 +91,7 @@ class GPTCLI(LightningCLI):
         run_dir = Path(self.trainer.default_root_dir)
         new_run = not run_dir.exists()
         self.ctrl_c.install(self.trainer)
+        _follow_steps(self.trainer)
         try:
             self.trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, **kwargs)
         except BaseException:
@@ -155,8 +155,6 @@ class GPTCLI(LightningCLI):
                 run_dir, config.wandb_project, config.run_name or run_dir.name, run_id
             )
         extra = [ThroughputMonitor(), LastCheckpoint(), self.ctrl_c, WandbIdInCheckpoint(), FitReport()]
-        if config.trainer.logger is not False:  # LearningRateMonitor refuses to run without a logger
-            extra.append(LearningRateMonitor(logging_interval="step"))
         # A ProgressBar callback while enable_progress_bar is False is an error in Lightning.
         if config.trainer.enable_progress_bar is not False:
             extra.append(progress_for_output())
@@ -176,12 +174,20 @@ def _apply_threads(requested: int | None) -> None:
     rank_zero_info(line)
 
 
-def _discard_wandb_segments(trainer) -> None:
+def _run_loggers(trainer) -> list:
     from .wandb_logger import RunWandbLogger
 
-    for logger in trainer.loggers:
-        if isinstance(logger, RunWandbLogger):
-            logger.discard_segment()
+    return [logger for logger in trainer.loggers if isinstance(logger, RunWandbLogger)]
+
+
+def _follow_steps(trainer) -> None:
+    for logger in _run_loggers(trainer):
+        logger.follow(trainer)
+
+
+def _discard_wandb_segments(trainer) -> None:
+    for logger in _run_loggers(trainer):
+        logger.discard_segment()
 
 
 def _config_stem(config) -> str:

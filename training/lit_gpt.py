@@ -106,6 +106,8 @@ class LitGPT(L.LightningModule):
             return self._on_nonfinite_loss(loss)
         if self._is_logging_step():
             self.log("train/loss", loss, prog_bar=True)
+            # One curve: both AdamW parameter groups follow the same schedule (LearningRateMonitor drew two).
+            self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
         return loss
 
     def _is_logging_step(self) -> bool:

@@ -24,6 +24,21 @@ class RunWandbLogger(WandbLogger):
             # Lightning always passes anonymous=None, which wandb >= 0.2x warns about on every run.
             self._wandb_init.pop("anonymous", None)
         self.segment: Path | None = None  # the offline run folder this process created, if any
+        self._trainer = None
+
+    def follow(self, trainer) -> None:
+        """Log every point at `trainer.global_step`: the 1-based count of finished optimizer steps that the
+        console shows (`step 3500/3500`), for Lightning's own metrics as for the callbacks' images and tables.
+
+        Lightning logs training and validation metrics at the 0-based index of the step (3499 for the last),
+        so without this the train/loss of step 3500 would sit one step left of the samples logged after it.
+        """
+        self._trainer = trainer
+
+    def log_metrics(self, metrics, step: int | None = None) -> None:
+        if self._trainer is not None and self._trainer.state.fn == "fit":
+            step = self._trainer.global_step
+        super().log_metrics(metrics, step)
 
     def discard_segment(self) -> None:
         """Close and remove the offline segment this process created: for a resume that failed before its first
