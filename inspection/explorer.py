@@ -169,7 +169,11 @@ def model_explorer(
 
 
 def probe_attention(
-    model: torch.nn.Module, ids: torch.Tensor, induction_period: int, *, generator: torch.Generator | None = None
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    induction_period: int,
+    *,
+    generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """What the explorer shows of `model` on ids (1, T): the maps (L, 1, H, T, T) and the per-head statistics."""
     with torch.no_grad():

@@ -66,7 +66,9 @@ class AttentionMaps(L.Callback):
         was_training = pl_module.training
         pl_module.eval()
         try:
-            generator = torch.Generator().manual_seed(0)  # the same random probe every time: comparable scores
+            generator = torch.Generator().manual_seed(
+                0
+            )  # the same random probe every time: comparable scores
             maps, stats = probe_attention(model, probe, self.induction_period, generator=generator)
         finally:
             pl_module.train(was_training)
@@ -110,8 +112,11 @@ class AttentionMaps(L.Callback):
         heads = [(layer, head) for layer in range(n_layer) for head in range(n_head)]
         return {
             f"attention/{name}": wandb.plot.line_series(
-                xs=steps, ys=[[float(s[name][layer, head]) for _, s in self.history] for layer, head in heads],
-                keys=[f"L{layer}H{head}" for layer, head in heads], title=f"attention {name}", xname="step",
+                xs=steps,
+                ys=[[float(s[name][layer, head]) for _, s in self.history] for layer, head in heads],
+                keys=[f"L{layer}H{head}" for layer, head in heads],
+                title=f"attention {name}",
+                xname="step",
             )  # fmt: skip
             for name in STATISTICS
         }

@@ -22,6 +22,7 @@ from .checkpointing import (
 from .cli_help import order_help_sections, refuse_optimizer_flags, silence_known_noise
 from .ctrl_c import GracefulCtrlC
 from .fit_report import FitReport
+from .fit_summary import FitSummary
 from .host_allocator import retain_freed_memory
 from .last_checkpoint import LastCheckpoint
 from .progress import progress_for_output
@@ -40,6 +41,7 @@ TRAINER_DEFAULTS = {
     "trainer.gradient_clip_val": 1.0,
     "trainer.log_every_n_steps": 10,
     "trainer.default_root_dir": "runs",
+    "trainer.enable_model_summary": False,  # the run size report (training/fit_report.py) says more, and right
     "checkpoint.save_last": True,
     "checkpoint.every_n_train_steps": 500,
     "checkpoint.save_top_k": 0,
@@ -154,10 +156,17 @@ class GPTCLI(LightningCLI):
             config.trainer.logger = _wandb_logger(
                 run_dir, config.wandb_project, config.run_name or run_dir.name, run_id
             )
-        extra = [ThroughputMonitor(), LastCheckpoint(), self.ctrl_c, WandbIdInCheckpoint(), FitReport()]
+        extra = [
+            ThroughputMonitor(),
+            LastCheckpoint(),
+            self.ctrl_c,
+            WandbIdInCheckpoint(),
+            FitReport(),
+        ]
         # A ProgressBar callback while enable_progress_bar is False is an error in Lightning.
         if config.trainer.enable_progress_bar is not False:
             extra.append(progress_for_output())
+        extra.append(FitSummary())  # after the progress bar: its last line comes first
         config.trainer.plugins = with_checkpoint_io(
             config.trainer.plugins, config.checkpoint.keep_last, config.checkpoint.async_save
         )

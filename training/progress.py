@@ -74,8 +74,17 @@ class LineProgress(ProgressBar):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step, total = trainer.global_step, trainer.max_steps
-        if not self._enabled or (step % self.interval(trainer) and step != total):
-            return
+        # The last step's line waits for on_train_end: a validation after that step would come after it, and
+        # the line would show the previous val/loss.
+        if self._enabled and step % self.interval(trainer) == 0 and step != total:
+            self._print_line(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._enabled:
+            self._print_line(trainer, pl_module)
+
+    def _print_line(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        step, total = trainer.global_step, trainer.max_steps
         elapsed = time.monotonic() - self._start_time
         done = step - self._start_step
         line = f"step {step}/{total}" if total > 0 else f"step {step}"

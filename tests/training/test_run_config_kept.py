@@ -54,4 +54,6 @@ def test_resume_with_another_model_size_is_refused_before_anything_is_touched(ru
     assert (run_dir / "config.yaml").read_bytes() == config
     assert wandb_segments(run_dir) == segments
     assert {path.name: path.stat().st_mtime_ns for path in (run_dir / "checkpoints").iterdir()} == checkpoints
-    script("train.py", "fit", "--ckpt_path", str(run_dir), "--trainer.max_steps", "7")  # the plain resume works
+    script(
+        "train.py", "fit", "--ckpt_path", str(run_dir), "--trainer.max_steps", "7"
+    )  # the plain resume works
