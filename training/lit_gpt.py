@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Literal
 
 import lightning as L
@@ -13,8 +14,11 @@ from common.errors import UserError
 from model import GPT, ModelConfig
 from model.checkpoint import META_KEY, checkpoint_metadata, stored_skipped_batches
 
-from .schedule import Schedule, adamw_param_groups, lr_multiplier
+from .schedule import Schedule, adamw_param_groups, lr_multiplier, schedule_change_note
 from .sharding import shard_model
+
+
+MAX_STEPS_KEY = "max_steps"  # in the checkpoint: what the schedule was laid over when it was saved
 
 
 class NonFiniteLossError(UserError):
@@ -88,6 +92,7 @@ class LitGPT(L.LightningModule):
         if compile:
             self.model.compile()  # in place, so state_dict keys stay unprefixed
         self.skipped_batches = 0
+        self.resumed_max_steps: int | None = None  # trainer.max_steps of the run a checkpoint was saved from
 
     def configure_model(self) -> None:
         # Only ModelParallelStrategy sets a device mesh: it shards with FSDP2; the others keep the model whole.
@@ -197,6 +202,19 @@ class LitGPT(L.LightningModule):
             dict(getattr(datamodule, "hparams", {})),
             skipped_batches=self.skipped_batches,
         )
+        checkpoint[MAX_STEPS_KEY] = self.trainer.max_steps
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.skipped_batches = stored_skipped_batches(checkpoint)
+        self.resumed_max_steps = checkpoint.get(MAX_STEPS_KEY)
+
+    def on_train_start(self) -> None:
+        hp, trainer = self.hparams, self.trainer
+        if self.resumed_max_steps is None or not trainer.is_global_zero:
+            return
+        note = schedule_change_note(
+            trainer.global_step, self.resumed_max_steps, trainer.max_steps, hp.learning_rate, hp.warmup_steps,
+            hp.schedule, hp.min_lr_ratio, hp.decay_fraction,
+        )  # fmt: skip
+        if note:
+            print(note, file=sys.stderr, flush=True)

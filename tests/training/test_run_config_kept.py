@@ -57,3 +57,35 @@ def test_resume_with_another_model_size_is_refused_before_anything_is_touched(ru
     script(
         "train.py", "fit", "--ckpt_path", str(run_dir), "--trainer.max_steps", "7"
     )  # the plain resume works
+
+
+def wandb_config(segment: Path) -> dict:
+    """The run config an offline wandb segment recorded (its `config` records, parsed as the history is)."""
+    import json
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data = next(segment.glob("run-*.wandb")).read_bytes()
+    pos, block, payload, config = 7, 32768, b"", {}
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        payload += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(payload)
+            payload = b""
+            if record.WhichOneof("record_type") == "config":
+                config.update({item.key: json.loads(item.value_json) for item in record.config.update})
+    return config
+
+
+def test_wandb_config_holds_the_trainer_settings(tiny_run):
+    config = wandb_config(next((tiny_run / "wandb").glob("offline-run-*")))
+    trainer = config["trainer"]["value"] if "value" in config["trainer"] else config["trainer"]
+    assert trainer["max_steps"] == 6 and trainer["val_check_interval"] == 3, trainer
+    assert "logger" not in trainer

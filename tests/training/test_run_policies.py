@@ -1,4 +1,4 @@
-"""The thread policy (common/threads.py) and the samples table's state and seeds (training/samples.py)."""
+"""Policies a run follows: the thread count (common/threads.py), the samples table's state and seeds, the schedule note."""
 
 from __future__ import annotations
 
@@ -53,3 +53,13 @@ def test_each_prompt_and_step_samples_with_its_own_reproducible_seed():
     assert len(seeds) == 6
     assert samples.sample_seed(250, 1) == SampleGenerations(seed=0).sample_seed(250, 1)
     assert samples.sample_seed(250, 1) != SampleGenerations(seed=1).sample_seed(250, 1)
+
+
+def test_extending_a_finished_wsd_run_says_the_learning_rate_goes_back_up():
+    from training.schedule import schedule_change_note
+
+    shape = dict(peak_lr=3e-3, warmup_steps=50, schedule="wsd", min_lr_ratio=0.05, decay_fraction=0.3)
+    note = schedule_change_note(3500, 3500, 7000, **shape)
+    assert note is not None and "3500 -> 7000" in note and "from 0.00015 to 0.003" in note, note
+    assert schedule_change_note(3500, 3500, 3500, **shape) is None
+    assert schedule_change_note(3500, 3500, 7000, **{**shape, "schedule": "constant"}) is None
