@@ -137,7 +137,8 @@ class GPTCLI(LightningCLI):
         if self.subcommand in ("fit", None) and not config.get("ckpt_path"):
             _refuse_to_overwrite(run_dir)
         check_readable(config.get("ckpt_path"))  # with run=False, _parse_ckpt_path did not run
-        _apply_threads(config.get("threads"))
+        if self.subcommand is not None:  # with run=False (benchmarks) the caller sets the threads itself
+            _apply_threads(config.get("threads"))
         config.trainer.default_root_dir = str(run_dir)
         config.checkpoint.dirpath = str(run_dir / "checkpoints")
         if self.subcommand == "fit":

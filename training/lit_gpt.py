@@ -17,7 +17,6 @@ from model.checkpoint import META_KEY, checkpoint_metadata, stored_skipped_batch
 from .schedule import Schedule, adamw_param_groups, lr_multiplier, schedule_change_note
 from .sharding import shard_model
 
-
 MAX_STEPS_KEY = "max_steps"  # in the checkpoint: what the schedule was laid over when it was saved
 
 
