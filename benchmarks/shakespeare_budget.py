@@ -17,18 +17,17 @@ those tokens cover, which compares directly with a character-level model's loss.
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from pathlib import Path
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 
 from data.datamodule import TextDataModule
 from model import generate
 from training import LitGPT
 from training.cli import GPTCLI
+from training.val_score import score_validation
 
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "shakespeare.yaml"  # found from any directory
 
@@ -77,34 +76,6 @@ class TimeBudget(L.Callback):
     def time_to_target(self) -> tuple[float, int] | None:
         """Training seconds and step of the first evaluation at or below the target."""
         return next(((s, step) for s, step, nats in self.evaluations if nats <= self.target), None)
-
-
-@torch.no_grad()
-def score_validation(model, tokenizer, tokens, block_size: int, batch_size: int = 64) -> dict[str, float]:
-    """Total nats over every validation token but the first, per token, per character and per byte.
-
-    Non-overlapping windows of block_size (the last one shorter), scored batch_size windows at a time.
-    """
-    ids = torch.from_numpy(tokens.astype("int64"))
-    full = (len(ids) - 1) // block_size
-    x = ids[: full * block_size].view(full, block_size)
-    y = ids[1 : full * block_size + 1].view(full, block_size)
-    nats = 0.0
-    for start in range(0, full, batch_size):
-        logits = model(x[start : start + batch_size]).flatten(0, 1).float()
-        nats += F.cross_entropy(logits, y[start : start + batch_size].flatten(), reduction="sum").item()
-    tail = ids[full * block_size :]
-    if len(tail) > 1:
-        nats += F.cross_entropy(model(tail[None, :-1])[0].float(), tail[1:], reduction="sum").item()
-    count = len(ids) - 1
-    text = tokenizer.decode(ids[1:].tolist())
-    return {
-        "nats_per_token": nats / count,
-        "nats_per_char": nats / len(text),
-        "bpb": nats / math.log(2) / len(text.encode("utf-8")),
-        "chars": len(text),
-        "tokens": count,
-    }
 
 
 def build(overrides: list[str], budget_s: float):

@@ -190,11 +190,23 @@ def model_explorer(
     **kwargs,
 ) -> str:
     """The explorer of `model` (in eval mode) on ids (1, T) with the statistics of `head_statistics`."""
+    maps, stats = probe_attention(model, ids, induction_period, generator=generator)
+    return build_explorer(maps[:, 0], tokens, stats, **kwargs)
+
+
+def probe_attention(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    induction_period: int,
+    *,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """What the explorer shows of `model` on ids (1, T): the maps (L, 1, H, T, T) and the per-head statistics."""
     with torch.no_grad():
-        maps = model.attention_maps(ids).float()  # (L, 1, H, T, T)
+        maps = model.attention_maps(ids).float()
         period = min(induction_period, model.config.block_size // 2)
         stats = head_statistics(model, ids, period, generator=generator, probe_maps=maps)
-    return build_explorer(maps[:, 0], tokens, stats, **kwargs)
+    return maps, stats
 
 
 def write_explorer(path: str | Path, page: str) -> Path:

@@ -77,7 +77,7 @@ def load_tokenizer(name: str | Path, revision: str | None = None) -> Tokenizer:
 def _load_hf_folder(folder: Path) -> GPT:
     try:
         return load_hf_model(folder)
-    except ValueError as err:  # model.hf's one-line messages (UserErrors too) already name the folder and field
+    except ValueError as err:  # model.hf names the folder and field (its UserErrors are ValueErrors)
         raise PretrainedError(str(err)) from err
 
 

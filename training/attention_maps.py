@@ -1,4 +1,4 @@
-"""Log what every attention head looks at while the model trains: images, scalars, a table and an explorer."""
+"""Log what every attention head looks at while the model trains: images, one chart per statistic, a table, an explorer."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 from lightning.pytorch.loggers import WandbLogger
 
 from inspection.attention_image import draw_attention_grid
-from inspection.attention_stats import STATISTICS, head_statistics
-from inspection.explorer import build_explorer, write_explorer
+from inspection.attention_stats import STATISTICS
+from inspection.explorer import build_explorer, probe_attention, write_explorer
 from inspection.phase_change import Formation, PhaseChangeDetector
 
 from .sharding import runs_on_this_rank
@@ -24,7 +24,7 @@ class AttentionMaps(L.Callback):
 
     The training kernel never materialises attention, so the maps come from `GPT.attention_maps`, the
     explicit path that tests prove equal to it. Logged: `attention/layer_<l>` images (a grid of heads),
-    `attention/<statistic>/L<l>H<h>` scalars, an `attention/heads` table sorted by induction score, and the
+    one `attention/<statistic>` chart per statistic (a line per head), an `attention/heads` table sorted by induction score, and the
     interactive explorer (`inspection.explorer`) as an `attention/explorer` HTML panel, also written to
     `<run dir>/attention/explorer.html` so it works without a wandb account. When a head's induction score
     first rises above `induction_threshold`, one console line says so, the step goes to the wandb summary
@@ -66,12 +66,10 @@ class AttentionMaps(L.Callback):
         was_training = pl_module.training
         pl_module.eval()
         try:
-            maps = model.attention_maps(probe).float()  # (L, 1, H, T, T)
-            period = min(self.induction_period, model.config.block_size // 2)
             generator = torch.Generator().manual_seed(
                 0
             )  # the same random probe every time: comparable scores
-            stats = head_statistics(model, probe, period, generator=generator, probe_maps=maps)
+            maps, stats = probe_attention(model, probe, self.induction_period, generator=generator)
         finally:
             pl_module.train(was_training)
         if not trainer.is_global_zero:  # a sharded model computed the maps on every rank; rank 0 logs them
@@ -105,6 +103,24 @@ class AttentionMaps(L.Callback):
                 # inject=False: wandb would otherwise add a stylesheet link, a network request.
                 logger.log_metrics({"attention/explorer": wandb.Html(page, inject=False)}, step=step)
 
+    def _charts(self, n_layer: int, n_head: int) -> dict:
+        """One line chart per statistic (`attention/<statistic>`), one line per head over the steps so far:
+        a handful of charts, where one scalar per head and statistic made 576 for a 12x12 model."""
+        import wandb
+
+        steps = [step for step, _ in self.history]
+        heads = [(layer, head) for layer in range(n_layer) for head in range(n_head)]
+        return {
+            f"attention/{name}": wandb.plot.line_series(
+                xs=steps,
+                ys=[[float(s[name][layer, head]) for _, s in self.history] for layer, head in heads],
+                keys=[f"L{layer}H{head}" for layer, head in heads],
+                title=f"attention {name}",
+                xname="step",
+            )  # fmt: skip
+            for name in STATISTICS
+        }
+
     def state_dict(self) -> dict[str, Any]:
         """The statistics history and the formed heads, so a resumed run neither forgets nor repeats them."""
         return {
@@ -120,19 +136,15 @@ class AttentionMaps(L.Callback):
 
     def _log(self, trainer, step: int, maps: torch.Tensor, labels: list[str], stats: dict) -> None:
         n_layer, n_head = stats["entropy"].shape
-        scalars = {
-            f"attention/{name}/L{layer}H{head}": float(stats[name][layer, head])
-            for name in STATISTICS for layer in range(n_layer) for head in range(n_head)
-        }  # fmt: skip
         rows = [
             [step, layer, head, *(round(float(stats[name][layer, head]), 4) for name in STATISTICS)]
             for layer in range(n_layer) for head in range(n_head)
         ]  # fmt: skip
         rows.sort(key=lambda row: -row[-1])
         for logger in trainer.loggers:
-            logger.log_metrics(scalars, step=step)
-            if not isinstance(logger, WandbLogger):  # images and tables are wandb features
+            if not isinstance(logger, WandbLogger):  # images, tables and charts are wandb features
                 continue
+            logger.log_metrics(self._charts(n_layer, n_head), step=step)
             for layer in self.layers if self.layers is not None else range(n_layer):
                 image = draw_attention_grid(maps[layer, 0], labels, f"layer {layer}, step {step}", self.heads)
                 logger.log_image(key=f"attention/layer_{layer}", images=[image], step=step)

@@ -6,13 +6,12 @@ import shutil
 import sys
 from pathlib import Path
 
-from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.cli import LightningCLI
 
 from common.errors import UserError
-from model.checkpoint import resolve_checkpoint
 
 from .attention_maps import AttentionMaps
+from .checkpoint_checks import check_readable, refuse_size_change
 from .checkpointing import (
     GPTCheckpoint,
     WandbIdInCheckpoint,
@@ -23,10 +22,12 @@ from .checkpointing import (
 from .cli_help import order_help_sections, refuse_optimizer_flags, silence_known_noise
 from .ctrl_c import GracefulCtrlC
 from .fit_report import FitReport
+from .fit_summary import FitSummary
 from .host_allocator import retain_freed_memory
 from .last_checkpoint import LastCheckpoint
 from .progress import progress_for_output
 from .resume import checkpoint_step, expand_run_dir_resume
+from .run_config import RunConfig
 from .samples import SampleGenerations
 from .throughput import ThroughputMonitor
 from .wandb_setup import wandb_offline, wandb_run_id
@@ -40,6 +41,7 @@ TRAINER_DEFAULTS = {
     "trainer.gradient_clip_val": 1.0,
     "trainer.log_every_n_steps": 10,
     "trainer.default_root_dir": "runs",
+    "trainer.enable_model_summary": False,  # the run size report (training/fit_report.py) says more, and right
     "checkpoint.save_last": True,
     "checkpoint.every_n_train_steps": 500,
     "checkpoint.save_top_k": 0,
@@ -63,7 +65,7 @@ class GPTCLI(LightningCLI):
         self.resumed_from_run_dir = False
         silence_known_noise()
         retain_freed_memory()
-        super().__init__(*args, auto_configure_optimizers=False, **kwargs)
+        super().__init__(*args, auto_configure_optimizers=False, save_config_callback=RunConfig, **kwargs)
 
     def parse_arguments(self, parser, args) -> None:
         """Refuse LightningCLI's optimizer flags and expand `--ckpt_path <run dir>` before parsing."""
@@ -77,6 +79,9 @@ class GPTCLI(LightningCLI):
         self.config = parser.parse_args(args)
 
     def _parse_ckpt_path(self) -> None:
+        subcommand = self.config.get("subcommand")
+        # Before Lightning's own torch.load of the file, which turns a text file into a traceback.
+        check_readable(self.config[subcommand].get("ckpt_path") if subcommand else None)
         # Lightning re-applies a checkpoint's hyperparameters over the parsed config; from a run directory the
         # saved config.yaml already holds them, and re-applying would undo the user's explicit overrides.
         if not self.resumed_from_run_dir:
@@ -88,11 +93,14 @@ class GPTCLI(LightningCLI):
         run_dir = Path(self.trainer.default_root_dir)
         new_run = not run_dir.exists()
         self.ctrl_c.install(self.trainer)
+        _follow_steps(self.trainer)
         try:
             self.trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, **kwargs)
         except BaseException:
             # A run that fails before its first step (data setup, a config check in setup) leaves only a
             # config.yaml and an empty wandb run: remove the folder this command created, so a retry starts clean.
+            if not self.ctrl_c.training_started:
+                _discard_wandb_segments(self.trainer)
             if new_run and not self.ctrl_c.training_started:
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
@@ -105,6 +113,12 @@ class GPTCLI(LightningCLI):
             type=str | None,
             default=None,
             help="Run directory name under trainer.default_root_dir; defaults to the config file's name.",
+        )
+        parser.add_argument(
+            "--threads",
+            type=int | None,
+            default=None,
+            help="CPU threads for torch; null picks the free CPUs (CPUs minus load average, see docs/training.md).",
         )
         parser.add_argument(
             "--wandb_project", type=str, default="gqa-gpt", help="wandb project the run logs to."
@@ -122,28 +136,68 @@ class GPTCLI(LightningCLI):
         run_dir = Path(config.trainer.default_root_dir) / (config.run_name or _config_stem(config))
         if self.subcommand in ("fit", None) and not config.get("ckpt_path"):
             _refuse_to_overwrite(run_dir)
-        _check_ckpt_path(config.get("ckpt_path"))
+        check_readable(config.get("ckpt_path"))  # with run=False, _parse_ckpt_path did not run
+        if self.subcommand is not None:  # with run=False (benchmarks) the caller sets the threads itself
+            _apply_threads(config.get("threads"))
         config.trainer.default_root_dir = str(run_dir)
         config.checkpoint.dirpath = str(run_dir / "checkpoints")
         if self.subcommand == "fit":
             config.ckpt_path = prepare_checkpoint_dir(
                 run_dir / "checkpoints", config.get("ckpt_path"), config.data.get("cache_dir")
             )
+        refuse_size_change(config, config.get("ckpt_path"), self.subcommand or "fit")
+        if self.subcommand not in ("fit", None):
+            # validate/test/predict print their results; they write nothing into the training run's folder
+            # (no config.yaml, no wandb segment under the run's id) unless a logger is asked for explicitly.
+            self.save_config_callback = None
+            if config.trainer.logger in (None, True):
+                config.trainer.logger = False
         if config.trainer.logger in (None, True):
             run_id = wandb_run_id(run_dir, stored_wandb_id(config.get("ckpt_path")))
             config.trainer.logger = _wandb_logger(
                 run_dir, config.wandb_project, config.run_name or run_dir.name, run_id
             )
-        extra = [ThroughputMonitor(), LastCheckpoint(), self.ctrl_c, WandbIdInCheckpoint(), FitReport()]
-        if config.trainer.logger is not False:  # LearningRateMonitor refuses to run without a logger
-            extra.append(LearningRateMonitor(logging_interval="step"))
+        extra = [
+            ThroughputMonitor(),
+            LastCheckpoint(),
+            self.ctrl_c,
+            WandbIdInCheckpoint(),
+            FitReport(),
+        ]
         # A ProgressBar callback while enable_progress_bar is False is an error in Lightning.
         if config.trainer.enable_progress_bar is not False:
             extra.append(progress_for_output())
+        extra.append(FitSummary())  # after the progress bar: its last line comes first
         config.trainer.plugins = with_checkpoint_io(
             config.trainer.plugins, config.checkpoint.keep_last, config.checkpoint.async_save
         )
         self.trainer_defaults = {**self.trainer_defaults, "callbacks": extra}
+
+
+def _apply_threads(requested: int | None) -> None:
+    import torch
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+    from common.threads import apply_thread_count
+
+    _, line = apply_thread_count(requested, torch.set_num_threads)
+    rank_zero_info(line)
+
+
+def _run_loggers(trainer) -> list:
+    from .wandb_logger import RunWandbLogger
+
+    return [logger for logger in trainer.loggers if isinstance(logger, RunWandbLogger)]
+
+
+def _follow_steps(trainer) -> None:
+    for logger in _run_loggers(trainer):
+        logger.follow(trainer)
+
+
+def _discard_wandb_segments(trainer) -> None:
+    for logger in _run_loggers(trainer):
+        logger.discard_segment()
 
 
 def _config_stem(config) -> str:
@@ -157,13 +211,6 @@ def _refuse_to_overwrite(run_dir: Path) -> None:
             f"{run_dir} already holds checkpoints; resume it with `python train.py fit --ckpt_path {run_dir}` "
             "or start a new run with --run_name"
         )
-
-
-def _check_ckpt_path(ckpt_path: str | None) -> None:
-    """A missing --ckpt_path checkpoint is the same one-line CheckpointError (exit 2) as in generate.py and the export."""
-    if not ckpt_path or ckpt_path in ("last", "best", "hpc", "registry") or "://" in ckpt_path:
-        return
-    resolve_checkpoint(ckpt_path)  # a sharded (FSDP) checkpoint folder passes too: Lightning reads it
 
 
 def _refuse_finished_run(trainer, ckpt_path: str | None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 
 from common.errors import UserError
@@ -25,7 +26,13 @@ REFUSED_FLAGS = {
 }
 
 # Printed on every run by the installed versions of Lightning and torch, with nothing for the user to do.
-NOISE_LOG_PREFIXES = ("💡 Tip: For seamless cloud",)
+NOISE_LOG_PREFIXES = (
+    "💡 Tip: For seamless cloud",
+    # Device lines: the accelerator in use is in trainer.accelerator, and the run size report follows.
+    "GPU available:",
+    "TPU available:",
+    "HPU available:",
+)
 NOISE_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning_fabric.utilities.rank_zero")
 NOISE_WARNING = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 
@@ -90,9 +97,15 @@ class _DropPrefixes(logging.Filter):
 
 
 def silence_known_noise() -> None:
-    """Drop the litlogger tip and torch's LeafSpec deprecation (raised inside Lightning), nothing else."""
+    """Drop the litlogger tip, Lightning's device lines and torch's LeafSpec deprecation (raised inside
+    Lightning); in a log file (stderr not a terminal), also the datasets library's progress bars, whose carriage
+    returns pile up into one unreadable line."""
     for name in NOISE_LOGGERS:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropPrefixes) for f in logger.filters):
             logger.addFilter(_DropPrefixes())
     warnings.filterwarnings("ignore", message=NOISE_WARNING, category=FutureWarning)
+    if not sys.stderr.isatty():
+        from datasets.utils.logging import disable_progress_bar
+
+        disable_progress_bar()

@@ -16,10 +16,28 @@ class LastCheckpoint(L.Callback):
     a SIGTERMException at the end of the current batch, so the state saved here is a clean step boundary;
     the exception then propagates and train.py exits non-zero. Other exceptions (a non-finite loss) save
     nothing: the last good checkpoint stays as it was.
+
+    A signal that lands during a validation waits for the validation's end: Lightning would stop it halfway
+    and save a checkpoint after which the resumed run never validates that step, so `val/loss` would miss a
+    point. (A validation takes `trainer.limit_val_batches` batches: seconds, well inside a scheduler's grace.)
     """
 
     def __init__(self) -> None:
         self.saved_step: int | None = None
+        self._deferred_stop = False
+
+    def on_validation_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
+    ) -> None:
+        # Runs just before the evaluation loop checks the flag after each batch; on_validation_end puts it back.
+        if trainer.state.fn == "fit" and not trainer.sanity_checking and trainer.received_sigterm:
+            self._deferred_stop = True
+            trainer._signal_connector.received_sigterm = False
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._deferred_stop:  # the training loop sees it right after this validation and stops there
+            self._deferred_stop = False
+            trainer._signal_connector.received_sigterm = True
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         self.saved_step = checkpoint["global_step"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Literal
 
 import lightning as L
@@ -13,8 +14,10 @@ from common.errors import UserError
 from model import GPT, ModelConfig
 from model.checkpoint import META_KEY, checkpoint_metadata, stored_skipped_batches
 
-from .schedule import Schedule, adamw_param_groups, lr_multiplier
+from .schedule import Schedule, adamw_param_groups, lr_multiplier, schedule_change_note
 from .sharding import shard_model
+
+MAX_STEPS_KEY = "max_steps"  # in the checkpoint: what the schedule was laid over when it was saved
 
 
 class NonFiniteLossError(UserError):
@@ -23,6 +26,25 @@ class NonFiniteLossError(UserError):
     A diverged run is fixed in the config (a lower learning rate, or the `skip` policy), so it is a user error
     (exit code 2), not a bug.
     """
+
+
+def check_optimizer_values(
+    learning_rate: float, min_lr_ratio: float, weight_decay: float, beta1: float, beta2: float,
+    warmup_steps: int, decay_fraction: float,
+) -> None:  # fmt: skip
+    """One line naming the key, before anything is written, instead of AdamW's traceback at the first step."""
+    checks = [
+        ("learning_rate", learning_rate, learning_rate > 0, "a positive number such as 3e-3"),
+        ("min_lr_ratio", min_lr_ratio, 0 <= min_lr_ratio <= 1, "in [0, 1]"),
+        ("weight_decay", weight_decay, weight_decay >= 0, ">= 0"),
+        ("beta1", beta1, 0 <= beta1 < 1, "in [0, 1)"),
+        ("beta2", beta2, 0 <= beta2 < 1, "in [0, 1)"),
+        ("warmup_steps", warmup_steps, warmup_steps >= 0, ">= 0"),
+        ("decay_fraction", decay_fraction, 0 < decay_fraction <= 1, "in (0, 1]"),
+    ]
+    for name, value, ok, expected in checks:
+        if not ok:
+            raise UserError(f"model.{name} must be {expected}, got {value!r} (--model.{name})")
 
 
 class LitGPT(L.LightningModule):
@@ -59,6 +81,9 @@ class LitGPT(L.LightningModule):
         **model_config: Any,
     ) -> None:
         super().__init__()
+        check_optimizer_values(
+            learning_rate, min_lr_ratio, weight_decay, beta1, beta2, warmup_steps, decay_fraction
+        )
         self.save_hyperparameters()
         # jsonargparse follows **model_config into this call, so ModelConfig's fields become --model.<field>.
         config = ModelConfig(**model_config)
@@ -66,6 +91,7 @@ class LitGPT(L.LightningModule):
         if compile:
             self.model.compile()  # in place, so state_dict keys stay unprefixed
         self.skipped_batches = 0
+        self.resumed_max_steps: int | None = None  # trainer.max_steps of the run a checkpoint was saved from
 
     def configure_model(self) -> None:
         # Only ModelParallelStrategy sets a device mesh: it shards with FSDP2; the others keep the model whole.
@@ -84,6 +110,8 @@ class LitGPT(L.LightningModule):
             return self._on_nonfinite_loss(loss)
         if self._is_logging_step():
             self.log("train/loss", loss, prog_bar=True)
+            # One curve: both AdamW parameter groups follow the same schedule (LearningRateMonitor drew two).
+            self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
         return loss
 
     def _is_logging_step(self) -> bool:
@@ -173,6 +201,19 @@ class LitGPT(L.LightningModule):
             dict(getattr(datamodule, "hparams", {})),
             skipped_batches=self.skipped_batches,
         )
+        checkpoint[MAX_STEPS_KEY] = self.trainer.max_steps
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.skipped_batches = stored_skipped_batches(checkpoint)
+        self.resumed_max_steps = checkpoint.get(MAX_STEPS_KEY)
+
+    def on_train_start(self) -> None:
+        hp, trainer = self.hparams, self.trainer
+        if self.resumed_max_steps is None or not trainer.is_global_zero:
+            return
+        note = schedule_change_note(
+            trainer.global_step, self.resumed_max_steps, trainer.max_steps, hp.learning_rate, hp.warmup_steps,
+            hp.schedule, hp.min_lr_ratio, hp.decay_fraction,
+        )  # fmt: skip
+        if note:
+            print(note, file=sys.stderr, flush=True)

@@ -11,7 +11,10 @@ import sys
 import time
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
+
+from common.threads import busy_note
 
 LINES_PER_RUN = 100  # the plain-line progress prints at most about this many lines
 
@@ -71,15 +74,25 @@ class LineProgress(ProgressBar):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step, total = trainer.global_step, trainer.max_steps
-        if not self._enabled or (step % self.interval(trainer) and step != total):
-            return
+        # The last step's line waits for on_train_end: a validation after that step would come after it, and
+        # the line would show the previous val/loss.
+        if self._enabled and step % self.interval(trainer) == 0 and step != total:
+            self._print_line(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._enabled:
+            self._print_line(trainer, pl_module)
+
+    def _print_line(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        step, total = trainer.global_step, trainer.max_steps
         elapsed = time.monotonic() - self._start_time
         done = step - self._start_step
         line = f"step {step}/{total}" if total > 0 else f"step {step}"
         if total > 0 and done > 0:
             line += f" | {_clock(elapsed)} elapsed, ~{_clock(elapsed / done * (total - step))} left"
         metrics = _metrics_text(self.get_metrics(trainer, pl_module))
-        print(f"{line} | {metrics}" if metrics else line, flush=True)
+        busy = busy_note(torch.get_num_threads())
+        print(" | ".join(part for part in (line, metrics, busy) if part), flush=True)
 
 
 def _clock(seconds: float) -> str:

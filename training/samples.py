@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+from typing import Any
+
 import lightning as L
 import torch
 from lightning.pytorch.loggers import WandbLogger
@@ -20,7 +23,11 @@ class SampleGenerations(L.Callback):
         max_new_tokens: Tokens generated per prompt.
         temperature: Sampling temperature (0 is greedy).
         top_k: Keep only the k most likely tokens when sampling.
-        seed: Seed of the sampling generator, fixed so rows differ only by the weights.
+        seed: Base seed of the sampling: each (step, prompt) pair samples with its own seed derived from it, so
+            the prompts do not share one random stream (and converge) and a rerun gives the same table.
+
+    The rows are kept in the checkpoint (`state_dict`), so the table after a resume still holds the rows logged
+    before it.
     """
 
     def __init__(
@@ -51,7 +58,8 @@ class SampleGenerations(L.Callback):
         pl_module.eval()
         try:
             self.rows += [
-                [step, prompt, self._continue(pl_module, tokenizer, prompt)] for prompt in self.prompts
+                [step, prompt, self._continue(pl_module, tokenizer, prompt, self.sample_seed(step, index))]
+                for index, prompt in enumerate(self.prompts)
             ]
         finally:
             pl_module.train(was_training)
@@ -61,9 +69,20 @@ class SampleGenerations(L.Callback):
                     key="samples", columns=["step", "prompt", "continuation"], data=self.rows, step=step
                 )
 
-    def _continue(self, pl_module, tokenizer, prompt: str) -> str:
+    def sample_seed(self, step: int, prompt_index: int) -> int:
+        """The seed of one table cell: a hash of (seed, step, prompt index), the same on every run."""
+        digest = hashlib.sha256(f"{self.seed}/{step}/{prompt_index}".encode()).digest()
+        return int.from_bytes(digest[:8], "little") >> 1  # manual_seed takes a non-negative 64-bit int
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rows": [list(row) for row in self.rows]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.rows = [list(row) for row in state_dict.get("rows", [])]
+
+    def _continue(self, pl_module, tokenizer, prompt: str, seed: int) -> str:
         ids = torch.tensor([tokenizer.encode(prompt) or [tokenizer.eos_id]], device=pl_module.device)
-        generator = torch.Generator(device=pl_module.device).manual_seed(self.seed)
+        generator = torch.Generator(device=pl_module.device).manual_seed(seed)
         out = generate(
             pl_module.model, ids, self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
             eos_id=tokenizer.eos_id, generator=generator,

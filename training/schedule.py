@@ -45,3 +45,24 @@ def adamw_param_groups(module: torch.nn.Module, weight_decay: float) -> list[dic
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
+
+
+def schedule_change_note(
+    step: int, old_max_steps: int, new_max_steps: int, peak_lr: float, warmup_steps: int, schedule: Schedule,
+    min_lr_ratio: float, decay_fraction: float,
+) -> str | None:  # fmt: skip
+    """One warning line when a resume moves trainer.max_steps under a schedule that depends on it, else None.
+
+    The schedule is a function of (step, max_steps), as in nanoGPT and litgpt: extending a run lays it over the
+    new length, so a finished cosine or wsd run goes back up from its final learning rate. That is kept (it is
+    what continuing a run with a longer budget means), but said, with the two learning rates.
+    """
+    if old_max_steps == new_max_steps or schedule == "constant":
+        return None
+    shape = (warmup_steps, schedule, min_lr_ratio, decay_fraction)
+    before = peak_lr * lr_multiplier(step, old_max_steps, *shape)
+    after = peak_lr * lr_multiplier(step, new_max_steps, *shape)
+    return (
+        f"warning: trainer.max_steps {old_max_steps} -> {new_max_steps} on resume: the {schedule} schedule is laid "
+        f"over {new_max_steps} steps, so the learning rate at step {step} goes from {before:.3g} to {after:.3g}"
+    )

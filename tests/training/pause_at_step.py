@@ -26,3 +26,20 @@ class PauseAtStep(L.Callback):
         deadline = time.monotonic() + self.timeout_s
         while not trainer.received_sigterm and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+class PauseInValidation(L.Callback):
+    """Print the cue inside the validation that follows `step` (before its batch 1, so the validation is only
+    half done), then hold there until SIGTERM, as PauseAtStep does at a step boundary."""
+
+    def __init__(self, step: int, timeout_s: float = 120.0) -> None:
+        self.step = step
+        self.timeout_s = timeout_s
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if trainer.sanity_checking or trainer.global_step != self.step or batch_idx != 1:
+            return
+        print(f"{CUE} {trainer.global_step} (validating)", flush=True)
+        deadline = time.monotonic() + self.timeout_s
+        while not trainer.received_sigterm and time.monotonic() < deadline:
+            time.sleep(0.05)

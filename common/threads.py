@@ -1,0 +1,81 @@
+"""How many CPU threads torch uses: the CPUs this process may run on, minus what other processes keep busy.
+
+PyTorch's default is one thread per core. On a machine whose cores other jobs also use, its threads wait for
+each other at every operation (a small model's step gets several times slower, not a little), so the default
+here subtracts the machine's load. The policy, in order:
+
+1. an explicit count (`--threads N`, or the `threads` key of a config) is used as given;
+2. else OMP_NUM_THREADS, when set, as torch itself would;
+3. else the CPUs in this process's affinity mask minus the 1-minute load average (rounded), at least 1.
+
+Standard library only: the caller passes torch's `set_num_threads` to `apply_thread_count`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+OMP_ENV = "OMP_NUM_THREADS"
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, which a container or `taskset` may restrict)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (runnable processes), or None where the system has none (Windows)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def _omp_threads() -> int | None:
+    value = os.environ.get(OMP_ENV, "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def pick_thread_count(
+    requested: int | None = None, cpus: int | None = None, load: float | None = None
+) -> int:
+    """The thread count of the policy above; `cpus` and `load` default to this machine's (tests pass them)."""
+    if requested is not None:
+        if requested < 1:
+            from .errors import UserError
+
+            raise UserError(f"threads must be at least 1, got {requested} (--threads)")
+        return requested
+    if _omp_threads() is not None:
+        return _omp_threads()
+    cpus = available_cpus() if cpus is None else cpus
+    load = load_average() if load is None else load
+    return max(1, cpus - round(load or 0.0))
+
+
+def busy_note(threads: int, cpus: int | None = None, load: float | None = None) -> str | None:
+    """A short note when the machine runs more than it has CPUs for (our own threads included), else None."""
+    cpus = available_cpus() if cpus is None else cpus
+    load = load_average() if load is None else load
+    if load is None or load < cpus + 0.5:  # half a process of slack: the average lags and rounds
+        return None
+    return f"busy machine: load {load:.1f} on {cpus} CPUs ({threads} threads here, see --threads)"
+
+
+def apply_thread_count(requested: int | None, set_num_threads: Callable[[int], None]) -> tuple[int, str]:
+    """Pick the count, hand it to `set_num_threads` (torch.set_num_threads), and return it with a one-line
+    description of why, for the command to print."""
+    threads = pick_thread_count(requested)
+    set_num_threads(threads)
+    if requested is not None:
+        why = "--threads"
+    elif _omp_threads() is not None:
+        why = OMP_ENV
+    else:
+        load = load_average()
+        why = f"{available_cpus()} CPUs, load {load:.1f}" if load is not None else f"{available_cpus()} CPUs"
+    return threads, f"threads: {threads} ({why}; --threads N to change)"

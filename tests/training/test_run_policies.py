@@ -1,0 +1,65 @@
+"""Policies a run follows: the thread count (common/threads.py), the samples table's state and seeds, the schedule note."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.errors import UserError
+from common.threads import OMP_ENV, apply_thread_count, busy_note, pick_thread_count
+from training.samples import SampleGenerations
+
+
+@pytest.fixture(autouse=True)
+def no_omp_env(monkeypatch):
+    monkeypatch.delenv(OMP_ENV, raising=False)
+
+
+@pytest.mark.parametrize(("cpus", "load", "expected"), [(2, 0.0, 2), (2, 2.1, 1), (16, 5.4, 11), (4, 9.0, 1)])
+def test_default_is_the_free_cpus(cpus, load, expected):
+    assert pick_thread_count(None, cpus=cpus, load=load) == expected
+
+
+def test_explicit_count_then_omp_env_come_first(monkeypatch):
+    assert pick_thread_count(3, cpus=2, load=5.0) == 3
+    monkeypatch.setenv(OMP_ENV, "5")
+    assert pick_thread_count(None, cpus=2, load=5.0) == 5
+    with pytest.raises(UserError, match="--threads"):
+        pick_thread_count(0)
+
+
+def test_apply_sets_the_count_and_says_why():
+    chosen = []
+    threads, line = apply_thread_count(2, chosen.append)
+    assert chosen == [threads] == [2] and line.startswith("threads: 2 (--threads")
+
+
+def test_busy_note_only_when_oversubscribed():
+    assert busy_note(2, cpus=2, load=1.9) is None
+    note = busy_note(2, cpus=2, load=4.2)
+    assert note is not None and "load 4.2 on 2 CPUs" in note
+
+
+def test_samples_rows_round_trip_through_the_checkpoint_state():
+    before = SampleGenerations()
+    before.rows = [[4, "ROMEO:", " and"], [8, "ROMEO:", " so"]]
+    after = SampleGenerations()
+    after.load_state_dict(before.state_dict())
+    assert after.rows == before.rows
+
+
+def test_each_prompt_and_step_samples_with_its_own_reproducible_seed():
+    samples = SampleGenerations(seed=0)
+    seeds = {samples.sample_seed(step, index) for step in (250, 500) for index in range(3)}
+    assert len(seeds) == 6
+    assert samples.sample_seed(250, 1) == SampleGenerations(seed=0).sample_seed(250, 1)
+    assert samples.sample_seed(250, 1) != SampleGenerations(seed=1).sample_seed(250, 1)
+
+
+def test_extending_a_finished_wsd_run_says_the_learning_rate_goes_back_up():
+    from training.schedule import schedule_change_note
+
+    shape = dict(peak_lr=3e-3, warmup_steps=50, schedule="wsd", min_lr_ratio=0.05, decay_fraction=0.3)
+    note = schedule_change_note(3500, 3500, 7000, **shape)
+    assert note is not None and "3500 -> 7000" in note and "from 0.00015 to 0.003" in note, note
+    assert schedule_change_note(3500, 3500, 3500, **shape) is None
+    assert schedule_change_note(3500, 3500, 7000, **{**shape, "schedule": "constant"}) is None

@@ -1,0 +1,41 @@
+"""The score a run is compared by: nats per character (and bits per byte) over the whole validation text.
+
+`val/loss` during training is nats per token over `trainer.limit_val_batches` random windows; it cannot be
+compared across tokenizers or with a character-level model. Here every validation token after the first is
+scored with non-overlapping windows of block_size (the last one shorter); nats per character = total nats /
+the characters those tokens decode to.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+@torch.no_grad()
+def score_validation(model, tokenizer, tokens, block_size: int, batch_size: int = 64) -> dict[str, float]:
+    """Total nats over every token of `tokens` (a numpy array) but the first: per token, per character, per byte."""
+    device = next(model.parameters()).device
+    ids = torch.from_numpy(tokens.astype("int64"))
+    full = (len(ids) - 1) // block_size
+    x = ids[: full * block_size].view(full, block_size)
+    y = ids[1 : full * block_size + 1].view(full, block_size)
+    nats = 0.0
+    for start in range(0, full, batch_size):
+        logits = model(x[start : start + batch_size].to(device)).flatten(0, 1).float()
+        target = y[start : start + batch_size].flatten().to(device)
+        nats += F.cross_entropy(logits, target, reduction="sum").item()
+    tail = ids[full * block_size :].to(device)
+    if len(tail) > 1:
+        nats += F.cross_entropy(model(tail[None, :-1])[0].float(), tail[1:], reduction="sum").item()
+    count = len(ids) - 1
+    text = tokenizer.decode(ids[1:].tolist())
+    return {
+        "nats_per_token": nats / count,
+        "nats_per_char": nats / len(text),
+        "bpb": nats / math.log(2) / len(text.encode("utf-8")),
+        "chars": len(text),
+        "tokens": count,
+    }
