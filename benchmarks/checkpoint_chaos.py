@@ -42,9 +42,9 @@ def worker_main(args: argparse.Namespace) -> None:
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
 
+    from checkpoints.settings import checkpoint_io, prepare_checkpoint_dir
     from data.datamodule import TextDataModule
     from training import LastCheckpoint, LitGPT
-    from training.checkpointing import checkpoint_io, prepare_checkpoint_dir
 
     run_dir = Path(args.run_dir)
     checkpoints = run_dir / "checkpoints"
@@ -87,7 +87,7 @@ def worker_command(args: argparse.Namespace, run_dir: Path, *flags: str) -> list
 
 
 def newest_step(checkpoints: Path) -> int:
-    from training.checkpoint_io import step_files
+    from checkpoints.run_dir import step_files
 
     files = step_files(checkpoints)
     return max(files) if files else -1
@@ -160,9 +160,9 @@ def stall(args: argparse.Namespace, work: Path) -> None:
     """Median ms the training thread is blocked per save, sync vs async, for a ~100M-parameter model."""
     import torch
 
+    from checkpoints.settings import checkpoint_io
     from model.config import ModelConfig
     from model.gpt import GPT
-    from training.checkpointing import checkpoint_io
 
     torch.manual_seed(0)
     model = GPT(ModelConfig(vocab_size=16384, block_size=64, n_layer=12, n_head=12, n_kv_head=4, n_embd=768))

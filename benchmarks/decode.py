@@ -142,8 +142,8 @@ def gpu_decode_report(new_tokens: int = 256, prompt_len: int = 64, device: str =
 def bench_checkpoint(args: argparse.Namespace) -> None:
     """generate.py --benchmark --no_cache on a trained checkpoint: its KV cache, prefill and decode speeds."""
     from benchmarks.sampling_speed import report_decode_speed
+    from checkpoints.format import load_checkpoint
     from data.tokenizer import Tokenizer
-    from model.checkpoint import load_checkpoint
 
     loaded = load_checkpoint(args.checkpoint)
     model = loaded.model.to(args.device).eval()

@@ -157,3 +157,27 @@ def stale_temp_files(folder: str | Path) -> list[Path]:
     if not folder.is_dir():
         return []
     return sorted(p for p in folder.iterdir() if p.name.startswith(".") and TEMP_MARK in p.name)
+
+
+def remove_stale(stale: list[Path], folder: Path, what: str, say: Callable[[str], None]) -> list[Path]:
+    """Delete `stale` (what killed runs left in `folder`) and `say` one line naming them; returns `stale`."""
+    if not stale:
+        return []
+    freed = sum(_remove(path) for path in stale)
+    names = ", ".join(p.name for p in stale[:3]) + (f" and {len(stale) - 3} more" if len(stale) > 3 else "")
+    say(f"removed {len(stale)} {what}(s) left by killed runs in {folder} ({freed / 1e6:.1f} MB): {names}")
+    return list(stale)
+
+
+def _remove(path: Path) -> int:
+    """Delete a file or folder; returns the bytes freed (0 if it vanished meanwhile)."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+            shutil.rmtree(path)
+        else:
+            size = path.stat().st_size
+            path.unlink()
+    except FileNotFoundError:
+        return 0
+    return size

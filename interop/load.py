@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 
+from checkpoints.format import load_checkpoint, read_checkpoint
 from common.errors import UserError
 from data.pretrained_tokenizer import tokenizer_from_gguf, tokenizer_from_hf_folder
 from data.tokenizer import Tokenizer
-from model.checkpoint import load_checkpoint, read_checkpoint
 from model.gpt import GPT
 from model.hf import from_hf_state_dict, load_hf_model, model_config_from_hf
 

@@ -19,7 +19,6 @@ import torch
 from common.errors import UserError, run_command
 from common.files import atomic_path
 
-from .checkpoint import load_checkpoint
 from .gguf_layout import PRE_TOKENIZER, gguf_architecture, gguf_tensors, gguf_vocab, hyperparameters
 from .gpt import GPT
 
@@ -134,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import_gguf()  # before reading a possibly large checkpoint
     refuse_existing(Path(args.out).expanduser(), args.force)
+    from checkpoints.format import load_checkpoint  # the layer above model/: the commands' only reach up
+
     loaded = load_checkpoint(args.checkpoint)  # a bad checkpoint is a CheckpointError, a UserError
     out = export_gguf(loaded.model, loaded.tokenizer_json, args.out, dtype=args.dtype, force=args.force)
     print(

@@ -22,7 +22,6 @@ from common.errors import UserError, run_command
 from common.files import StagedFolder
 from common.tokens import EOS_TOKEN, added_tokens
 
-from .checkpoint import load_checkpoint
 from .config import DTYPES
 from .gpt import GPT
 from .hf import WEIGHTS_NAME, hf_config_dict, to_hf_state_dict
@@ -105,6 +104,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def export(args: argparse.Namespace) -> None:
     """Read the checkpoint, export it, and say where it went."""
     refuse_existing(Path(args.out).expanduser(), args.force)  # before reading a possibly large checkpoint
+    from checkpoints.format import load_checkpoint  # the layer above model/: the commands' only reach up
+
     loaded = load_checkpoint(args.checkpoint)
     model = loaded.model if args.dtype is None else loaded.model.to(DTYPES[args.dtype])
     try:

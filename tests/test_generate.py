@@ -196,8 +196,8 @@ def test_benchmark_reports_speed_and_cache_size(ckpt, capsys):
 
 
 def test_stream_prints_text_but_not_the_stop_token(ckpt, capsys):
+    from checkpoints.format import load_checkpoint
     from data.tokenizer import Tokenizer
-    from model.checkpoint import load_checkpoint
 
     tokenizer = Tokenizer.from_json(load_checkpoint(ckpt).tokenizer_json)
     stream = cli.TextStream(tokenizer)

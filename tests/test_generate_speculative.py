@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from checkpoints.format import META_KEY, STATE_PREFIX, read_checkpoint
 from model import GPT, ModelConfig
-from model.checkpoint import META_KEY, STATE_PREFIX, read_checkpoint
 from tests.conftest import run_generate as run_cli
 
 

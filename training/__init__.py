@@ -1,7 +1,7 @@
 """Lightning training for the GPT in `model/`: the LightningModule, schedules, callbacks and the CLI."""
 
+from checkpoints.save_on_stop import LastCheckpoint
 from training.attention_maps import AttentionMaps
-from training.last_checkpoint import LastCheckpoint
 from training.lit_gpt import LitGPT, NonFiniteLossError
 from training.samples import SampleGenerations
 from training.throughput import ThroughputMonitor

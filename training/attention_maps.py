@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.loggers import WandbLogger
 
+from checkpoints.run_dir import RunDir
 from inspection.attention_image import draw_attention_grid
 from inspection.attention_stats import STATISTICS
 from inspection.explorer import build_explorer, probe_attention, write_explorer
@@ -95,7 +95,7 @@ class AttentionMaps(L.Callback):
             maps, labels, self.history[-1][1], title=f"attention at step {step}", step=step,
             history=self.history, formations=self.detector.formations, threshold=self.detector.threshold,
         )  # fmt: skip
-        write_explorer(Path(trainer.default_root_dir) / "attention" / "explorer.html", page)
+        write_explorer(RunDir(trainer.default_root_dir).attention / "explorer.html", page)
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 import wandb  # only here: the callback works without wandb when no WandbLogger is used

@@ -8,25 +8,27 @@ from pathlib import Path
 
 from lightning.pytorch.cli import LightningCLI
 
-from common.errors import UserError
-
-from .attention_maps import AttentionMaps
-from .checkpoint_checks import check_readable, refuse_size_change
-from .checkpointing import (
+from checkpoints.checks import check_readable, refuse_size_change
+from checkpoints.choice import checkpoint_step
+from checkpoints.resume import expand_run_dir_resume
+from checkpoints.run_dir import LAST_NAME, RunDir
+from checkpoints.save_on_stop import LastCheckpoint
+from checkpoints.settings import (
     GPTCheckpoint,
     WandbIdInCheckpoint,
     prepare_checkpoint_dir,
     stored_wandb_id,
     with_checkpoint_io,
 )
+from common.errors import UserError
+
+from .attention_maps import AttentionMaps
 from .cli_help import order_help_sections, refuse_optimizer_flags, silence_known_noise
 from .ctrl_c import GracefulCtrlC
 from .fit_report import FitReport
 from .fit_summary import FitSummary
 from .host_allocator import retain_freed_memory
-from .last_checkpoint import LastCheckpoint
 from .progress import progress_for_output
-from .resume import checkpoint_step, expand_run_dir_resume
 from .run_config import RunConfig
 from .samples import SampleGenerations
 from .throughput import ThroughputMonitor
@@ -140,10 +142,10 @@ class GPTCLI(LightningCLI):
         if self.subcommand is not None:  # with run=False (benchmarks) the caller sets the threads itself
             _apply_threads(config.get("threads"))
         config.trainer.default_root_dir = str(run_dir)
-        config.checkpoint.dirpath = str(run_dir / "checkpoints")
+        config.checkpoint.dirpath = str(RunDir(run_dir).checkpoints)
         if self.subcommand == "fit":
             config.ckpt_path = prepare_checkpoint_dir(
-                run_dir / "checkpoints", config.get("ckpt_path"), config.data.get("cache_dir")
+                RunDir(run_dir).checkpoints, config.get("ckpt_path"), config.data.get("cache_dir")
             )
         refuse_size_change(config, config.get("ckpt_path"), self.subcommand or "fit")
         if self.subcommand not in ("fit", None):
@@ -206,7 +208,7 @@ def _config_stem(config) -> str:
 
 
 def _refuse_to_overwrite(run_dir: Path) -> None:
-    if any((run_dir / "checkpoints").glob("*.ckpt")):
+    if any(RunDir(run_dir).checkpoints.glob("*.ckpt")):
         raise UserError(
             f"{run_dir} already holds checkpoints; resume it with `python train.py fit --ckpt_path {run_dir}` "
             "or start a new run with --run_name"
@@ -217,7 +219,7 @@ def _refuse_finished_run(trainer, ckpt_path: str | None) -> None:
     if not ckpt_path or trainer.max_steps < 0:
         return
     if ckpt_path == "last" and trainer.checkpoint_callback is not None:
-        ckpt_path = str(Path(trainer.checkpoint_callback.dirpath) / "last.ckpt")
+        ckpt_path = str(Path(trainer.checkpoint_callback.dirpath) / LAST_NAME)
     step = checkpoint_step(Path(ckpt_path)) if Path(ckpt_path).exists() else None
     if step is not None and step >= trainer.max_steps:
         raise RunAlreadyFinished(

@@ -12,6 +12,7 @@ from types import FrameType
 import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from checkpoints.run_dir import LAST_NAME
 from common.errors import EXIT_INTERRUPTED
 
 
@@ -67,7 +68,7 @@ class GracefulCtrlC(L.Callback):
             self.stopped_step = trainer.global_step
             self.run_dir = Path(trainer.default_root_dir)
             callback = trainer.checkpoint_callback
-            self.checkpoint = Path(callback.dirpath) / "last.ckpt" if callback is not None else None
+            self.checkpoint = Path(callback.dirpath) / LAST_NAME if callback is not None else None
 
     def stop_message(self) -> str:
         """One line: the signal, the step the checkpoint holds, and the command that resumes the run."""

@@ -10,9 +10,9 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
+from checkpoints.format import META_KEY, checkpoint_metadata, stored_skipped_batches
 from common.errors import UserError
 from model import GPT, ModelConfig
-from model.checkpoint import META_KEY, checkpoint_metadata, stored_skipped_batches
 
 from .schedule import Schedule, adamw_param_groups, lr_multiplier, schedule_change_note
 from .sharding import shard_model

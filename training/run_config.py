@@ -9,14 +9,12 @@ and the restore passed, atomically (a kill mid-write leaves the old file). Only 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
 
+from checkpoints.run_dir import RunDir
 from common.files import atomic_write
 
-CONFIG_NAME = "config.yaml"
 # Sections logged to wandb: what shapes the run. (The logger's own settings and callbacks are not useful there.)
 WANDB_SECTIONS = ("model", "data", "trainer", "checkpoint", "samples", "attention_maps", "seed_everything")
 
@@ -32,7 +30,7 @@ class RunConfig(SaveConfigCallback):
             return
         if trainer.is_global_zero:
             text = self.parser.dump(self.config, skip_none=False)
-            atomic_write(Path(trainer.default_root_dir) / CONFIG_NAME, text)
+            atomic_write(RunDir(trainer.default_root_dir).config, text)
             self.save_config(trainer, pl_module, "fit")
         self.already_saved = True
 

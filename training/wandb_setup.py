@@ -9,6 +9,9 @@ import string
 from pathlib import Path
 from urllib.parse import urlparse
 
+from checkpoints.run_dir import RunDir
+from common.files import atomic_write
+
 
 def wandb_has_credentials() -> bool:
     """True when an API key is in the environment or in the netrc file `wandb login` writes."""
@@ -30,9 +33,6 @@ def wandb_offline() -> bool:
     return not wandb_has_credentials()
 
 
-RUN_ID_FILE = "wandb_run_id"
-
-
 def wandb_run_id(run_dir: Path, fallback: str | None = None) -> str:
     """The wandb run id of `run_dir` (its `wandb_run_id` file), so every resume logs to the same run.
 
@@ -40,7 +40,7 @@ def wandb_run_id(run_dir: Path, fallback: str | None = None) -> str:
     new id. Nothing is written here: `record_wandb_run_id` does that once the wandb run exists, so a run that
     fails before it starts leaves no folder behind.
     """
-    path = run_dir / RUN_ID_FILE
+    path = RunDir(run_dir).wandb_id_file
     if path.is_file():
         stored = path.read_text(encoding="utf-8").strip()
         if stored:
@@ -52,8 +52,6 @@ def wandb_run_id(run_dir: Path, fallback: str | None = None) -> str:
 
 def record_wandb_run_id(run_dir: Path, run_id: str) -> None:
     """Keep `run_id` in `run_dir/wandb_run_id` (once) for the resumes to come."""
-    from common.files import atomic_write
-
-    path = run_dir / RUN_ID_FILE
+    path = RunDir(run_dir).wandb_id_file
     if not path.is_file():
         atomic_write(path, run_id + "\n")

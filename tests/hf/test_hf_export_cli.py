@@ -14,16 +14,16 @@ import pytest
 import torch
 
 import model.export_hf as export_module
+from checkpoints.format import META_KEY, STATE_PREFIX, checkpoint_metadata
 from common.errors import EXIT_USER_ERROR
 from model import GPT
-from model.checkpoint import META_KEY, STATE_PREFIX, checkpoint_metadata
 from model.export_hf import OutputExistsError, export_hf, main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_checkpoint(model: GPT, tokenizer_json: str, path: Path) -> Path:
-    """A checkpoint in the format of model/checkpoint.py, as training writes it."""
+    """A checkpoint in the format of checkpoints/format.py, as training writes it."""
     sha256 = hashlib.sha256(tokenizer_json.encode("utf-8")).hexdigest()
     meta = checkpoint_metadata(model.config, tokenizer_json, sha256, data={})
     state = {f"{STATE_PREFIX}{name}": tensor for name, tensor in model.state_dict().items()}

@@ -8,10 +8,10 @@ import re
 import torch
 
 import generate as cli
+from checkpoints.format import load_checkpoint
 from data.tokenizer import Tokenizer
 from inspection.attention_stats import head_statistics
 from model import generate
-from model.checkpoint import load_checkpoint
 
 
 def test_attention_html_holds_prompt_and_output_with_their_statistics(tiny_run, tmp_path, capsys):

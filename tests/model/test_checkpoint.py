@@ -7,9 +7,7 @@ import hashlib
 import pytest
 import torch
 
-from common.errors import UserError
-from model import GPT, ModelConfig
-from model.checkpoint import (
+from checkpoints.format import (
     FORMAT_VERSION,
     META_KEY,
     STATE_PREFIX,
@@ -18,6 +16,8 @@ from model.checkpoint import (
     load_checkpoint,
     validate_checkpoint,
 )
+from common.errors import UserError
+from model import GPT, ModelConfig
 
 TOKENIZER_JSON = '{"model": "stand-in"}'  # the reader only checks it against its sha256
 

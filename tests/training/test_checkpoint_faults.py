@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from checkpoints.atomic_io import FAULT_ENV, PHASES
 from common.files import stale_temp_files
-from training.checkpoint_io import FAULT_ENV, PHASES
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = "benchmarks.checkpoint_chaos"  # its --worker mode: tiny model, a checkpoint every step
@@ -126,7 +126,7 @@ def flip_bytes(path: Path) -> None:
 
 @pytest.mark.parametrize("damage", [truncate, flip_bytes], ids=["truncated", "bytes-flipped"])
 def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_with_a_warning(straight, tmp_path, damage):
-    from training.resume_choice import choose_resume_checkpoint
+    from checkpoints.resume import choose_resume_checkpoint
 
     folder = corrupt_copy(straight, tmp_path, lambda f: damage(f / "step-00000010.ckpt"))
     warnings = []

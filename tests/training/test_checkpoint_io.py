@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import training.checkpoint_io as checkpoint_io_module
-from training.async_checkpoint_io import BackgroundCheckpointIO
-from training.checkpoint_io import AtomicCheckpointIO, CheckpointSaveError
-from training.sweep import sweep_stale_files
+import checkpoints.atomic_io as checkpoint_io_module
+from checkpoints.atomic_io import AtomicCheckpointIO, CheckpointSaveError
+from checkpoints.background_io import BackgroundCheckpointIO
+from checkpoints.sweep import sweep_stale_files
 
 
 def checkpoint(step: int) -> dict:

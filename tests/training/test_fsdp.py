@@ -13,12 +13,12 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from checkpoints.choice import checkpoint_step
+from checkpoints.format import CheckpointError, load_checkpoint
+from checkpoints.resume import check_resumable, choose_resume_checkpoint, expand_run_dir_resume
+from checkpoints.settings import WANDB_ID_KEY, stored_wandb_id
 from data.batches import TrainBatches
-from model.checkpoint import CheckpointError, load_checkpoint
 from tests.conftest import run_generate
-from training.checkpointing import WANDB_ID_KEY, stored_wandb_id
-from training.resume import checkpoint_step, expand_run_dir_resume
-from training.resume_choice import check_resumable, choose_resume_checkpoint
 
 FSDP2 = {
     "class_path": "lightning.pytorch.strategies.ModelParallelStrategy",

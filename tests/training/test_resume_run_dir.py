@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from checkpoints.resume import checkpoint_in_run, expand_run_dir_resume
 from common.errors import UserError
-from training.resume import checkpoint_in_run, expand_run_dir_resume
 
 
 @pytest.fixture
@@ -24,7 +24,7 @@ def run_dir(tmp_path) -> Path:
 def test_run_dir_puts_its_config_first_and_keeps_overrides_after_it(run_dir, form, monkeypatch):
     # Which checkpoint file is chosen (and its validation) is tested in test_checkpoint_faults.py.
     monkeypatch.setattr(
-        "training.resume_choice.choose_resume_checkpoint", lambda folder, warn: folder / "last.ckpt"
+        "checkpoints.resume.choose_resume_checkpoint", lambda folder, warn: folder / "last.ckpt"
     )
     ckpt = ["--ckpt_path", str(run_dir)] if form == "separate" else [f"--ckpt_path={run_dir}"]
     args, expanded = expand_run_dir_resume(["fit", *ckpt, "--trainer.max_steps", "9"])

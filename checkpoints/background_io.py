@@ -21,7 +21,7 @@ import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from .checkpoint_io import AtomicCheckpointIO
+from .atomic_io import AtomicCheckpointIO
 
 
 class BackgroundCheckpointIO(CheckpointIO):

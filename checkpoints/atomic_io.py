@@ -12,14 +12,13 @@ directory elsewhere keep working, and removing an old step file never leaves `la
 filesystem refuses hard links, `last.ckpt` falls back to a durable copy made the same atomic way.
 
 A kill at any moment therefore leaves the previous checkpoints whole; what it may leave is a temporary file,
-which `training.sweep` removes when the next run starts.
+which `checkpoints.sweep` removes when the next run starts.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import re
 import shutil
 import signal
 from collections.abc import Callable
@@ -32,8 +31,8 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from common.errors import UserError
 from common.files import atomic_write, fsync_dir, temp_path_for
 
-LAST_NAME = "last.ckpt"
-STEP_FILE = re.compile(r"^step-(\d+)\.ckpt$")
+from .run_dir import LAST_NAME, step_file_name, step_files
+
 # Test hook: "<phase>@<n>" makes the n-th save of this process SIGKILL itself at <phase> (fault injection).
 FAULT_ENV = "GQA_GPT_CHECKPOINT_FAULT"
 PHASES = (
@@ -49,23 +48,6 @@ _MID_WRITE_BYTES = 64 * 1024
 
 class CheckpointSaveError(UserError):
     """A save failed for a reason the user can fix (disk full, permissions); the previous checkpoint is intact."""
-
-
-def step_file_name(step: int) -> str:
-    """The name of the checkpoint saved at optimizer step `step`; zero-padded so names sort by step."""
-    return f"step-{step:08d}.ckpt"
-
-
-def step_files(folder: Path) -> dict[int, Path]:
-    """{step: path} of the step-named checkpoints in `folder`."""
-    if not folder.is_dir():
-        return {}
-    found = {}
-    for path in folder.iterdir():
-        match = STEP_FILE.match(path.name)
-        if match:
-            found[int(match.group(1))] = path
-    return dict(sorted(found.items()))
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

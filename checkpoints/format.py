@@ -1,4 +1,4 @@
-"""The checkpoint format, owned here: what training writes into a checkpoint and how it is read back.
+"""The checkpoint format: what training writes into a checkpoint and how it is read back.
 
 A checkpoint is a Lightning checkpoint dict whose `state_dict` holds the GPT weights under STATE_PREFIX (the
 LightningModule keeps the GPT as its `model` attribute) and whose META_KEY entry holds plain-typed metadata
@@ -9,12 +9,15 @@ Everything is plain types and tensors, so `torch.load(path, weights_only=True)` 
 
 A sharded strategy (FSDP2 through Lightning's ModelParallelStrategy) writes a folder instead: the weights as a
 torch.distributed.checkpoint (one file per rank, keys `state_dict.<name>`) and everything else in SHARDED_META.
-`load_checkpoint` reads both kinds in one process.
+`load_checkpoint` reads both kinds in one process. A run directory (or its checkpoints/ folder) means its newest
+readable checkpoint (checkpoints.choice). Only torch, the standard library, common/ and model/: generate.py and
+interop import this without Lightning.
 """
 
 from __future__ import annotations
 
 import hashlib
+import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,22 +25,24 @@ from typing import Any
 
 import torch
 
-from common.errors import UserError, first_line
+from common.errors import first_line
+from model.config import ModelConfig
+from model.gpt import GPT
 
-from .config import ModelConfig
-from .gpt import GPT
+from .choice import Wording, choose_checkpoint
+from .errors import CheckpointError
+from .run_dir import LAST_NAME, SHARDED_INDEX, SHARDED_META, RunDir, checkpoint_dict_file, is_sharded_checkpoint
 
 FORMAT_VERSION = 1
 META_KEY = "gqa_gpt"
 STATE_PREFIX = "model."
 REQUIRED_KEYS = ("format", "model_config", "tokenizer_json", "tokenizer_sha256")
-SHARDED_META = "meta.pt"  # Lightning's name for the non-tensor part of a sharded checkpoint folder
-SHARDED_INDEX = ".metadata"  # torch.distributed.checkpoint's index of a sharded folder: which file holds what
 INTERRUPTED = "its save was interrupted; use an earlier checkpoint"
-
-
-class CheckpointError(UserError):
-    """A checkpoint that is missing, truncated or not one of ours; the message is one line naming the file."""
+READING = Wording(
+    bad="cannot be read",
+    using="using",
+    none="{newest}: {reason} (no checkpoint in {folder} can be read: {count} checked)",
+)
 
 
 @dataclass
@@ -78,32 +83,9 @@ def plain(value: Any) -> Any:
     return str(value)
 
 
-def is_sharded_checkpoint(path: Path) -> bool:
-    """A checkpoint folder written by a sharded strategy: weight shards plus SHARDED_META."""
-    return (path / SHARDED_META).is_file()
-
-
-def checkpoint_dict_file(path: Path) -> Path:
-    """The file `torch.load` reads for a resolved checkpoint: the file itself, or a sharded folder's SHARDED_META."""
-    return path / SHARDED_META if is_sharded_checkpoint(path) else path
-
-
 def resolve_checkpoint(path: str | Path) -> Path:
-    """The checkpoint behind `path`: a .ckpt file or sharded folder, or a run directory's checkpoints/last.ckpt."""
-    path = Path(path).expanduser()
-    if path.is_dir() and not is_sharded_checkpoint(path) and not (path / SHARDED_INDEX).is_file():
-        last = [c for c in (path / "checkpoints" / "last.ckpt", path / "last.ckpt") if c.exists()]
-        if not last:
-            raise CheckpointError(
-                f"{path}: no checkpoints/last.ckpt in this directory; pass a .ckpt file, a run directory or a "
-                "sharded checkpoint folder"
-            )
-        path = last[0]
-    if path.is_dir() and not is_sharded_checkpoint(path):
-        raise CheckpointError(f"{path}: sharded checkpoint folder without {SHARDED_META}: {INTERRUPTED}")
-    if not path.exists():
-        raise CheckpointError(f"{path}: checkpoint not found; pass a .ckpt file or a run directory")
-    return path
+    """The checkpoint behind `path`: a .ckpt file or sharded folder, or a run directory's newest readable one."""
+    return _resolve(path)[0]
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict, Path]:
@@ -111,7 +93,46 @@ def read_checkpoint(path: str | Path) -> tuple[dict, Path]:
 
     For a sharded folder the dict is SHARDED_META's: everything but the weights (see `load_checkpoint`).
     """
-    path = resolve_checkpoint(path)
+    path, ckpt = _resolve(path)
+    return (read_checkpoint_file(path) if ckpt is None else ckpt), path
+
+
+def _resolve(path: str | Path) -> tuple[Path, dict | None]:
+    """(checkpoint path, its dict when choosing it in a folder already read it)."""
+    path = Path(path).expanduser()
+    if path.is_dir() and not is_sharded_checkpoint(path) and not (path / SHARDED_INDEX).is_file():
+        run = RunDir(path)
+        folder = run.checkpoints if run.holds_checkpoints() else path  # a run directory, or its checkpoints/
+        chosen = choose_checkpoint(folder, _readable, READING, warn=_to_stderr)
+        if chosen is not None:
+            return chosen
+        if not (folder / LAST_NAME).exists():
+            raise CheckpointError(
+                f"{path}: no checkpoints in this directory; pass a .ckpt file, a run directory or a "
+                "sharded checkpoint folder"
+            )
+        path = folder / LAST_NAME  # not a checkpoint at all (a sharded save cut short): say why, below
+    if path.is_dir() and not is_sharded_checkpoint(path):
+        raise CheckpointError(f"{path}: sharded checkpoint folder without {SHARDED_META}: {INTERRUPTED}")
+    if not path.exists():
+        raise CheckpointError(f"{path}: checkpoint not found; pass a .ckpt file or a run directory")
+    return path, None
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def _readable(path: Path) -> dict:
+    """`read_checkpoint_file`, and for a sharded folder also its index naming shards that are all there."""
+    ckpt = read_checkpoint_file(path)
+    if is_sharded_checkpoint(path):
+        sharded_contents(path)
+    return ckpt
+
+
+def read_checkpoint_file(path: Path) -> dict:
+    """The dict of one checkpoint file or sharded folder, its metadata checked (one-line CheckpointErrors)."""
     file = checkpoint_dict_file(path)
     try:
         ckpt = torch.load(file, map_location="cpu", weights_only=True)
@@ -128,7 +149,7 @@ def read_checkpoint(path: str | Path) -> tuple[dict, Path]:
             f"{path}: not a gqa-gpt checkpoint (no '{META_KEY}' metadata); use one written by train.py"
         )
     check_metadata(ckpt[META_KEY], path)
-    return ckpt, path
+    return ckpt
 
 
 def check_metadata(meta: dict, path: Path) -> None:

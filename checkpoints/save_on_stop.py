@@ -7,6 +7,8 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from .run_dir import LAST_NAME
+
 
 class LastCheckpoint(L.Callback):
     """Write `last.ckpt` next to the regular checkpoints when training ends or the job is told to stop.
@@ -57,7 +59,7 @@ class LastCheckpoint(L.Callback):
     def _save(trainer: L.Trainer) -> Path | None:
         if trainer.checkpoint_callback is None:
             return None
-        path = Path(trainer.checkpoint_callback.dirpath) / "last.ckpt"
+        path = Path(trainer.checkpoint_callback.dirpath) / LAST_NAME
         # Full state for resume; every rank calls it: sharded strategies save collectively.
         trainer.save_checkpoint(path, weights_only=False)
         return path

@@ -1,6 +1,6 @@
 """Checks on `--ckpt_path` that run right after parsing, before any file or wandb run is touched.
 
-A text file, a truncated file or another project's checkpoint is one line (model.checkpoint's CheckpointError);
+A text file, a truncated file or another project's checkpoint is one line (checkpoints.format's CheckpointError);
 so is a config whose model sizes do not fit the checkpoint's weights (`--model.n_layer 6` on a 2-layer run,
 `validate` with the config of another run), which would otherwise fail later with a 50-line traceback, after
 config.yaml was rewritten and an empty wandb segment created.
@@ -15,9 +15,11 @@ import torch
 
 from common.errors import UserError
 from model import GPT, ModelConfig
-from model.checkpoint import META_KEY, read_checkpoint, resolve_checkpoint
 
-# Values of --ckpt_path that Lightning resolves itself (or that training.checkpointing resolves later).
+from .format import META_KEY, read_checkpoint
+from .run_dir import RunDir
+
+# Values of --ckpt_path that Lightning resolves itself (or that checkpoints.settings resolves later).
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
 MODEL_FIELDS = tuple(field.name for field in dataclasses.fields(ModelConfig))
 # Model fields that the data module owns (see training/cli.py's link_arguments).
@@ -32,7 +34,7 @@ def is_checkpoint_file_path(ckpt_path: str | None) -> bool:
 def check_readable(ckpt_path: str | None) -> None:
     """One line (CheckpointError, exit 2) unless `ckpt_path` is a readable checkpoint written by train.py."""
     if is_checkpoint_file_path(ckpt_path):
-        read_checkpoint(resolve_checkpoint(ckpt_path))
+        read_checkpoint(ckpt_path)
 
 
 def requested_model_config(config) -> dict:
@@ -72,6 +74,7 @@ def _weight_shapes(fields: dict) -> dict[str, tuple[int, ...]]:
 
 def _run_config(ckpt_path: str) -> str:
     """The config.yaml of the run a checkpoint belongs to (runs/<run>/checkpoints/x.ckpt), or a placeholder."""
-    path = Path(ckpt_path)
-    run_dir = path if (path / "config.yaml").is_file() else path.parent.parent
-    return str(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file() else "runs/<run>/config.yaml"
+    for run in (RunDir(ckpt_path), RunDir.of_checkpoint(ckpt_path)):
+        if run.config.is_file():
+            return str(run.config)
+    return str(RunDir(Path("runs") / "<run>").config)

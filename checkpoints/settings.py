@@ -12,12 +12,18 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from .async_checkpoint_io import BackgroundCheckpointIO
-from .checkpoint_io import AtomicCheckpointIO
-from .resume_choice import choose_resume_checkpoint
+from .atomic_io import AtomicCheckpointIO
+from .background_io import BackgroundCheckpointIO
+from .format import read_checkpoint
+from .resume import choose_resume_checkpoint
 from .sweep import sweep_stale_files
 
 WANDB_ID_KEY = "wandb_run_id"
+# Where our CheckpointIOs lived before this package: the config.yaml of an older run still names them.
+FORMER_CLASS_PATHS = {
+    "training.checkpoint_io.AtomicCheckpointIO",
+    "training.async_checkpoint_io.BackgroundCheckpointIO",
+}
 
 
 class GPTCheckpoint(ModelCheckpoint):
@@ -48,7 +54,7 @@ def checkpoint_io_config(keep_last: int, async_save: bool) -> dict:
 def with_checkpoint_io(plugins: Any, keep_last: int, async_save: bool) -> list:
     """`trainer.plugins` with our CheckpointIO for these settings (replacing ours from a saved config.yaml)."""
     plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
-    ours = {checkpoint_io_config(keep_last, flag)["class_path"] for flag in (False, True)}
+    ours = {checkpoint_io_config(keep_last, flag)["class_path"] for flag in (False, True)} | FORMER_CLASS_PATHS
     plugins = [p for p in plugins if str(getattr(p, "class_path", None) or _get(p, "class_path")) not in ours]
     if any("CheckpointIO" in str(getattr(p, "class_path", None) or _get(p, "class_path")) for p in plugins):
         return plugins  # the config chose another CheckpointIO on purpose
@@ -98,6 +104,4 @@ def stored_wandb_id(ckpt_path: str | None) -> str | None:
     """The wandb run id saved in the checkpoint at `ckpt_path` (None without one)."""
     if not ckpt_path or not Path(ckpt_path).exists():  # a file, or a sharded checkpoint folder
         return None
-    from model.checkpoint import read_checkpoint
-
     return read_checkpoint(ckpt_path)[0].get(WANDB_ID_KEY)
