@@ -98,10 +98,13 @@ class GPT(nn.Module):
 
     @classmethod
     def from_hf(cls, directory: str) -> GPT:
-        """A GPT with the config and weights of a Llama-layout Hugging Face folder (a str or Path)."""
-        from .hf import load_hf_model  # local import: hf.py imports this module
+        """A GPT in eval mode with the config and weights of a supported Hugging Face folder (a str or Path)."""
+        from .hf_weights import read_hf_folder  # safetensors only when asked; hf_weights never imports gpt.py
 
-        return load_hf_model(directory)
+        config, state = read_hf_folder(directory, cls)
+        model = cls(config).to(state["wte.weight"].dtype)
+        model.load_state_dict(state)
+        return model.eval()
 
     def num_params(self, include_embedding: bool = True) -> int:
         """Parameter count, a tied embedding counted once."""

@@ -76,7 +76,7 @@ MUTATIONS = [
     ),
     Mutation(
         "sigterm-save-skipped",
-        "training/last_checkpoint.py",
+        "checkpoints/save_on_stop.py",
         "if isinstance(exception, SIGTERMException)",
         "if False",
         ("tests/training/test_sigterm.py",),
@@ -166,7 +166,7 @@ MUTATIONS = [
     # Chosen for this check: properties the tests name that no entry above exercises.
     Mutation(
         "export-gate-up-swapped",
-        "model/hf.py",
+        "model/hf_weights.py",
         "gate, up = block.mlp.gate_up",
         "up, gate = block.mlp.gate_up",
         (HF_LOGITS,),
