@@ -31,7 +31,14 @@ from model.gpt import GPT
 
 from .choice import Wording, choose_checkpoint
 from .errors import CheckpointError
-from .run_dir import LAST_NAME, SHARDED_INDEX, SHARDED_META, RunDir, checkpoint_dict_file, is_sharded_checkpoint
+from .run_dir import (
+    LAST_NAME,
+    SHARDED_INDEX,
+    SHARDED_META,
+    RunDir,
+    checkpoint_dict_file,
+    is_sharded_checkpoint,
+)
 
 FORMAT_VERSION = 1
 META_KEY = "gqa_gpt"

@@ -78,7 +78,9 @@ def choose_resume_checkpoint(checkpoint_dir: str | Path, warn: Callable[[str], N
 
 def checkpoint_in_run(run_dir: Path) -> Path:
     """The checkpoint (file or sharded folder) to resume `run_dir` from: its newest resumable one."""
-    path = choose_resume_checkpoint(RunDir(run_dir).checkpoints, warn=lambda line: print(line, file=sys.stderr))
+    path = choose_resume_checkpoint(
+        RunDir(run_dir).checkpoints, warn=lambda line: print(line, file=sys.stderr)
+    )
     if path is None:
         raise UserError(
             f"--ckpt_path: {run_dir} has no checkpoint to resume; start it afresh without --ckpt_path"

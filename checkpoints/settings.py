@@ -54,7 +54,9 @@ def checkpoint_io_config(keep_last: int, async_save: bool) -> dict:
 def with_checkpoint_io(plugins: Any, keep_last: int, async_save: bool) -> list:
     """`trainer.plugins` with our CheckpointIO for these settings (replacing ours from a saved config.yaml)."""
     plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
-    ours = {checkpoint_io_config(keep_last, flag)["class_path"] for flag in (False, True)} | FORMER_CLASS_PATHS
+    ours = {
+        checkpoint_io_config(keep_last, flag)["class_path"] for flag in (False, True)
+    } | FORMER_CLASS_PATHS
     plugins = [p for p in plugins if str(getattr(p, "class_path", None) or _get(p, "class_path")) not in ours]
     if any("CheckpointIO" in str(getattr(p, "class_path", None) or _get(p, "class_path")) for p in plugins):
         return plugins  # the config chose another CheckpointIO on purpose

@@ -160,7 +160,9 @@ def wandb_history():
 @pytest.fixture(scope="module")
 def ckpt(tiny_run) -> str:
     """The 6-step tiny run's last.ckpt, for the generate.py tests."""
-    return str(tiny_run / "checkpoints" / "last.ckpt")
+    from checkpoints.run_dir import RunDir
+
+    return str(RunDir(tiny_run).last)
 
 
 def run_generate(capsys, *argv: str) -> tuple[int, str, str]:

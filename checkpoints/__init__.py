@@ -1,0 +1,18 @@
+"""Checkpoints and run directories: the format, which checkpoint a folder means, saving, resuming, clean-up.
+
+Read without Lightning (generate.py, interop and the exports import only these):
+    run_dir     the names of a run directory's parts (`RunDir`) and of the files in its checkpoints/ folder
+    format      what a checkpoint holds; reading, validating and loading one (`load_checkpoint`)
+    choice      which checkpoint a folder means: the newest whole one, with a warning for each bad newer one
+    resume      what can continue a run; `fit --ckpt_path <run dir>`
+    errors      CheckpointError, NoGoodCheckpointError
+Training only (Lightning):
+    atomic_io       step files written atomically, `last.ckpt` linked to the newest, older ones pruned
+    background_io   the same writes on a background thread
+    save_on_stop    `last.ckpt` at SIGTERM, Ctrl-C and the end of training
+    settings        the `checkpoint.*` keys, the CheckpointIO they select, start-up sweep and resume choice
+    sweep           removing what killed runs left (temporary files; the data cache's via data/)
+    checks          `--ckpt_path` checks right after parsing
+
+Nothing is imported here, so `import checkpoints.format` never pulls in Lightning.
+"""
