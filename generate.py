@@ -38,7 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=_HelpWithDefaults)
     yes = {"action": "store_true"}
     # fmt: off
-    p.add_argument("--checkpoint", required=True, help="a .ckpt file or a run directory (its newest readable checkpoint)")
+    p.add_argument("--checkpoint", required=True, help="a .ckpt file or run directory (its newest good one)")
     text = p.add_argument_group("prompt and output")
     text.add_argument("--prompt", help='text to continue ("" samples from nothing); else --prompt_file, stdin')
     text.add_argument("--prompt_file", help="read the prompt from this UTF-8 file")
