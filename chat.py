@@ -48,9 +48,10 @@ def model_sampler(sampler: Sampler, folder: Path | None, explicit: set[str]) -> 
     if path is None or not path.is_file():
         return sampler
     config = json.loads(path.read_text(encoding="utf-8"))
-    model = {"temperature": 0.0} if not config.get("do_sample", False) else {}
-    for field, default in TRANSFORMERS_SAMPLING.items():
-        model.setdefault(field, config.get(field, default))
+    if config.get("do_sample", False):
+        model = {field: config.get(field, default) for field, default in TRANSFORMERS_SAMPLING.items()}
+    else:  # greedy: the filters do not matter
+        model = {"temperature": 0.0}
     chosen = {field: value for field, value in model.items() if field not in explicit}
     if chosen and any(getattr(sampler, field) != value for field, value in chosen.items()):
         shown = ", ".join(f"{field}={value}" for field, value in chosen.items())
