@@ -88,15 +88,17 @@ def check_chat_args(args: argparse.Namespace) -> None:
                         f"{', '.join(given)}")  # fmt: skip
 
 
+def require_chat_template(tokenizer: Tokenizer, name: str) -> None:
+    if tokenizer.chat_template is None:
+        raise UserError(f"--chat: {name} has no chat template (tokenizer_config.json or the GGUF's "
+                        "tokenizer.chat_template); drop --chat and pass --prompt")  # fmt: skip
+
+
 class Conversation:
     """The messages so far and the KV cache holding the tokens of their rendered text."""
 
-    def __init__(
-        self, model: torch.nn.Module, tokenizer: Tokenizer, sampler: Sampler, name: str = ""
-    ) -> None:
-        if tokenizer.chat_template is None:
-            raise UserError(f"--chat: {name or 'the model'} has no chat template (tokenizer_config.json or the "
-                            "GGUF's tokenizer.chat_template); drop --chat and pass --prompt")  # fmt: skip
+    def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, sampler: Sampler) -> None:
+        require_chat_template(tokenizer, "the model")
         param = next(model.parameters())
         config = model.config
         self.model, self.tokenizer, self.sampler = model, tokenizer, sampler

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from chat import Conversation, TextStream, check_chat_args, model_sampler, run_chat
+from chat import Conversation, TextStream, check_chat_args, model_sampler, require_chat_template, run_chat
 from common.errors import UserError, run_command
 from data.tokenizer import Tokenizer
 from interop import load_pretrained
@@ -170,13 +170,13 @@ def run(args: argparse.Namespace) -> None:
     dtype = DTYPES.get(args.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32)
     loaded = load_pretrained(args.checkpoint, args.revision, device=device, dtype=dtype)
     model, tokenizer = loaded.model, loaded.tokenizer
+    if args.chat:  # before any note about sampling
+        require_chat_template(tokenizer, args.checkpoint)
     folder = loaded.source.path if loaded.source.kind in ("hf_folder", "hub") else None
     sampler = model_sampler(sampler, folder, args.explicit)
     sampler = dataclasses.replace(sampler, generator=torch.Generator(device=device).manual_seed(args.seed))
     if args.chat:
-        return run_chat(
-            Conversation(model, tokenizer, sampler, args.checkpoint), sys.stdin, args.max_new_tokens
-        )
+        return run_chat(Conversation(model, tokenizer, sampler), sys.stdin, args.max_new_tokens)
     if args.attention_map or args.attention_html or args.explain_attention is not None:
         from inspection import writers  # Pillow and numpy, only when a picture or table is asked for
 
