@@ -102,6 +102,7 @@ def test_gguf_of_an_hf_folder_greedy_tokens_equal_transformers(
     expected = transformers_greedy(model, ids, stops)
     assert_lively(expected)
     assert seen["prompt"] == ids and seen["out"][len(ids) : len(ids) + len(expected)] == expected
+    assert cli.load_pretrained(path).tokenizer.eos_ids == tuple(stops)  # the GGUF keeps the model's EOS
 
 
 def test_gguf_export_of_a_non_gpt2_vocabulary_is_one_line(lively_llama, tmp_path, capsys):
