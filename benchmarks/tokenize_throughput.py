@@ -1,6 +1,6 @@
 """Tokenization throughput on a generated corpus: the prepare command against raw `tokenizers`, and streaming.
 
-    python -m benchmarks.tokenize_throughput [--size_mb 1000] [--repeats 1] [--vocab_size 32768] [--skip_streaming]
+    python -m benchmarks.tokenize_throughput [--size_mb 1000] [--repeats 1] [--vocab_size 32768] [--part a|b|both]
 
 (Not named tokenize.py: a file of that name in benchmarks/ would shadow the standard library's `tokenize` for
 every `python benchmarks/<script>.py`, breaking tracebacks and `inspect.getsource`.)
@@ -55,7 +55,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--size_mb", type=float, default=1000.0, help="corpus size in MB of text")
     parser.add_argument("--repeats", type=int, default=1, help="interleaved rounds; medians are reported")
     parser.add_argument("--vocab_size", type=int, default=32768, help="BPE vocab (gpt2-small's)")
-    parser.add_argument("--skip_streaming", action="store_true", help="measure (a) only")
+    parser.add_argument(
+        "--part", choices=["a", "b", "both"], default="both", help="(a) prepare, (b) streaming"
+    )
     parser.add_argument(
         "--raw_worker", nargs=3, metavar=("PROCS", "TOKENIZER", "FILES_JSON"), help=argparse.SUPPRESS
     )
@@ -123,8 +125,8 @@ def raw_worker(procs: int, tokenizer_file: str, files_json: str) -> None:
     print(json.dumps({"seconds": time.perf_counter() - start, "bytes": int(sizes[-1]), "tokens": tokens}))
 
 
-def run_raw(procs: int, tokenizer: Path, files: list[str]) -> float:
-    """MB/s of the raw baseline (its own process, so no tokenizer thread pool is inherited)."""
+def run_raw(procs: int, tokenizer: Path, files: list[str]) -> tuple[float, float]:
+    """(MB/s, MB of text) of the raw baseline (its own process, so no tokenizer thread pool is inherited)."""
     args = [
         sys.executable,
         "-m",
@@ -135,7 +137,7 @@ def run_raw(procs: int, tokenizer: Path, files: list[str]) -> float:
     ]
     out = subprocess.run([*args, json.dumps(files)], cwd=ROOT, capture_output=True, text=True, check=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    return result["bytes"] / 1e6 / result["seconds"]
+    return result["bytes"] / 1e6 / result["seconds"], result["bytes"] / 1e6
 
 
 def data_flags(files: list[str], tokenizer: Path, cache: Path, vocab_size: int) -> list[str]:
@@ -160,7 +162,6 @@ def run_prepare(procs: int, flags: list[str], megabytes: float) -> tuple[float, 
 def measure_prepare(files: list[str], tokenizer: Path, folder: Path, args: argparse.Namespace) -> None:
     from data.source import CorpusSource
 
-    megabytes = sum(Path(file).stat().st_size for file in files) / 1e6  # JSON bytes; text is ~1% less
     start = time.perf_counter()
     CorpusSource(dataset="json", data_files=files).load()
     print(
@@ -169,7 +170,7 @@ def measure_prepare(files: list[str], tokenizer: Path, folder: Path, args: argpa
     rows: dict[int, list[tuple[float, float, float]]] = {1: [], 2: []}
     for round_index in range(args.repeats):
         for procs in (1, 2):
-            raw = run_raw(procs, tokenizer, files)
+            raw, megabytes = run_raw(procs, tokenizer, files)
             cache = folder / f"cache-{round_index}-{procs}"
             phase, whole = run_prepare(procs, data_flags(files, tokenizer, cache, args.vocab_size), megabytes)
             rows[procs].append((raw, phase, whole))
@@ -206,7 +207,7 @@ def run_fit(flags: list[str], run_dir: Path) -> tuple[float, float]:
         "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(run_dir),
         "--checkpoint.every_n_train_steps", "100000", "--samples.every_n_steps", "0",
         "--attention_maps.every_n_steps", "0",
-        f"--trainer.callbacks+={json.dumps({'class_path': f'{__name__}.StepClock'})}",
+        f"--trainer.callbacks+={json.dumps({'class_path': 'benchmarks.tokenize_throughput.StepClock'})}",
     ]  # fmt: skip
     launched = time.time()
     out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
@@ -288,8 +289,9 @@ def main() -> None:
         tokenizer = Tokenizer.train(sample, args.vocab_size, show_progress=False)
         tokenizer.save(folder / "tokenizer.json")
         print(f"tokenizer: {tokenizer.vocab_size} tokens trained on {len(sample)} documents")
-        measure_prepare(files, folder / "tokenizer.json", folder, args)
-        if not args.skip_streaming:
+        if args.part != "b":
+            measure_prepare(files, folder / "tokenizer.json", folder, args)
+        if args.part != "a":
             measure_streaming(files, folder / "tokenizer.json", folder, args)
 
 

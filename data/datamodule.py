@@ -269,6 +269,7 @@ class TextDataModule(L.LightningDataModule):
             rank=rank,
             world_size=world_size,
             start=start,
+            start_batch=start_batch,
         )
         self._position = LoaderPosition(rank, self.num_workers, start, start_batch)
         if self.num_workers:
