@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,10 +131,10 @@ def find_tokens(settings: PrepareSettings) -> Path | None:
     return folder
 
 
-def prepare_tokens(settings: PrepareSettings) -> Path:
+def prepare_tokens(settings: PrepareSettings, before_tokenizing: Callable[[int], None] | None = None) -> Path:
     """Return the complete token folder for `settings`, building (or finishing) it first if needed.
 
-    Parts are built in `<folder>.building/`, which a failed or killed run leaves for the next one to finish;
+    `before_tokenizing` is told how many bytes of text are left to tokenize once that is known. Parts are built in `<folder>.building/`, which a failed or killed run leaves for the next one to finish;
     the folder gets its final name, with meta.json, only once every part is there.
     """
     found = find_tokens(settings)
@@ -155,6 +156,8 @@ def prepare_tokens(settings: PrepareSettings) -> Path:
     building.mkdir(parents=True, exist_ok=True)
     parts = plan.train + plan.val
     procs = resolve_num_proc(settings.num_proc, sum(part.text_bytes for part in parts))
+    if before_tokenizing is not None:
+        before_tokenizing(sum(part.text_bytes for part in parts if not (building / part.name).is_file()))
     dtype = token_dtype(tokenizer.vocab_size)
     tokenize_parts(parts, tokenizer, source.text_column, building, dtype, procs)
     names = {"train": [part.name for part in plan.train], "val": [part.name for part in plan.val]}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,8 @@ from data.tokenizer import MIN_VOCAB_SIZE, Tokenizer
 
 # The default corpus ships with the package (public domain, 1.1 MB), so the default config trains offline.
 TINY_SHAKESPEARE = Path(__file__).resolve().parent / "corpora" / "tinyshakespeare.txt"
+# Above this much text left to tokenize in setup, a multi-process run is told to use the prepare command.
+LARGE_BUILD_BYTES = 1 << 30
 TINY_SHAKESPEARE_URL = (
     "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 )
@@ -161,7 +164,7 @@ class TextDataModule(L.LightningDataModule):
         streaming = self.source.streaming
         folder = build_or_wait(
             lambda: (find_stream if streaming else find_tokens)(self.settings),
-            lambda: (prepare_stream if streaming else prepare_tokens)(self.settings),
+            lambda: prepare_stream(self.settings) if streaming else prepare_tokens(self.settings, self._hint),
             builder=trainer is None or trainer.local_rank == 0,
             others_wait=trainer is not None and trainer.world_size > 1,
             failure_note=self.settings.cache_dir / f".failed-{self.settings.corpus_dir().name}",
@@ -179,6 +182,18 @@ class TextDataModule(L.LightningDataModule):
         self.train_tokens = cache.train
         self.val_tokens = cache.val
         self.meta = cache.meta
+
+    def _hint(self, text_bytes: int) -> None:
+        """A DDP run tokenizing a large corpus in setup keeps every other process idle: name the way out."""
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        if world_size > 1 and text_bytes > LARGE_BUILD_BYTES:
+            print(
+                f"data: tokenizing {text_bytes / 1e9:.1f} GB of text before step 1 while {world_size - 1} other "
+                "processes wait; next time run `python -m data.prepare --config <this config>` (same --data.* "
+                "flags) first, and fit starts at once",
+                file=sys.stderr,
+                flush=True,
+            )
 
     @property
     def bytes_per_token(self) -> float:
@@ -254,6 +269,7 @@ class TextDataModule(L.LightningDataModule):
             rank=rank,
             world_size=world_size,
             start=start,
+            start_batch=start_batch,
         )
         self._position = LoaderPosition(rank, self.num_workers, start, start_batch)
         if self.num_workers:
