@@ -4,11 +4,9 @@
     python generate.py --checkpoint HuggingFaceTB/SmolLM2-135M-Instruct --chat
 
 --checkpoint takes any model name interop resolves (our .ckpt or run directory, a Hugging Face folder or Hub
-id, a .gguf file); the chat loop is chat.py.
-
-The command line only: sampling is model/sampling.py, speed reports benchmarks/sampling_speed.py, pictures and
-tables inspection/writers.py. No Lightning, no wandb, so it starts fast. A user mistake prints one line and exits
-with status 2 (common/errors.py); GQA_GPT_TRACEBACK=1 shows the traceback.
+id, a .gguf file). The command line only: the chat loop is chat.py, sampling model/sampling.py, speed reports
+benchmarks/sampling_speed.py, pictures and tables inspection/writers.py. No Lightning, no wandb, so it starts
+fast. A user mistake prints one line and exits with status 2 (common/errors.py; GQA_GPT_TRACEBACK=1 for more).
 """
 
 from __future__ import annotations
@@ -22,6 +20,7 @@ import torch
 
 from chat import Conversation, TextStream, check_chat_args, model_sampler, require_chat_template, run_chat
 from common.errors import UserError, run_command
+from common.threads import apply_thread_count
 from data.tokenizer import Tokenizer
 from interop import load_pretrained
 from model import generate
@@ -63,6 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     decoding = p.add_argument_group("how the model runs")
     decoding.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, mps or auto")
     decoding.add_argument("--dtype", choices=[*DTYPES, "auto"], default="auto", help="auto: bf16 on CUDA")
+    decoding.add_argument("--threads", type=int, help="CPU threads (default: the CPUs not busy, common/threads.py)")
     decoding.add_argument("--no_cache", **yes, help="recompute the whole context every step (reference)")
     decoding.add_argument("--compile", **yes, help="decode with the compiled static-shape step (same tokens)")
     decoding.add_argument("--benchmark", **yes, help="print prefill/decode speed (also --compile, --no_cache)")
@@ -152,11 +152,9 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str, block_size: int, device: to
 
 
 def unfamiliar_byte_ids(tokenizer: Tokenizer) -> set[int]:
-    """Ids of non-ASCII single-byte tokens that are part of no longer token.
-
-    BPE merges every byte frequent in its training text, so a byte left unmerged was rare or absent there. ASCII
-    is excluded: a small vocabulary leaves even common letters unmerged.
-    """
+    """Ids of non-ASCII single-byte tokens that are part of no longer token: BPE merges every byte frequent in
+    its training text, so one left unmerged was rare there (ASCII is excluded: a small vocabulary leaves even
+    common letters unmerged)."""
     table = tokenizer.token_bytes()
     merged = {byte for token in table if len(token) > 1 for byte in token}
     return {
@@ -167,6 +165,7 @@ def unfamiliar_byte_ids(tokenizer: Tokenizer) -> set[int]:
 def run(args: argparse.Namespace) -> None:
     sampler = check_args(args)
     device = pick_device(args.device)
+    apply_thread_count(args.threads, torch.set_num_threads)  # busy cores make torch's own threads wait
     dtype = DTYPES.get(args.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32)
     loaded = load_pretrained(args.checkpoint, args.revision, device=device, dtype=dtype)
     model, tokenizer = loaded.model, loaded.tokenizer

@@ -153,3 +153,20 @@ def test_generate_stops_at_any_of_several_eos_ids():
     assert (
         generate(model, prompt, 12, temperature=0, eos_id=stop)[0, 3:].tolist() == out
     )  # an int still works
+
+
+def test_threads_flag_sets_torch_threads_before_loading(capsys):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        code, _, err = run_cli(
+            capsys, "--checkpoint", "no/such-model.ckpt", "--prompt", "x", "--threads", "1"
+        )
+        assert code == 2 and torch.get_num_threads() == 1, err  # applied before the (missing) model is read
+        code, _, err = run_cli(
+            capsys, "--checkpoint", "no/such-model.ckpt", "--prompt", "x", "--threads", "0"
+        )
+        assert code == 2 and err.strip() == "error: threads must be at least 1, got 0 (--threads)"
+    finally:
+        torch.set_num_threads(before)
