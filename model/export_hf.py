@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 from common.errors import UserError, run_command
 from common.files import StagedFolder
-from common.tokens import EOS_TOKEN, added_tokens
+from common.tokens import EOS_TOKEN, added_tokens, split_tokenizer_json
 
 from .checkpoint import load_checkpoint
 from .config import DTYPES
@@ -40,19 +40,27 @@ def export_hf(model: GPT, tokenizer_json: str, out_dir: str | Path, force: bool 
     """
     out = Path(out_dir).expanduser()
     refuse_existing(out, force)
-    eos_id = eos_token_id(tokenizer_json)
+    backend_json, rules = split_tokenizer_json(tokenizer_json)
+    if rules is None:  # our BPE: <|endoftext|> ends and starts texts
+        eos_id = eos_token_id(tokenizer_json)
+        rules = {"eos_ids": [eos_id], "bos_id": eos_id, "add_bos": False, "chat_template": None}
+    eos_id, bos_id = rules["eos_ids"][0], rules["bos_id"]
     dtype = next(model.parameters()).dtype
     # Files are written plainly into the staged folder: it is published whole, by one rename.
     with StagedFolder(out.parent) as staged:
         assert staged.path is not None
-        write_json(staged.path / "config.json", hf_config_dict(model.config, dtype, eos_id, eos_id))
+        write_json(staged.path / "config.json", hf_config_dict(model.config, dtype, bos_id, eos_id))
         save_file(to_hf_state_dict(model), staged.path / WEIGHTS_NAME, metadata={"format": "pt"})
         # safetensors creates its file 0600; give it the umask's mode, as config.json got, so others can read it.
         os.chmod(staged.path / WEIGHTS_NAME, stat.S_IMODE((staged.path / "config.json").stat().st_mode))
-        (staged.path / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
-        write_json(staged.path / "tokenizer_config.json", tokenizer_config(model.config.block_size))
+        (staged.path / "tokenizer.json").write_text(backend_json, encoding="utf-8")
+        config = tokenizer_config(model.config.block_size)
+        if tokenizer_json != backend_json:  # a pretrained model's tokenizer (model.init_from): its own rules
+            config.update(pretrained_token_config(backend_json, rules))
+        write_json(staged.path / "tokenizer_config.json", config)
         # pad = eos keeps transformers' generate from warning that no pad token is set.
-        generation = {"bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id}
+        stop = rules["eos_ids"][0] if len(rules["eos_ids"]) == 1 else list(rules["eos_ids"])
+        generation = {"bos_token_id": bos_id, "eos_token_id": stop, "pad_token_id": eos_id}
         write_json(staged.path / "generation_config.json", generation)
         staged.publish(out.name, replace=force)
     return out
@@ -87,6 +95,18 @@ def tokenizer_config(block_size: int) -> dict:
         # Byte-level BPE already round-trips spaces; the clean-up would change decoded text.
         "clean_up_tokenization_spaces": False,
     }
+
+
+def pretrained_token_config(backend_json: str, rules: dict) -> dict:
+    """tokenizer_config.json entries of a pretrained tokenizer: its BOS/EOS tokens, BOS rule and chat template."""
+    names = {int(token["id"]): content for content, token in added_tokens(backend_json).items()}
+    bos = names.get(rules["bos_id"]) if rules["bos_id"] is not None else None
+    eos = names.get(rules["eos_ids"][0])
+    # unk None: our BPE's <|endoftext|> placeholder is no token of theirs (transformers would add it).
+    config = {"bos_token": bos, "eos_token": eos, "unk_token": None, "add_bos_token": rules["add_bos"]}
+    if rules.get("chat_template"):
+        config["chat_template"] = rules["chat_template"]
+    return config
 
 
 def write_json(path: Path, data: dict) -> None:
