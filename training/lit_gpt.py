@@ -108,12 +108,13 @@ class LitGPT(L.LightningModule):
     def configure_model(self) -> None:
         # Before sharding: the full pretrained tensors load into the whole model, then FSDP2 splits them.
         if self.pretrained_pending:
-            self._load_pretrained_weights()
+            self.load_pretrained_weights()
         # Only ModelParallelStrategy sets a device mesh: it shards with FSDP2; the others keep the model whole.
         if self.device_mesh is not None:
             shard_model(self.model, self.device_mesh)
 
-    def _load_pretrained_weights(self) -> None:
+    def load_pretrained_weights(self) -> None:
+        """Copy the init_from model's weights into the model (once; configure_model calls it on a fresh fit)."""
         from interop import load_pretrained
 
         hp = self.hparams

@@ -174,3 +174,62 @@ def test_finetuned_checkpoint_exports_to_hf_with_logit_parity(straight, hf_trans
     with torch.no_grad():
         diff = (ours(ids) - theirs(ids).logits).abs().max().item()
     assert diff <= 1e-4
+
+
+def other_tokenizer_file(tmp_path: Path) -> Path:
+    path = tmp_path / "ours.json"
+    Tokenizer.train(["the cat sat on the mat"] * 50, 300, show_progress=False).save(path)
+    return path
+
+
+BAD_INPUTS = {
+    "tokenizer_path": (lambda tmp: ["--data.tokenizer_path", str(other_tokenizer_file(tmp))], "data.tokenizer_path"),
+    "vocab_size": (lambda tmp: ["--data.vocab_size", "512"], "data.vocab_size=512"),
+    "block_size": (lambda tmp: ["--data.block_size", "256"], "data.block_size=256"),
+    "n_layer": (lambda tmp: ["--model.n_layer", "3"], "model.n_layer=3"),
+    "n_embd": (lambda tmp: ["--model.n_embd", "128"], "model.n_embd=128"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_is_one_line_and_writes_nothing(case, finetune_args, tmp_path, monkeypatch, capsys):
+    import train
+
+    extra, words = BAD_INPUTS[case]
+    args = finetune_args(tmp_path / "runs", *extra(tmp_path))
+    cache = tmp_path / "cache"
+    args[args.index("--data.cache_dir") + 1] = str(cache)
+    monkeypatch.setattr(sys, "argv", args)
+    code = train.main()
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == EXIT_USER_ERROR and len(errors) == 1 and "Traceback" not in err, err[-2000:]
+    assert words in errors[0] and "init_from" in errors[0], errors[0]
+    assert not (tmp_path / "runs").exists() and not cache.exists()
+
+
+def test_unknown_name_is_interops_line(finetune_args, tmp_path, monkeypatch, capsys):
+    import train
+
+    args = finetune_args(tmp_path / "runs")
+    args[args.index("--model.init_from") + 1] = str(tmp_path / "no-such-model")
+    monkeypatch.setattr(sys, "argv", args)
+    assert train.main() == EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith(f"error: {tmp_path / 'no-such-model'}: no such file"), err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_models_own_tokenizer_file_is_accepted(llama):
+    from jsonargparse import Namespace
+
+    from training.init_from import apply_init_from
+
+    config = Namespace(
+        model=Namespace(init_from=str(llama), init_revision=None, n_layer=4),
+        data=Namespace(vocab_size=1024, block_size=64, tokenizer_path=str(llama / "tokenizer.json")),
+    )
+    pretrained = apply_init_from(config, {"data": {"tokenizer_path": str(llama / "tokenizer.json")}})
+    assert config.data.tokenizer_path is None and config.data.vocab_size == 300
+    assert config.model.n_layer == 2 and config.model.block_size == 128  # filled from the model
+    assert pretrained.tokenizer.bos_id == 1
