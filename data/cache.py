@@ -50,7 +50,9 @@ class PrepareSettings:
     tokenizer_train_docs: int = 10_000
     val_docs: int = 1000
     val_block_size: int = 1
-    pretrained_tokenizer: Tokenizer | None = None  # a pretrained model's own (model.init_from): none is trained
+    pretrained_tokenizer: Tokenizer | None = (
+        None  # a pretrained model's own (model.init_from): none is trained
+    )
 
     def corpus_dir(self) -> Path:
         """The folder for this corpus and hold-out; its name changes when any input file changes."""

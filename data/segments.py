@@ -65,7 +65,9 @@ def encode_segments(tokenizer, segments: dict[str, list]) -> list[list[int]]:
     encoded = tokenizer.encode_batch(segments["text"], add_bos=False)
     return [
         [*([eos] if separator else []), *([bos] if bos is not None and start else []), *ids]
-        for ids, separator, start in zip(encoded, segments["separator_before"], segments["doc_start"], strict=True)
+        for ids, separator, start in zip(
+            encoded, segments["separator_before"], segments["doc_start"], strict=True
+        )
     ]
 
 

@@ -51,7 +51,9 @@ def pretrained_config(source: Source) -> ModelConfig:
             from interop.gguf_file import GGUFFile
 
             return model_config_from_hf(GGUFFile(source.path).hf_config())
-        return model_config_from_hf(json.loads((Path(source.path) / "config.json").read_text(encoding="utf-8")))
+        return model_config_from_hf(
+            json.loads((Path(source.path) / "config.json").read_text(encoding="utf-8"))
+        )
     except PretrainedError:
         raise
     except ValueError as err:  # an unsupported architecture: model.hf_config names the key
@@ -68,7 +70,9 @@ def apply_init_from(config, explicit) -> Pretrained | None:
     name = model.get("init_from")
     if not name:
         if model.get("init_revision"):
-            raise UserError("model.init_revision is set without model.init_from; name the model to start from")
+            raise UserError(
+                "model.init_revision is set without model.init_from; name the model to start from"
+            )
         return None
     pretrained = read_pretrained(str(name), model.get("init_revision"))
     fields = dataclasses.asdict(pretrained.config)

@@ -119,7 +119,9 @@ class LitGPT(L.LightningModule):
 
         hp = self.hparams
         loaded = load_pretrained(hp.init_from, hp.init_revision, dtype=torch.float32)
-        ours, theirs = (replace(c, dropout=0.0, init_std=0.02) for c in (self.model.config, loaded.model.config))
+        ours, theirs = (
+            replace(c, dropout=0.0, init_std=0.02) for c in (self.model.config, loaded.model.config)
+        )
         if ours != theirs:
             raise UserError(
                 f"model.init_from {hp.init_from}: the model keys describe another architecture than the "

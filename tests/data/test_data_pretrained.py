@@ -5,6 +5,7 @@ start with its BOS id when its rule adds one (once per document, not once per to
 from __future__ import annotations
 
 import json
+
 import numpy as np
 
 from data.datamodule import TextDataModule

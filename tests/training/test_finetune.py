@@ -81,7 +81,10 @@ def finetune_args(llama, corpus, tmp_path_factory):
 def straight(finetune_args, tmp_path_factory, script):
     """(run dir, stderr) of an uninterrupted run that dumped its weights at step 0."""
     root = tmp_path_factory.mktemp("straight")
-    dump = {"class_path": "tests.training.test_finetune.WeightsAtStart", "init_args": {"path": str(root / "start.pt")}}
+    dump = {
+        "class_path": "tests.training.test_finetune.WeightsAtStart",
+        "init_args": {"path": str(root / "start.pt")},
+    }
     result = script(*finetune_args(root, f"--trainer.callbacks+={json.dumps(dump)}"))
     return root / RUN, result.stderr
 
@@ -145,7 +148,9 @@ def test_sigterm_then_resume_equals_the_straight_run(straight, finetune_args, tm
 def test_attention_explorer_shows_the_finetuned_weights(straight, llama):
     run_dir, _ = straight
     page = (run_dir / "attention" / "explorer.html").read_text(encoding="utf-8")
-    meta = json.loads(re.search(r'<script id="explorer-meta" type="application/json">(.*?)</script>', page, re.S)[1])
+    meta = json.loads(
+        re.search(r'<script id="explorer-meta" type="application/json">(.*?)</script>', page, re.S)[1]
+    )
     assert meta["step"] == MAX_STEPS
     loaded = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
     tokenizer = Tokenizer.from_json(loaded.tokenizer_json)
@@ -183,7 +188,10 @@ def other_tokenizer_file(tmp_path: Path) -> Path:
 
 
 BAD_INPUTS = {
-    "tokenizer_path": (lambda tmp: ["--data.tokenizer_path", str(other_tokenizer_file(tmp))], "data.tokenizer_path"),
+    "tokenizer_path": (
+        lambda tmp: ["--data.tokenizer_path", str(other_tokenizer_file(tmp))],
+        "data.tokenizer_path",
+    ),
     "vocab_size": (lambda tmp: ["--data.vocab_size", "512"], "data.vocab_size=512"),
     "block_size": (lambda tmp: ["--data.block_size", "256"], "data.block_size=256"),
     "n_layer": (lambda tmp: ["--model.n_layer", "3"], "model.n_layer=3"),
