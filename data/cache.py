@@ -51,6 +51,9 @@ class PrepareSettings:
     tokenizer_train_docs: int = 10_000
     val_docs: int = 1000
     val_block_size: int = 1
+    pretrained_tokenizer: Tokenizer | None = (
+        None  # a pretrained model's own (model.init_from): none is trained
+    )
 
     def corpus_dir(self) -> Path:
         """The folder for this corpus and hold-out; its name changes when any input file changes."""
@@ -185,7 +188,9 @@ def resolve_num_proc(requested: int | None, total_bytes: int) -> int:
 
 
 def known_tokenizer(settings: PrepareSettings) -> Tokenizer | None:
-    """The tokenizer from `tokenizer_path`, or the one trained here by an earlier run, or None."""
+    """The pretrained model's tokenizer, the one from `tokenizer_path`, the one trained here earlier, or None."""
+    if settings.pretrained_tokenizer is not None:
+        return settings.pretrained_tokenizer
     if settings.tokenizer_path is not None:
         return load_tokenizer_setting(settings.tokenizer_path, settings.vocab_size)
     trained = settings.trained_tokenizer_file()

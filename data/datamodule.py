@@ -1,7 +1,9 @@
-"""`TextDataModule`: a Hugging Face text corpus as a byte-level BPE token stream for Lightning."""
+"""`TextDataModule`: a Hugging Face text corpus as a token stream (our byte-level BPE or a pretrained model's
+tokenizer) for Lightning."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -42,8 +44,9 @@ TINY_SHAKESPEARE_URL = (
 
 
 class TextDataModule(L.LightningDataModule):
-    """Loads a text corpus with `datasets`, trains a byte-level BPE tokenizer on its train part, caches the token
-    streams as memory-mapped arrays and serves random training windows and sequential validation windows.
+    """Loads a text corpus with `datasets`, trains a byte-level BPE tokenizer on its train part (or takes a
+    pretrained model's, see `use_tokenizer`), caches the token streams as memory-mapped arrays and serves random
+    training windows and sequential validation windows.
 
     Args:
         dataset: A `datasets` builder reading `data_files` (text, json, parquet, csv, arrow) or a Hub dataset id.
@@ -155,6 +158,20 @@ class TextDataModule(L.LightningDataModule):
         self.source.check()
         if settings.tokenizer_path is not None:
             load_tokenizer_setting(settings.tokenizer_path, self.vocab_size)
+
+    def use_tokenizer(self, tokenizer: Tokenizer) -> None:
+        """Tokenize with a pretrained model's tokenizer instead of training one (train.py's model.init_from).
+
+        The token cache is keyed by its sha256 (rules included); documents are separated by its first EOS id and
+        start with its BOS id when its rule adds one. Call before `setup`.
+        """
+        _require(
+            tokenizer.vocab_size <= self.vocab_size,
+            "data.vocab_size",
+            f"{self.vocab_size} is smaller than the pretrained tokenizer's {tokenizer.vocab_size} ids",
+        )
+        self.settings = dataclasses.replace(self.settings, pretrained_tokenizer=tokenizer)
+        self.tokenizer = None
 
     def setup(self, stage: str | None = None) -> None:
         """Find or build the data (local rank 0 builds, the other ranks wait on its files), then open it."""

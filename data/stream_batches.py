@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from data.errors import DataConfigError
-from data.segments import segment_documents
+from data.segments import encode_segments, segment_documents
 from data.tokenizer import Tokenizer
 
 DOCS_PER_CHUNK = 64
@@ -45,13 +45,8 @@ def fresh_state() -> ReaderState:
 
 
 def document_ids(texts: list[str | None], tokenizer: Tokenizer) -> np.ndarray:
-    """Ids of `texts` as one stream, `<|endoftext|>` before every non-empty document."""
-    segments = segment_documents(texts, [False] * len(texts))
-    eos = [tokenizer.eos_id]
-    encoded = tokenizer.encode_batch(segments["text"])
-    pieces = [
-        eos + ids if sep else ids for ids, sep in zip(encoded, segments["separator_before"], strict=True)
-    ]
+    """Ids of `texts` as one stream, EOS (and BOS if the tokenizer adds one) before every non-empty document."""
+    pieces = encode_segments(tokenizer, segment_documents(texts, [False] * len(texts)))
     return np.fromiter((i for piece in pieces for i in piece), dtype=np.int64)
 
 

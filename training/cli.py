@@ -24,6 +24,7 @@ from .ctrl_c import GracefulCtrlC
 from .fit_report import FitReport
 from .fit_summary import FitSummary
 from .host_allocator import retain_freed_memory
+from .init_from import Pretrained, apply_init_from
 from .last_checkpoint import LastCheckpoint
 from .progress import progress_for_output
 from .resume import checkpoint_step, expand_run_dir_resume
@@ -63,6 +64,8 @@ class GPTCLI(LightningCLI):
     def __init__(self, *args, ctrl_c: GracefulCtrlC | None = None, **kwargs) -> None:
         self.ctrl_c = ctrl_c or GracefulCtrlC()
         self.resumed_from_run_dir = False
+        self.explicit_config = None
+        self.pretrained: Pretrained | None = None
         silence_known_noise()
         retain_freed_memory()
         super().__init__(*args, auto_configure_optimizers=False, save_config_callback=RunConfig, **kwargs)
@@ -77,6 +80,8 @@ class GPTCLI(LightningCLI):
         refuse_optimizer_flags(args)
         args, self.resumed_from_run_dir = expand_run_dir_resume(args)
         self.config = parser.parse_args(args)
+        if _init_from(self.config):  # init_from refuses keys the user set against the model: those set
+            self.explicit_config = _explicit_keys(parser, args)
 
     def _parse_ckpt_path(self) -> None:
         subcommand = self.config.get("subcommand")
@@ -90,6 +95,8 @@ class GPTCLI(LightningCLI):
     def fit(self, model, datamodule=None, ckpt_path=None, **kwargs) -> None:
         """trainer.fit with Ctrl-C handled gracefully, after checking the resumed run is not already done."""
         _refuse_finished_run(self.trainer, ckpt_path)
+        if ckpt_path:  # a resume restores our checkpoint, never the init_from weights
+            model.pretrained_pending = False
         run_dir = Path(self.trainer.default_root_dir)
         new_run = not run_dir.exists()
         self.ctrl_c.install(self.trainer)
@@ -133,6 +140,10 @@ class GPTCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config  # None with run=False
+        explicit = self.explicit_config
+        if explicit is not None and self.subcommand:
+            explicit = explicit.get(self.subcommand)
+        self.pretrained = apply_init_from(config, explicit)  # before anything is written
         run_dir = Path(config.trainer.default_root_dir) / (config.run_name or _config_stem(config))
         if self.subcommand in ("fit", None) and not config.get("ckpt_path"):
             _refuse_to_overwrite(run_dir)
@@ -172,6 +183,26 @@ class GPTCLI(LightningCLI):
             config.trainer.plugins, config.checkpoint.keep_last, config.checkpoint.async_save
         )
         self.trainer_defaults = {**self.trainer_defaults, "callbacks": extra}
+
+    def instantiate_classes(self) -> None:
+        super().instantiate_classes()
+        if self.pretrained is not None:  # the data module tokenizes with the model's tokenizer, trains none
+            self.datamodule.use_tokenizer(self.pretrained.tokenizer)
+
+
+def _init_from(config) -> bool:
+    prefix = f"{config.get('subcommand')}." if config.get("subcommand") else ""
+    return bool(config.get(f"{prefix}model.init_from"))
+
+
+def _explicit_keys(parser, args: list[str]):
+    """The keys the config files and flags set, without defaults (None if jsonargparse cannot tell)."""
+    try:  # without the links, which fail on a missing default (data.vocab_size -> model.vocab_size)
+        from jsonargparse._link_arguments import skip_apply_links
+    except ImportError:
+        return None
+    with skip_apply_links():
+        return parser.parse_args(args, defaults=False)
 
 
 def _apply_threads(requested: int | None) -> None:
