@@ -47,8 +47,8 @@ def one_query_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
     """Attention of one query per head, q (B, H, 1, D), over every key of k, v (B, Hkv, S, D).
 
     Each key head's G = H / Hkv query heads become G query rows of that head, (B, Hkv, G, D): the kernel then
-    reads every cached key once, where `enable_gqa` streams it once per query head (1.3-1.6x slower at 4096
-    cached positions on the CPU). Query heads are grouped as in `enable_gqa`: head i uses key head i // G.
+    reads every cached key once, where the CPU kernel under `enable_gqa` streams it once per query head. Query
+    heads are grouped as in `enable_gqa`: head i uses key head i // G.
     """
     b, h, _, d = q.shape
     hkv = k.shape[1]
