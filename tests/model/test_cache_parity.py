@@ -180,3 +180,18 @@ def test_one_query_attention_folds_query_groups_with_the_enable_gqa_and_explicit
     assert torch.allclose(probs.sum(-1), torch.ones(2, n_head, 1))
     mixed = probs @ v.repeat_interleave(n_head // n_kv_head, dim=1)
     assert (folded - mixed).abs().max().item() <= 1e-6
+
+
+def test_the_eager_cache_holds_prompt_plus_new_tokens_and_still_slides_when_longer(monkeypatch):
+    model = lively_model(2, block_size=64, seed=1)
+    allocated = []
+    allocate = KVCache.allocate
+    monkeypatch.setattr(
+        KVCache, "allocate", lambda *args, **kwargs: allocated.append(args[2]) or allocate(*args, **kwargs)
+    )
+    prompt = torch.randint(0, 97, (2, 10), generator=torch.Generator().manual_seed(6))
+    for new_tokens in (22, 54, 90):  # 32 positions; 64, the context exactly; 100: the window slides
+        cached = generate(model, prompt, new_tokens, temperature=0.0)
+        assert min(distinct_new_tokens(cached, 10)) >= 8
+        assert torch.equal(cached, generate(model, prompt, new_tokens, temperature=0.0, use_cache=False))
+    assert allocated == [32, 64, 64]
