@@ -162,17 +162,24 @@ class RecomputingDecoder:
         return self.prefill(torch.cat([self.window, token[:, None]], dim=1))
 
 
-def make_decoder(model: torch.nn.Module, batch_size: int, use_cache: bool, compile: bool | str):
-    """The decoder `generate` asks for: an object with `prefill(window)` and `decode(token)`, both -> logits."""
+def make_decoder(
+    model: torch.nn.Module, batch_size: int, use_cache: bool, compile: bool | str, length: int | None = None
+):
+    """The decoder `generate` asks for: an object with `prefill(window)` and `decode(token)`, both -> logits.
+
+    `length` (prompt + new tokens; None: block_size) sizes the cache: a short request reads a short one.
+    """
     if compile and not use_cache:
         raise UserError("compile=True needs use_cache=True: the compiled step decodes from the KV cache")
     if compile:  # model/static_decode.py: one compiled graph for every position
-        return static_decoder(model, batch_size, "inductor" if compile is True else compile)
+        return static_decoder(model, batch_size, "inductor" if compile is True else compile, length)
     if not use_cache:
         return RecomputingDecoder(model)
     param = next(model.parameters())
     config = model.config
-    cache = KVCache.allocate(config, batch_size, config.block_size, device=param.device, dtype=param.dtype)
+    # A request that fits never slides its window, so it never writes past `length`.
+    max_len = min(config.block_size, length or config.block_size)
+    cache = KVCache.allocate(config, batch_size, max_len, device=param.device, dtype=param.dtype)
     return CachedDecoder(model, cache)
 
 
@@ -207,7 +214,7 @@ def generate(
     if max_new_tokens < 1:
         raise UserError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     block_size = model.config.block_size
-    decoder = make_decoder(model, idx.shape[0], use_cache, compile)
+    decoder = make_decoder(model, idx.shape[0], use_cache, compile, idx.shape[1] + max_new_tokens)
     start = max(0, idx.shape[1] - block_size)  # a long prompt: the model sees its last block_size tokens
     logits = decoder.prefill(idx[:, start:])
     done = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
