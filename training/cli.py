@@ -161,9 +161,11 @@ class GPTCLI(LightningCLI):
             # validate/test/predict print their results; they write nothing into the training run's folder
             # (no config.yaml, no wandb segment under the run's id) unless a logger is asked for explicitly.
             self.save_config_callback = None
-            if config.trainer.logger in (None, True):
+            if config.trainer.logger in (None, True) or _is_run_logger(config.trainer.logger):
                 config.trainer.logger = False
-        if config.trainer.logger in (None, True):
+        # A resumed run's saved config names the wandb logger of the folder it was saved in: rebuild it for
+        # this run directory, so a copied or moved run logs where it now is.
+        if config.trainer.logger in (None, True) or _is_run_logger(config.trainer.logger):
             run_id = wandb_run_id(run_dir, stored_wandb_id(config.get("ckpt_path")))
             config.trainer.logger = _wandb_logger(
                 run_dir, config.wandb_project, config.run_name or run_dir.name, run_id
@@ -257,10 +259,19 @@ def _refuse_finished_run(trainer, ckpt_path: str | None) -> None:
         )
 
 
+RUN_LOGGER = "training.wandb_logger.RunWandbLogger"
+
+
+def _is_run_logger(logger) -> bool:
+    """True for the wandb logger this CLI adds to every run (as a resumed run's config.yaml records it)."""
+    get = getattr(logger, "get", None)
+    return callable(get) and get("class_path") == RUN_LOGGER
+
+
 def _wandb_logger(run_dir: Path, project: str, name: str, run_id: str) -> dict:
     # No mkdir and no message here: both wait until the wandb run is created (see RunWandbLogger).
     return {
-        "class_path": "training.wandb_logger.RunWandbLogger",
+        "class_path": RUN_LOGGER,
         "init_args": {
             "save_dir": str(run_dir),
             "project": project,
