@@ -1,10 +1,12 @@
-"""Sample text from a trained checkpoint, decoding incrementally from a KV cache.
+"""Sample text from a model, decoding incrementally from a KV cache.
 
     python generate.py --checkpoint runs/shakespeare --prompt "ROMEO:" --max_new_tokens 200
+    python generate.py --checkpoint HuggingFaceTB/SmolLM2-135M-Instruct --chat
 
-The command line only: sampling is model/sampling.py, speed reports benchmarks/sampling_speed.py, pictures and
-tables inspection/writers.py. No Lightning, no wandb, so it starts fast. A user mistake prints one line and exits
-with status 2 (common/errors.py); GQA_GPT_TRACEBACK=1 shows the traceback.
+--checkpoint takes any model name interop resolves (our .ckpt or run directory, a Hugging Face folder or Hub
+id, a .gguf file). The command line only: the chat loop is chat.py, sampling model/sampling.py, speed reports
+benchmarks/sampling_speed.py, pictures and tables inspection/writers.py. No Lightning, no wandb, so it starts
+fast. A user mistake prints one line and exits with status 2 (common/errors.py; GQA_GPT_TRACEBACK=1 for more).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import time
 
 import torch
 
-from checkpoints.format import load_checkpoint
+from chat import Conversation, TextStream, check_chat_args, model_sampler, require_chat_template, run_chat
 from common.errors import UserError, run_command
+from common.threads import apply_thread_count
 from data.tokenizer import Tokenizer
+from interop import load_pretrained
 from model import generate
 from model.config import DTYPES
 from model.sampling import Sampler
@@ -38,7 +42,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=_HelpWithDefaults)
     yes = {"action": "store_true"}
     # fmt: off
-    p.add_argument("--checkpoint", required=True, help="a .ckpt file or run directory (its newest good one)")
+    p.add_argument("--checkpoint", required=True, help="a .ckpt, run dir, HF folder, Hub id (org/name) or .gguf")
+    p.add_argument("--revision", help="branch, tag or commit of a Hub id")
+    p.add_argument("--chat", **yes, help="converse: one user turn per stdin line, through the chat template")
     text = p.add_argument_group("prompt and output")
     text.add_argument("--prompt", help='text to continue ("" samples from nothing); else --prompt_file, stdin')
     text.add_argument("--prompt_file", help="read the prompt from this UTF-8 file")
@@ -56,6 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     decoding = p.add_argument_group("how the model runs")
     decoding.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, mps or auto")
     decoding.add_argument("--dtype", choices=[*DTYPES, "auto"], default="auto", help="auto: bf16 on CUDA")
+    decoding.add_argument("--threads", type=int, help="CPU threads (default: the CPUs not busy, common/threads.py)")
     decoding.add_argument("--no_cache", **yes, help="recompute the whole context every step (reference)")
     decoding.add_argument("--compile", **yes, help="decode with the compiled static-shape step (same tokens)")
     decoding.add_argument("--benchmark", **yes, help="print prefill/decode speed (also --compile, --no_cache)")
@@ -69,7 +76,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     looking.add_argument("--layer", type=int, help="layer for --attention_map (default last) or explain (0)")
     looking.add_argument("--head", type=int, default=0, help="head for --explain_attention")
     # fmt: on
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    unset = object()  # a second parse with this default everywhere tells which flags were given
+    p.set_defaults(**dict.fromkeys(vars(args), unset))
+    args.explicit = {name for name, value in vars(p.parse_args(argv)).items() if value is not unset}
+    return args
 
 
 def check_args(args: argparse.Namespace) -> Sampler:
@@ -89,6 +100,8 @@ def check_args(args: argparse.Namespace) -> Sampler:
             )
     if args.compile and args.no_cache:
         raise UserError("--compile decodes from the KV cache; drop --no_cache")
+    if args.chat:
+        check_chat_args(args)
     return sampler
 
 
@@ -123,27 +136,12 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
-class TextStream:
-    """Prints decoded text as tokens arrive; holds back a trailing partial UTF-8 character."""
-
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self.tokenizer, self.ids, self.printed = tokenizer, [], 0
-
-    def __call__(self, token: torch.Tensor) -> None:
-        if int(token[0]) == self.tokenizer.eos_id:  # the stop token ends the text, as in the batch path
-            return
-        self.ids.append(int(token[0]))
-        text = self.tokenizer.decode(self.ids)
-        if text.endswith("\ufffd"):  # a multi-byte character split across tokens: wait for the rest
-            return
-        print(text[self.printed :], end="", flush=True)
-        self.printed = len(text)
-
-
 def encode_prompt(tokenizer: Tokenizer, prompt: str, block_size: int, device: torch.device) -> torch.Tensor:
-    # An empty prompt starts from the end-of-text token, the separator every training document follows.
+    # BOS first if the model's rule says so; an empty prompt without one starts from the end-of-text token,
+    # the separator every training document follows.
     ids = tokenizer.encode(prompt) or [tokenizer.eos_id]
-    if set(ids) <= unfamiliar_byte_ids(tokenizer):
+    text_ids = set(ids) - {tokenizer.bos_id}
+    if text_ids and text_ids <= unfamiliar_byte_ids(tokenizer):
         print("note: the prompt is made only of bytes the tokenizer never merged (rare or unseen in training, "
               "e.g. emoji); the model knows little about them, so expect output unrelated to the prompt",
               file=sys.stderr)  # fmt: skip
@@ -154,11 +152,9 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str, block_size: int, device: to
 
 
 def unfamiliar_byte_ids(tokenizer: Tokenizer) -> set[int]:
-    """Ids of non-ASCII single-byte tokens that are part of no longer token.
-
-    BPE merges every byte frequent in its training text, so a byte left unmerged was rare or absent there. ASCII
-    is excluded: a small vocabulary leaves even common letters unmerged.
-    """
+    """Ids of non-ASCII single-byte tokens that are part of no longer token: BPE merges every byte frequent in
+    its training text, so one left unmerged was rare there (ASCII is excluded: a small vocabulary leaves even
+    common letters unmerged)."""
     table = tokenizer.token_bytes()
     merged = {byte for token in table if len(token) > 1 for byte in token}
     return {
@@ -169,10 +165,17 @@ def unfamiliar_byte_ids(tokenizer: Tokenizer) -> set[int]:
 def run(args: argparse.Namespace) -> None:
     sampler = check_args(args)
     device = pick_device(args.device)
+    apply_thread_count(args.threads, torch.set_num_threads)  # busy cores make torch's own threads wait
     dtype = DTYPES.get(args.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32)
-    loaded = load_checkpoint(args.checkpoint)
-    model = loaded.model.to(device=device, dtype=dtype)
-    tokenizer = Tokenizer.from_json(loaded.tokenizer_json)
+    loaded = load_pretrained(args.checkpoint, args.revision, device=device, dtype=dtype)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    if args.chat:  # before any note about sampling
+        require_chat_template(tokenizer, args.checkpoint)
+    folder = loaded.source.path if loaded.source.kind in ("hf_folder", "hub") else None
+    sampler = model_sampler(sampler, folder, args.explicit)
+    sampler = dataclasses.replace(sampler, generator=torch.Generator(device=device).manual_seed(args.seed))
+    if args.chat:
+        return run_chat(Conversation(model, tokenizer, sampler), sys.stdin, args.max_new_tokens)
     if args.attention_map or args.attention_html or args.explain_attention is not None:
         from inspection import writers  # Pillow and numpy, only when a picture or table is asked for
 
@@ -181,8 +184,7 @@ def run(args: argparse.Namespace) -> None:
         return writers.explain_attention(model, tokenizer, args.explain_attention, args.layer or 0, args.head)
     prompt_text = read_prompt(args)
     prompt = encode_prompt(tokenizer, prompt_text, model.config.block_size, device)
-    sampler = dataclasses.replace(sampler, generator=torch.Generator(device=device).manual_seed(args.seed))
-    eos_id = None if args.ignore_eos else tokenizer.eos_id
+    eos_id = None if args.ignore_eos else tokenizer.eos_ids
     echo = "" if args.no_echo else prompt_text
     if args.draft or args.prompt_lookup:
         return run_speculative(model, loaded, tokenizer, prompt, args, sampler, eos_id, echo)
@@ -203,7 +205,7 @@ def run(args: argparse.Namespace) -> None:
         raise
     if stream is None:
         for i, row in enumerate(out[:, prompt.shape[1] :].tolist()):
-            row = row[: row.index(tokenizer.eos_id)] if tokenizer.eos_id in row else row
+            row = row[: next((i for i, t in enumerate(row) if t in tokenizer.eos_ids), len(row))]
             print(f"--- sample {i + 1} ---\n{echo}{tokenizer.decode(row)}")
     else:
         print()
@@ -216,14 +218,11 @@ def run(args: argparse.Namespace) -> None:
 def run_speculative(model, loaded, tokenizer, prompt, args, sampler: Sampler, eos_id, echo: str) -> None:
     """Speculative decoding; prints the acceptance rate, and with --benchmark the speed-up over plain decoding."""
     make_drafter, device, dtype = PromptLookup, prompt.device, next(model.parameters()).dtype
-    if (
-        args.draft
-    ):  # read once; each run gets a fresh drafter. It must share the target's tokenizer and vocabulary
-        draft = load_checkpoint(args.draft)
-        check_draft(
-            loaded.model, draft.model, loaded.meta["tokenizer_sha256"], draft.meta["tokenizer_sha256"]
-        )
-        draft_model = draft.model.to(device=device, dtype=dtype)
+    # Read once; each run gets a fresh drafter. It must share the target's tokenizer and vocabulary.
+    if args.draft:
+        draft = load_pretrained(args.draft, device=device, dtype=dtype)
+        check_draft(loaded.model, draft.model, tokenizer.sha256, draft.tokenizer.sha256)
+        draft_model = draft.model
         make_drafter = lambda: DraftModel(draft_model, device, dtype)  # noqa: E731
     if args.benchmark:
         from benchmarks.sampling_speed import report_speculative_speed
@@ -234,7 +233,7 @@ def run_speculative(model, loaded, tokenizer, prompt, args, sampler: Sampler, eo
     print(echo, end="", flush=True)
     start = time.perf_counter()
     _, stats = speculative_generate(model, prompt, args.max_new_tokens, make_drafter(), k=args.draft_k,
-                                    sampler=sampler, eos_id=eos_id, on_token=TextStream(tokenizer))  # fmt: skip
+                                    sampler=sampler, eos_id=eos_id and eos_id[0], on_token=TextStream(tokenizer))  # fmt: skip
     seconds = time.perf_counter() - start
     print()
     print(f"[{stats.new_tokens} tokens, {stats.target_forwards} target forwards, acceptance "

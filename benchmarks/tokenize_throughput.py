@@ -1,156 +1,303 @@
-"""Tokenization throughput: the cached data pipeline (first run) against line-by-line encoding in one process.
+"""Tokenization throughput on a generated corpus: the prepare command against raw `tokenizers`, and streaming.
 
-    python -m benchmarks.tokenize_throughput [--source input.txt] [--megabytes 50] [--num_proc 2] [--repeats 1]
+    python -m benchmarks.tokenize_throughput [--size_mb 1000] [--repeats 1] [--vocab_size 32768] [--part a|b|both]
 
 (Not named tokenize.py: a file of that name in benchmarks/ would shadow the standard library's `tokenize` for
 every `python benchmarks/<script>.py`, breaking tracebacks and `inspect.getsource`.)
 
-Both sides use the same trained tokenizer. The pipeline run starts from empty `datasets` and token caches, so
-it includes loading the text into Arrow, segmenting, `Dataset.map(batched=True, num_proc=...)` and writing the
-flat token files; a second call (a cache hit) is timed too. Prints MB/s of each and their ratio.
+The corpus: `--size_mb` of JSON-lines shards in a temporary folder, documents of log-normally varied length
+(median ~2 KB, a long tail to ~100 KB) drawn from tiny Shakespeare's words. One BPE tokenizer is trained on its
+first documents and shared by every measurement.
+
+(a) For num_proc 1 and 2, interleaved in every round: the limit, raw `tokenizers` `encode_batch_fast` (what our
+    tokenizer calls; no offsets, so faster than `encode_batch`) on the same documents held in memory, split
+    into the same number of processes, writing nothing; and `python -m data.prepare` building the token cache
+    from empty. Ours is quoted twice: its tokenization phase (the rate of its own final progress line) and the
+    whole command (start-up, planning, writing the parts, meta.json). The one-time JSON -> Arrow conversion of
+    `datasets` is done before and timed apart.
+(b) Streaming on the fly: `train.py fit` with configs/gpt2-small.yaml shrunk to a CPU model of the same shape
+    but narrower (12 layers, 12/4 heads, block 1024, n_embd 192, batch 4), tokenizer given: seconds from the
+    launch to the end of step 1, and the step time. Then the streaming DataLoader alone at num_workers 2:
+    tokens/s it delivers against tokens per step / step time, what training consumes.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
+import multiprocessing
+import operator
 import os
-import resource
-import shutil
+import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from array import array
 from pathlib import Path
 
-DEFAULT_SOURCE = Path(__file__).resolve().parents[1] / "data" / "corpora" / "tinyshakespeare.txt"
+import lightning as L
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+WORDS_SOURCE = ROOT / "data" / "corpora" / "tinyshakespeare.txt"
+SHARD_MB = 128
+BASE_WORDS = 4_000_000  # ~22 MB of text that documents are cut from
+BATCH_DOCS = 512  # documents per encode call, as data/tokenize_dataset.py reads them
+CLOCK = "step-clock"
+FIT_STEPS = 3
+_shared: dict = {}  # what the forked raw-baseline processes inherit
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="text file to repeat")
-    parser.add_argument("--megabytes", type=float, default=50.0, help="size of the repeated corpus")
-    parser.add_argument("--num_proc", type=int, default=2, help="processes for the pipeline's Dataset.map")
-    parser.add_argument("--vocab_size", type=int, default=1024, help="BPE vocab of the shared tokenizer")
+    parser.add_argument("--size_mb", type=float, default=1000.0, help="corpus size in MB of text")
     parser.add_argument("--repeats", type=int, default=1, help="interleaved rounds; medians are reported")
+    parser.add_argument("--vocab_size", type=int, default=32768, help="BPE vocab (gpt2-small's)")
+    parser.add_argument(
+        "--part", choices=["a", "b", "both"], default="both", help="(a) prepare, (b) streaming"
+    )
+    parser.add_argument(
+        "--raw_worker", nargs=3, metavar=("PROCS", "TOKENIZER", "FILES_JSON"), help=argparse.SUPPRESS
+    )
     return parser.parse_args()
 
 
-def write_corpus(source: Path, megabytes: float, folder: Path) -> Path:
-    """`source` repeated until the file holds about `megabytes` MB."""
-    text = source.read_text(encoding="utf-8")
-    copies = max(1, round(megabytes * 1e6 / len(text.encode("utf-8"))))
-    corpus = folder / "corpus.txt"
-    corpus.write_text(text * copies, encoding="utf-8")
-    return corpus
+def write_corpus(folder: Path, size_mb: float, seed: int = 0) -> list[Path]:
+    """JSON-lines shards (an even count, so two streaming readers get whole files) of about size_mb MB.
+
+    Documents are slices of varied length (log-normal, median ~2 KB) of one long text of random words in
+    their Shakespeare frequencies, so writing 1 GB takes seconds, not minutes.
+    """
+    words = WORDS_SOURCE.read_text(encoding="utf-8").split()
+    pool = words + ["\n\n"] * (len(words) // 60)  # paragraph breaks
+    rng = np.random.default_rng(seed)
+    base = " ".join(operator.itemgetter(*rng.integers(0, len(pool), size=BASE_WORDS))(pool))
+    count = max(2, 2 * round(size_mb / SHARD_MB / 2))
+    files = [folder / f"shard-{index:04d}.jsonl" for index in range(count)]
+    for file in files:
+        written, target = 0, size_mb * 1e6 / count
+        with file.open("w", encoding="utf-8") as out:
+            while written < target:
+                lengths = np.clip(rng.lognormal(7.6, 1.1, size=256), 20, 200_000).astype(int)
+                starts = rng.integers(0, len(base) - lengths.max(), size=len(lengths))
+                docs = [
+                    base[start : start + length].strip()
+                    for start, length in zip(starts, lengths, strict=True)
+                ]
+                out.write("".join(json.dumps({"text": doc}) + "\n" for doc in docs))
+                written += sum(map(len, docs))
+    return files
 
 
-def cpu_seconds() -> float:
-    """CPU time of this process and its finished children: the work done, whatever else loads the machine."""
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+def read_documents(files: list[str]) -> list[str]:
+    return [json.loads(line)["text"] for file in files for line in open(file, encoding="utf-8")]
 
 
-def line_by_line(corpus: Path, tokenizer) -> tuple[float, float, int]:
-    """Wall seconds, CPU seconds and tokens for encoding each line on its own, in this process."""
-    start, start_cpu = time.perf_counter(), cpu_seconds()
-    ids = array("H")
-    with corpus.open(encoding="utf-8") as lines:
-        for line in lines:
-            ids.extend(tokenizer.encode(line))
-    return time.perf_counter() - start, cpu_seconds() - start_cpu, len(ids)
+def _encode_share(bounds: tuple[int, int]) -> int:
+    docs, backend = _shared["docs"], _shared["backend"]
+    tokens = 0
+    for start in range(bounds[0], bounds[1], BATCH_DOCS):
+        encoded = backend.encode_batch_fast(
+            docs[start : min(bounds[1], start + BATCH_DOCS)], add_special_tokens=False
+        )
+        tokens += sum(len(encoding.ids) for encoding in encoded)
+    return tokens
 
 
-def pipeline(
-    corpus: Path, tokenizer_file: Path, cache_dir: Path, num_proc: int, vocab_size: int
-) -> tuple[float, float]:
-    """Wall and CPU seconds for `prepare_tokens` with the given tokenizer (its training is not timed)."""
-    from data.cache import PrepareSettings, prepare_tokens
+def raw_worker(procs: int, tokenizer_file: str, files_json: str) -> None:
+    """The limit: raw encode_batch_fast of every document in `procs` processes (1: in this one); prints JSON."""
+    from tokenizers import Tokenizer as Backend
+
+    docs = read_documents(json.loads(files_json))
+    sizes = np.cumsum([len(doc.encode("utf-8")) for doc in docs])
+    # Contiguous shares of equal text, like the parts of the prepare command.
+    cuts = [0, *(int(np.searchsorted(sizes, sizes[-1] * k / procs)) for k in range(1, procs)), len(docs)]
+    _shared.update(docs=docs, backend=Backend.from_file(tokenizer_file))
+    start = time.perf_counter()
+    if procs == 1:
+        tokens = _encode_share((0, len(docs)))
+    else:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per process, as the prepare command runs
+        with multiprocessing.get_context("fork").Pool(procs) as pool:
+            tokens = sum(pool.map(_encode_share, list(zip(cuts[:-1], cuts[1:], strict=True))))
+    print(json.dumps({"seconds": time.perf_counter() - start, "bytes": int(sizes[-1]), "tokens": tokens}))
+
+
+def run_raw(procs: int, tokenizer: Path, files: list[str]) -> tuple[float, float]:
+    """(MB/s, MB of text) of the raw baseline (its own process, so no tokenizer thread pool is inherited)."""
+    args = [
+        sys.executable,
+        "-m",
+        "benchmarks.tokenize_throughput",
+        "--raw_worker",
+        str(procs),
+        str(tokenizer),
+    ]
+    out = subprocess.run([*args, json.dumps(files)], cwd=ROOT, capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return result["bytes"] / 1e6 / result["seconds"], result["bytes"] / 1e6
+
+
+def data_flags(files: list[str], tokenizer: Path, cache: Path, vocab_size: int) -> list[str]:
+    return [
+        "--data.dataset", "json", "--data.data_files", json.dumps(files), "--data.tokenizer_path",
+        str(tokenizer), "--data.vocab_size", str(vocab_size), "--data.cache_dir", str(cache),
+    ]  # fmt: skip
+
+
+def run_prepare(procs: int, flags: list[str], megabytes: float) -> tuple[float, float]:
+    """(MB/s of the tokenization phase from its last progress line, MB/s of the whole command)."""
+    start = time.perf_counter()
+    args = [sys.executable, "-m", "data.prepare", *flags, "--data.num_proc", str(procs)]
+    out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if out.returncode:
+        raise SystemExit(f"data.prepare failed:\n{out.stderr[-3000:]}")
+    rates = re.findall(r"([0-9.]+) MB/s", out.stderr)
+    return float(rates[-1]), megabytes / seconds
+
+
+def measure_prepare(files: list[str], tokenizer: Path, folder: Path, args: argparse.Namespace) -> None:
     from data.source import CorpusSource
 
-    settings = PrepareSettings(
-        source=CorpusSource(data_files=str(corpus)),
-        cache_dir=cache_dir,
-        vocab_size=vocab_size,
-        tokenizer_path=tokenizer_file,
-        num_proc=num_proc,
+    start = time.perf_counter()
+    CorpusSource(dataset="json", data_files=files).load()
+    print(
+        f"JSON -> Arrow conversion by datasets, once (not in the figures below): {time.perf_counter() - start:.1f} s"
     )
-    start, start_cpu = time.perf_counter(), cpu_seconds()
-    prepare_tokens(settings)
-    return time.perf_counter() - start, cpu_seconds() - start_cpu
-
-
-def measure_rounds(corpus: Path, tokenizer, folder: Path, args: argparse.Namespace) -> list[dict[str, float]]:
-    """Alternate baseline and pipeline so both see the same machine load; each round uses a fresh corpus copy
-    (a new path, so nothing is cached yet) and a fresh token cache."""
-    rounds = []
-    for index in range(args.repeats):
-        copy = folder / f"corpus-{index}.txt"
-        shutil.copyfile(corpus, copy)
-        line_s, line_cpu, line_tokens = line_by_line(copy, tokenizer)
-        cache = folder / f"cache-{index}"
-        first_s, first_cpu = pipeline(copy, folder / "tokenizer.json", cache, args.num_proc, args.vocab_size)
-        hit_s, _ = pipeline(copy, folder / "tokenizer.json", cache, args.num_proc, args.vocab_size)
-        pipeline_tokens = sum(path.stat().st_size for path in cache.rglob("*.bin")) // 2
-        rounds.append(
-            {
-                "line_s": line_s,
-                "line_cpu": line_cpu,
-                "line_tokens": line_tokens,
-                "first_s": first_s,
-                "first_cpu": first_cpu,
-                "hit_s": hit_s,
-                "pipeline_tokens": pipeline_tokens,
-            }
-        )
+    rows: dict[int, list[tuple[float, float, float]]] = {1: [], 2: []}
+    for round_index in range(args.repeats):
+        for procs in (1, 2):
+            raw, megabytes = run_raw(procs, tokenizer, files)
+            cache = folder / f"cache-{round_index}-{procs}"
+            phase, whole = run_prepare(procs, data_flags(files, tokenizer, cache, args.vocab_size), megabytes)
+            rows[procs].append((raw, phase, whole))
+            print(
+                f"  round {round_index + 1}, {procs} proc: raw {raw:.2f}, ours {phase:.2f} (command {whole:.2f}) MB/s"
+            )
+    for procs, measured in rows.items():
+        raw, phase, whole = (statistics.median(column) for column in zip(*measured, strict=True))
         print(
-            f"round {index + 1}: line by line {line_s:6.1f} s (CPU {line_cpu:6.1f} s), pipeline {first_s:6.1f} s "
-            f"(CPU {first_cpu:6.1f} s), cache hit {hit_s * 1000:.0f} ms",
-            flush=True,
+            f"(a) num_proc {procs}: raw encode_batch_fast {raw:5.2f} MB/s | prepare tokenization {phase:5.2f} MB/s "
+            f"= {100 * phase / raw:3.0f}% of the limit | whole prepare command {whole:5.2f} MB/s = {100 * whole / raw:3.0f}%"
         )
-    return rounds
+
+
+class StepClock(L.Callback):
+    """Prints the wall-clock time when the first batch is in hand and at the end of every step (rank 0)."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.is_global_zero and trainer.global_step == 0:
+            print(f"{CLOCK} 0 {time.time():.3f}", flush=True)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.is_global_zero:
+            print(f"{CLOCK} {trainer.global_step} {time.time():.3f}", flush=True)
+
+
+STREAM_MODEL = ["--model.n_embd", "192", "--model.compile", "false"]
+STREAM_DATA = ["--data.batch_size", "4", "--data.num_workers", "2"]
+
+
+def run_fit(flags: list[str], run_dir: Path) -> tuple[float, float, float]:
+    """Seconds from launch to step 1's batch in hand and to its end, and the median step time after it."""
+    args = [
+        sys.executable, "train.py", "fit", "--config", "configs/gpt2-small.yaml", *flags, *STREAM_MODEL,
+        *STREAM_DATA, "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto",
+        "--trainer.precision", "32-true", "--trainer.accumulate_grad_batches", "1",
+        "--trainer.max_steps", str(FIT_STEPS), "--trainer.limit_val_batches", "0", "--trainer.logger", "false",
+        "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(run_dir),
+        "--checkpoint.every_n_train_steps", "100000", "--samples.every_n_steps", "0",
+        "--attention_maps.every_n_steps", "0",
+        f"--trainer.callbacks+={json.dumps({'class_path': 'benchmarks.tokenize_throughput.StepClock'})}",
+    ]  # fmt: skip
+    launched = time.time()
+    out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"train.py fit failed:\n{out.stderr[-3000:]}")
+    clocks = [float(line.split()[2]) for line in out.stdout.splitlines() if line.startswith(CLOCK)]
+    steps = [later - earlier for earlier, later in itertools.pairwise(clocks[1:])]
+    return clocks[0] - launched, clocks[1] - launched, statistics.median(steps)
+
+
+def loader_tokens_per_s(
+    files: list[str], tokenizer: Path, cache: Path, vocab_size: int, seconds: float = 15.0
+) -> float:
+    """Tokens/s the streaming DataLoader alone delivers at num_workers 2 (after its first batch)."""
+    from data.datamodule import TextDataModule
+
+    data = TextDataModule(
+        dataset="json", data_files=files, streaming=True, vocab_size=vocab_size, tokenizer_path=str(tokenizer),
+        block_size=1024, batch_size=4, num_workers=2, cache_dir=str(cache),
+    )  # fmt: skip
+    data.setup()
+    batches = iter(data.train_dataloader())
+    next(batches)  # the workers' start-up
+    start, tokens = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        x, _ = next(batches)
+        tokens += x.numel()
+    del batches
+    return tokens / (time.perf_counter() - start)
+
+
+def measure_streaming(files: list[str], tokenizer: Path, folder: Path, args: argparse.Namespace) -> None:
+    rows = []
+    for round_index in range(args.repeats):
+        cache = (
+            folder / f"stream-cache-{round_index}"
+        )  # fresh: fit tokenizes the validation set before step 1
+        flags = data_flags(files, tokenizer, cache, args.vocab_size)
+        first_batch, step_1, step_s = run_fit(flags, folder / f"run-{round_index}")
+        loader = loader_tokens_per_s(files, tokenizer, cache, args.vocab_size)
+        rows.append((first_batch, step_1, step_s, 4 * 1024 / step_s, loader))
+        print(
+            f"  round {round_index + 1}: step 1 starts {first_batch:.1f} s, ends {step_1:.1f} s after launch"
+        )
+    first_batch, step_1, step_s, consumed, loader = (statistics.median(c) for c in zip(*rows, strict=True))
+    print(
+        f"(b) train.py fit (streaming, tokenizer given, validation set tokenized): step 1's batch in hand "
+        f"{first_batch:.1f} s after launch, step 1 done at {step_1:.1f} s"
+    )
+    print(
+        f"(b) loader alone, num_workers 2: {loader:,.0f} tokens/s | training consumes {consumed:,.0f} tokens/s "
+        f"(4 x 1024 tokens per {step_s:.2f} s step) | loader / consumption {loader / consumed:.0f}x"
+    )
 
 
 def main() -> None:
     args = parse_args()
+    if args.raw_worker:
+        procs, tokenizer_file, files_json = args.raw_worker
+        raw_worker(int(procs), tokenizer_file, files_json)
+        return
     with tempfile.TemporaryDirectory(prefix="tokenize-bench-") as folder_name:
         folder = Path(folder_name)
-        # Fresh Hugging Face caches, so the pipeline's first run cannot hit an earlier run's Arrow files.
+        # Fresh Hugging Face caches, so nothing an earlier run converted is found; offline like the tests.
         os.environ.update(
             HF_HOME=str(folder / "hf"), HF_DATASETS_CACHE=str(folder / "hf" / "datasets"), HF_HUB_OFFLINE="1"
         )
         from data.tokenizer import Tokenizer
 
-        corpus = write_corpus(args.source, args.megabytes, folder)
-        megabytes = corpus.stat().st_size / 1e6
-        tokenizer = Tokenizer.train(
-            [args.source.read_text(encoding="utf-8")], args.vocab_size, show_progress=False
-        )
-        tokenizer.save(folder / "tokenizer.json")
+        start = time.perf_counter()
+        files = [str(file) for file in write_corpus(folder, args.size_mb)]
+        lengths = [len(doc.encode("utf-8")) for doc in read_documents(files[:1])]
         print(
-            f"corpus: {megabytes:.1f} MB ({args.source.name} repeated), vocab {tokenizer.vocab_size}, "
-            f"{os.cpu_count()} CPUs, {args.repeats} round(s), medians below"
+            f"corpus: {sum(Path(f).stat().st_size for f in files) / 1e6:.0f} MB in {len(files)} JSON-lines shards, written in {time.perf_counter() - start:.0f} s; "
+            f"document KB: median {np.median(lengths) / 1e3:.1f}, 5-95% {np.percentile(lengths, 5) / 1e3:.2f}-"
+            f"{np.percentile(lengths, 95) / 1e3:.1f}, max {max(lengths) / 1e3:.0f}; {os.cpu_count()} CPUs "
+            "(shared with other jobs: figures are noisy)"
         )
-        rounds = measure_rounds(corpus, tokenizer, folder, args)
-
-    def median(key: str) -> float:
-        return statistics.median(row[key] for row in rounds)
-
-    line_s, line_cpu, first_s, first_cpu = (
-        median("line_s"),
-        median("line_cpu"),
-        median("first_s"),
-        median("first_cpu"),
-    )
-    print(
-        f"line by line, 1 process      : {megabytes / line_s:6.2f} MB/s  wall {line_s:6.1f} s  "
-        f"CPU {line_cpu:6.1f} s  {rounds[0]['line_tokens']:,} tokens"
-    )
-    print(
-        f"pipeline, num_proc={args.num_proc}, 1st run: {megabytes / first_s:6.2f} MB/s  wall {first_s:6.1f} s  "
-        f"CPU {first_cpu:6.1f} s  {rounds[0]['pipeline_tokens']:,} tokens"
-    )
-    print(f"pipeline, cache hit          : {median('hit_s') * 1000:.1f} ms")
-    print(f"ratio pipeline / line by line: {line_s / first_s:.2f}x wall, {line_cpu / first_cpu:.2f}x CPU")
+        sample = read_documents(files[:1])[:2000]
+        tokenizer = Tokenizer.train(sample, args.vocab_size, show_progress=False)
+        tokenizer.save(folder / "tokenizer.json")
+        print(f"tokenizer: {tokenizer.vocab_size} tokens trained on {len(sample)} documents")
+        if args.part != "b":
+            measure_prepare(files, folder / "tokenizer.json", folder, args)
+        if args.part != "a":
+            measure_streaming(files, folder / "tokenizer.json", folder, args)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +51,9 @@ class PrepareSettings:
     tokenizer_train_docs: int = 10_000
     val_docs: int = 1000
     val_block_size: int = 1
+    pretrained_tokenizer: Tokenizer | None = (
+        None  # a pretrained model's own (model.init_from): none is trained
+    )
 
     def corpus_dir(self) -> Path:
         """The folder for this corpus and hold-out; its name changes when any input file changes."""
@@ -130,10 +134,10 @@ def find_tokens(settings: PrepareSettings) -> Path | None:
     return folder
 
 
-def prepare_tokens(settings: PrepareSettings) -> Path:
+def prepare_tokens(settings: PrepareSettings, before_tokenizing: Callable[[int], None] | None = None) -> Path:
     """Return the complete token folder for `settings`, building (or finishing) it first if needed.
 
-    Parts are built in `<folder>.building/`, which a failed or killed run leaves for the next one to finish;
+    `before_tokenizing` is told how many bytes of text are left to tokenize once that is known. Parts are built in `<folder>.building/`, which a failed or killed run leaves for the next one to finish;
     the folder gets its final name, with meta.json, only once every part is there.
     """
     found = find_tokens(settings)
@@ -155,6 +159,8 @@ def prepare_tokens(settings: PrepareSettings) -> Path:
     building.mkdir(parents=True, exist_ok=True)
     parts = plan.train + plan.val
     procs = resolve_num_proc(settings.num_proc, sum(part.text_bytes for part in parts))
+    if before_tokenizing is not None:
+        before_tokenizing(sum(part.text_bytes for part in parts if not (building / part.name).is_file()))
     dtype = token_dtype(tokenizer.vocab_size)
     tokenize_parts(parts, tokenizer, source.text_column, building, dtype, procs)
     names = {"train": [part.name for part in plan.train], "val": [part.name for part in plan.val]}
@@ -182,7 +188,9 @@ def resolve_num_proc(requested: int | None, total_bytes: int) -> int:
 
 
 def known_tokenizer(settings: PrepareSettings) -> Tokenizer | None:
-    """The tokenizer from `tokenizer_path`, or the one trained here by an earlier run, or None."""
+    """The pretrained model's tokenizer, the one from `tokenizer_path`, the one trained here earlier, or None."""
+    if settings.pretrained_tokenizer is not None:
+        return settings.pretrained_tokenizer
     if settings.tokenizer_path is not None:
         return load_tokenizer_setting(settings.tokenizer_path, settings.vocab_size)
     trained = settings.trained_tokenizer_file()

@@ -1,10 +1,13 @@
-"""`TextDataModule`: a Hugging Face text corpus as a byte-level BPE token stream for Lightning."""
+"""`TextDataModule`: a Hugging Face text corpus as a token stream (our byte-level BPE or a pretrained model's
+tokenizer) for Lightning."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,14 +36,17 @@ from data.tokenizer import MIN_VOCAB_SIZE, Tokenizer
 
 # The default corpus ships with the package (public domain, 1.1 MB), so the default config trains offline.
 TINY_SHAKESPEARE = Path(__file__).resolve().parent / "corpora" / "tinyshakespeare.txt"
+# Above this much text left to tokenize in setup, a multi-process run is told to use the prepare command.
+LARGE_BUILD_BYTES = 1 << 30
 TINY_SHAKESPEARE_URL = (
     "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 )
 
 
 class TextDataModule(L.LightningDataModule):
-    """Loads a text corpus with `datasets`, trains a byte-level BPE tokenizer on its train part, caches the token
-    streams as memory-mapped arrays and serves random training windows and sequential validation windows.
+    """Loads a text corpus with `datasets`, trains a byte-level BPE tokenizer on its train part (or takes a
+    pretrained model's, see `use_tokenizer`), caches the token streams as memory-mapped arrays and serves random
+    training windows and sequential validation windows.
 
     Args:
         dataset: A `datasets` builder reading `data_files` (text, json, parquet, csv, arrow) or a Hub dataset id.
@@ -153,6 +159,20 @@ class TextDataModule(L.LightningDataModule):
         if settings.tokenizer_path is not None:
             load_tokenizer_setting(settings.tokenizer_path, self.vocab_size)
 
+    def use_tokenizer(self, tokenizer: Tokenizer) -> None:
+        """Tokenize with a pretrained model's tokenizer instead of training one (train.py's model.init_from).
+
+        The token cache is keyed by its sha256 (rules included); documents are separated by its first EOS id and
+        start with its BOS id when its rule adds one. Call before `setup`.
+        """
+        _require(
+            tokenizer.vocab_size <= self.vocab_size,
+            "data.vocab_size",
+            f"{self.vocab_size} is smaller than the pretrained tokenizer's {tokenizer.vocab_size} ids",
+        )
+        self.settings = dataclasses.replace(self.settings, pretrained_tokenizer=tokenizer)
+        self.tokenizer = None
+
     def setup(self, stage: str | None = None) -> None:
         """Find or build the data (local rank 0 builds, the other ranks wait on its files), then open it."""
         if self.tokenizer is not None:
@@ -161,7 +181,7 @@ class TextDataModule(L.LightningDataModule):
         streaming = self.source.streaming
         folder = build_or_wait(
             lambda: (find_stream if streaming else find_tokens)(self.settings),
-            lambda: (prepare_stream if streaming else prepare_tokens)(self.settings),
+            lambda: prepare_stream(self.settings) if streaming else prepare_tokens(self.settings, self._hint),
             builder=trainer is None or trainer.local_rank == 0,
             others_wait=trainer is not None and trainer.world_size > 1,
             failure_note=self.settings.cache_dir / f".failed-{self.settings.corpus_dir().name}",
@@ -179,6 +199,18 @@ class TextDataModule(L.LightningDataModule):
         self.train_tokens = cache.train
         self.val_tokens = cache.val
         self.meta = cache.meta
+
+    def _hint(self, text_bytes: int) -> None:
+        """A DDP run tokenizing a large corpus in setup keeps every other process idle: name the way out."""
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        if world_size > 1 and text_bytes > LARGE_BUILD_BYTES:
+            print(
+                f"data: tokenizing {text_bytes / 1e9:.1f} GB of text before step 1 while {world_size - 1} other "
+                "processes wait; next time run `python -m data.prepare --config <this config>` (same --data.* "
+                "flags) first, and fit starts at once",
+                file=sys.stderr,
+                flush=True,
+            )
 
     @property
     def bytes_per_token(self) -> float:
@@ -254,6 +286,7 @@ class TextDataModule(L.LightningDataModule):
             rank=rank,
             world_size=world_size,
             start=start,
+            start_batch=start_batch,
         )
         self._position = LoaderPosition(rank, self.num_workers, start, start_batch)
         if self.num_workers:

@@ -16,6 +16,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 
 from common.errors import UserError, first_line
+from common.tokens import split_tokenizer_json
 from data.tokenizer import Tokenizer, TokenRules
 
 # Token types of a GGUF vocabulary (gguf.TokenType): control tokens are special, user-defined ones are added.
@@ -50,6 +51,12 @@ def tokenizer_from_hf_folder(folder: Path) -> Tokenizer:
         raise UserError(f"{folder}: no EOS token in tokenizer_config.json or generation_config.json; add one")
     rules = TokenRules(tuple(eos_ids), bos_id, bool(add_bos), _chat_template(folder, config))
     return Tokenizer(backend, rules)
+
+
+def same_backend(path: Path, tokenizer: Tokenizer) -> bool:
+    """Whether the tokenizer file at `path` (a plain tokenizer.json or our wrapper) holds `tokenizer`'s pipeline."""
+    backend_json, _ = split_tokenizer_json(path.read_text(encoding="utf-8"))
+    return json.loads(backend_json) == json.loads(tokenizer.backend_json)
 
 
 def _read_json(path: Path) -> dict:

@@ -37,20 +37,38 @@ def split_at_safe_newlines(text: str, max_chars: int = SEGMENT_CHARS) -> list[st
 def segment_documents(
     texts: Sequence[str | None], first_in_split: Sequence[bool], max_chars: int = SEGMENT_CHARS
 ) -> dict[str, list]:
-    """Segments of each non-empty document, with `separator_before` marking where `<|endoftext|>` goes.
+    """Segments of each non-empty document, with `separator_before` marking where the EOS separator goes and
+    `doc_start` where a document (or the split's clipped first one) begins, for tokenizers that add a BOS.
 
     The separator goes before every document except the first of its split, so documents are joined with
     exactly one separator between them; empty documents add nothing.
     """
     segments: list[str] = []
     separator_before: list[bool] = []
+    doc_start: list[bool] = []
     for text, is_first in zip(texts, first_in_split, strict=True):
         if not text:
             continue
         for piece_index, piece in enumerate(split_at_safe_newlines(text, max_chars)):
             segments.append(piece)
             separator_before.append(piece_index == 0 and not is_first)
-    return {"text": segments, "separator_before": separator_before}
+            doc_start.append(piece_index == 0)
+    return {"text": segments, "separator_before": separator_before, "doc_start": doc_start}
+
+
+def encode_segments(tokenizer, segments: dict[str, list]) -> list[list[int]]:
+    """Token ids of each segment: the EOS separator before a document, then BOS if the tokenizer adds one.
+
+    BOS goes once per document, not per segment (a pretrained Llama tokenizer adds it to every encode call).
+    """
+    eos, bos = tokenizer.eos_id, tokenizer.bos_id if tokenizer.add_bos else None
+    encoded = tokenizer.encode_batch(segments["text"], add_bos=False)
+    return [
+        [*([eos] if separator else []), *([bos] if bos is not None and start else []), *ids]
+        for ids, separator, start in zip(
+            encoded, segments["separator_before"], segments["doc_start"], strict=True
+        )
+    ]
 
 
 def segment_batch(

@@ -1,7 +1,9 @@
 """On-the-fly training batches for `data.streaming: true`: every reader tokenizes its own documents and packs them.
 
-A reader is one DataLoader worker of one rank: reader = rank * num_workers + worker, out of world_size *
-num_workers. `datasets.distributed.split_dataset_by_node` gives each reader whole shards (files) when their
+A reader is one DataLoader worker of one rank, out of world_size * num_workers. The DataLoader takes batches
+from its workers in turn, worker 0 first, so the rank's batch g (counted from the start of training) comes from
+reader rank * num_workers + g % num_workers; a loader resumed at batch s gives worker w that reader for g = s + w,
+so the readers take their turns in the same order as in an uninterrupted run. `datasets.distributed.split_dataset_by_node` gives each reader whole shards (files) when their
 count is a multiple of the readers, and every readers-th document otherwise, so no two readers share a
 document. A reader tokenizes documents in chunks of `DOCS_PER_CHUNK`, each document after one `<|endoftext|>`,
 into one token stream; batch k of the reader is the next batch_size windows of block_size + 1 tokens, back to
@@ -26,7 +28,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from data.errors import DataConfigError
-from data.segments import segment_documents
+from data.segments import encode_segments, segment_documents
 from data.tokenizer import Tokenizer
 
 DOCS_PER_CHUNK = 64
@@ -43,13 +45,8 @@ def fresh_state() -> ReaderState:
 
 
 def document_ids(texts: list[str | None], tokenizer: Tokenizer) -> np.ndarray:
-    """Ids of `texts` as one stream, `<|endoftext|>` before every non-empty document."""
-    segments = segment_documents(texts, [False] * len(texts))
-    eos = [tokenizer.eos_id]
-    encoded = tokenizer.encode_batch(segments["text"])
-    pieces = [
-        eos + ids if sep else ids for ids, sep in zip(encoded, segments["separator_before"], strict=True)
-    ]
+    """Ids of `texts` as one stream, EOS (and BOS if the tokenizer adds one) before every non-empty document."""
+    pieces = encode_segments(tokenizer, segment_documents(texts, [False] * len(texts)))
     return np.fromiter((i for piece in pieces for i in piece), dtype=np.int64)
 
 
@@ -67,6 +64,7 @@ class StreamBatches(IterableDataset):
         rank: int = 0,
         world_size: int = 1,
         start: dict[int, ReaderState] | None = None,
+        start_batch: int = 0,
     ) -> None:
         self.docs = docs
         self.column = column
@@ -77,11 +75,12 @@ class StreamBatches(IterableDataset):
         self.rank = rank
         self.world_size = world_size
         self.start = start or {}
+        self.start_batch = start_batch
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, int, ReaderState]]:
         worker = get_worker_info()
         worker_id, num_workers = (worker.id, worker.num_workers) if worker is not None else (0, 1)
-        reader = self.rank * num_workers + worker_id
+        reader = self.rank * num_workers + (self.start_batch + worker_id) % num_workers
         yield from self.reader_batches(reader, self.world_size * num_workers)
 
     def reader_batches(
@@ -143,8 +142,9 @@ class StreamBatches(IterableDataset):
 class LoaderPosition:
     """Main-process record of every reader's position after each of its batches, for `state_dict`.
 
-    The DataLoader hands out batches in order, worker 0, 1, ..., so after n trained batches worker w has
-    trained on ceil((n - w) / num_workers) of its own; its saved position is the one it sent with the last.
+    Batch g of the rank came from reader index g % num_workers (see the module docstring), so between
+    start_batch and n trained batches reader index j trained on as many of its own as there are such g in
+    [start_batch, n); its saved position is the one it sent with the last.
     """
 
     def __init__(self, rank: int, num_workers: int, start: dict[int, ReaderState], start_batch: int) -> None:
@@ -160,10 +160,9 @@ class LoaderPosition:
 
     def positions(self, trained_batches: int) -> dict[int, ReaderState]:
         """Each of this rank's readers' position after `trained_batches` (counted like start_batch)."""
-        done = trained_batches - self.start_batch
         positions = {}
-        for worker, reader in enumerate(self.readers):
-            own = max(0, -(-(done - worker) // self.num_workers))
+        for index, reader in enumerate(self.readers):
+            own = self._turns(trained_batches, index) - self._turns(self.start_batch, index)
             target = self.start[reader]["batches"] + own
             if own == 0:
                 positions[reader] = self.start[reader]
@@ -173,3 +172,7 @@ class LoaderPosition:
                 raise RuntimeError(f"stream reader {reader}: no recorded position for its batch {target}")
             positions[reader] = match[-1]
         return positions
+
+    def _turns(self, batches: int, index: int) -> int:
+        """How many of the batches 0 .. batches - 1 came from reader index `index` (those with g % n == index)."""
+        return max(0, -(-(batches - index) // self.num_workers))

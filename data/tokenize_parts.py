@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from common.files import atomic_path
+from data.segments import encode_segments
 from data.tokenize_dataset import Part
 from data.tokenizer import Tokenizer
 
@@ -56,14 +57,10 @@ def tokenize_parts(
 
 def _tokenize_part(part: Part) -> None:
     tokenizer: Tokenizer = _shared["tokenizer"]
-    eos = tokenizer.eos_id
     with atomic_path(_shared["out_dir"] / part.name) as temp, open(temp, "wb") as file:
         for start, stop in part.chunks():
             segments = part.read(start, stop, _shared["column"])
-            encoded = tokenizer.encode_batch(segments["text"])
-            for ids, separator in zip(encoded, segments["separator_before"], strict=True):
-                if separator:
-                    ids = [eos, *ids]
+            for ids in encode_segments(tokenizer, segments):
                 np.asarray(ids, dtype=_shared["dtype"]).tofile(file)
             counter = _shared["counter"]
             with counter.get_lock():

@@ -37,10 +37,23 @@ def sdpa_attention(
     t, s = q.shape[2], k.shape[2]
     if t == s:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    if t == 1:  # one new token sees every cached key
-        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    if t == 1:  # one new token sees every cached key: no mask
+        return one_query_sdpa(q, k, v)
     mask = causal_mask(t, s, q.device)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+def one_query_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Attention of one query per head, q (B, H, 1, D), over every key of k, v (B, Hkv, S, D).
+
+    Each key head's G = H / Hkv query heads become G query rows of that head, (B, Hkv, G, D): the kernel then
+    reads every cached key once, where the CPU kernel under `enable_gqa` streams it once per query head. Query
+    heads are grouped as in `enable_gqa`: head i uses key head i // G.
+    """
+    b, h, _, d = q.shape
+    hkv = k.shape[1]
+    out = F.scaled_dot_product_attention(q.reshape(b, hkv, h // hkv, d), k, v)  # (B, Hkv, G, Dv)
+    return out.reshape(b, h, 1, v.shape[-1])
 
 
 def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

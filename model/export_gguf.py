@@ -1,6 +1,9 @@
-"""Export a checkpoint to one GGUF file that llama.cpp, Ollama, LM Studio and llama-cpp-python load.
+"""Export a model to one GGUF file that llama.cpp, Ollama, LM Studio and llama-cpp-python load.
 
     python -m model.export_gguf --checkpoint runs/x --out x.gguf [--dtype f32|f16|bf16|q8_0] [--force]
+
+--checkpoint is any model name `interop` resolves. Only a byte-level BPE (`gpt2`) vocabulary is written;
+another (a sentencepiece-style tokenizer with byte fallback) is refused with one line.
 
 Needs the optional `gguf` package: pip install -e ".[gguf]". The file is written under a temporary name in
 the same folder and renamed into place, so an interrupted export never leaves a partial file at `--out`.
@@ -19,6 +22,7 @@ import torch
 from common.errors import UserError, run_command
 from common.files import atomic_path
 
+from .export_hf import load_model
 from .gguf_layout import PRE_TOKENIZER, gguf_architecture, gguf_tensors, gguf_vocab, hyperparameters
 from .gpt import GPT
 
@@ -94,12 +98,16 @@ def write_metadata(gguf: ModuleType, writer, model: GPT, vocab, dtype: GGUFDtype
     writer.add_token_list(vocab.tokens)
     writer.add_token_types(vocab.token_types)
     writer.add_token_merges(vocab.merges)
-    # Training puts <|endoftext|> between documents, so it is both where a text starts and where it ends.
-    writer.add_bos_token_id(vocab.eos_id)
+    # Our BPE: training puts <|endoftext|> between documents, so it is both where a text starts and ends, and
+    # our prompts carry no BOS (llama.cpp must not prepend one). A pretrained model keeps its own rule.
+    if vocab.bos_id is not None:
+        writer.add_bos_token_id(vocab.bos_id)
     writer.add_eos_token_id(vocab.eos_id)
-    writer.add_add_bos_token(False)  # our prompts carry no BOS; llama.cpp must not prepend one
+    writer.add_add_bos_token(vocab.add_bos)
     writer.add_add_eos_token(False)
     writer.add_add_space_prefix(False)
+    if vocab.chat_template is not None:
+        writer.add_chat_template(vocab.chat_template)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
@@ -116,7 +124,8 @@ def encode_tensor(gguf: ModuleType, tensor: torch.Tensor, dtype: GGUFDtype):
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m model.export_gguf", description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", required=True, help="a .ckpt file or a run directory")
+    parser.add_argument("--checkpoint", required=True, help="a .ckpt, run dir, HF folder, Hub id or .gguf")
+    parser.add_argument("--revision", help="branch, tag or commit of a Hub id")
     parser.add_argument("--out", required=True, help="file to create, e.g. exports/<run>.gguf")
     parser.add_argument(
         "--dtype",
@@ -133,12 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import_gguf()  # before reading a possibly large checkpoint
     refuse_existing(Path(args.out).expanduser(), args.force)
-    from checkpoints.format import load_checkpoint  # the layer above model/: the commands' only reach up
-
-    loaded = load_checkpoint(args.checkpoint)  # a bad checkpoint is a CheckpointError, a UserError
-    out = export_gguf(loaded.model, loaded.tokenizer_json, args.out, dtype=args.dtype, force=args.force)
+    loaded = load_model(args.checkpoint, args.revision)  # a bad name is a UserError: one line, exit 2
+    out = export_gguf(loaded.model, loaded.tokenizer.to_json(), args.out, dtype=args.dtype, force=args.force)
     print(
-        f'exported {loaded.path} -> {out} ({args.dtype}); run it with: llama-completion -m {out} -no-cnv -p "..."'
+        f'exported {loaded.source} -> {out} ({args.dtype}); run it with: llama-completion -m {out} -no-cnv -p "..."'
     )
     return 0
 

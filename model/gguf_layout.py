@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from common.errors import UserError
-from common.tokens import EOS_TOKEN, added_tokens
+from common.tokens import EOS_TOKEN, added_tokens, split_tokenizer_json
 
 from .config import ModelConfig
 from .gpt import GPT
@@ -127,12 +127,16 @@ def hyperparameters(model: GPT) -> dict[str, int | float]:
 
 @dataclass(frozen=True)
 class GGUFVocab:
-    """The tokenizer as GGUF stores it: one token string and type per embedding row, merges, the EOS id."""
+    """The tokenizer as GGUF stores it: one token string and type per embedding row, merges, the EOS id
+    (GGUF keeps one), the BOS id and whether it is added, the chat template."""
 
     tokens: list[str]
     token_types: list[int]
     merges: list[str]
     eos_id: int
+    bos_id: int | None = None
+    add_bos: bool = False
+    chat_template: str | None = None
 
 
 def gguf_vocab(tokenizer_json: str, vocab_size: int) -> GGUFVocab:
@@ -142,13 +146,14 @@ def gguf_vocab(tokenizer_json: str, vocab_size: int) -> GGUFVocab:
     llama.cpp needs one token per embedding row. Anything llama.cpp's `gpt-2` tokenizer would split or
     merge differently is a UserError, so no file tokenizes differently from us.
     """
-    spec = json.loads(tokenizer_json)
+    backend_json, rules = split_tokenizer_json(tokenizer_json)  # a pretrained model's tokenizer has rules
+    spec = json.loads(backend_json)
     check_gpt2_compatible(spec)
     vocab: dict[str, int] = dict(spec["model"]["vocab"])
     added = added_tokens(tokenizer_json)
     for content, token in added.items():
         vocab[content] = int(token["id"])
-    if EOS_TOKEN not in added:
+    if rules is None and EOS_TOKEN not in added:
         raise UserError(f"tokenizer has no {EOS_TOKEN} special token; retrain it with data.Tokenizer.train")
     if len(set(vocab.values())) != len(vocab) or max(vocab.values()) >= vocab_size:
         raise UserError(
@@ -163,7 +168,11 @@ def gguf_vocab(tokenizer_json: str, vocab_size: int) -> GGUFVocab:
     merges = [
         merge if isinstance(merge, str) else " ".join(merge) for merge in spec["model"].get("merges", [])
     ]
-    return GGUFVocab(tokens, types, merges, vocab[EOS_TOKEN])
+    if rules is None:  # our BPE: <|endoftext|> separates documents, so it both starts and ends a text
+        return GGUFVocab(tokens, types, merges, vocab[EOS_TOKEN], vocab[EOS_TOKEN])
+    bos_id = rules.get("bos_id")
+    return GGUFVocab(tokens, types, merges, rules["eos_ids"][0], bos_id, rules.get("add_bos", False),
+                     rules.get("chat_template"))  # fmt: skip
 
 
 def check_gpt2_compatible(spec: dict) -> None:

@@ -7,7 +7,7 @@ same context-window rule (`context_start`), so they agree token for token wherev
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import torch
@@ -162,17 +162,24 @@ class RecomputingDecoder:
         return self.prefill(torch.cat([self.window, token[:, None]], dim=1))
 
 
-def make_decoder(model: torch.nn.Module, batch_size: int, use_cache: bool, compile: bool | str):
-    """The decoder `generate` asks for: an object with `prefill(window)` and `decode(token)`, both -> logits."""
+def make_decoder(
+    model: torch.nn.Module, batch_size: int, use_cache: bool, compile: bool | str, length: int | None = None
+):
+    """The decoder `generate` asks for: an object with `prefill(window)` and `decode(token)`, both -> logits.
+
+    `length` (prompt + new tokens; None: block_size) sizes the cache: a short request reads a short one.
+    """
     if compile and not use_cache:
         raise UserError("compile=True needs use_cache=True: the compiled step decodes from the KV cache")
     if compile:  # model/static_decode.py: one compiled graph for every position
-        return static_decoder(model, batch_size, "inductor" if compile is True else compile)
+        return static_decoder(model, batch_size, "inductor" if compile is True else compile, length)
     if not use_cache:
         return RecomputingDecoder(model)
     param = next(model.parameters())
     config = model.config
-    cache = KVCache.allocate(config, batch_size, config.block_size, device=param.device, dtype=param.dtype)
+    # A request that fits never slides its window, so it never writes past `length`.
+    max_len = min(config.block_size, length or config.block_size)
+    cache = KVCache.allocate(config, batch_size, max_len, device=param.device, dtype=param.dtype)
     return CachedDecoder(model, cache)
 
 
@@ -182,7 +189,7 @@ def generate(
     idx: torch.Tensor,
     max_new_tokens: int,
     *,
-    eos_id: int | None = None,
+    eos_id: int | Collection[int] | None = None,
     use_cache: bool = True,
     compile: bool | str = False,
     on_token: Callable[[torch.Tensor], None] | None = None,
@@ -192,8 +199,9 @@ def generate(
     """Continue idx (B, T) by up to max_new_tokens tokens and return (B, T + new) token ids.
 
     How tokens are picked: a `Sampler`, or its fields as keywords (temperature=1.0, top_k, top_p, min_p,
-    repetition_penalty, generator); `temperature=0` is greedy. Rows that emit `eos_id` keep emitting it;
-    decoding stops when every row has. `on_token` receives each new column (B,) as soon as it is chosen.
+    repetition_penalty, generator); `temperature=0` is greedy. `eos_id` is one stop id or several (models
+    such as Llama 3 end a turn with more than one); a row that emits one then repeats the first, and decoding
+    stops when every row has. `on_token` receives each new column (B,) as soon as it is chosen.
 
     How the model runs: from a KV cache, prefilled once, one single-token forward per new token; with
     `use_cache=False` the whole window is recomputed every step (the reference the cache is tested against);
@@ -206,20 +214,21 @@ def generate(
     if max_new_tokens < 1:
         raise UserError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     block_size = model.config.block_size
-    decoder = make_decoder(model, idx.shape[0], use_cache, compile)
+    decoder = make_decoder(model, idx.shape[0], use_cache, compile, idx.shape[1] + max_new_tokens)
     start = max(0, idx.shape[1] - block_size)  # a long prompt: the model sees its last block_size tokens
     logits = decoder.prefill(idx[:, start:])
     done = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
+    stop = stop_ids(eos_id, idx.device)
     for step in range(max_new_tokens):
         token = sampler.next_token(logits, idx)
-        if eos_id is not None:
-            token = token.masked_fill(done, eos_id)
-            done |= token == eos_id
+        if stop is not None:
+            token = token.masked_fill(done, int(stop[0]))
+            done |= torch.isin(token, stop)
         idx = torch.cat([idx, token[:, None]], dim=1)
         if on_token is not None:
             on_token(token)
         # done.all() syncs with the device, so it is only asked when an eos can have been emitted.
-        if step == max_new_tokens - 1 or (eos_id is not None and bool(done.all())):
+        if step == max_new_tokens - 1 or (stop is not None and bool(done.all())):
             break
         new_start = context_start(start, idx.shape[1], block_size)
         if new_start == start:
@@ -228,3 +237,11 @@ def generate(
             start = new_start
             logits = decoder.prefill(idx[:, start:])
     return idx
+
+
+def stop_ids(eos_id: int | Collection[int] | None, device: torch.device) -> torch.Tensor | None:
+    """The stop ids as a tensor (first one first), or None when decoding never stops early."""
+    if eos_id is None:
+        return None
+    ids = [int(eos_id)] if isinstance(eos_id, int) else [int(i) for i in eos_id]
+    return torch.tensor(ids, device=device) if ids else None

@@ -132,18 +132,36 @@ class StaticDecoder:
 _DECODERS: weakref.WeakKeyDictionary[GPT, StaticDecoder] = weakref.WeakKeyDictionary()
 
 
-def static_decoder(model: GPT, batch_size: int, backend: str = "inductor") -> StaticDecoder:
+def static_cache_length(length: int, block_size: int) -> int:
+    """The static cache's length for `length` positions: a power of two, at least 256, at most block_size.
+
+    Each step attends over the whole buffer, so a block_size-long one (8192 for SmolLM2) would read as many
+    bytes per token as the weights for a short request. Rounding to a power of two keeps the number of
+    compiled graphs, one per length, down to log2(block_size / 256) + 1.
+    """
+    length = min(length, block_size)
+    return min(block_size, max(256, 1 << (length - 1).bit_length()))
+
+
+def static_decoder(
+    model: GPT, batch_size: int, backend: str = "inductor", length: int | None = None
+) -> StaticDecoder:
     """The compiled decoder of `model` for this batch size, dtype and device, kept between `generate` calls.
 
-    Reusing it keeps one cache and one compiled graph: a second `generate` call neither recompiles nor
-    allocates. A new batch size, dtype, device or backend replaces it (and compiles once more). Dynamo keeps
-    at most `torch._dynamo.config.recompile_limit` (8) graphs of `decode_step` per process, one per model shape.
+    Its cache holds `static_cache_length(length)` positions (`length`: prompt + new tokens; None: block_size).
+    Reusing it keeps one cache and one compiled graph: a second `generate` call that fits neither recompiles
+    nor allocates. A longer request, or a new batch size, dtype, device or backend, replaces it (and compiles
+    once more for a shape not seen yet: `dynamic=False` keeps each graph static rather than making the cache
+    length symbolic). Dynamo keeps at most `torch._dynamo.config.recompile_limit` (8) graphs of `decode_step`
+    per process.
     """
     param = next(model.parameters())
     decoder = _DECODERS.get(model)
     key = (batch_size, param.dtype, param.device, backend)
-    if decoder is None or decoder.key != key:
-        cache = KVCache.allocate(model.config, batch_size, model.config.block_size, param.device, param.dtype)
+    block_size = model.config.block_size
+    max_len = static_cache_length(block_size if length is None else length, block_size)
+    if decoder is None or decoder.key != key or decoder.cache.max_len < max_len:
+        cache = KVCache.allocate(model.config, batch_size, max_len, param.device, param.dtype)
         decoder = StaticDecoder(model, cache, compile=True, backend=backend)
         decoder.key = key
         _DECODERS[model] = decoder

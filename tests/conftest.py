@@ -36,6 +36,18 @@ TEST_ENV = {
 os.environ.update(TEST_ENV)
 
 
+# A test that starts a repo script in a subprocess, itself or through a fixture's training run, is slow.
+SUBPROCESS_FIXTURES = {"script", "start_script", "tiny_args", "tiny_run", "ckpt"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark subprocess tests `slow`, so `pytest -m "not slow"` is the fast lane (browser, llama.cpp and
+    multi-process tests carry the marker themselves)."""
+    for item in items:
+        if SUBPROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(_SCRATCH, ignore_errors=True)  # the wandb/HF caches above do not outlive the session
 

@@ -101,7 +101,7 @@ def test_an_empty_prompt_samples_from_the_end_of_text_token(ckpt, capsys, monkey
 
     monkeypatch.setattr(cli, "generate", spy)
     code, out, err = run_cli(capsys, "--checkpoint", ckpt, "--prompt", "", "--max_new_tokens", "5")
-    eos_id = cli.Tokenizer.from_json(cli.load_checkpoint(ckpt).tokenizer_json).eos_id
+    eos_id = cli.load_pretrained(ckpt).tokenizer.eos_id
     assert code == 0 and err == "" and seen["idx"].tolist() == [[eos_id]]
     assert "<|endoftext|>" not in out  # the start token is not printed
 
@@ -117,7 +117,7 @@ def test_bad_checkpoints_are_one_line(ckpt, tmp_path, capsys):
     )
     torch.save(state, tampered)
     cases = {
-        tmp_path / "missing.ckpt": "not found",
+        tmp_path / "missing.ckpt": "no such file or folder",
         truncated: "truncated",
         tampered: "sha256",
         tmp_path: "no checkpoints",

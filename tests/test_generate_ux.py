@@ -86,8 +86,8 @@ def test_ignore_eos_decodes_past_the_end_of_text_token(ckpt, capsys, monkeypatch
     monkeypatch.setattr(cli, "generate", spy)
     code, _, _ = run_cli(capsys, "--checkpoint", ckpt, "--prompt", "ROMEO:", "--max_new_tokens", "2", *flag)
     assert code == 0
-    eos_id = cli.Tokenizer.from_json(cli.load_checkpoint(ckpt).tokenizer_json).eos_id
-    assert seen["eos_id"] == (None if flag else eos_id) and eos_id is not None
+    eos_ids = cli.load_pretrained(ckpt).tokenizer.eos_ids
+    assert seen["eos_id"] == (None if flag else eos_ids) and eos_ids
 
 
 @pytest.mark.parametrize("device", ["gpu", "cuda", "cuda:7", "mps"])
@@ -134,3 +134,39 @@ def test_benchmark_measures_the_compiled_step_when_asked(ckpt, capsys, monkeypat
     assert code == 0 and True in asked and False in asked
     assert "compiled:" in out and "cached:" in out and "speed-up of the compiled step" in out
     assert "too short for a rate" in out  # a 2-token prefill gets a time, not a rate
+
+
+def test_generate_stops_at_any_of_several_eos_ids():
+    import torch
+
+    from model import GPT, ModelConfig, generate
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=64, block_size=32, n_layer=1, n_head=2, n_kv_head=1, n_embd=16)).eval()
+    prompt = torch.tensor([[1, 2, 3]])
+    free = generate(model, prompt, 12, temperature=0)[0, 3:].tolist()
+    stop = free[4]
+    first = free.index(stop)
+    unused = next(i for i in range(64) if i not in free)
+    out = generate(model, prompt, 12, temperature=0, eos_id=(unused, stop))[0, 3:].tolist()
+    assert out == free[: first + 1]  # the second id of the collection stops it
+    assert (
+        generate(model, prompt, 12, temperature=0, eos_id=stop)[0, 3:].tolist() == out
+    )  # an int still works
+
+
+def test_threads_flag_sets_torch_threads_before_loading(capsys):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        code, _, err = run_cli(
+            capsys, "--checkpoint", "no/such-model.ckpt", "--prompt", "x", "--threads", "1"
+        )
+        assert code == 2 and torch.get_num_threads() == 1, err  # applied before the (missing) model is read
+        code, _, err = run_cli(
+            capsys, "--checkpoint", "no/such-model.ckpt", "--prompt", "x", "--threads", "0"
+        )
+        assert code == 2 and err.strip() == "error: threads must be at least 1, got 0 (--threads)"
+    finally:
+        torch.set_num_threads(before)

@@ -28,6 +28,7 @@ from .ctrl_c import GracefulCtrlC
 from .fit_report import FitReport
 from .fit_summary import FitSummary
 from .host_allocator import retain_freed_memory
+from .init_from import Pretrained, apply_init_from
 from .progress import progress_for_output
 from .run_config import RunConfig
 from .samples import SampleGenerations
@@ -65,6 +66,8 @@ class GPTCLI(LightningCLI):
     def __init__(self, *args, ctrl_c: GracefulCtrlC | None = None, **kwargs) -> None:
         self.ctrl_c = ctrl_c or GracefulCtrlC()
         self.resumed_from_run_dir = False
+        self.explicit_config = None
+        self.pretrained: Pretrained | None = None
         silence_known_noise()
         retain_freed_memory()
         super().__init__(*args, auto_configure_optimizers=False, save_config_callback=RunConfig, **kwargs)
@@ -79,6 +82,8 @@ class GPTCLI(LightningCLI):
         refuse_optimizer_flags(args)
         args, self.resumed_from_run_dir = expand_run_dir_resume(args)
         self.config = parser.parse_args(args)
+        if _init_from(self.config):  # init_from refuses keys the user set against the model: those set
+            self.explicit_config = _explicit_keys(parser, args)
 
     def _parse_ckpt_path(self) -> None:
         subcommand = self.config.get("subcommand")
@@ -92,6 +97,8 @@ class GPTCLI(LightningCLI):
     def fit(self, model, datamodule=None, ckpt_path=None, **kwargs) -> None:
         """trainer.fit with Ctrl-C handled gracefully, after checking the resumed run is not already done."""
         _refuse_finished_run(self.trainer, ckpt_path)
+        if ckpt_path:  # a resume restores our checkpoint, never the init_from weights
+            model.pretrained_pending = False
         run_dir = Path(self.trainer.default_root_dir)
         new_run = not run_dir.exists()
         self.ctrl_c.install(self.trainer)
@@ -135,6 +142,10 @@ class GPTCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config  # None with run=False
+        explicit = self.explicit_config
+        if explicit is not None and self.subcommand:
+            explicit = explicit.get(self.subcommand)
+        self.pretrained = apply_init_from(config, explicit)  # before anything is written
         run_dir = Path(config.trainer.default_root_dir) / (config.run_name or _config_stem(config))
         if self.subcommand in ("fit", None) and not config.get("ckpt_path"):
             _refuse_to_overwrite(run_dir)
@@ -152,9 +163,11 @@ class GPTCLI(LightningCLI):
             # validate/test/predict print their results; they write nothing into the training run's folder
             # (no config.yaml, no wandb segment under the run's id) unless a logger is asked for explicitly.
             self.save_config_callback = None
-            if config.trainer.logger in (None, True):
+            if config.trainer.logger in (None, True) or _is_run_logger(config.trainer.logger):
                 config.trainer.logger = False
-        if config.trainer.logger in (None, True):
+        # A resumed run's saved config names the wandb logger of the folder it was saved in: rebuild it for
+        # this run directory, so a copied or moved run logs where it now is.
+        if config.trainer.logger in (None, True) or _is_run_logger(config.trainer.logger):
             run_id = wandb_run_id(run_dir, stored_wandb_id(config.get("ckpt_path")))
             config.trainer.logger = _wandb_logger(
                 run_dir, config.wandb_project, config.run_name or run_dir.name, run_id
@@ -174,6 +187,26 @@ class GPTCLI(LightningCLI):
             config.trainer.plugins, config.checkpoint.keep_last, config.checkpoint.async_save
         )
         self.trainer_defaults = {**self.trainer_defaults, "callbacks": extra}
+
+    def instantiate_classes(self) -> None:
+        super().instantiate_classes()
+        if self.pretrained is not None:  # the data module tokenizes with the model's tokenizer, trains none
+            self.datamodule.use_tokenizer(self.pretrained.tokenizer)
+
+
+def _init_from(config) -> bool:
+    prefix = f"{config.get('subcommand')}." if config.get("subcommand") else ""
+    return bool(config.get(f"{prefix}model.init_from"))
+
+
+def _explicit_keys(parser, args: list[str]):
+    """The keys the config files and flags set, without defaults (None if jsonargparse cannot tell)."""
+    try:  # without the links, which fail on a missing default (data.vocab_size -> model.vocab_size)
+        from jsonargparse._link_arguments import skip_apply_links
+    except ImportError:
+        return None
+    with skip_apply_links():
+        return parser.parse_args(args, defaults=False)
 
 
 def _apply_threads(requested: int | None) -> None:
@@ -228,10 +261,19 @@ def _refuse_finished_run(trainer, ckpt_path: str | None) -> None:
         )
 
 
+RUN_LOGGER = "training.wandb_logger.RunWandbLogger"
+
+
+def _is_run_logger(logger) -> bool:
+    """True for the wandb logger this CLI adds to every run (as a resumed run's config.yaml records it)."""
+    get = getattr(logger, "get", None)
+    return callable(get) and get("class_path") == RUN_LOGGER
+
+
 def _wandb_logger(run_dir: Path, project: str, name: str, run_id: str) -> dict:
     # No mkdir and no message here: both wait until the wandb run is created (see RunWandbLogger).
     return {
-        "class_path": "training.wandb_logger.RunWandbLogger",
+        "class_path": RUN_LOGGER,
         "init_args": {
             "save_dir": str(run_dir),
             "project": project,

@@ -9,6 +9,7 @@ import lightning as L
 from lightning.pytorch.loggers import WandbLogger
 
 from .samples import SampleGenerations
+from .sharding import runs_on_this_rank
 from .val_score import score_validation
 
 # Scoring is a forward pass over the validation text; above this many tokens only the first ones are scored.
@@ -20,10 +21,12 @@ class FitSummary(L.Callback):
     """On rank 0 when fit ends normally: print the summary lines and put the scores in the wandb summary."""
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not runs_on_this_rank(trainer, pl_module.model):
+            return
+        scores = _score(trainer, pl_module)  # every rank of a sharded model joins its forward passes
         if not trainer.is_global_zero:
             return
         lines = [f"finished step {trainer.global_step}/{trainer.max_steps}" + _val_loss(trainer)]
-        scores = _score(trainer, pl_module)
         if scores is not None:
             lines.append(
                 f"validation text ({scores['covered']}: {scores['chars']:,} characters, {scores['tokens']:,} "

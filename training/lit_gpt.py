@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import replace
 from typing import Any, Literal
 
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from checkpoints.format import META_KEY, checkpoint_metadata, stored_skipped_batches
 from common.errors import UserError
@@ -61,6 +63,10 @@ class LitGPT(L.LightningModule):
         decay_fraction: For wsd, the fraction of trainer.max_steps spent decaying at the end.
         nonfinite_loss: On a NaN/inf loss, raise (stop; the last checkpoint stays untouched) or skip the step.
         compile: Compile the model with torch.compile (worth it on GPU for long runs).
+        init_from: Start from a pretrained model: our .ckpt / run directory, a Hugging Face folder, a Hub id or
+            a .gguf file. Its architecture, vocabulary and context replace the model keys, its tokenizer
+            replaces the BPE, and its weights are loaded at the start of a fresh fit (docs/finetune.md).
+        init_revision: Hub revision (branch, tag or commit) of init_from.
         model_config: The `model.ModelConfig` fields (n_layer, n_head, ...), declared and documented there;
             the CLI lists each as `--model.<field>`. vocab_size and block_size follow data.vocab_size and
             data.block_size.
@@ -78,13 +84,17 @@ class LitGPT(L.LightningModule):
         decay_fraction: float = 0.2,
         nonfinite_loss: Literal["raise", "skip"] = "raise",
         compile: bool = False,
+        init_from: str | None = None,
+        init_revision: str | None = None,
         **model_config: Any,
     ) -> None:
         super().__init__()
         check_optimizer_values(
             learning_rate, min_lr_ratio, weight_decay, beta1, beta2, warmup_steps, decay_fraction
         )
-        self.save_hyperparameters()
+        # With init_from, block_size is the pretrained context and data.block_size the (shorter) training window;
+        # Lightning refuses to log two values under one key, and the checkpoint's model_config keeps the context.
+        self.save_hyperparameters(ignore=["block_size"] if init_from else None)
         # jsonargparse follows **model_config into this call, so ModelConfig's fields become --model.<field>.
         config = ModelConfig(**model_config)
         self.model = GPT(config)
@@ -92,11 +102,34 @@ class LitGPT(L.LightningModule):
             self.model.compile()  # in place, so state_dict keys stay unprefixed
         self.skipped_batches = 0
         self.resumed_max_steps: int | None = None  # trainer.max_steps of the run a checkpoint was saved from
+        # Cleared once the init_from weights are in, or by a resume (GPTCLI.fit), whose checkpoint replaces them.
+        self.pretrained_pending = init_from is not None
 
     def configure_model(self) -> None:
+        # Before sharding: the full pretrained tensors load into the whole model, then FSDP2 splits them.
+        if self.pretrained_pending:
+            self.load_pretrained_weights()
         # Only ModelParallelStrategy sets a device mesh: it shards with FSDP2; the others keep the model whole.
         if self.device_mesh is not None:
             shard_model(self.model, self.device_mesh)
+
+    def load_pretrained_weights(self) -> None:
+        """Copy the init_from model's weights into the model (once; configure_model calls it on a fresh fit)."""
+        from interop import load_pretrained
+
+        hp = self.hparams
+        loaded = load_pretrained(hp.init_from, hp.init_revision, dtype=torch.float32)
+        ours, theirs = (
+            replace(c, dropout=0.0, init_std=0.02) for c in (self.model.config, loaded.model.config)
+        )
+        if ours != theirs:
+            raise UserError(
+                f"model.init_from {hp.init_from}: the model keys describe another architecture than the "
+                "pretrained one; train with train.py, which takes them from the model"
+            )
+        self.model.load_state_dict(loaded.model.state_dict())
+        self.pretrained_pending = False
+        rank_zero_info(f"init_from: weights of {loaded.source}")
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy in nats per token."""
@@ -204,6 +237,7 @@ class LitGPT(L.LightningModule):
         checkpoint[MAX_STEPS_KEY] = self.trainer.max_steps
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.pretrained_pending = False
         self.skipped_batches = stored_skipped_batches(checkpoint)
         self.resumed_max_steps = checkpoint.get(MAX_STEPS_KEY)
 

@@ -93,9 +93,10 @@ def corpus_file(tmp_path: Path):
     return write
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def new_documents():
-    """Factory: `make_documents(count, seed)` for tests that need their own corpus."""
+    """Factory: `make_documents(count, seed)` for tests that need their own corpus (a pure function, so any
+    fixture scope may use it)."""
     return make_documents
 
 

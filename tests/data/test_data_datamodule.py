@@ -171,3 +171,20 @@ def test_every_constructor_argument_is_documented() -> None:
     documented = set(re.findall(r"^    (\w+): ", doc.split("Args:")[1], flags=re.MULTILINE))
     parameters = set(inspect.signature(TextDataModule.__init__).parameters) - {"self"}
     assert documented == parameters
+
+
+@pytest.mark.parametrize("world_size", [2, 1])
+def test_a_multi_process_run_tokenizing_a_large_corpus_names_the_prepare_command(
+    corpus_file, new_documents, cache_dir: Path, monkeypatch, capsys, world_size: int
+) -> None:
+    """Only with other processes waiting, and only above LARGE_BUILD_BYTES (lowered here to 10 KB)."""
+    monkeypatch.setattr("data.datamodule.LARGE_BUILD_BYTES", 10_000)
+    path = corpus_file("big.jsonl", new_documents(60, seed=9))
+    module = TextDataModule(dataset="json", data_files=str(path), vocab_size=300, cache_dir=str(cache_dir))
+    module.trainer = SimpleNamespace(local_rank=0, world_size=world_size)
+    module.setup("fit")
+    hints = [line for line in capsys.readouterr().err.splitlines() if "python -m data.prepare" in line]
+    assert len(hints) == (world_size > 1), hints
+    module.tokenizer = None
+    module.setup("fit")  # the cache is found: nothing left to tokenize, no hint
+    assert "python -m data.prepare" not in capsys.readouterr().err

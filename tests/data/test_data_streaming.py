@@ -110,7 +110,14 @@ class BatchRecorder(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
-def _fit(files: list[str], cache_dir: Path, run_dir: Path, workers: int, ckpt_path: str | None = None):
+def _fit(
+    files: list[str],
+    cache_dir: Path,
+    run_dir: Path,
+    workers: int,
+    accumulate: int,
+    ckpt_path: str | None = None,
+):
     data = TextDataModule(
         dataset="json",
         data_files=files,
@@ -126,7 +133,7 @@ def _fit(files: list[str], cache_dir: Path, run_dir: Path, workers: int, ckpt_pa
     model = BatchRecorder()
     trainer = L.Trainer(
         max_steps=6,
-        accumulate_grad_batches=2,
+        accumulate_grad_batches=accumulate,
         limit_val_batches=0,
         accelerator="cpu",
         devices=1,
@@ -141,18 +148,19 @@ def _fit(files: list[str], cache_dir: Path, run_dir: Path, workers: int, ckpt_pa
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # Lightning's notes about workers and iterable loaders
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize(("workers", "accumulate"), [(0, 2), (2, 2), (2, 1)])
 def test_resume_continues_the_stream_exactly(
-    new_documents, tmp_path: Path, cache_dir: Path, workers: int
+    new_documents, tmp_path: Path, cache_dir: Path, workers: int, accumulate: int
 ) -> None:
-    """The checkpoint holds the position after the last trained batch, not after the prefetched ones."""
+    """The checkpoint holds the position after the last trained batch, not after the prefetched ones; resumed
+    at batch 3 of 2 workers (accumulate 1), the second worker's reader must give the first batch."""
     files = _write_shards(tmp_path / "corpus", new_documents(60, seed=4, words_per_doc=40), shards=2)
-    straight = _fit(files, cache_dir, tmp_path / "straight", workers)
-    assert len(straight.seen) == 12
+    straight = _fit(files, cache_dir, tmp_path / "straight", workers, accumulate)
+    assert len(straight.seen) == 6 * accumulate
     checkpoint = next((tmp_path / "straight").glob("*step=3.ckpt"))
     assert torch.load(checkpoint, weights_only=True)["TextDataModule"]["stream"]["num_workers"] == workers
-    resumed = _fit(files, cache_dir, tmp_path / "resumed", workers, ckpt_path=str(checkpoint))
-    assert len(resumed.seen) == 6
-    for expected, actual in zip(straight.seen[6:], resumed.seen, strict=True):
+    resumed = _fit(files, cache_dir, tmp_path / "resumed", workers, accumulate, ckpt_path=str(checkpoint))
+    assert len(resumed.seen) == 3 * accumulate
+    for expected, actual in zip(straight.seen[3 * accumulate :], resumed.seen, strict=True):
         assert torch.equal(expected, actual)
     assert not torch.equal(straight.seen[0], resumed.seen[0])

@@ -43,25 +43,44 @@ def llama2_backend() -> BackendTokenizer:
     return backend
 
 
-def save_llama(transformers, folder: Path, *, shard: bool, tie: bool = False) -> torch.nn.Module:  # noqa: F811
-    """A random LlamaForCausalLM with GQA and its tokenizer saved to `folder` as safetensors."""
-    config = transformers.LlamaConfig(
-        vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, rope_theta=500.0, tie_word_embeddings=tie,
-        bos_token_id=1, eos_token_id=STOP_IDS,
-    )  # fmt: skip
+def save_llama(
+    transformers,  # noqa: F811
+    folder: Path,
+    *,
+    shard: bool,
+    tie: bool = False,
+    std: float = 0.1,
+    backend: BackendTokenizer | None = None,
+    **shape,
+) -> torch.nn.Module:
+    """A random LlamaForCausalLM with GQA and its tokenizer saved to `folder` as safetensors.
+
+    The tokenizer is Llama 2's kind unless `backend` (e.g. our byte-level BPE, `<|endoftext|>` its only EOS) is
+    given; `shape` overrides LlamaConfig fields; `std` is the spread of the random weights (larger: livelier).
+    """
+    ids = {"bos_token_id": 1, "eos_token_id": STOP_IDS} if backend is None else {"bos_token_id": None}
+    if backend is not None:
+        ids["eos_token_id"] = backend.token_to_id("<|endoftext|>")
+    config = transformers.LlamaConfig(**{
+        "vocab_size": 300 if backend is None else backend.get_vocab_size(), "hidden_size": 64,
+        "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 128, "rope_theta": 500.0, "tie_word_embeddings": tie, **ids, **shape,
+    })  # fmt: skip
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():  # larger than init, so the logits are far from uniform
-            param.normal_(1.0 if name.endswith("norm.weight") else 0.0, 0.3 if "norm" in name else 0.1)
+            param.normal_(1.0 if name.endswith("norm.weight") else 0.0, 0.3 if "norm" in name else std)
     model.save_pretrained(folder, max_shard_size="40KB" if shard else "1GB")
-    tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=llama2_backend(), bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
-    tokenizer.chat_template = LLAMA2_CHAT
+    if backend is None:
+        tokenizer = transformers.PreTrainedTokenizerFast(
+            tokenizer_object=llama2_backend(), bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+        )
+        tokenizer.chat_template = LLAMA2_CHAT
+    else:
+        tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>")
     tokenizer.save_pretrained(folder)
-    (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": STOP_IDS}))
+    (folder / "generation_config.json").write_text(json.dumps(ids))
     return model
 
 

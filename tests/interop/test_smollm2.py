@@ -7,17 +7,23 @@ Missing locally: skipped; under CI=true: a failure, so the real-model parity is 
 from __future__ import annotations
 
 import importlib.util
+import io
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+import chat as chat_module
+import generate as generate_cli
 from interop import load_pretrained
+from tests.conftest import run_generate
 from tests.hf.conftest import running_in_ci
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPT = "The capital of France is Paris. The capital of Germany is"
 MIXED = "Hello world! 12345 and 3.14, naïve café 日本語 🙂 <|im_start|>user\n  tabs\tx+=1; don't<|im_end|>"
+STORY = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
 CHAT = [
     {"role": "user", "content": "Hi there"},
     {"role": "assistant", "content": "Hello! How can I help?"},
@@ -80,3 +86,49 @@ def test_missing_package_fails_in_ci(monkeypatch):
     monkeypatch.delenv("CI")
     with pytest.raises(pytest.skip.Exception):
         smollm2_folder()
+
+
+@pytest.mark.slow
+def test_generate_greedy_text_equals_transformers_for_48_tokens(both, capsys, monkeypatch):
+    ours, theirs, tokenizer = both
+    ids = tokenizer(STORY, return_tensors="pt").input_ids
+    with torch.no_grad():
+        expected = theirs.generate(ids, max_new_tokens=48, do_sample=False)[0, ids.shape[1] :]
+    assert len(expected) == 48 and len(set(expected.tolist())) >= 10  # a real continuation, no early stop
+    monkeypatch.setattr(generate_cli, "load_pretrained", lambda *args, **kwargs: ours)  # loaded once
+    code, out, err = run_generate(capsys, "--checkpoint", str(smollm2_folder() / GGUF_NAME), "--prompt", STORY,
+                                  "--temperature", "0", "--max_new_tokens", "48", "--no_echo")  # fmt: skip
+    print(f"SmolLM2 greedy 48 tokens: {out!r}", file=sys.stderr)
+    assert code == 0, err
+    assert out.rstrip("\n") == tokenizer.decode(expected, skip_special_tokens=False)
+
+
+@pytest.mark.slow
+def test_chat_second_turn_prefills_only_its_new_tokens(both, capsys, monkeypatch):
+    ours = both[0]
+    calls = []
+    hook = ours.model.register_forward_pre_hook(lambda _, inputs: calls.append(inputs[0][0].tolist()))
+    replies, real_reply = [], chat_module.Conversation.reply
+    monkeypatch.setattr(
+        chat_module.Conversation, "reply", lambda *a: replies.append(real_reply(*a)) or replies[-1]
+    )
+    monkeypatch.setattr(generate_cli, "load_pretrained", lambda *args, **kwargs: ours)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("What is the capital of France?\nAnd of Germany?\n"))
+    try:
+        code, out, err = run_generate(capsys, "--checkpoint", "smollm2", "--chat", "--temperature", "0",
+                                      "--max_new_tokens", "40")  # fmt: skip
+    finally:
+        hook.remove()
+    print(f"SmolLM2 chat: {replies!r}", file=sys.stderr)
+    assert code == 0 and "re-encoding" not in err, err
+    assert len(replies) == 2 and all(reply.strip() for reply in replies)
+    tok = ours.tokenizer
+    turns = [{"role": "user", "content": "What is the capital of France?"}]
+    first = tok.encode(tok.render_chat(turns), add_bos=False)
+    second_at = next(i for i, ids in enumerate(calls) if i > 0 and len(ids) > 1)
+    cached = [t for ids in calls[:second_at] for t in ids]
+    turns += [{"role": "assistant", "content": replies[0]}, {"role": "user", "content": "And of Germany?"}]
+    full = tok.encode(tok.render_chat(turns), add_bos=False)
+    assert calls[0] == first and full[: len(cached)] == cached  # the cache is an exact prefix
+    assert calls[second_at] == full[len(cached) :]  # the second prefill: exactly the new tokens
+    assert len(calls[second_at]) < len(full) - len(first)

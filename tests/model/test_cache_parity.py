@@ -4,8 +4,10 @@ import functools
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from model import GPT, KVCache, ModelConfig, generate
+from model.attention import explicit_attention, sdpa_attention
 from tests.model import lively
 
 HEAD_LAYOUTS = {"mha": 8, "gqa": 2, "mqa": 1}
@@ -150,3 +152,46 @@ def test_eos_stops_one_row_mid_sequence_and_pads_it_while_the_other_goes_on():
     assert torch.equal(out[1], free[1])
     assert torch.equal(out[0, : stop + 1], free[0, : stop + 1])
     assert (out[0, stop:] == eos).all()
+
+
+# (query heads, key/value heads): MHA, GQA with groups of 3 (SmolLM2's 9/3) and of 4, MQA.
+ONE_QUERY_LAYOUTS = {"mha": (4, 4), "gqa3": (9, 3), "gqa4": (8, 2), "mqa": (4, 1)}
+
+
+@pytest.mark.parametrize(("n_head", "n_kv_head"), ONE_QUERY_LAYOUTS.values(), ids=ONE_QUERY_LAYOUTS.keys())
+@pytest.mark.parametrize("cached", [2, 7, 300, 2100])  # 1 would take the T == S branch
+def test_one_query_attention_folds_query_groups_with_the_enable_gqa_and_explicit_values(
+    n_head, n_kv_head, cached
+):
+    """A decode step folds each key head's query heads into query rows; values must not move (fp32, 1e-6).
+
+    The key heads are independent draws, so a query head read against another head's keys is off by O(1).
+    """
+    gen = torch.Generator().manual_seed(cached + n_head)
+    q = torch.randn(2, n_head, 1, 64, generator=gen)
+    k, v = (torch.randn(2, n_kv_head, cached, 64, generator=gen) for _ in range(2))
+    folded = sdpa_attention(q, k, v)
+    assert folded.shape == (2, n_head, 1, 64)
+    assert (folded - F.scaled_dot_product_attention(q, k, v, enable_gqa=True)).abs().max().item() <= 1e-6
+    explicit, probs = explicit_attention(q, k, v)
+    assert (folded - explicit).abs().max().item() <= 1e-6
+    # The explicit maps still describe what the fused step computes: one row over every cached key per head.
+    assert probs.shape == (2, n_head, 1, cached)
+    assert torch.allclose(probs.sum(-1), torch.ones(2, n_head, 1))
+    mixed = probs @ v.repeat_interleave(n_head // n_kv_head, dim=1)
+    assert (folded - mixed).abs().max().item() <= 1e-6
+
+
+def test_the_eager_cache_holds_prompt_plus_new_tokens_and_still_slides_when_longer(monkeypatch):
+    model = lively_model(2, block_size=64, seed=1)
+    allocated = []
+    allocate = KVCache.allocate
+    monkeypatch.setattr(
+        KVCache, "allocate", lambda *args, **kwargs: allocated.append(args[2]) or allocate(*args, **kwargs)
+    )
+    prompt = torch.randint(0, 97, (2, 10), generator=torch.Generator().manual_seed(6))
+    for new_tokens in (22, 54, 90):  # 32 positions; 64, the context exactly; 100: the window slides
+        cached = generate(model, prompt, new_tokens, temperature=0.0)
+        assert min(distinct_new_tokens(cached, 10)) >= 8
+        assert torch.equal(cached, generate(model, prompt, new_tokens, temperature=0.0, use_cache=False))
+    assert allocated == [32, 64, 64]

@@ -13,7 +13,7 @@ from torch._dynamo.utils import counters
 
 from model import KVCache, generate
 from model.reduction_kernels import ReductionKernels
-from model.static_decode import StaticDecoder
+from model.static_decode import StaticDecoder, static_cache_length, static_decoder
 from tests.model.lively import lively_model
 
 LAYOUTS = {"mha": (4, "aot_eager"), "gqa": (2, "inductor"), "mqa": (1, "aot_eager")}
@@ -134,3 +134,35 @@ def test_the_attention_reduction_keeps_bf16_as_accurate_as_the_fused_kernel():
     assert rewritten.dtype == torch.bfloat16
     fused_error = (fused.double() - exact).abs().max().item()
     assert (rewritten.double() - exact).abs().max().item() <= 1.3 * fused_error
+
+
+def test_the_static_cache_is_sized_to_the_request_with_one_static_graph_per_length():
+    """Short, long, short again: two cache lengths, two graphs, none with a symbolic (dynamic) shape."""
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(example_inputs)
+        return gm.forward
+
+    model = lively_model(2, block_size=1024)
+    prompt = torch.randint(0, 101, (1, 10), generator=torch.Generator().manual_seed(4))
+    lengths = []
+    for new_tokens in (20, 300, 20):  # prompt + new: 30 -> 256 positions, 310 -> 512, 30 reuses 512
+        compiled = generate(model, prompt, new_tokens, temperature=0.0, compile=recording_backend)
+        eager = generate(model, prompt, new_tokens, temperature=0.0)
+        assert eager[0, 10:].unique().numel() >= 8, "degenerate model: the test would prove nothing"
+        assert torch.equal(compiled, eager)
+        lengths.append(static_decoder(model, 1, recording_backend, length=1).cache.max_len)  # the kept one
+    assert lengths == [256, 512, 512]
+    assert len(graphs) == len(set(lengths)) == 2
+    for inputs in graphs:  # a cache length made dynamic would show as a SymInt input or dimension
+        assert all(isinstance(x, torch.Tensor) for x in inputs), inputs
+        assert all(isinstance(d, int) for x in inputs for d in x.shape)
+    assert [{x.shape[2] for x in inputs if x.dim() == 4} for inputs in graphs] == [{256}, {512}]  # k/v views
+
+
+def test_static_cache_length_rounds_up_to_a_power_of_two_within_256_and_block_size():
+    assert [static_cache_length(n, 8192) for n in (1, 128, 256, 257, 4000, 4097, 8192, 9000)] == [
+        256, 256, 256, 512, 4096, 8192, 8192, 8192
+    ]  # fmt: skip
+    assert static_cache_length(100, 32) == 32  # a context shorter than 256 caps it

