@@ -42,8 +42,8 @@ import torch
 from benchmarks.decode import bytes_per_token, read_bandwidth
 from benchmarks.timing import alternate_medians, wall_seconds
 from common.tokens import EOS_TOKEN
+from interop.export_hf import export_hf
 from model import GPT, ModelConfig, generate
-from model.export_hf import export_hf
 
 CONFIGS = {
     "small": ModelConfig(vocab_size=1024, block_size=512, n_layer=4, n_head=8, n_kv_head=2, n_embd=256),
@@ -260,7 +260,7 @@ def run_config(name: str, args: argparse.Namespace) -> bool:
     with tempfile.TemporaryDirectory() as tmp:
         llamacpp = {}
         if probe is not None:
-            from model.export_gguf import export_gguf
+            from interop.export_gguf import export_gguf
 
             f32 = export_gguf(model, ids_only_tokenizer_json(tokenizer_json), Path(tmp) / "smollm2-f32.gguf")
             llamacpp = {"llama.cpp Q4_1": (probe, shipped), "llama.cpp f32": (probe, f32)}

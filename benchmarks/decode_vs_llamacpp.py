@@ -26,8 +26,8 @@ import torch
 
 from benchmarks.decode_vs_hf import CONFIGS as DECODE_CONFIGS
 from data.tokenizer import Tokenizer
+from interop.export_gguf import export_gguf
 from model import GPT, ModelConfig, generate
-from model.export_gguf import export_gguf
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {name: DECODE_CONFIGS[name] for name in ("small", "large")}  # the same models as decode_vs_hf

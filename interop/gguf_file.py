@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from data.pretrained_tokenizer import GGUFVocabulary
-from model.gguf_layout import ARCHITECTURE, from_interleaved_rope
+from interop.gguf_layout import ARCHITECTURE, from_interleaved_rope
 
 from .source import PretrainedError
 

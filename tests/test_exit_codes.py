@@ -40,7 +40,7 @@ def missing_checkpoint_commands(tiny_args, tmp_path) -> dict[str, list[str]]:
     return {
         "train.py": tiny_args(tmp_path / "runs", "--ckpt_path", missing),
         "generate.py": ["generate.py", "--checkpoint", missing, "--prompt", "a"],
-        "export": ["-m", "model.export_hf", "--checkpoint", missing, "--out", str(tmp_path / "hf")],
+        "export": ["-m", "interop.export_hf", "--checkpoint", missing, "--out", str(tmp_path / "hf")],
     }
 
 

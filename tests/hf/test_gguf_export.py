@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import model.export_gguf as export_module
+import interop.export_gguf as export_module
 from common.errors import UserError, run_command
-from model.export_gguf import export_gguf, main
-from model.gguf_layout import CONTROL, NORMAL, UNUSED, from_interleaved_rope, to_interleaved_rope
+from interop.export_gguf import export_gguf, main
+from interop.gguf_layout import CONTROL, NORMAL, UNUSED, from_interleaved_rope, to_interleaved_rope
 from model.rope import apply_rope, rope_tables
 from tests.hf.test_hf_export_cli import write_checkpoint
 

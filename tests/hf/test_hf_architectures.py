@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from common.errors import UserError
+from interop.export_gguf import export_gguf
+from interop.export_hf import export_hf
+from interop.gguf_layout import llama3_freq_factors
 from model import GPT, generate
-from model.export_gguf import export_gguf
-from model.export_hf import export_hf
-from model.gguf_layout import llama3_freq_factors
 
 SHAPE = dict(
     vocab_size=320,  # the size of the conftest tokenizer, so the exports can carry it

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import model.export_hf as export_module
+import interop.export_hf as export_module
 from checkpoints.format import META_KEY, STATE_PREFIX, checkpoint_metadata
 from common.errors import EXIT_USER_ERROR
+from interop.export_hf import OutputExistsError, export_hf, main
 from model import GPT
-from model.export_hf import OutputExistsError, export_hf, main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -94,7 +94,7 @@ def test_cli_exports_a_run_directory(make_model, tokenizer_json, tmp_path, capsy
 
 def start_cli(*args: str) -> subprocess.Popen:
     env = os.environ | {"PYTHONPATH": str(REPO_ROOT)}
-    command = [sys.executable, "-m", "model.export_hf", *args]
+    command = [sys.executable, "-m", "interop.export_hf", *args]
     return subprocess.Popen(
         command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

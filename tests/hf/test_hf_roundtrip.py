@@ -10,8 +10,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from interop.export_hf import export_hf
 from model import GPT
-from model.export_hf import export_hf
 from model.hf import hf_tensor_shapes
 
 

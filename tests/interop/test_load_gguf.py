@@ -8,8 +8,8 @@ import torch
 
 from data.tokenizer import Tokenizer
 from interop import PretrainedError, load_pretrained
-from model.export_gguf import export_gguf, write_metadata
-from model.gguf_layout import gguf_tensors, gguf_vocab
+from interop.export_gguf import export_gguf, write_metadata
+from interop.gguf_layout import gguf_tensors, gguf_vocab
 from tests.hf.test_hf_parity import TEXTS
 
 gguf = pytest.importorskip("gguf")

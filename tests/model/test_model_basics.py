@@ -92,11 +92,8 @@ def test_tiny_model_overfits_one_batch():
 
 
 def test_model_package_imports_only_torch_and_stdlib():
-    # safetensors only for the Hugging Face export's weights file.
+    # safetensors only for reading a Hugging Face folder's weights (GPT.from_hf); the exports live in interop/.
     allowed = {"torch", "safetensors", "common", "__future__"} | set(sys.stdlib_module_names)
-    # The gguf writer is an optional extra, imported inside a function by the one module that writes GGUF.
-    # The export commands resolve --checkpoint through interop (the layer above model/), inside one function.
-    optional = {"export_gguf.py": {"gguf"}, "export_hf.py": {"interop"}}
     offenders = []
     for path in MODEL_DIR.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -106,6 +103,5 @@ def test_model_package_imports_only_torch_and_stdlib():
                 roots = [node.module.split(".")[0]]
             else:
                 continue
-            permitted = allowed | optional.get(path.name, set())
-            offenders += [f"{path.name}: {root}" for root in roots if root not in permitted]
+            offenders += [f"{path.name}: {root}" for root in roots if root not in allowed]
     assert offenders == []

@@ -172,7 +172,7 @@ def test_attention_explorer_shows_the_finetuned_weights(straight, llama):
 @pytest.mark.slow
 def test_finetuned_checkpoint_exports_to_hf_with_logit_parity(straight, hf_transformers, script, tmp_path):
     run_dir, _ = straight
-    script("-m", "model.export_hf", "--checkpoint", str(run_dir), "--out", str(tmp_path / "hf"))
+    script("-m", "interop.export_hf", "--checkpoint", str(run_dir), "--out", str(tmp_path / "hf"))
     ours = load_checkpoint(run_dir / "checkpoints" / "last.ckpt").model.eval()
     theirs = hf_transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
     ids = torch.randint(0, ours.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))

@@ -1,6 +1,6 @@
 """Export a model to one GGUF file that llama.cpp, Ollama, LM Studio and llama-cpp-python load.
 
-    python -m model.export_gguf --checkpoint runs/x --out x.gguf [--dtype f32|f16|bf16|q8_0] [--force]
+    python -m interop.export_gguf --checkpoint runs/x --out x.gguf [--dtype f32|f16|bf16|q8_0] [--force]
 
 --checkpoint is any model name `interop` resolves. Only a byte-level BPE (`gpt2`) vocabulary is written;
 another (a sentencepiece-style tokenizer with byte fallback) is refused with one line.
@@ -21,10 +21,10 @@ import torch
 
 from common.errors import UserError, run_command
 from common.files import atomic_path
+from model.gpt import GPT
 
-from .export_hf import load_model
 from .gguf_layout import PRE_TOKENIZER, gguf_architecture, gguf_tensors, gguf_vocab, hyperparameters
-from .gpt import GPT
+from .load import load_pretrained
 
 GGUFDtype = Literal["f32", "f16", "bf16", "q8_0"]
 GGUF_DTYPES: tuple[GGUFDtype, ...] = ("f32", "f16", "bf16", "q8_0")
@@ -47,7 +47,7 @@ def export_gguf(
 ) -> Path:
     """Write `model` and its tokenizer as a llama.cpp GGUF file at `out` and return its path.
 
-    The architecture is `llama`, or `qwen2` / `qwen3` for the Qwen options (model/gguf_layout.py).
+    The architecture is `llama`, or `qwen2` / `qwen3` for the Qwen options (interop/gguf_layout.py).
 
     Norm weights stay float32 whatever `dtype` is (llama.cpp keeps 1-D tensors in f32); with q8_0, a matrix
     whose rows are not a multiple of 32 falls back to f16. An existing `out` is replaced only with `force`.
@@ -123,7 +123,9 @@ def encode_tensor(gguf: ModuleType, tensor: torch.Tensor, dtype: GGUFDtype):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m model.export_gguf", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m interop.export_gguf", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--checkpoint", required=True, help="a .ckpt, run dir, HF folder, Hub id or .gguf")
     parser.add_argument("--revision", help="branch, tag or commit of a Hub id")
     parser.add_argument("--out", required=True, help="file to create, e.g. exports/<run>.gguf")
@@ -142,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import_gguf()  # before reading a possibly large checkpoint
     refuse_existing(Path(args.out).expanduser(), args.force)
-    loaded = load_model(args.checkpoint, args.revision)  # a bad name is a UserError: one line, exit 2
+    loaded = load_pretrained(args.checkpoint, args.revision)  # a bad name is a UserError: one line, exit 2
     out = export_gguf(loaded.model, loaded.tokenizer.to_json(), args.out, dtype=args.dtype, force=args.force)
     print(
         f'exported {loaded.source} -> {out} ({args.dtype}); run it with: llama-completion -m {out} -no-cnv -p "..."'

@@ -1,6 +1,6 @@
 """Export a model to a Hugging Face `LlamaForCausalLM` folder that `from_pretrained` loads.
 
-    python -m model.export_hf --checkpoint runs/x --out exports/x [--force] [--dtype bfloat16]
+    python -m interop.export_hf --checkpoint runs/x --out exports/x [--force] [--dtype bfloat16]
 
 --checkpoint is any model name `interop` resolves (our checkpoint, an HF folder or Hub id, a .gguf file); the
 folder gets the model's own tokenizer, BOS/EOS ids and chat template.
@@ -24,10 +24,11 @@ from safetensors.torch import save_file
 from common.errors import UserError, run_command
 from common.files import StagedFolder
 from common.tokens import EOS_TOKEN, added_tokens, split_tokenizer_json
+from model.config import DTYPES
+from model.gpt import GPT
+from model.hf import WEIGHTS_NAME, hf_config_dict, to_hf_state_dict
 
-from .config import DTYPES
-from .gpt import GPT
-from .hf import WEIGHTS_NAME, hf_config_dict, to_hf_state_dict
+from .load import load_pretrained
 
 
 class OutputExistsError(UserError):
@@ -124,7 +125,7 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m model.export_hf", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m interop.export_hf", description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", required=True, help="a .ckpt, run dir, HF folder, Hub id or .gguf")
     parser.add_argument("--revision", help="branch, tag or commit of a Hub id")
     parser.add_argument("--out", required=True, help="folder to create, e.g. exports/<run>")
@@ -136,7 +137,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def export(args: argparse.Namespace) -> None:
     """Read the checkpoint, export it, and say where it went."""
     refuse_existing(Path(args.out).expanduser(), args.force)  # before reading a possibly large checkpoint
-    loaded = load_model(args.checkpoint, args.revision)
+    loaded = load_pretrained(args.checkpoint, args.revision)
     model = loaded.model if args.dtype is None else loaded.model.to(DTYPES[args.dtype])
     try:
         out = export_hf(model, loaded.tokenizer.to_json(), args.out, force=args.force)
@@ -147,17 +148,6 @@ def export(args: argparse.Namespace) -> None:
     print(
         f"exported {loaded.source} -> {out} (load with AutoModelForCausalLM.from_pretrained or GPT.from_hf)"
     )
-
-
-def load_model(name: str, revision: str | None = None):
-    """`interop.load_pretrained(name)`: the one way every command names a model.
-
-    Imported here, in the command only: the export functions above stay torch + common, and interop (which
-    builds on model/ and data/) is the layer above them.
-    """
-    from interop import load_pretrained
-
-    return load_pretrained(name, revision)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """What a GGUF file of our model holds, in llama.cpp's layouts: tensor names, metadata and vocabulary.
 
-Torch and the standard library only; model/export_gguf.py hands these to the `gguf` writer. The architecture
+Torch and the standard library only; interop/export_gguf.py hands these to the `gguf` writer. The architecture
 follows the options: `llama` by default (with Llama 3's RoPE scaling as its `rope_freqs` tensor), `qwen2` for
 q/k/v biases, `qwen3` for per-head q/k RMSNorm; other combinations are refused in one line.
 
@@ -20,10 +20,9 @@ import torch
 
 from common.errors import UserError
 from common.tokens import EOS_TOKEN, added_tokens, split_tokenizer_json
-
-from .config import ModelConfig
-from .gpt import GPT
-from .rope import inverse_frequencies
+from model.config import ModelConfig
+from model.gpt import GPT
+from model.rope import inverse_frequencies
 
 ARCHITECTURE = "llama"
 """The architecture of a model without options, as every GGUF we wrote before the options existed."""
