@@ -16,6 +16,7 @@ QUICK_START = ["train.py", "fit", "--config", "configs/shakespeare.yaml"]
 NOISE = ("litlogger", "anonymous setting", "LeafSpec", "Epoch 0/-2")
 
 
+@pytest.mark.slow
 def test_readme_quick_start_trains_offline(tmp_path):
     assert " ".join(QUICK_START) in (ROOT / "README.md").read_text(encoding="utf-8")
     env = {**os.environ, "HOME": str(tmp_path / "home")}  # an empty home: no wandb login, no caches

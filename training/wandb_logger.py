@@ -37,6 +37,7 @@ class RunWandbLogger(WandbLogger):
         self.segment: Path | None = None  # the offline run folder this process created, if any
         self._trainer = None
         self._finished = False
+        self._sync_hint: str | None = None  # printed with the first metrics (see experiment)
 
     def follow(self, trainer) -> None:
         """Log every point at `trainer.global_step`: the 1-based count of finished optimizer steps that the
@@ -48,12 +49,18 @@ class RunWandbLogger(WandbLogger):
         self._trainer = trainer
 
     def log_metrics(self, metrics, step: int | None = None) -> None:
+        if self._sync_hint:
+            rank_zero_info(self._sync_hint)
+            self._sync_hint = None
         if self._trainer is not None and self._trainer.state.fn == "fit":
             step = self._trainer.global_step
         super().log_metrics(metrics, step)
 
     def finalize(self, status: str) -> None:
         """Finish the wandb run here: wandb's own finish at exit ignores the settings above."""
+        if status == "success" and self._sync_hint:  # a run too short to have logged metrics yet
+            rank_zero_info(self._sync_hint)
+            self._sync_hint = None
         super().finalize(status)
         if self._experiment is not None and not self._finished:
             self._finished = True
@@ -82,7 +89,7 @@ class RunWandbLogger(WandbLogger):
         if created and self._offline and getattr(run, "dir", None):
             folder = Path(run.dir).parent
             self.segment = folder
-            rank_zero_info(
-                f"wandb: no credentials (or WANDB_MODE=offline): logging offline. Upload later with: wandb sync {folder}"
-            )
+            # Said with the first metrics: a run whose data setup fails after Lightning created the wandb run
+            # (its setup hook does so first) has nothing to upload, and its segment is removed.
+            self._sync_hint = f"wandb: no credentials (or WANDB_MODE=offline): logging offline. Upload later with: wandb sync {folder}"
         return run

@@ -18,6 +18,8 @@ import torch
 from checkpoints.atomic_io import FAULT_ENV, PHASES
 from common.files import stale_temp_files
 
+pytestmark = pytest.mark.slow  # train.py runs in subprocesses here
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = "benchmarks.checkpoint_chaos"  # its --worker mode: tiny model, a checkpoint every step
 STEPS = 10

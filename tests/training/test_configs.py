@@ -22,6 +22,8 @@ import pytest
 import torch
 import yaml
 
+pytestmark = pytest.mark.slow  # train.py runs in subprocesses here
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
 SHRINK = [

@@ -54,6 +54,7 @@ def faults_per_step(how: str, tmp_path) -> float:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_training_step_under_the_cli_does_not_page_fault(tmp_path):
     default = faults_per_step("default", tmp_path)
     under_cli = faults_per_step("cli", tmp_path)

@@ -13,6 +13,8 @@ import pytest
 from data.errors import DataConfigError
 from data.source import CorpusSource
 
+pytestmark = pytest.mark.slow  # train.py runs in subprocesses here
+
 ROOT = Path(__file__).resolve().parents[2]
 # Unset so the download is really attempted (and fails on the refused connection, as without network).
 OFFLINE_SWITCHES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "WANDB_SILENT")
