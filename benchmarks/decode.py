@@ -19,11 +19,11 @@ import time
 
 import torch
 
+from benchmarks.shapes import GPT2_SMALL
 from benchmarks.timing import alternate_medians, synchronize
 from model import GPT, ModelConfig, generate
 
 SMALL_1024 = ModelConfig(vocab_size=1024, block_size=1024, n_layer=4, n_head=8, n_kv_head=2, n_embd=256)
-GPT_124M = ModelConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_kv_head=4, n_embd=768)
 
 
 def timed_decode(model: GPT, prompt: torch.Tensor, new_tokens: int, **kwargs) -> tuple[float, float]:
@@ -121,8 +121,8 @@ def gpu_decode_report(new_tokens: int = 256, prompt_len: int = 64, device: str =
     MBU = bytes read per token (weights + cache at the mean context) x tokens/s / read bandwidth measured here.
     """
     torch.manual_seed(0)
-    model = GPT(GPT_124M).to(device=device, dtype=torch.bfloat16).eval()
-    prompt = torch.randint(0, GPT_124M.vocab_size, (1, prompt_len), device=device)
+    model = GPT(GPT2_SMALL).to(device=device, dtype=torch.bfloat16).eval()
+    prompt = torch.randint(0, GPT2_SMALL.vocab_size, (1, prompt_len), device=device)
     tps = compare_paths(model, prompt, new_tokens, 3, {"eager": {}, "compiled": {"compile": True}})
     bandwidth = read_bandwidth(torch.device(device), 2048)
     per_token = bytes_per_token(model, prompt_len + new_tokens // 2)

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from benchmarks.shapes import GPT2_SMALL
 from model import GPT, KVCache, ModelConfig
 from training.fit_report import fit_report
 from training.memory import (
@@ -16,7 +17,6 @@ from training.memory import (
 )
 
 SMALL = ModelConfig(vocab_size=512, block_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=64, mlp_hidden=96)
-GPT2_SMALL = ModelConfig(vocab_size=32768, block_size=1024, n_layer=12, n_head=12, n_kv_head=4, n_embd=768)
 
 
 def saved_activation_bytes(model: GPT, idx: torch.Tensor, targets: torch.Tensor, autocast: bool) -> int:
