@@ -40,23 +40,29 @@ class GPTCheckpoint(ModelCheckpoint):
         self.async_save = async_save
 
 
+def checkpoint_io_class(async_save: bool) -> type[CheckpointIO]:
+    """The one choice of CheckpointIO: atomic step files, written in the background with `async_save`."""
+    return BackgroundCheckpointIO if async_save else AtomicCheckpointIO
+
+
 def checkpoint_io(keep_last: int = 2, async_save: bool = False) -> CheckpointIO:
-    """The CheckpointIO for these settings: atomic step files, optionally written in the background."""
-    return (BackgroundCheckpointIO if async_save else AtomicCheckpointIO)(keep_last=keep_last)
+    """An instance of the CheckpointIO for these settings (for a Trainer built in code, as the benchmarks do)."""
+    return checkpoint_io_class(async_save)(keep_last=keep_last)
 
 
 def checkpoint_io_config(keep_last: int, async_save: bool) -> dict:
-    """`checkpoint_io` as a `trainer.plugins` entry the CLI instantiates."""
-    io = BackgroundCheckpointIO if async_save else AtomicCheckpointIO
-    return {"class_path": f"{io.__module__}.{io.__qualname__}", "init_args": {"keep_last": keep_last}}
+    """The same CheckpointIO as a `trainer.plugins` entry the CLI instantiates."""
+    return {"class_path": _class_path(checkpoint_io_class(async_save)), "init_args": {"keep_last": keep_last}}
+
+
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def with_checkpoint_io(plugins: Any, keep_last: int, async_save: bool) -> list:
     """`trainer.plugins` with our CheckpointIO for these settings (replacing ours from a saved config.yaml)."""
     plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
-    ours = {
-        checkpoint_io_config(keep_last, flag)["class_path"] for flag in (False, True)
-    } | FORMER_CLASS_PATHS
+    ours = {_class_path(checkpoint_io_class(flag)) for flag in (False, True)} | FORMER_CLASS_PATHS
     plugins = [p for p in plugins if str(getattr(p, "class_path", None) or _get(p, "class_path")) not in ours]
     if any("CheckpointIO" in str(getattr(p, "class_path", None) or _get(p, "class_path")) for p in plugins):
         return plugins  # the config chose another CheckpointIO on purpose

@@ -23,6 +23,7 @@ from common.errors import UserError, run_command
 from common.files import atomic_path
 from model.gpt import GPT
 
+from .export_hf import refuse_existing
 from .gguf_layout import PRE_TOKENIZER, gguf_architecture, gguf_tensors, gguf_vocab, hyperparameters
 from .load import load_pretrained
 
@@ -54,7 +55,7 @@ def export_gguf(
     """
     gguf = import_gguf()
     out = Path(out).expanduser()
-    refuse_existing(out, force)
+    refuse_existing(out, force, file=True)
     if dtype not in GGUF_DTYPES:
         raise UserError(f"--dtype {dtype!r} is not one of {', '.join(GGUF_DTYPES)}")
     architecture = gguf_architecture(model.config)  # before writing anything: an unsupported mix is refused
@@ -72,14 +73,6 @@ def export_gguf(
         finally:
             writer.close()
     return out
-
-
-def refuse_existing(out: Path, force: bool) -> None:
-    """A UserError unless `out` is free or `force` allows replacing it."""
-    if out.is_dir():
-        raise UserError(f"--out {out} is a folder; pass a file path such as {out / 'model.gguf'}")
-    if out.exists() and not force:
-        raise UserError(f"--out {out} already exists; pass --force to replace it")
 
 
 def write_metadata(gguf: ModuleType, writer, model: GPT, vocab, dtype: GGUFDtype, name: str) -> None:
@@ -143,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     """CLI entry point: writes the file and prints how to run it."""
     args = parse_args(argv)
     import_gguf()  # before reading a possibly large checkpoint
-    refuse_existing(Path(args.out).expanduser(), args.force)
+    refuse_existing(Path(args.out).expanduser(), args.force, file=True)
     loaded = load_pretrained(args.checkpoint, args.revision)  # a bad name is a UserError: one line, exit 2
     out = export_gguf(loaded.model, loaded.tokenizer.to_json(), args.out, dtype=args.dtype, force=args.force)
     print(

@@ -64,10 +64,12 @@ def export_hf(model: GPT, tokenizer_json: str, out_dir: str | Path, force: bool 
     return out
 
 
-def refuse_existing(out: Path, force: bool) -> None:
-    """Raise OutputExistsError unless `out` is free or `force` allows replacing it."""
+def refuse_existing(out: Path, force: bool, *, file: bool = False) -> None:
+    """Raise OutputExistsError unless `out` is free or `force` allows replacing it (`file`: no folder either)."""
+    if file and out.is_dir():
+        raise OutputExistsError(f"--out {out} is a folder; pass a file path such as {out / 'model.gguf'}")
     if out.exists() and not force:
-        raise OutputExistsError(f"{out} already exists; pass --force to replace it")
+        raise OutputExistsError(f"--out {out} already exists; pass --force to replace it")
 
 
 def eos_token_id(tokenizer_json: str) -> int:
