@@ -14,12 +14,12 @@ compute the same attention; v and the output projection do not meet RoPE and map
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 import torch
 
 from common.errors import UserError
 from common.tokens import EOS_TOKEN, added_tokens, split_tokenizer_json
+from data.pretrained_tokenizer import GGUFVocabulary
 from model.config import ModelConfig
 from model.gpt import GPT
 from model.rope import inverse_frequencies
@@ -124,21 +124,7 @@ def hyperparameters(model: GPT) -> dict[str, int | float]:
     }
 
 
-@dataclass(frozen=True)
-class GGUFVocab:
-    """The tokenizer as GGUF stores it: one token string and type per embedding row, merges, the EOS id
-    (GGUF keeps one), the BOS id and whether it is added, the chat template."""
-
-    tokens: list[str]
-    token_types: list[int]
-    merges: list[str]
-    eos_id: int
-    bos_id: int | None = None
-    add_bos: bool = False
-    chat_template: str | None = None
-
-
-def gguf_vocab(tokenizer_json: str, vocab_size: int) -> GGUFVocab:
+def gguf_vocab(tokenizer_json: str, vocab_size: int) -> GGUFVocabulary:
     """Our byte-level BPE as a `gpt2` GGUF vocabulary of exactly `vocab_size` rows.
 
     Rows past the tokenizer's size (a model may hold a larger embedding) become unused padding tokens, as
@@ -168,10 +154,12 @@ def gguf_vocab(tokenizer_json: str, vocab_size: int) -> GGUFVocab:
         merge if isinstance(merge, str) else " ".join(merge) for merge in spec["model"].get("merges", [])
     ]
     if rules is None:  # our BPE: <|endoftext|> separates documents, so it both starts and ends a text
-        return GGUFVocab(tokens, types, merges, vocab[EOS_TOKEN], vocab[EOS_TOKEN])
+        return GGUFVocabulary(
+            "gpt2", PRE_TOKENIZER, tokens, types, merges, vocab[EOS_TOKEN], vocab[EOS_TOKEN]
+        )
     bos_id = rules.get("bos_id")
-    return GGUFVocab(tokens, types, merges, rules["eos_ids"][0], bos_id, rules.get("add_bos", False),
-                     rules.get("chat_template"))  # fmt: skip
+    return GGUFVocabulary("gpt2", PRE_TOKENIZER, tokens, types, merges, rules["eos_ids"][0], bos_id,
+                          rules.get("add_bos", False), rules.get("chat_template"))  # fmt: skip
 
 
 def check_gpt2_compatible(spec: dict) -> None:

@@ -86,7 +86,7 @@ def test_gguf_of_an_hf_folder_greedy_tokens_equal_transformers(
     transformers, tokenizer_json, tmp_path, capsys, monkeypatch
 ):
     pytest.importorskip("gguf")
-    from model import export_gguf
+    from interop import export_gguf
 
     folder, path = tmp_path / "bpe-llama", tmp_path / "bpe-llama.gguf"
     model = save_llama(
@@ -107,7 +107,7 @@ def test_gguf_of_an_hf_folder_greedy_tokens_equal_transformers(
 
 def test_gguf_export_of_a_non_gpt2_vocabulary_is_one_line(lively_llama, tmp_path, capsys):
     pytest.importorskip("gguf")
-    from model import export_gguf
+    from interop import export_gguf
 
     _, folder = lively_llama
     out = tmp_path / "x.gguf"
@@ -117,7 +117,7 @@ def test_gguf_export_of_a_non_gpt2_vocabulary_is_one_line(lively_llama, tmp_path
 
 
 def test_hf_folder_re_exported_to_hf_round_trips(transformers, lively_llama, tmp_path, capsys):
-    from model import export_hf
+    from interop import export_hf
 
     model, folder = lively_llama
     out = tmp_path / "again"
