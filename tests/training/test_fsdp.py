@@ -153,9 +153,10 @@ def test_generate_reads_a_sharded_checkpoint_in_one_process(fsdp_runs, capsys):
     run_dir = fsdp_runs["run_dir"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        final = load_checkpoint(run_dir)  # the run directory's checkpoints/last.ckpt folder
+        final = load_checkpoint(run_dir)  # the run directory: its newest whole sharded folder
     assert not [w for w in caught if "torch.distributed" in str(w.message)]  # one process is what we mean
-    assert final.path == run_dir / "checkpoints" / "last.ckpt"
+    # one answer for generate and resume: the newest whole checkpoint, the step-4 folder (last.ckpt holds the same)
+    assert final.path == run_dir / "checkpoints" / "epoch=0-step=4.ckpt"
     weights = final.model.state_dict()
     gathered = fsdp_runs["straight"][0]["state"]  # the full weights gathered from the shards at the end
     assert sorted(weights) == sorted(gathered)
