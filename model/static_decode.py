@@ -105,6 +105,9 @@ class StaticDecoder:
             torch._dynamo.mark_static_address(cache.k)
             torch._dynamo.mark_static_address(cache.v)
             step = decode_step_reductions if cache.k.device.type == "cpu" else decode_step
+            # Every cache length, model shape and batch size is one more graph of this one function: dynamo's
+            # default limit of 8 per function would end a long process (a test run, a sweep) with a hard error.
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             self.step = torch.compile(step, fullgraph=True, dynamic=False, backend=backend, mode=mode)
 
     def prefill(self, idx: torch.Tensor) -> torch.Tensor:
@@ -152,8 +155,7 @@ def static_decoder(
     Reusing it keeps one cache and one compiled graph: a second `generate` call that fits neither recompiles
     nor allocates. A longer request, or a new batch size, dtype, device or backend, replaces it (and compiles
     once more for a shape not seen yet: `dynamic=False` keeps each graph static rather than making the cache
-    length symbolic). Dynamo keeps at most `torch._dynamo.config.recompile_limit` (8) graphs of `decode_step`
-    per process.
+    length symbolic). Dynamo's `recompile_limit` of graphs per function is raised to 64 for it.
     """
     param = next(model.parameters())
     decoder = _DECODERS.get(model)
