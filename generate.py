@@ -233,7 +233,7 @@ def run_speculative(model, loaded, tokenizer, prompt, args, sampler: Sampler, eo
     print(echo, end="", flush=True)
     start = time.perf_counter()
     _, stats = speculative_generate(model, prompt, args.max_new_tokens, make_drafter(), k=args.draft_k,
-                                    sampler=sampler, eos_id=eos_id and eos_id[0], on_token=TextStream(tokenizer))  # fmt: skip
+                                    sampler=sampler, eos_id=eos_id, on_token=TextStream(tokenizer))  # fmt: skip
     seconds = time.perf_counter() - start
     print()
     print(f"[{stats.new_tokens} tokens, {stats.target_forwards} target forwards, acceptance "

