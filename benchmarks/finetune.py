@@ -52,8 +52,7 @@ def build(init_from: str, overrides: list[str], budget_s: float) -> GPTCLI:
 def score(module: LitGPT, data: TextDataModule, val_chars: int) -> dict[str, float]:
     tokens = data.val_tokens[: max(2, round(val_chars / data.chars_per_token))]
     module.eval()
-    # Small batches: a 49152-token vocabulary makes the logits of 64 windows several GB.
-    result = score_validation(module.model, data.tokenizer, tokens, data.block_size, batch_size=4)
+    result = score_validation(module.model, data.tokenizer, tokens, data.block_size)
     module.train()
     return result
 

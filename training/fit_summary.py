@@ -53,6 +53,8 @@ def _val_loss(trainer: L.Trainer) -> str:
 
 
 def _score(trainer: L.Trainer, pl_module: L.LightningModule) -> dict | None:
+    if trainer.limit_val_batches == 0:  # validation turned off: scoring its text would be unasked-for work
+        return None
     datamodule = trainer.datamodule
     tokens = getattr(datamodule, "val_tokens", None)
     tokenizer = getattr(datamodule, "tokenizer", None)

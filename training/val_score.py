@@ -13,11 +13,26 @@ import math
 import torch
 import torch.nn.functional as F
 
+# float32 logits held at once: windows x block_size x vocabulary x 4 bytes. A fixed 64 windows of gpt2-small
+# (1024 x 50304) would be 13 GB, twice that with the softmax, at the end of a long run.
+LOGITS_BUDGET_BYTES = 256 * 2**20
+
+
+def windows_per_batch(block_size: int, vocab_size: int) -> int:
+    """How many windows of logits fit LOGITS_BUDGET_BYTES (at least one)."""
+    return max(1, LOGITS_BUDGET_BYTES // (block_size * vocab_size * 4))
+
 
 @torch.no_grad()
-def score_validation(model, tokenizer, tokens, block_size: int, batch_size: int = 64) -> dict[str, float]:
-    """Total nats over every token of `tokens` (a numpy array) but the first: per token, per character, per byte."""
+def score_validation(
+    model, tokenizer, tokens, block_size: int, batch_size: int | None = None
+) -> dict[str, float]:
+    """Total nats over every token of `tokens` (a numpy array) but the first: per token, per character, per byte.
+
+    `batch_size` windows per forward; None: as many as `windows_per_batch` allows.
+    """
     device = next(model.parameters()).device
+    batch_size = batch_size or windows_per_batch(block_size, model.config.vocab_size)
     ids = torch.from_numpy(tokens.astype("int64"))
     full = (len(ids) - 1) // block_size
     x = ids[: full * block_size].view(full, block_size)
