@@ -57,17 +57,30 @@ def open_in_chromium(page: Path, screenshot: Path | None) -> tuple[float, float]
         browser = playwright.chromium.launch(
             executable_path=str(CHROMIUM), args=["--headless", "--no-sandbox", "--disable-gpu"]
         )
-        tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+        tab = browser.new_page(viewport={"width": 1500, "height": 1000})
         start = time.perf_counter()
         tab.goto(page.resolve().as_uri())
         tab.wait_for_selector("html[data-ready='1']", timeout=300_000)
         seconds = time.perf_counter() - start
         in_page_ms = float(tab.evaluate("document.documentElement.dataset.readyMs"))
         if screenshot is not None:
-            screenshot.parent.mkdir(parents=True, exist_ok=True)
-            tab.screenshot(path=str(screenshot))
+            shoot(tab, screenshot)
         browser.close()
     return seconds, in_page_ms
+
+
+def shoot(tab, path: Path) -> None:
+    """A PNG of the page's top: the head grid beside the opened head's map, a query of the second copy pinned."""
+    tokens = int(tab.evaluate("document.querySelectorAll('#text span[data-i]').length"))
+    tab.click(f"#text span[data-i='{tokens - tokens // 4}']")  # pinned: its row is marked on the map
+    tab.evaluate("window.scrollTo(0, 0)")
+    tab.mouse.move(1, 1)  # off the grid, which now lies under the pointer
+    detail = tab.locator("#detail").bounding_box()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    width = tab.viewport_size["width"]
+    tab.screenshot(
+        path=str(path), clip={"x": 0, "y": 0, "width": width, "height": detail["y"] + detail["height"] + 8}
+    )
 
 
 def singled_out(stats: dict[str, torch.Tensor]) -> list[str]:

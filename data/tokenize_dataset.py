@@ -85,16 +85,16 @@ def plan_parts(
     if val_docs is not None:
         val_docs = val_docs.select_columns([column])
         _, val_sizes = document_lengths(val_docs, column)
-        train = _split_parts("train", train_docs, sizes, 0, len(train_docs), 0, -1, None)
-        val = _split_parts("val", val_docs, val_sizes, 0, len(val_docs), 0, -1, None)
+        train = _split_parts("train", train_docs, sizes, chars, 0, len(train_docs), 0, -1, None)
+        val = _split_parts("val", val_docs, val_sizes, None, 0, len(val_docs), 0, -1, None)
         return Plan(train, val, "the dataset's validation split")
     cut = find_char_cut(chars, val_fraction)
     if cut.row == 0 and cut.offset == 0:
         raise DataConfigError(
             f"data.val_fraction: {val_fraction} holds out all of the text; use a smaller value"
         )
-    train = _split_parts("train", train_docs, sizes, 0, cut.row + 1, 0, cut.row, cut.offset)
-    val = _split_parts("val", train_docs, sizes, cut.row, len(train_docs), cut.offset, -1, None)
+    train = _split_parts("train", train_docs, sizes, chars, 0, cut.row + 1, 0, cut.row, cut.offset)
+    val = _split_parts("val", train_docs, sizes, chars, cut.row, len(train_docs), cut.offset, -1, None)
     return Plan(train, val, f"the last {val_fraction:g} of the train split's characters")
 
 
@@ -113,14 +113,26 @@ def _split_parts(
     split: str,
     docs: Dataset,
     sizes: np.ndarray,
+    chars: np.ndarray | None,
     start: int,
     stop: int,
     first_offset: int,
     last_row: int,
     last_limit: int | None,
 ) -> list[Part]:
-    """Consecutive parts of rows [start, stop) holding about PART_BYTES of text each (at least one row)."""
+    """Consecutive parts of rows [start, stop) holding about PART_BYTES of text each (at least one row).
+
+    The bounds depend on the whole documents' sizes only (a resumed build finds the same parts); a part's
+    `text_bytes` counts the clipped document's share (by characters: exact for ASCII), so a single-document
+    corpus such as tiny Shakespeare is not counted twice.
+    """
     ends = np.cumsum(sizes[start:stop], dtype=np.int64)
+    kept = sizes[start:stop].copy()
+    if chars is not None and first_offset:
+        kept[0] -= sizes[start] * first_offset // max(1, chars[start])
+    if chars is not None and last_limit is not None:
+        kept[last_row - start] = sizes[last_row] * last_limit // max(1, chars[last_row])
+    kept_ends = np.cumsum(kept, dtype=np.int64)
     bounds = [0]
     while bounds[-1] < len(ends):
         done = int(ends[bounds[-1] - 1]) if bounds[-1] else 0
@@ -128,7 +140,7 @@ def _split_parts(
     bounds[-1] = min(bounds[-1], len(ends))
     parts = []
     for index, (first, stop_row) in enumerate(itertools.pairwise(bounds)):
-        text = int(ends[stop_row - 1]) - (int(ends[first - 1]) if first else 0)
+        text = int(kept_ends[stop_row - 1]) - (int(kept_ends[first - 1]) if first else 0)
         parts.append(
             Part(
                 name=f"{split}-{index:05d}.bin",

@@ -83,7 +83,7 @@ class Progress:
         if not final and now - self.last < REPORT_EVERY_S:
             return
         self.last = now
-        # The part sizes count a document cut by the hold-out in both splits, so the total is a bound.
+        # The cut document's share is estimated by characters, so the count may pass the total slightly.
         done = self.total if final else min(self.counter.value, self.total)
         elapsed = max(now - self.started, 1e-9)
         rate = done / elapsed

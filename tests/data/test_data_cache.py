@@ -184,3 +184,18 @@ def test_publish_keeps_a_folder_another_process_published_first(tmp_path: Path) 
         assert publish_token_folder(staged, "tokens-x") == winner
     assert (winner / META_FILE).read_text() == "{}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tokens-x"]
+
+
+@pytest.mark.parametrize("part_bytes", [64 << 20, 3000])
+def test_the_plan_counts_each_byte_of_text_once(monkeypatch, part_bytes: int) -> None:
+    """The hold-out cuts one document in two; its bytes are shared between the splits, not counted twice
+    (the progress line's total: tiny Shakespeare is one document)."""
+    import data.tokenize_dataset as plan
+
+    monkeypatch.setattr(plan, "PART_BYTES", part_bytes)
+    texts = ["x" * 10_000, "first line\nsecond line\n" * 400, "short"]
+    docs = datasets.Dataset.from_dict({"text": texts})
+    for corpus in (docs.select([1]), docs):  # one document; three, the cut inside the second
+        result = plan.plan_parts(corpus, None, "text", "data.data_files", 0.5)
+        counted = sum(part.text_bytes for part in result.train + result.val)
+        assert counted == sum(len(text) for text in corpus["text"])
