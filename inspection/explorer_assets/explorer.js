@@ -27,6 +27,14 @@
     return bytes;
   }
 
+  // The row maxima are stored as IEEE half floats (little-endian), half the bytes of float32.
+  function float16(bits) {
+    const exponent = (bits >> 10) & 0x1f, fraction = bits & 0x3ff, sign = bits & 0x8000 ? -1 : 1;
+    if (exponent === 0) return sign * 2 ** -14 * (fraction / 1024);
+    if (exponent === 31) return fraction ? NaN : sign * Infinity;
+    return sign * 2 ** (exponent - 15) * (1 + fraction / 1024);
+  }
+
   async function inflate(id) {
     const bytes = base64Bytes(document.getElementById(id).textContent);
     const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate"));
@@ -36,8 +44,8 @@
   function headData(index) {
     if (!heads.has(index)) {
       heads.set(index, inflate("explorer-head-" + index).then((bytes) => ({
-        rowMax: new Float32Array(bytes.buffer, 0, T),
-        tri: bytes.subarray(4 * T),
+        rowMax: Float32Array.from(new Uint16Array(bytes.buffer, 0, T), float16),
+        tri: bytes.subarray(2 * T),
       })));
     }
     return heads.get(index);
