@@ -107,6 +107,7 @@ def main() -> None:
     ids = repeated_text_ids(loaded.tokenizer, min(args.tokens, config.block_size))
     with tempfile.TemporaryDirectory(prefix="explorer-") as tmp:
         page = args.out or Path(tmp) / "explorer.html"
+        page.parent.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
         write_attention_html(model, loaded.tokenizer, ids, str(page), prompt_len=ids.shape[1])
         built = time.perf_counter() - start

@@ -85,7 +85,7 @@ def plan_parts(
     if val_docs is not None:
         val_docs = val_docs.select_columns([column])
         _, val_sizes = document_lengths(val_docs, column)
-        train = _split_parts("train", train_docs, sizes, chars, 0, len(train_docs), 0, -1, None)
+        train = _split_parts("train", train_docs, sizes, None, 0, len(train_docs), 0, -1, None)
         val = _split_parts("val", val_docs, val_sizes, None, 0, len(val_docs), 0, -1, None)
         return Plan(train, val, "the dataset's validation split")
     cut = find_char_cut(chars, val_fraction)

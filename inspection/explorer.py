@@ -3,14 +3,14 @@
 What the file holds, so that 12 layers x 12 heads x 1024 tokens stays small and quick to open:
 - per head, the causal (lower) triangle of its map, each row quantised to uint8 relative to the row's
   largest weight (q = round(255 p / row_max)), plus the row maxima as float16 (a row's maximum is at least
-  1 / T, a normal float16), so p = q / 255 * row_max; weights below row_max / 510 become 0. Deflated with
+  1 / T: a normal float16 up to T = 16384, a less precise subnormal beyond), so p = q / 255 * row_max; weights below row_max / 510 become 0. Deflated with
   zlib's run-length strategy (the triangles are runs of zeros between noisy values: as small as level 9
   and 6x quicker than the default), base64-encoded, one block per head, decoded by the browser
   (DecompressionStream) only when that head is opened;
 - per head, two thumbnails (max-pooled to at most THUMB_SIZE pixels a side: probability and row-relative);
 - the head statistics (exactly the numbers given, e.g. `head_statistics`), their history over training
   steps, and the steps at which induction heads formed.
-Size budget: 32 MB for 12 x 12 x 1024 (README "Attention explorer"; asserted on noisy maps in
+Size budget: 32 MiB for 12 x 12 x 1024 (README "Attention explorer"; asserted on noisy maps in
 tests/inspection/test_explorer_browser.py). Incompressible maps would cost 4/3 byte per stored weight.
 """
 
@@ -72,7 +72,7 @@ def quantise_rows(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             "needs causal softmax probabilities (rows summing to 1, nothing above the diagonal)"
         )
     row_max = probs.max(axis=1).astype(np.float16).astype(np.float32)  # (T,), as stored
-    scaled = np.rint(lower / np.maximum(row_max, np.finfo(np.float16).tiny)[rows] * 255.0)
+    scaled = np.rint(lower / np.maximum(row_max, np.finfo(np.float16).smallest_subnormal)[rows] * 255.0)
     return row_max, np.minimum(scaled, 255.0).astype(np.uint8)  # a maximum rounded down gives 255.1
 
 

@@ -169,12 +169,13 @@ def speculative_generate(
         drafts, q = drafter.propose(idx, room, sampler) if room > 0 else ([], None)
         logits = model(torch.cat([idx[:, n - 1 :], idx.new_tensor([drafts])], dim=1), cache)[0]  # (1 + k, V)
         emitted = verify(logits, drafts, q, sampler)
-        stats.target_forwards += 1
-        stats.drafted += len(drafts)
-        stats.accepted += len(emitted) - 1
+        accepted = len(emitted) - 1  # the drafts kept; the last token is the target's own
         first_stop = next((i for i, token in enumerate(emitted) if token in stops), None)
         if first_stop is not None:
             emitted = emitted[: first_stop + 1]
+        stats.target_forwards += 1
+        stats.drafted += len(drafts)
+        stats.accepted += min(accepted, len(emitted))  # drafts after a stop token are not kept
         idx = torch.cat([idx, idx.new_tensor([emitted])], dim=1)
         stats.new_tokens += len(emitted)
         for token in emitted:
