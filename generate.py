@@ -25,6 +25,7 @@ from data.tokenizer import Tokenizer
 from interop import load_pretrained
 from model import generate
 from model.config import DTYPES
+from model.quantized import QuantizedLinear
 from model.sampling import Sampler
 from model.speculative import DraftModel, PromptLookup, check_draft, speculative_generate
 
@@ -65,6 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     decoding.add_argument("--threads", type=int, help="CPU threads (default: the CPUs not busy, common/threads.py)")
     decoding.add_argument("--no_cache", **yes, help="recompute the whole context every step (reference)")
     decoding.add_argument("--compile", **yes, help="decode with the compiled static-shape step (same tokens)")
+    decoding.add_argument("--keep_quantized", **yes, help="a .gguf: its Q4_0/Q4_1/Q8_0 matrices stay in blocks")
     decoding.add_argument("--benchmark", **yes, help="print prefill/decode speed (also --compile, --no_cache)")
     decoding.add_argument("--draft", metavar="CKPT", help="speculative decoding: a smaller model, same tokenizer")
     decoding.add_argument("--prompt_lookup", **yes, help="speculative decoding, drafting by n-gram copy")
@@ -162,13 +164,27 @@ def unfamiliar_byte_ids(tokenizer: Tokenizer) -> set[int]:
     }
 
 
+def note_kept_blocks(model: torch.nn.Module) -> None:
+    """One stderr line: how many matrices stayed in their GGUF blocks, and their size."""
+    layers = [m for m in model.modules() if isinstance(m, (torch.nn.Linear, QuantizedLinear))]
+    kept = [m for m in layers if isinstance(m, QuantizedLinear)]
+    size = sum(b.numel() * b.element_size() for m in kept for b in m.buffers()) / 1e6
+    print(
+        f"note: {len(kept)} of {len(layers)} linear layers kept in their GGUF blocks ({size:.0f} MB)",
+        file=sys.stderr,
+    )
+
+
 def run(args: argparse.Namespace) -> None:
     sampler = check_args(args)
     device = pick_device(args.device)
     apply_thread_count(args.threads, torch.set_num_threads)  # busy cores make torch's own threads wait
-    dtype = DTYPES.get(args.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32)
-    loaded = load_pretrained(args.checkpoint, args.revision, device=device, dtype=dtype)
+    auto = torch.bfloat16 if device.type == "cuda" and not args.keep_quantized else torch.float32
+    dtype = DTYPES.get(args.dtype, auto)
+    loaded = load_pretrained(args.checkpoint, args.revision, device, dtype, args.keep_quantized)
     model, tokenizer = loaded.model, loaded.tokenizer
+    if args.keep_quantized:
+        note_kept_blocks(model)
     if args.chat:  # before any note about sampling
         require_chat_template(tokenizer, args.checkpoint)
     folder = loaded.source.path if loaded.source.kind in ("hf_folder", "hub") else None

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from data.pretrained_tokenizer import GGUFVocabulary
+from interop.gguf_blocks import Blocks, read_blocks
 from interop.gguf_layout import ARCHITECTURE, from_interleaved_rope
 
 from .source import PretrainedError
@@ -133,6 +134,22 @@ class GGUFFile:
                 weight = from_interleaved_rope(weight, n_kv_head)
             tensors[name] = weight
         return tensors
+
+    def hf_blocks(self, n_head: int, n_kv_head: int) -> dict[str, Blocks]:
+        """The Q4_0 / Q4_1 / Q8_0 matrices as block codes under their Hugging Face names, q/k rows in
+        rotate-half order (interop.gguf_blocks)."""
+        blocks = {}
+        for tensor in self._reader.tensors:
+            matrix = read_blocks(tensor.data, tensor.tensor_type.name) if len(tensor.shape) == 2 else None
+            if matrix is None:
+                continue
+            name = self._hf_name(tensor.name)
+            if name.endswith("q_proj.weight"):
+                matrix = matrix.rows(lambda rows: from_interleaved_rope(rows, n_head))
+            elif name.endswith("k_proj.weight"):
+                matrix = matrix.rows(lambda rows: from_interleaved_rope(rows, n_kv_head))
+            blocks[name] = matrix
+        return blocks
 
     def _hf_name(self, name: str) -> str:
         match = BLOCK_NAME.match(name)

@@ -18,6 +18,7 @@ from data.tokenizer import Tokenizer
 from model.gpt import GPT
 from model.hf import from_hf_state_dict, load_hf_model, model_config_from_hf
 
+from .gguf_blocks import keep_blocks
 from .gguf_file import GGUFFile
 from .hub import download_snapshot
 from .source import PretrainedError, Source, classify
@@ -45,14 +46,25 @@ def load_pretrained(
     revision: str | None = None,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
+    keep_quantized: bool = False,
 ) -> Loaded:
-    """Our GPT and tokenizer for any model name (see interop.source); `dtype` None keeps the stored one."""
+    """Our GPT and tokenizer for any model name (see interop.source); `dtype` None keeps the stored one.
+
+    `keep_quantized` (a .gguf file, float32): matrices stored as Q4_0, Q4_1 or Q8_0 stay in their blocks
+    (model.quantized.QuantizedLinear), the same weights in ~5x less memory, read directly by the compiled step.
+    """
+    if keep_quantized and dtype not in (None, torch.float32):
+        raise PretrainedError(f"keep_quantized computes in float32; drop the dtype {dtype} or keep_quantized")
     source = resolve(name, revision)
+    if keep_quantized and source.kind != "gguf":
+        raise PretrainedError(
+            f"{name}: keep_quantized needs a .gguf file (its Q4_0, Q4_1 or Q8_0 blocks); this is a {source.kind}"
+        )
     if source.kind == "checkpoint":
         checkpoint = load_checkpoint(source.path)
         model, tokenizer = checkpoint.model, Tokenizer.from_json(checkpoint.tokenizer_json)
     elif source.kind == "gguf":
-        model, tokenizer = _load_gguf(source.path)
+        model, tokenizer = _load_gguf(source.path, keep_quantized)
     else:
         model, tokenizer = _load_hf_folder(source.path), tokenizer_from_hf_folder(source.path)
     if tokenizer.vocab_size > model.config.vocab_size:
@@ -81,7 +93,7 @@ def _load_hf_folder(folder: Path) -> GPT:
         raise PretrainedError(str(err)) from err
 
 
-def _load_gguf(path: Path) -> tuple[GPT, Tokenizer]:
+def _load_gguf(path: Path, keep_quantized: bool = False) -> tuple[GPT, Tokenizer]:
     file = GGUFFile(path)
     tokenizer = tokenizer_from_gguf(file.vocabulary(), str(path))
     try:
@@ -97,4 +109,6 @@ def _load_gguf(path: Path) -> tuple[GPT, Tokenizer]:
     except RuntimeError as err:
         reason = str(err).strip().splitlines()[-1].strip()
         raise PretrainedError(f"{path}: tensor shapes do not match the GGUF metadata ({reason})") from err
+    if keep_quantized:
+        keep_blocks(model, file.hf_blocks(config.n_head, config.n_kv_head))
     return model, tokenizer

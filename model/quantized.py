@@ -1,0 +1,85 @@
+"""Linear layers whose weights stay in blocks of 32 codes, as a GGUF file stores them (Q4_0, Q4_1, Q8_0).
+
+Weight j of block b is `scale[b] * code[j] + minimum[b]`, computed in float32: the very value the `gguf`
+package's dequantisation gives (and so the weights transformers runs). A 4-bit weight takes ~5 bits with its
+block's scale and minimum, against 32 for float32: SmolLM2-135M's matrices shrink from 540 MB to 98 MB, and a
+decode step, which reads every weight once, reads that much less (`python -m benchmarks.decode_vs_hf --configs
+smollm2`). The codes are packed into int32 words (eight 4-bit or four 8-bit codes) laid out (block, word,
+output): a one-row product is then a sum over blocks and words that reads each word once and is vectorised
+across outputs, which Inductor fuses inside the compiled decode step. More rows dequantise the whole matrix and
+keep the matrix product.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+BLOCK = 32  # codes per block, one scale (and minimum) each
+
+
+def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """(out, in) integer codes -> int32 words (in / 32, bits, out): word w of a block holds codes w*k .. w*k+k-1
+    (k = 32 / bits), the first in the lowest bits. 8-bit codes may be negative (two's complement bytes)."""
+    out, inp = codes.shape
+    per_word = 32 // bits
+    fields = (codes.to(torch.int64) & ((1 << bits) - 1)).view(out, inp // BLOCK, bits, per_word)
+    words = (fields << (bits * torch.arange(per_word))).sum(-1)  # (out, nb, bits) in [0, 2^32)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    return words.permute(1, 2, 0).contiguous()
+
+
+class QuantizedLinear(nn.Module):
+    """`y = x Wᵀ` with W kept as 4-bit (unsigned, with a minimum) or 8-bit (signed) block codes.
+
+    Args:
+        codes: (out, in) integer codes, `in` a multiple of 32; 0..15 for 4 bits, -128..127 for 8 bits.
+        scale: (out, in / 32) float32 scale of each block.
+        minimum: (out, in / 32) float32 offset of each block, or None (8 bits: Q8_0 has none).
+        bits: 4 or 8.
+    """
+
+    def __init__(
+        self,
+        codes: torch.Tensor,
+        scale: torch.Tensor,
+        minimum: torch.Tensor | None,
+        bits: int,
+    ) -> None:
+        super().__init__()
+        if bits not in (4, 8) or codes.shape[1] % BLOCK:
+            raise ValueError(
+                f"blocks of {BLOCK} 4- or 8-bit codes, got {bits} bits and {codes.shape[1]} inputs"
+            )
+        self.bits, self.in_features, self.out_features = bits, codes.shape[1], codes.shape[0]
+        self.register_buffer("words", pack_codes(codes, bits))
+        self.register_buffer("scale", scale.t().contiguous().float())  # (nb, out)
+        self.register_buffer("minimum", None if minimum is None else minimum.t().contiguous().float())
+
+    def code(self, i: int) -> torch.Tensor:
+        """Float codes (nb, bits, out) of field i of every word: input i of each group of 32 / bits."""
+        if self.bits == 4:
+            return ((self.words >> (4 * i)) & 15).float()
+        return ((self.words << (24 - 8 * i)) >> 24).float()  # the arithmetic shift restores the sign
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weight (out, in)."""
+        codes = torch.stack([self.code(i) for i in range(32 // self.bits)], dim=2)  # (nb, bits, k, out)
+        weight = codes.reshape(-1, BLOCK, self.out_features) * self.scale[:, None]
+        if self.minimum is not None:
+            weight = weight + self.minimum[:, None]
+        return weight.reshape(self.in_features, self.out_features).t()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[:-1].numel() != 1:
+            return F.linear(x, self.dequantize().to(x.dtype))
+        groups = x.float().reshape(-1, self.bits, 32 // self.bits)  # (nb, bits, k): the inputs of each word
+        per_block = sum(self.code(i) * groups[:, :, i, None] for i in range(32 // self.bits)).sum(1)
+        y = (self.scale * per_block).sum(0)  # (out,)
+        if self.minimum is not None:
+            y = y + (self.minimum * groups.sum((1, 2))[:, None]).sum(0)
+        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}"

@@ -1,0 +1,121 @@
+"""GGUF matrices kept in their Q4_0 / Q4_1 / Q8_0 blocks: the gguf package's weights, the same logits and tokens
+eagerly and in the compiled step, one line for what cannot be kept."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from interop import PretrainedError, load_pretrained
+from interop.export_gguf import export_gguf, write_metadata
+from interop.export_hf import export_hf
+from interop.gguf_blocks import read_blocks
+from interop.gguf_layout import gguf_tensors, gguf_vocab
+from model import generate
+from model.cache import KVCache
+from model.quantized import QuantizedLinear
+from model.static_decode import StaticDecoder
+from tests.conftest import run_generate
+
+gguf = pytest.importorskip("gguf")
+TYPES = ["Q4_0", "Q4_1", "Q8_0"]
+LINEARS = ["attn.qkv", "attn.proj", "mlp.gate_up", "mlp.down"]
+
+
+def quantized_gguf(path, model, tokenizer_json, type_name: str):
+    """A GGUF of `model` whose matrices (embedding included) are stored as `type_name`, norms as float32."""
+    qtype = getattr(gguf.GGMLQuantizationType, type_name)
+    writer = gguf.GGUFWriter(path, "llama")
+    write_metadata(gguf, writer, model, gguf_vocab(tokenizer_json, model.config.vocab_size), "f32", "x")
+    for name, tensor in gguf_tensors(model).items():
+        array = tensor.numpy()
+        if array.ndim == 2:
+            writer.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_blocks_hold_the_gguf_packages_weights(type_name):
+    qtype = getattr(gguf.GGMLQuantizationType, type_name)
+    weight = np.random.default_rng(0).standard_normal((48, 96)).astype(np.float32)
+    raw = gguf.quants.quantize(weight, qtype)
+    expected = torch.from_numpy(gguf.quants.dequantize(raw, qtype).reshape(48, 96).astype(np.float32))
+    layer = QuantizedLinear(*read_blocks(raw, type_name))
+    assert torch.equal(layer.dequantize(), expected)  # bit for bit
+    rows = torch.randn(5, 96, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(layer(rows), F.linear(rows, expected))  # several rows: the matrix product
+    one = layer(rows[:1])  # one row: the sum over blocks the compiled step fuses
+    assert one.shape == (1, 48) and one.std() > 1.0
+    assert (one - F.linear(rows[:1], expected)).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+def test_a_quantized_file_keeps_its_blocks_with_the_same_logits(
+    make_model, tokenizer_json, tmp_path, type_name, tie
+):
+    path = quantized_gguf(tmp_path / "q.gguf", make_model(tie=tie), tokenizer_json, type_name)
+    plain, kept = load_pretrained(path).model, load_pretrained(path, keep_quantized=True).model
+    layers = [f"blocks.{i}.{name}" for i in range(plain.config.n_layer) for name in LINEARS] + ["lm_head"]
+    for name in layers:
+        layer = kept.get_submodule(name)
+        assert isinstance(layer, QuantizedLinear), name
+        assert torch.equal(layer.dequantize(), plain.get_submodule(name).weight), name
+    assert not any(isinstance(m, torch.nn.Linear) for m in kept.modules())  # no float32 copy is left
+    idx = torch.randint(plain.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours, theirs = kept(idx), plain(idx)
+    assert ours.std() > 0.5 and (ours - theirs).abs().max().item() <= 1e-4
+
+
+def test_the_compiled_step_reads_the_blocks_with_the_same_logits(make_model, tokenizer_json, tmp_path):
+    path = quantized_gguf(tmp_path / "q.gguf", make_model(), tokenizer_json, "Q4_1")
+    plain, kept = load_pretrained(path).model, load_pretrained(path, keep_quantized=True).model
+    prompt = torch.randint(plain.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        reference = StaticDecoder(plain, KVCache.allocate(plain.config, 1, 32), compile=False)
+        compiled = StaticDecoder(kept, KVCache.allocate(kept.config, 1, 32), compile=True)
+        expected, got = reference.prefill(prompt), compiled.prefill(prompt)
+        diffs = [(expected - got).abs().max().item()]
+        for token in torch.randint(
+            plain.config.vocab_size, (16,), generator=torch.Generator().manual_seed(3)
+        ):
+            expected, got = reference.decode(token[None]), compiled.decode(token[None])
+            diffs.append((expected - got).abs().max().item())
+        assert got.std() > 0.5 and max(diffs) <= 1e-4, diffs
+        tokens = generate(plain, prompt, 16, temperature=0)
+        assert torch.equal(generate(kept, prompt, 16, temperature=0, compile=True), tokens)
+        assert torch.equal(generate(kept, prompt, 16, temperature=0), tokens)
+
+
+def test_generate_keep_quantized_prints_the_same_text(make_model, tokenizer_json, tmp_path, capsys):
+    path = str(quantized_gguf(tmp_path / "q.gguf", make_model(), tokenizer_json, "Q8_0"))
+    argv = ["--checkpoint", path, "--prompt", "the cat", "--temperature", "0", "--max_new_tokens", "12"]
+    code, plain, err = run_generate(capsys, *argv)
+    assert code == 0, err
+    code, kept, err = run_generate(capsys, *argv, "--keep_quantized")
+    assert code == 0, err
+    assert kept == plain and len(plain) > len("the cat") + 5
+
+
+def test_what_cannot_be_kept_is_one_line(make_model, tokenizer_json, tmp_path, capsys):
+    model = make_model()
+    f32 = export_gguf(model, tokenizer_json, tmp_path / "f32.gguf")  # no blocks: float32 layers stay
+    assert not any(
+        isinstance(m, QuantizedLinear) for m in load_pretrained(f32, keep_quantized=True).model.modules()
+    )
+    with pytest.raises(PretrainedError, match="keep_quantized computes in float32") as error:
+        load_pretrained(f32, dtype=torch.bfloat16, keep_quantized=True)
+    assert "\n" not in str(error.value)
+    folder = export_hf(model, tokenizer_json, tmp_path / "hf")
+    code, out, err = run_generate(capsys, "--checkpoint", str(folder), "--prompt", "x", "--keep_quantized")
+    assert code != 0 and out == ""
+    assert "keep_quantized needs a .gguf file" in err and len(err.strip().splitlines()) == 1
