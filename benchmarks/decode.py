@@ -106,8 +106,11 @@ def read_bandwidth(device: torch.device, megabytes: int = 512) -> float:
 
 
 def bytes_per_token(model: GPT, context: int, batch: int = 1) -> int:
-    """Bytes one decode step reads: every weight once (a tied embedding once) plus the keys/values in use."""
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    """Bytes one decode step reads: every weight once (a tied embedding once, an untied one a row) plus the
+    keys/values in use. Weights kept in GGUF blocks (model.quantized) count as stored."""
+    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    if getattr(model.lm_head, "weight", None) is not model.wte.weight:  # each step looks up one row
+        weights -= model.wte.weight[1:].numel() * model.wte.weight.element_size()
     c = model.config
     cache = (
         2 * c.n_layer * batch * c.n_kv_head * context * c.head_dim * next(model.parameters()).element_size()

@@ -151,11 +151,20 @@ def probe_seconds(
 
 
 def bench_config(
-    name: str, model: GPT, hf, prompt_len: int, new_tokens: int, repeats: int, compile: bool, llamacpp: dict
+    name: str,
+    model: GPT,
+    hf,
+    prompt_len: int,
+    new_tokens: int,
+    repeats: int,
+    compile: bool,
+    llamacpp: dict,
+    blocks: GPT | None = None,
 ) -> bool:
     """Print one model's tokens/s and MBU for each side and the ratios against transformers' default; return
     whether ours (eager and compiled) and transformers made the same tokens. `llamacpp` maps a side's name to
-    (probe, GGUF path), and transformers' static cache + compile side runs only for a random model."""
+    (probe, GGUF path), and transformers' static cache + compile side runs only for a random model. `blocks`,
+    the same model with its GGUF matrices kept in their blocks, adds a compiled side that reads those."""
     from transformers.generation import CompileConfig
 
     config = model.config
@@ -176,6 +185,8 @@ def bench_config(
         runs = {"ours": lambda: generate(model, prompt, n, temperature=0), "transformers": theirs(n)}
         if compile:
             runs["ours compiled"] = lambda: generate(model, prompt, n, temperature=0, compile=True)
+            if blocks is not None:
+                runs["ours Q4_1 compiled"] = lambda: generate(blocks, prompt, n, temperature=0, compile=True)
             if name != "smollm2":
                 runs["hf static+compile"] = theirs(
                     n, cache_implementation="static", compile_config=compile_config
@@ -206,7 +217,11 @@ def bench_config(
         seconds = alternate_medians(runs, repeats)
     names = [*sides(1), *llamacpp]
     same = {side: torch.equal(outputs[(side, new_tokens)], outputs[("ours", new_tokens)]) for side in names}
-    report(name, model, prompt_len, new_tokens, seconds, max(readings), names, same)
+    context = prompt_len + new_tokens // 2
+    per_token = {side: bytes_per_token(model, context) for side in names}
+    if blocks is not None:
+        per_token["ours Q4_1 compiled"] = bytes_per_token(blocks, context)
+    report(name, model, prompt_len, new_tokens, seconds, max(readings), names, same, per_token)
     return all(same[side] for side in sides(1))
 
 
@@ -219,13 +234,14 @@ def report(
     bandwidth: float,
     names: list,
     same: dict,
+    per_token: dict,
 ) -> None:
-    """Print the rows of one config: tok/s end to end and decoding alone, ratios, MBU, same tokens as ours."""
+    """Print the rows of one config: tok/s end to end and decoding alone, ratios, MBU (of each side's bytes a
+    token), same tokens as ours."""
     config = model.config
-    per_token = bytes_per_token(model, prompt_len + new_tokens // 2)
     print(
         f"{name}: {config.n_layer}L {config.n_embd}C {config.n_head}H/{config.n_kv_head}kv V={config.vocab_size} "
-        f"{model.num_params() / 1e6:.1f}M, prompt {prompt_len}, {new_tokens} new, {per_token / 1e6:.0f} MB read "
+        f"{model.num_params() / 1e6:.1f}M, prompt {prompt_len}, {new_tokens} new, {per_token['ours'] / 1e6:.0f} MB read "
         f"per token, read bandwidth {bandwidth / 1e9:.1f} GB/s, load average {os.getloadavg()[0]:.1f}"
     )
     total = {side: seconds[(side, new_tokens)] for side in names}
@@ -235,7 +251,7 @@ def report(
         print(
             f"  {side:<18} {tps:8.2f} tok/s {total['transformers'] / total[side]:5.2f}x transformers | prefill "
             f"{1000 * seconds[(side, 1)]:7.1f} ms | decode {decode[side]:7.2f} tok/s "
-            f"{decode[side] / decode['transformers']:5.2f}x, MBU {per_token * decode[side] / bandwidth:6.1%} | "
+            f"{decode[side] / decode['transformers']:5.2f}x, MBU {per_token[side] * decode[side] / bandwidth:6.1%} | "
             f"same tokens as ours: {same[side]}"
         )
     best = max((side for side in total if side.startswith("ours")), key=lambda side: decode[side])
@@ -252,6 +268,9 @@ def run_config(name: str, args: argparse.Namespace) -> bool:
         model, hf, _ = random_pair(CONFIGS[name])
         return bench_config(name, model, hf, prompt_len, new_tokens, args.repeats, compile, {})
     model, hf, tokenizer_json, shipped = smollm2_pair()
+    from interop import load_pretrained
+
+    blocks = load_pretrained(shipped, keep_quantized=True).model if compile else None
     probe = llamacpp_probe()
     if probe is None:
         print("  llama.cpp: skipped, its probe is not built (tools/llamacpp/build.sh builds it, minutes)")
@@ -263,7 +282,7 @@ def run_config(name: str, args: argparse.Namespace) -> bool:
             f32 = export_gguf(model, ids_only_tokenizer_json(tokenizer_json), Path(tmp) / "smollm2-f32.gguf")
             llamacpp = {"llama.cpp Q4_1": (probe, shipped), "llama.cpp f32": (probe, f32)}
             llamacpp = {side: files for side, files in llamacpp.items() if probe_runs(side, *files)}
-        return bench_config(name, model, hf, prompt_len, new_tokens, args.repeats, compile, llamacpp)
+        return bench_config(name, model, hf, prompt_len, new_tokens, args.repeats, compile, llamacpp, blocks)
 
 
 def main() -> None:
