@@ -212,6 +212,9 @@ def run(args: argparse.Namespace) -> None:
                             with_recompute=args.no_cache)  # fmt: skip
         return
     stream = TextStream(tokenizer) if args.num_samples == 1 else None
+    if args.compile and device.type == "cpu":  # the first token waits for the compile, with no output
+        cost = "minutes the first time" if args.keep_quantized else "tens of seconds"
+        print(f"note: --compile builds the decode step before the first new token ({cost})", file=sys.stderr)
     try:
         print(echo if stream else "", end="", flush=True)  # inside: a Ctrl-C may land right after it
         out = generate(model, batch, args.max_new_tokens, sampler=sampler, eos_id=eos_id, on_token=stream,

@@ -66,10 +66,10 @@ class QuantizedLinear(nn.Module):
     def dequantize(self) -> torch.Tensor:
         """The float32 weight (out, in)."""
         codes = torch.stack([self.code(i) for i in range(32 // self.bits)], dim=2)  # (nb, bits, k, out)
-        weight = codes.reshape(-1, BLOCK, self.out_features) * self.scale[:, None]
-        if self.minimum is not None:
-            weight = weight + self.minimum[:, None]
-        return weight.reshape(self.in_features, self.out_features).t()
+        weight = codes.view(-1, BLOCK, self.out_features).mul_(self.scale[:, None])  # in place: a prefill
+        if self.minimum is not None:  # dequantises every matrix, so each pass over them counts
+            weight.add_(self.minimum[:, None])
+        return weight.view(self.in_features, self.out_features).t()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[:-1].numel() != 1:

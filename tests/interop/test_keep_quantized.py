@@ -96,14 +96,16 @@ def test_the_compiled_step_reads_the_blocks_with_the_same_logits(make_model, tok
         assert torch.equal(generate(kept, prompt, 16, temperature=0), tokens)
 
 
-def test_generate_keep_quantized_prints_the_same_text(make_model, tokenizer_json, tmp_path, capsys):
+def test_generate_keep_quantized_compiled_prints_the_same_text(make_model, tokenizer_json, tmp_path, capsys):
     path = str(quantized_gguf(tmp_path / "q.gguf", make_model(), tokenizer_json, "Q8_0"))
     argv = ["--checkpoint", path, "--prompt", "the cat", "--temperature", "0", "--max_new_tokens", "12"]
     code, plain, err = run_generate(capsys, *argv)
     assert code == 0, err
-    code, kept, err = run_generate(capsys, *argv, "--keep_quantized")
+    code, kept, err = run_generate(capsys, *argv, "--keep_quantized", "--compile")
     assert code == 0, err
     assert kept == plain and len(plain) > len("the cat") + 5
+    assert "note: 9 of 9 linear layers kept in their GGUF blocks" in err  # 2 x (qkv, o, gate_up, down) + head
+    assert "note: --compile builds the decode step" in err
 
 
 def test_what_cannot_be_kept_is_one_line(make_model, tokenizer_json, tmp_path, capsys):
