@@ -185,6 +185,9 @@ def run(args: argparse.Namespace) -> None:
     model, tokenizer = loaded.model, loaded.tokenizer
     if args.keep_quantized:
         note_kept_blocks(model)
+        if not args.compile or args.num_samples > 1 or args.no_cache or args.draft or args.prompt_lookup:
+            print("note: only --compile with one sample reads the blocks directly; this run dequantises every "
+                  "matrix at each step, slower than without --keep_quantized", file=sys.stderr)  # fmt: skip
     if args.chat:  # before any note about sampling
         require_chat_template(tokenizer, args.checkpoint)
     folder = loaded.source.path if loaded.source.kind in ("hf_folder", "hub") else None

@@ -163,7 +163,7 @@ def bench_config(
     blocks: GPT | None = None,
 ) -> bool:
     """Print one model's tokens/s and MBU for each side and the ratios against transformers' default; return
-    whether ours (eager and compiled) and transformers made the same tokens. `llamacpp` maps a side's name to
+    whether ours (eager, compiled, from the blocks) and transformers made the same tokens. `llamacpp` maps a side's name to
     (probe, GGUF path), and transformers' static cache + compile side runs only for a random model. `blocks`,
     the same model with its GGUF matrices kept in their blocks, adds a compiled side that reads those."""
     from transformers.generation import CompileConfig

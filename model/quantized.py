@@ -1,13 +1,13 @@
 """Linear layers whose weights stay in blocks of 32 codes, as a GGUF file stores them (Q4_0, Q4_1, Q8_0).
 
 Weight j of block b is `scale[b] * code[j] + minimum[b]`, computed in float32: the very value the `gguf`
-package's dequantisation gives (and so the weights transformers runs). A 4-bit weight takes ~5 bits with its
-block's scale and minimum, against 32 for float32: SmolLM2-135M's matrices shrink from 540 MB to 98 MB, and a
-decode step, which reads every weight once, reads that much less (`python -m benchmarks.decode_vs_hf --configs
-smollm2`). The codes are packed into int32 words (eight 4-bit or four 8-bit codes) laid out (block, word,
+package's dequantisation gives (and so the weights transformers runs). A 4-bit weight takes 6 bits with its
+block's float32 scale and minimum, against 32 for float32: SmolLM2-135M's matrices (its output layer
+included) shrink from 540 MB to 111 MB, and a decode step, which reads every weight once, reads that much less
+(`python -m benchmarks.decode_vs_hf --configs smollm2`). The codes are packed into int32 words (eight 4-bit or four 8-bit codes) laid out (block, word,
 output): a one-row product is then a sum over blocks and words that reads each word once and is vectorised
-across outputs, which Inductor fuses inside the compiled decode step. More rows dequantise the whole matrix and
-keep the matrix product.
+across outputs, which Inductor fuses inside the compiled decode step. More rows (a prefill, several samples, a
+speculative check) dequantise the whole matrix at every call and keep the matrix product.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     out, inp = codes.shape
     per_word = 32 // bits
     fields = (codes.to(torch.int64) & ((1 << bits) - 1)).view(out, inp // BLOCK, bits, per_word)
-    words = (fields << (bits * torch.arange(per_word))).sum(-1)  # (out, nb, bits) in [0, 2^32)
+    words = (fields << (bits * torch.arange(per_word, device=codes.device))).sum(
+        -1
+    )  # (out, nb, bits) in [0, 2^32)
     words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
     return words.permute(1, 2, 0).contiguous()
 
@@ -56,6 +58,15 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("words", pack_codes(codes, bits))
         self.register_buffer("scale", scale.t().contiguous().float())  # (nb, out)
         self.register_buffer("minimum", None if minimum is None else minimum.t().contiguous().float())
+
+    def _apply(self, fn, recurse=True):
+        if (
+            fn(torch.zeros(1, device=self.words.device)).dtype != torch.float32
+        ):  # .half(), .to(torch.bfloat16)
+            raise TypeError(
+                "QuantizedLinear computes in float32: rounding its scales would change the weights"
+            )
+        return super()._apply(fn, recurse)
 
     def code(self, i: int) -> torch.Tensor:
         """Float codes (nb, bits, out) of field i of every word: input i of each group of 32 / bits."""

@@ -73,11 +73,16 @@ def test_a_quantized_file_keeps_its_blocks_with_the_same_logits(
     idx = torch.randint(plain.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ours, theirs = kept(idx), plain(idx)
+        one, one_plain = kept(idx[:1, :1]), plain(idx[:1, :1])  # one row: the sums over blocks
     assert ours.std() > 0.5 and (ours - theirs).abs().max().item() <= 1e-4
+    assert (one - one_plain).abs().max().item() <= 1e-4
 
 
-def test_the_compiled_step_reads_the_blocks_with_the_same_logits(make_model, tokenizer_json, tmp_path):
-    path = quantized_gguf(tmp_path / "q.gguf", make_model(), tokenizer_json, "Q4_1")
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
+def test_the_compiled_step_reads_the_blocks_with_the_same_logits(
+    make_model, tokenizer_json, tmp_path, type_name
+):
+    path = quantized_gguf(tmp_path / "q.gguf", make_model(), tokenizer_json, type_name)
     plain, kept = load_pretrained(path).model, load_pretrained(path, keep_quantized=True).model
     prompt = torch.randint(plain.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
@@ -105,7 +110,9 @@ def test_generate_keep_quantized_compiled_prints_the_same_text(make_model, token
     assert code == 0, err
     assert kept == plain and len(plain) > len("the cat") + 5
     assert "note: 9 of 9 linear layers kept in their GGUF blocks" in err  # 2 x (qkv, o, gate_up, down) + head
-    assert "note: --compile builds the decode step" in err
+    assert "note: --compile builds the decode step" in err and "only --compile with one sample" not in err
+    code, eager, err = run_generate(capsys, *argv, "--keep_quantized")
+    assert code == 0 and eager == plain and "only --compile with one sample reads the blocks directly" in err
 
 
 def test_what_cannot_be_kept_is_one_line(make_model, tokenizer_json, tmp_path, capsys):
@@ -117,6 +124,12 @@ def test_what_cannot_be_kept_is_one_line(make_model, tokenizer_json, tmp_path, c
     with pytest.raises(PretrainedError, match="keep_quantized computes in float32") as error:
         load_pretrained(f32, dtype=torch.bfloat16, keep_quantized=True)
     assert "\n" not in str(error.value)
+    q8 = load_pretrained(
+        quantized_gguf(tmp_path / "q.gguf", model, tokenizer_json, "Q8_0"), keep_quantized=True
+    )
+    with pytest.raises(TypeError, match="rounding its scales would change the weights"):
+        q8.model.half()
+    assert q8.model.lm_head.scale.dtype == torch.float32
     folder = export_hf(model, tokenizer_json, tmp_path / "hf")
     code, out, err = run_generate(capsys, "--checkpoint", str(folder), "--prompt", "x", "--keep_quantized")
     assert code != 0 and out == ""
