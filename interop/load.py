@@ -51,7 +51,7 @@ def load_pretrained(
     """Our GPT and tokenizer for any model name (see interop.source); `dtype` None keeps the stored one.
 
     `keep_quantized` (a .gguf file, float32): matrices stored as Q4_0, Q4_1 or Q8_0 stay in their blocks
-    (model.quantized.QuantizedLinear), the same weights in ~5x less memory, read directly by the compiled step.
+    (model.quantized.QuantizedLinear): the same weights, ~5x smaller, read directly by the compiled step.
     """
     if keep_quantized and dtype not in (None, torch.float32):
         raise PretrainedError(f"keep_quantized computes in float32; drop the dtype {dtype} or keep_quantized")

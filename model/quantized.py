@@ -4,9 +4,9 @@ Weight j of block b is `scale[b] * code[j] + minimum[b]`, computed in float32: t
 package's dequantisation gives (and so the weights transformers runs). A 4-bit weight takes 6 bits with its
 block's float32 scale and minimum, against 32 for float32: SmolLM2-135M's matrices (its output layer
 included) shrink from 540 MB to 111 MB, and a decode step, which reads every weight once, reads that much less
-(`python -m benchmarks.decode_vs_hf --configs smollm2`). The codes are packed into int32 words (eight 4-bit or four 8-bit codes) laid out (block, word,
-output): a one-row product is then a sum over blocks and words that reads each word once and is vectorised
-across outputs, which Inductor fuses inside the compiled decode step. More rows (a prefill, several samples, a
+(`python -m benchmarks.decode_vs_hf --configs smollm2`). The codes are packed into int32 words (eight 4-bit or
+four 8-bit codes) laid out (block, word, output): a one-row product is then a sum over blocks and words that
+reads each word once and is vectorised across outputs, which Inductor fuses inside the compiled decode step. More rows (a prefill, several samples, a
 speculative check) dequantise the whole matrix at every call and keep the matrix product.
 """
 
@@ -25,9 +25,8 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     out, inp = codes.shape
     per_word = 32 // bits
     fields = (codes.to(torch.int64) & ((1 << bits) - 1)).view(out, inp // BLOCK, bits, per_word)
-    words = (fields << (bits * torch.arange(per_word, device=codes.device))).sum(
-        -1
-    )  # (out, nb, bits) in [0, 2^32)
+    shifts = bits * torch.arange(per_word, device=codes.device)
+    words = (fields << shifts).sum(-1)  # (out, nb, bits), in [0, 2^32)
     words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
     return words.permute(1, 2, 0).contiguous()
 
@@ -60,9 +59,8 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("minimum", None if minimum is None else minimum.t().contiguous().float())
 
     def _apply(self, fn, recurse=True):
-        if (
-            fn(torch.zeros(1, device=self.words.device)).dtype != torch.float32
-        ):  # .half(), .to(torch.bfloat16)
+        converts_to = fn(torch.zeros(1, device=self.words.device)).dtype  # .half(), .to(torch.bfloat16)
+        if converts_to != torch.float32:
             raise TypeError(
                 "QuantizedLinear computes in float32: rounding its scales would change the weights"
             )
