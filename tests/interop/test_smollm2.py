@@ -89,14 +89,14 @@ def test_missing_package_fails_in_ci(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def story_greedy(both) -> str:
-    """transformers' greedy 48 tokens after STORY, as text."""
+def story_greedy(both) -> list[int]:
+    """transformers' greedy 48 token ids after STORY."""
     _, theirs, tokenizer = both
     ids = tokenizer(STORY, return_tensors="pt").input_ids
     with torch.no_grad():
         expected = theirs.generate(ids, max_new_tokens=48, do_sample=False)[0, ids.shape[1] :]
     assert len(expected) == 48 and len(set(expected.tolist())) >= 10  # a real continuation, no early stop
-    return tokenizer.decode(expected, skip_special_tokens=False)
+    return expected.tolist()
 
 
 @pytest.mark.slow
@@ -106,17 +106,18 @@ def test_generate_greedy_text_equals_transformers_for_48_tokens(both, story_gree
                                   "--temperature", "0", "--max_new_tokens", "48", "--no_echo")  # fmt: skip
     print(f"SmolLM2 greedy 48 tokens: {out!r}", file=sys.stderr)
     assert code == 0, err
-    assert out.rstrip("\n") == story_greedy
+    assert out.rstrip("\n") == both[2].decode(story_greedy, skip_special_tokens=False)
 
 
 @pytest.mark.slow
-def test_kept_q4_1_blocks_give_transformers_greedy_text(story_greedy, capsys):
+def test_kept_q4_1_blocks_give_transformers_greedy_text(both, story_greedy, capsys):
+    # 16 tokens: an eager step from the blocks takes ~0.3 s (the compiled one is benchmarked, not tested here)
     code, out, err = run_generate(capsys, "--checkpoint", str(smollm2_file()), "--prompt", STORY, "--temperature",
-                                  "0", "--max_new_tokens", "48", "--no_echo", "--keep_quantized")  # fmt: skip
+                                  "0", "--max_new_tokens", "16", "--no_echo", "--keep_quantized")  # fmt: skip
     assert code == 0, err
     # 30 x (qkv, o, gate_up, down) + lm_head
     assert "121 of 121 linear layers kept in their GGUF blocks" in err
-    assert out.rstrip("\n") == story_greedy
+    assert out.rstrip("\n") == both[2].decode(story_greedy[:16], skip_special_tokens=False)
 
 
 @pytest.mark.slow
