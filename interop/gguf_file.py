@@ -53,6 +53,15 @@ def _as_written(value: float) -> float:
     return float(str(np.float32(value)))
 
 
+def rotate_half_rows(name: str, rows: torch.Tensor, n_head: int, n_kv_head: int) -> torch.Tensor:
+    """The rows of tensor `name` (HF name) in rotate-half order: llama.cpp stores q/k with adjacent RoPE pairs."""
+    if name.endswith("q_proj.weight"):
+        return from_interleaved_rope(rows, n_head)
+    if name.endswith("k_proj.weight"):
+        return from_interleaved_rope(rows, n_kv_head)
+    return rows
+
+
 class GGUFFile:
     """One GGUF file opened for reading (memory-mapped: only what is asked for is read)."""
 
@@ -128,11 +137,7 @@ class GGUFFile:
             shape = [int(n) for n in reversed(tensor.shape)]  # GGUF lists the fastest-varying dimension first
             # A copy: F32 tensors are read-only views of the memory-mapped file.
             weight = torch.from_numpy(np.require(array, np.float32, ["C", "W"]).reshape(shape))
-            if name.endswith("q_proj.weight"):
-                weight = from_interleaved_rope(weight, n_head)
-            elif name.endswith("k_proj.weight"):
-                weight = from_interleaved_rope(weight, n_kv_head)
-            tensors[name] = weight
+            tensors[name] = rotate_half_rows(name, weight, n_head, n_kv_head)
         return tensors
 
     def hf_blocks(self, n_head: int, n_kv_head: int) -> dict[str, Blocks]:
@@ -144,11 +149,9 @@ class GGUFFile:
             if matrix is None:
                 continue
             name = self._hf_name(tensor.name)
-            if name.endswith("q_proj.weight"):
-                matrix = matrix.rows(lambda rows: from_interleaved_rope(rows, n_head))
-            elif name.endswith("k_proj.weight"):
-                matrix = matrix.rows(lambda rows: from_interleaved_rope(rows, n_kv_head))
-            blocks[name] = matrix
+            blocks[name] = matrix.rows(
+                lambda rows, name=name: rotate_half_rows(name, rows, n_head, n_kv_head)
+            )
         return blocks
 
     def _hf_name(self, name: str) -> str:
