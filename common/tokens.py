@@ -1,4 +1,4 @@
-"""The special token that the tokenizer (data/) and the exports (model/) must agree on, and the tokenizer string.
+"""The special token the tokenizer (data/) and the exports (interop/) agree on, and the tokenizer string.
 
 A tokenizer string (what `data.Tokenizer.to_json` returns and a checkpoint embeds) is either a plain `tokenizers`
 JSON (our own BPE) or a wrapper object `{WRAPPER_KEY: {"tokenizer": <tokenizers JSON>, "rules": {...}}}` for a
@@ -23,9 +23,3 @@ def split_tokenizer_json(text: str) -> tuple[str, dict | None]:
         inner = spec[WRAPPER_KEY]
         return json.dumps(inner["tokenizer"], ensure_ascii=False), dict(inner["rules"])
     return text, None
-
-
-def added_tokens(tokenizer_json: str) -> dict[str, dict]:
-    """The added (special) tokens of a tokenizer string by their text: its documented `added_tokens` list."""
-    backend_json, _ = split_tokenizer_json(tokenizer_json)
-    return {token["content"]: token for token in json.loads(backend_json).get("added_tokens", [])}

@@ -16,11 +16,13 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 
 from common.errors import UserError, first_line
+from common.model_files import check_ids, check_types, read_json_object
 from common.tokens import split_tokenizer_json
 from data.tokenizer import Tokenizer, TokenRules
 
-# Token types of a GGUF vocabulary (gguf.TokenType): control tokens are special, user-defined ones are added.
-GGUF_CONTROL, GGUF_USER_DEFINED = 3, 4
+# Token types of a GGUF vocabulary (gguf.TokenType): control tokens are special, user-defined ones are added,
+# unused ones pad the vocabulary to the embedding's rows.
+GGUF_NORMAL, GGUF_CONTROL, GGUF_USER_DEFINED, GGUF_UNUSED = 1, 3, 4, 5
 # llama.cpp's pre-tokenizer names for byte-level BPE vocabularies we can rebuild exactly: GPT-2's split regex,
 # and SmolLM's, which first isolates every digit (as its tokenizer.json's Digits(individual_digits) does).
 GGUF_PRE_TOKENIZERS = ("gpt-2", "default", "smollm")
@@ -38,7 +40,10 @@ def tokenizer_from_hf_folder(folder: Path) -> Tokenizer:
     except Exception as err:  # tokenizers raises bare Exception subclasses for malformed files
         raise UserError(f"{path} is not a tokenizers JSON file: {first_line(err)}") from err
     config = _read_json(folder / "tokenizer_config.json")
-    generation = _read_json(folder / "generation_config.json") or _read_json(folder / "config.json")
+    generation = read_generation_config(folder)
+    if not generation:  # the ids may be in config.json alone
+        generation = _read_json(folder / "config.json")
+        check_ids(generation, folder / "config.json", ("bos_token_id", "eos_token_id"))
     bos_id = _token_id(backend, config.get("bos_token"), generation.get("bos_token_id"))
     add_bos = config.get("add_bos_token")
     if add_bos is None:  # no flag: the post-processor tells, as for Llama 3 (TemplateProcessing adds BOS)
@@ -59,13 +64,29 @@ def same_backend(path: Path, tokenizer: Tokenizer) -> bool:
     return json.loads(backend_json) == json.loads(tokenizer.backend_json)
 
 
+# The generation_config.json fields we read and their types (transformers' GenerationConfig names).
+GENERATION_TYPES = {
+    "do_sample": bool,
+    "temperature": float,
+    "top_k": int,
+    "top_p": float,
+    "min_p": float,
+    "repetition_penalty": float,
+}
+
+
+def read_generation_config(folder: Path) -> dict:
+    """A model folder's generation_config.json ({} without one), every field we read type-checked: sampling
+    defaults (chat.py) and the BOS/EOS ids (the tokenizer) come from this one reader."""
+    path = folder / "generation_config.json"
+    generation = _read_json(path)
+    check_types(generation, path, GENERATION_TYPES, nullable=("top_k", "min_p"))
+    check_ids(generation, path, ("bos_token_id", "eos_token_id", "pad_token_id"))
+    return generation
+
+
 def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise UserError(f"{path} is not valid JSON ({err.msg}, line {err.lineno}); restore the file") from err
+    return read_json_object(path) if path.is_file() else {}
 
 
 def _token_id(backend: BackendTokenizer, token, fallback_id) -> int | None:

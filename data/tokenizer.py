@@ -76,7 +76,8 @@ def _byte_to_char() -> dict[int, str]:
 class Tokenizer:
     """Our byte-level BPE (`<|endoftext|>` separates documents) or a pretrained model's tokenizer and rules.
 
-    Without `rules` the backend must hold `<|endoftext|>`, which then is the only EOS id and no BOS is added.
+    Without `rules` the backend must hold `<|endoftext|>`, which then is the only EOS id, and there is no BOS:
+    our BPE's one rule, which the Hugging Face and GGUF exports write as they find it (docs/interop.md).
     """
 
     def __init__(self, backend: BackendTokenizer, rules: TokenRules | None = None) -> None:
@@ -196,9 +197,12 @@ class Tokenizer:
 
         if self.chat_template is None:
             raise UserError("this model's tokenizer has no chat template; prompt it with plain text instead")
-        names = {"bos_token": self.bos_id, "eos_token": self.eos_id}
-        tokens = {name: self._backend.id_to_token(i) if i is not None else "" for name, i in names.items()}
+        tokens = {"bos_token": self.token_text(self.bos_id) or "", "eos_token": self.token_text(self.eos_id)}
         return render_chat(self.chat_template, messages, add_generation_prompt, **tokens)
+
+    def token_text(self, token_id: int | None) -> str | None:
+        """The vocabulary entry of one id (None for None): how config files name a special token."""
+        return None if token_id is None else self._backend.id_to_token(token_id)
 
     @property
     def vocab_size(self) -> int:

@@ -21,30 +21,21 @@ import torch
 
 from common.errors import UserError, run_command
 from common.files import atomic_path
+from data.tokenizer import Tokenizer
 from model.gpt import GPT
 
 from .export_hf import refuse_existing
+from .gguf_file import import_gguf
 from .gguf_layout import PRE_TOKENIZER, gguf_architecture, gguf_tensors, gguf_vocab, hyperparameters
-from .load import load_pretrained
+from .load import load
 
 GGUFDtype = Literal["f32", "f16", "bf16", "q8_0"]
 GGUF_DTYPES: tuple[GGUFDtype, ...] = ("f32", "f16", "bf16", "q8_0")
 Q8_0_BLOCK = 32  # q8_0 quantises rows in blocks of 32 values
 
 
-def import_gguf() -> ModuleType:
-    """The `gguf` package, or a one-line UserError saying how to install it."""
-    try:
-        import gguf
-    except ImportError as err:
-        raise UserError(
-            'the GGUF export needs the gguf package; install it with pip install -e ".[gguf]"'
-        ) from err
-    return gguf
-
-
 def export_gguf(
-    model: GPT, tokenizer_json: str, out: str | Path, dtype: GGUFDtype = "f32", force: bool = False
+    model: GPT, tokenizer: Tokenizer, out: str | Path, dtype: GGUFDtype = "f32", force: bool = False
 ) -> Path:
     """Write `model` and its tokenizer as a llama.cpp GGUF file at `out` and return its path.
 
@@ -59,7 +50,7 @@ def export_gguf(
     if dtype not in GGUF_DTYPES:
         raise UserError(f"--dtype {dtype!r} is not one of {', '.join(GGUF_DTYPES)}")
     architecture = gguf_architecture(model.config)  # before writing anything: an unsupported mix is refused
-    vocab = gguf_vocab(tokenizer_json, model.config.vocab_size)
+    vocab = gguf_vocab(tokenizer, model.config.vocab_size)
     with atomic_path(out) as tmp:
         writer = gguf.GGUFWriter(tmp, architecture)
         write_metadata(gguf, writer, model, vocab, dtype, name=out.stem)
@@ -91,8 +82,7 @@ def write_metadata(gguf: ModuleType, writer, model: GPT, vocab, dtype: GGUFDtype
     writer.add_token_list(vocab.tokens)
     writer.add_token_types(vocab.token_types)
     writer.add_token_merges(vocab.merges)
-    # Our BPE: training puts <|endoftext|> between documents, so it is both where a text starts and ends, and
-    # our prompts carry no BOS (llama.cpp must not prepend one). A pretrained model keeps its own rule.
+    # The tokenizer's own rule (data/tokenizer.py): our BPE has no BOS, and llama.cpp must not prepend one.
     if vocab.bos_id is not None:
         writer.add_bos_token_id(vocab.bos_id)
     writer.add_eos_token_id(vocab.eos_id)
@@ -137,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import_gguf()  # before reading a possibly large checkpoint
     refuse_existing(Path(args.out).expanduser(), args.force, file=True)
-    loaded = load_pretrained(args.checkpoint, args.revision)  # a bad name is a UserError: one line, exit 2
-    out = export_gguf(loaded.model, loaded.tokenizer.to_json(), args.out, dtype=args.dtype, force=args.force)
+    loaded = load(args.checkpoint, args.revision)  # a bad name is a UserError: one line, exit 2
+    out = export_gguf(loaded.model, loaded.tokenizer, args.out, dtype=args.dtype, force=args.force)
     print(
         f'exported {loaded.source} -> {out} ({args.dtype}); run it with: llama-completion -m {out} -no-cnv -p "..."'
     )

@@ -14,17 +14,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from model import GPT, ModelConfig
+from model import GPT
 from model.quantized import QuantizedLinear
 
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
-# Our fused linear layers of a block and the Hugging Face matrices stacked (by rows) into each.
-FUSED = {
-    "attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    "attn.proj": ("self_attn.o_proj",),
-    "mlp.gate_up": ("mlp.gate_proj", "mlp.up_proj"),
-    "mlp.down": ("mlp.down_proj",),
-}
 
 
 class Blocks(NamedTuple):
@@ -72,20 +65,19 @@ def stacked(parts: list[Blocks | None]) -> Blocks | None:
     )
 
 
+def linear_weights(model: GPT) -> list[str]:
+    """Our names of the weights of the model's linear layers (a tied lm_head reads the embedding's)."""
+    names = [
+        f"{name}.weight" for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)
+    ]
+    return ["wte.weight" if n == "lm_head.weight" and model.config.tie_embeddings else n for n in names]
+
+
 def keep_blocks(model: GPT, blocks: dict[str, Blocks]) -> None:
-    """Replace the model's linear layers whose Hugging Face matrices are all in `blocks` (HF names, q/k rows
-    already in rotate-half order) by `QuantizedLinear`s; a layer fused from matrices of mixed types stays."""
-    config: ModelConfig = model.config
-    wanted = {}
-    for i in range(config.n_layer):
-        for ours, theirs in FUSED.items():
-            wanted[f"blocks.{i}.{ours}"] = [blocks.get(f"model.layers.{i}.{t}.weight") for t in theirs]
-    head = "model.embed_tokens.weight" if config.tie_embeddings else "lm_head.weight"
-    wanted["lm_head"] = [blocks.get(head)]  # the embedding stays float32: a step reads only its token's row
-    for name, parts in wanted.items():
-        matrix = stacked(parts)
-        if matrix is None:
-            continue
-        parent, _, child = name.rpartition(".")
+    """Replace the linear layers whose weight is in `blocks` (our names, rows in rotate-half order) by
+    `QuantizedLinear`s; the embedding itself stays float32, as a step reads only its token's row."""
+    for name, matrix in blocks.items():
+        layer = "lm_head" if name == "wte.weight" else name.removesuffix(".weight")
+        parent, _, child = layer.rpartition(".")
         module = model.get_submodule(parent) if parent else model
         setattr(module, child, QuantizedLinear(matrix.codes, matrix.scale, matrix.minimum, matrix.bits))

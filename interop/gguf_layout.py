@@ -4,11 +4,7 @@ Torch and the standard library only; interop/export_gguf.py hands these to the `
 follows the options: `llama` by default (with Llama 3's RoPE scaling as its `rope_freqs` tensor), `qwen2` for
 q/k/v biases, `qwen3` for per-head q/k RMSNorm; other combinations are refused in one line.
 
-RoPE layout: our RoPE is rotate-half (Hugging Face Llama), pairing dimension i of a head with i + D/2. llama.cpp's
-`llama` architecture rotates adjacent pairs (2i, 2i + 1), the layout of Meta's original checkpoints. Both use
-frequency theta^(-2i/D) for pair i, so moving row i + D/2 next to row i in every q and k head makes the two
-compute the same attention; v and the output projection do not meet RoPE and map over as they are. llama.cpp's
-`qwen2` and `qwen3` rotate halves as we do, so their rows map over unpermuted.
+The tensor names and which q/k rows `llama` interleaves are interop/names.py's table.
 """
 
 from __future__ import annotations
@@ -18,33 +14,25 @@ import json
 import torch
 
 from common.errors import UserError
-from common.tokens import EOS_TOKEN, added_tokens, split_tokenizer_json
-from data.pretrained_tokenizer import GGUFVocabulary
+from data.pretrained_tokenizer import (
+    GGUF_CONTROL,
+    GGUF_NORMAL,
+    GGUF_UNUSED,
+    GGUF_USER_DEFINED,
+    GGUFVocabulary,
+)
+from data.tokenizer import Tokenizer
 from model.config import ModelConfig
 from model.gpt import GPT
 from model.rope import inverse_frequencies
+
+from .names import to_format
 
 ARCHITECTURE = "llama"
 """The architecture of a model without options, as every GGUF we wrote before the options existed."""
 # llama.cpp's name for the GPT-2 split regex; tokenizer.json's ByteLevel pre-tokenizer with use_regex=True
 # splits with the same expression.
 PRE_TOKENIZER = "gpt-2"
-# Token types of the GGUF vocabulary (the values of gguf.TokenType).
-NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
-
-
-def to_interleaved_rope(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """q or k projection rows (n_heads * D, C) reordered from rotate-half pairs to adjacent pairs per head."""
-    rows, cols = weight.shape
-    halves = weight.reshape(n_heads, 2, rows // n_heads // 2, cols)  # (H, 2, D/2, C)
-    return halves.transpose(1, 2).reshape(rows, cols)  # (H * D, C), rows i and i + D/2 now adjacent
-
-
-def from_interleaved_rope(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """The inverse of `to_interleaved_rope`: adjacent pairs back to rotate-half rows."""
-    rows, cols = weight.shape
-    pairs = weight.reshape(n_heads, rows // n_heads // 2, 2, cols)  # (H, D/2, 2, C)
-    return pairs.transpose(1, 2).reshape(rows, cols)  # (H * D, C)
 
 
 def gguf_architecture(config: ModelConfig) -> str:
@@ -65,37 +53,10 @@ def gguf_tensors(model: GPT) -> dict[str, torch.Tensor]:
     A tied output projection is left out: llama.cpp uses token_embd.weight when output.weight is absent.
     """
     c = model.config
-    architecture = gguf_architecture(c)
-    sizes = [c.n_head * c.head_dim, c.n_kv_head * c.head_dim, c.n_kv_head * c.head_dim]
-    tensors = {"token_embd.weight": model.wte.weight, "output_norm.weight": model.norm.weight}
+    tensors = to_format(model.state_dict(), c, "gguf", interleave=gguf_architecture(c) == ARCHITECTURE)
     if c.rope_type == "llama3":
         tensors["rope_freqs.weight"] = llama3_freq_factors(c)
-    for i, block in enumerate(model.blocks):
-        attn = block.attn
-        q, k, v = attn.qkv.weight.split(sizes, dim=0)
-        if architecture == ARCHITECTURE:
-            q, k = to_interleaved_rope(q, c.n_head), to_interleaved_rope(k, c.n_kv_head)
-        gate, up = block.mlp.gate_up.weight.chunk(2, dim=0)
-        tensors |= {
-            f"blk.{i}.attn_norm.weight": block.attn_norm.weight,
-            f"blk.{i}.attn_q.weight": q,
-            f"blk.{i}.attn_k.weight": k,
-            f"blk.{i}.attn_v.weight": v,
-            f"blk.{i}.attn_output.weight": attn.proj.weight,
-            f"blk.{i}.ffn_norm.weight": block.mlp_norm.weight,
-            f"blk.{i}.ffn_gate.weight": gate,
-            f"blk.{i}.ffn_up.weight": up,
-            f"blk.{i}.ffn_down.weight": block.mlp.down.weight,
-        }
-        if attn.qkv.bias is not None:
-            for name, bias in zip("qkv", attn.qkv.bias.split(sizes), strict=True):
-                tensors[f"blk.{i}.attn_{name}.bias"] = bias
-        if attn.q_norm is not None and attn.k_norm is not None:
-            tensors[f"blk.{i}.attn_q_norm.weight"] = attn.q_norm.weight
-            tensors[f"blk.{i}.attn_k_norm.weight"] = attn.k_norm.weight
-    if not c.tie_embeddings:
-        tensors["output.weight"] = model.lm_head.weight
-    return {name: t.detach().to("cpu", torch.float32, copy=True).contiguous() for name, t in tensors.items()}
+    return {name: t.to("cpu", torch.float32, copy=True).contiguous() for name, t in tensors.items()}
 
 
 def llama3_freq_factors(config: ModelConfig) -> torch.Tensor:
@@ -124,42 +85,34 @@ def hyperparameters(model: GPT) -> dict[str, int | float]:
     }
 
 
-def gguf_vocab(tokenizer_json: str, vocab_size: int) -> GGUFVocabulary:
-    """Our byte-level BPE as a `gpt2` GGUF vocabulary of exactly `vocab_size` rows.
+def gguf_vocab(tokenizer: Tokenizer, vocab_size: int) -> GGUFVocabulary:
+    """A byte-level BPE tokenizer and its rules as a `gpt2` GGUF vocabulary of exactly `vocab_size` rows.
 
     Rows past the tokenizer's size (a model may hold a larger embedding) become unused padding tokens, as
     llama.cpp needs one token per embedding row. Anything llama.cpp's `gpt-2` tokenizer would split or
     merge differently is a UserError, so no file tokenizes differently from us.
     """
-    backend_json, rules = split_tokenizer_json(tokenizer_json)  # a pretrained model's tokenizer has rules
-    spec = json.loads(backend_json)
+    spec = json.loads(tokenizer.backend_json)
     check_gpt2_compatible(spec)
     vocab: dict[str, int] = dict(spec["model"]["vocab"])
-    added = added_tokens(tokenizer_json)
-    for content, token in added.items():
-        vocab[content] = int(token["id"])
-    if rules is None and EOS_TOKEN not in added:
-        raise UserError(f"tokenizer has no {EOS_TOKEN} special token; retrain it with data.Tokenizer.train")
+    added = {token["content"]: token for token in spec.get("added_tokens", [])}
+    vocab |= {content: int(token["id"]) for content, token in added.items()}
     if len(set(vocab.values())) != len(vocab) or max(vocab.values()) >= vocab_size:
         raise UserError(
             f"tokenizer ids do not fit the model's vocab_size={vocab_size}; the checkpoint is inconsistent"
         )
     tokens = [f"[PAD{i}]" for i in range(vocab_size)]
-    types = [UNUSED] * vocab_size
+    types = [GGUF_UNUSED] * vocab_size
     for content, token_id in vocab.items():
         tokens[token_id] = content
         special = content in added and added[content].get("special", False)
-        types[token_id] = CONTROL if special else USER_DEFINED if content in added else NORMAL
+        types[token_id] = GGUF_CONTROL if special else GGUF_USER_DEFINED if content in added else GGUF_NORMAL
     merges = [
         merge if isinstance(merge, str) else " ".join(merge) for merge in spec["model"].get("merges", [])
     ]
-    if rules is None:  # our BPE: <|endoftext|> separates documents, so it both starts and ends a text
-        return GGUFVocabulary(
-            "gpt2", PRE_TOKENIZER, tokens, types, merges, vocab[EOS_TOKEN], vocab[EOS_TOKEN]
-        )
-    bos_id = rules.get("bos_id")
-    return GGUFVocabulary("gpt2", PRE_TOKENIZER, tokens, types, merges, rules["eos_ids"][0], bos_id,
-                          rules.get("add_bos", False), rules.get("chat_template"))  # fmt: skip
+    rules = tokenizer.rules
+    return GGUFVocabulary("gpt2", PRE_TOKENIZER, tokens, types, merges, rules.eos_ids[0], rules.bos_id,
+                          rules.add_bos, rules.chat_template)  # fmt: skip
 
 
 def check_gpt2_compatible(spec: dict) -> None:

@@ -6,6 +6,7 @@ loading them could run code. `huggingface_hub` honours HF_HUB_OFFLINE, HF_HUB_CA
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from common.errors import first_line
@@ -22,10 +23,17 @@ HUB_FILES = [
     "*.safetensors",
     "model.safetensors.index.json",
 ]
-OFFLINE_FIX = (
-    "it is not in the Hugging Face cache and the Hub cannot be reached; download it once online "
-    "(unset HF_HUB_OFFLINE), point HF_HUB_CACHE at a cache that holds it, or pass a local model folder"
-)
+
+
+def offline_fix() -> str:
+    """The fix for a model neither cached nor downloadable; HF_HUB_OFFLINE is named only when it is set."""
+    offline = (
+        " (unset HF_HUB_OFFLINE)" if os.environ.get("HF_HUB_OFFLINE", "").strip() not in ("", "0") else ""
+    )
+    return (
+        f"it is not in the Hugging Face cache and the Hub cannot be reached; download it once online{offline}, "
+        "point HF_HUB_CACHE at a cache that holds it, or pass a local model folder"
+    )
 
 
 def download_snapshot(repo_id: str, revision: str | None = None) -> Path:
@@ -44,7 +52,7 @@ def download_snapshot(repo_id: str, revision: str | None = None) -> Path:
     try:
         folder = Path(snapshot_download(repo_id, revision=revision, allow_patterns=HUB_FILES))
     except (LocalEntryNotFoundError, OfflineModeIsEnabled) as err:
-        raise PretrainedError(f"Hub model {label}: {OFFLINE_FIX}") from err
+        raise PretrainedError(f"Hub model {label}: {offline_fix()}") from err
     except GatedRepoError as err:
         raise PretrainedError(
             f"Hub model {label} is gated; accept its license on the Hub, then `hf auth login`"

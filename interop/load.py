@@ -1,27 +1,32 @@
-"""One entry point for every command: a model name in, our GPT and its own tokenizer out.
+"""One entry point for every command: a model name in, our GPT, its config or its own tokenizer out.
 
-loaded = load_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct")   # or a folder, .ckpt, run dir, .gguf
+loaded = load("HuggingFaceTB/SmolLM2-135M-Instruct")   # or a folder, .ckpt, run dir, .gguf
 loaded.model, loaded.tokenizer, loaded.source
+read_config(name), read_tokenizer(name)                # no weights read
+
+The kind of source is decided once (interop.source.classify) and picks one `Reader`; nothing else branches on it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from checkpoints.format import load_checkpoint, read_checkpoint
-from common.errors import UserError
+from checkpoints.format import META_KEY, load_checkpoint, read_checkpoint
 from data.pretrained_tokenizer import tokenizer_from_gguf, tokenizer_from_hf_folder
 from data.tokenizer import Tokenizer
+from model.config import ModelConfig
 from model.gpt import GPT
-from model.hf import from_hf_state_dict, load_hf_model, model_config_from_hf
 
-from .gguf_blocks import keep_blocks
+from .gguf_blocks import keep_blocks, linear_weights
 from .gguf_file import GGUFFile
+from .hf_folder import load_hf, read_hf_config
 from .hub import download_snapshot
-from .source import PretrainedError, Source, classify
+from .names import own_tensors
+from .source import DESCRIPTIONS, PretrainedError, Source, classify
 
 
 @dataclass
@@ -33,6 +38,15 @@ class Loaded:
     source: Source
 
 
+@dataclass(frozen=True)
+class Reader:
+    """How one kind of source gives its config, its tokenizer, and its model with the tokenizer."""
+
+    config: Callable[[Path], ModelConfig]
+    tokenizer: Callable[[Path], Tokenizer]
+    model: Callable[[Path, bool], tuple[GPT, Tokenizer]]
+
+
 def resolve(name: str | Path, revision: str | None = None) -> Source:
     """The source behind `name`, a Hub id downloaded (or found in the cache) first."""
     kind, path = classify(name, revision)
@@ -41,7 +55,7 @@ def resolve(name: str | Path, revision: str | None = None) -> Source:
     return Source(kind, path, str(name), revision)
 
 
-def load_pretrained(
+def load(
     name: str | Path,
     revision: str | None = None,
     device: str | torch.device = "cpu",
@@ -58,15 +72,10 @@ def load_pretrained(
     source = resolve(name, revision)
     if keep_quantized and source.kind != "gguf":
         raise PretrainedError(
-            f"{name}: keep_quantized needs a .gguf file (its Q4_0, Q4_1 or Q8_0 blocks); this is a {source.kind}"
+            f"{name}: keep_quantized needs a .gguf file (its Q4_0, Q4_1 or Q8_0 blocks); this is "
+            f"{DESCRIPTIONS[source.kind]}"
         )
-    if source.kind == "checkpoint":
-        checkpoint = load_checkpoint(source.path)
-        model, tokenizer = checkpoint.model, Tokenizer.from_json(checkpoint.tokenizer_json)
-    elif source.kind == "gguf":
-        model, tokenizer = _load_gguf(source.path, keep_quantized)
-    else:
-        model, tokenizer = _load_hf_folder(source.path), tokenizer_from_hf_folder(source.path)
+    model, tokenizer = _reader(source).model(source.path, keep_quantized)
     if tokenizer.vocab_size > model.config.vocab_size:
         raise PretrainedError(
             f"{source.path}: the tokenizer has {tokenizer.vocab_size} ids but the model only "
@@ -75,40 +84,59 @@ def load_pretrained(
     return Loaded(model.to(device=device, dtype=dtype).eval(), tokenizer, source)
 
 
-def load_tokenizer(name: str | Path, revision: str | None = None) -> Tokenizer:
+def read_config(name: str | Path, revision: str | None = None) -> tuple[Source, ModelConfig]:
+    """The source and ModelConfig of a model name; no weights are read."""
+    source = resolve(name, revision)
+    return source, _reader(source).config(source.path)
+
+
+def read_tokenizer(name: str | Path, revision: str | None = None) -> Tokenizer:
     """Only the tokenizer of a model name (no weights are read), e.g. for tokenizing a fine-tuning corpus."""
     source = resolve(name, revision)
-    if source.kind == "checkpoint":
-        checkpoint, _ = read_checkpoint(source.path)
-        return Tokenizer.from_json(checkpoint["gqa_gpt"]["tokenizer_json"])
-    if source.kind == "gguf":
-        return tokenizer_from_gguf(GGUFFile(source.path).vocabulary(), str(source.path))
-    return tokenizer_from_hf_folder(source.path)
+    return _reader(source).tokenizer(source.path)
 
 
-def _load_hf_folder(folder: Path) -> GPT:
-    try:
-        return load_hf_model(folder)
-    except ValueError as err:  # model.hf names the folder and field (its UserErrors are ValueErrors)
-        raise PretrainedError(str(err)) from err
+def _reader(source: Source) -> Reader:
+    return READERS["hf_folder" if source.kind == "hub" else source.kind]  # a Hub id is its snapshot folder
 
 
-def _load_gguf(path: Path, keep_quantized: bool = False) -> tuple[GPT, Tokenizer]:
+def _checkpoint_model(path: Path, keep_quantized: bool) -> tuple[GPT, Tokenizer]:
+    checkpoint = load_checkpoint(path)
+    return checkpoint.model, Tokenizer.from_json(checkpoint.tokenizer_json)
+
+
+def _gguf_model(path: Path, keep_quantized: bool) -> tuple[GPT, Tokenizer]:
     file = GGUFFile(path)
     tokenizer = tokenizer_from_gguf(file.vocabulary(), str(path))
-    try:
-        config = model_config_from_hf(file.hf_config())
-        state = from_hf_state_dict(file.hf_tensors(config.n_head, config.n_kv_head), config)
-    except UserError:
-        raise
-    except ValueError as err:
-        raise PretrainedError(f"{path}: {err}") from err
+    config = file.model_config()
     model = GPT(config)
+    state = file.state_dict(config, list(own_tensors(model.state_dict(), config)))
+    if config.tie_embeddings:
+        state["lm_head.weight"] = state["wte.weight"]
     try:
         model.load_state_dict(state)
     except RuntimeError as err:
         reason = str(err).strip().splitlines()[-1].strip()
         raise PretrainedError(f"{path}: tensor shapes do not match the GGUF metadata ({reason})") from err
     if keep_quantized:
-        keep_blocks(model, file.hf_blocks(config.n_head, config.n_kv_head))
+        keep_blocks(model, file.blocks(config, linear_weights(model)))
     return model, tokenizer
+
+
+READERS = {
+    "checkpoint": Reader(
+        lambda path: ModelConfig(**read_checkpoint(path)[0][META_KEY]["model_config"]),
+        lambda path: Tokenizer.from_json(read_checkpoint(path)[0][META_KEY]["tokenizer_json"]),
+        _checkpoint_model,
+    ),
+    "hf_folder": Reader(
+        read_hf_config,
+        tokenizer_from_hf_folder,
+        lambda path, _: (load_hf(path), tokenizer_from_hf_folder(path)),
+    ),
+    "gguf": Reader(
+        lambda path: GGUFFile(path).model_config(),
+        lambda path: tokenizer_from_gguf(GGUFFile(path).vocabulary(), str(path)),
+        _gguf_model,
+    ),
+}

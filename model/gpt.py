@@ -96,16 +96,6 @@ class GPT(nn.Module):
             x = x[:, -1:]
         return self.lm_head(self.norm(x))  # (B, T, V), or (B, 1, V) with last_only
 
-    @classmethod
-    def from_hf(cls, directory: str) -> GPT:
-        """A GPT in eval mode with the config and weights of a supported Hugging Face folder (a str or Path)."""
-        from .hf_weights import read_hf_folder  # safetensors only when asked; hf_weights never imports gpt.py
-
-        config, state = read_hf_folder(directory, cls)
-        model = cls(config).to(state["wte.weight"].dtype)
-        model.load_state_dict(state)
-        return model.eval()
-
     def num_params(self, include_embedding: bool = True) -> int:
         """Parameter count, a tied embedding counted once."""
         n = sum(p.numel() for p in self.parameters())

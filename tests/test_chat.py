@@ -30,14 +30,14 @@ def chat_llama(transformers, tmp_path):  # noqa: F811
 
 def record_forwards(monkeypatch) -> list[list[int]]:
     """The token ids of every forward of the model generate.py loads, in order."""
-    calls, real_load = [], cli.load_pretrained
+    calls, real_load = [], cli.load
 
     def load(*args, **kwargs):
         loaded = real_load(*args, **kwargs)
         loaded.model.register_forward_pre_hook(lambda _, inputs: calls.append(inputs[0][0].tolist()))
         return loaded
 
-    monkeypatch.setattr(cli, "load_pretrained", load)
+    monkeypatch.setattr(cli, "load", load)
     return calls
 
 
@@ -58,7 +58,7 @@ def test_second_turn_prefills_only_what_the_cache_lacks(chat_llama, capsys, monk
     )
     code, out, err = chat(capsys, monkeypatch, chat_llama, TURNS, "--max_new_tokens", "8")
     assert code == 0, err
-    tokenizer = cli.load_pretrained(chat_llama).tokenizer
+    tokenizer = cli.load(chat_llama).tokenizer
     first = tokenizer.encode(tokenizer.render_chat([{"role": "user", "content": TURNS[0]}]), add_bos=False)
     assert calls[0] == first  # the first turn prefills the whole rendered prompt
     second_at = next(i for i, ids in enumerate(calls) if i > 0 and len(ids) > 1)

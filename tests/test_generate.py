@@ -101,7 +101,7 @@ def test_an_empty_prompt_samples_from_the_end_of_text_token(ckpt, capsys, monkey
 
     monkeypatch.setattr(cli, "generate", spy)
     code, out, err = run_cli(capsys, "--checkpoint", ckpt, "--prompt", "", "--max_new_tokens", "5")
-    eos_id = cli.load_pretrained(ckpt).tokenizer.eos_id
+    eos_id = cli.load(ckpt).tokenizer.eos_id
     assert code == 0 and err == "" and seen["idx"].tolist() == [[eos_id]]
     assert "<|endoftext|>" not in out  # the start token is not printed
 

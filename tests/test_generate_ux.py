@@ -86,7 +86,7 @@ def test_ignore_eos_decodes_past_the_end_of_text_token(ckpt, capsys, monkeypatch
     monkeypatch.setattr(cli, "generate", spy)
     code, _, _ = run_cli(capsys, "--checkpoint", ckpt, "--prompt", "ROMEO:", "--max_new_tokens", "2", *flag)
     assert code == 0
-    eos_ids = cli.load_pretrained(ckpt).tokenizer.eos_ids
+    eos_ids = cli.load(ckpt).tokenizer.eos_ids
     assert seen["eos_id"] == (None if flag else eos_ids) and eos_ids
 
 

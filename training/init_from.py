@@ -9,17 +9,14 @@ once, at the start of a fresh fit (training/lit_gpt.py); a resume restores our c
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from checkpoints.format import META_KEY, read_checkpoint
 from common.errors import UserError
 from data.pretrained_tokenizer import same_backend
 from data.tokenizer import Tokenizer
-from interop import PretrainedError, Source, load_tokenizer, resolve
+from interop import Source, read_config, read_tokenizer
 from model import ModelConfig
-from model.hf_config import model_config_from_hf
 
 # Training choices a fine-tuning run may set; every other ModelConfig field is the pretrained architecture.
 TRAINING_FIELDS = ("dropout", "init_std")
@@ -38,26 +35,8 @@ class Pretrained:
 
 def read_pretrained(name: str, revision: str | None = None) -> Pretrained:
     """The config and tokenizer of any model name interop resolves; weights are not read."""
-    source = resolve(name, revision)
-    return Pretrained(source, pretrained_config(source), load_tokenizer(source.path))
-
-
-def pretrained_config(source: Source) -> ModelConfig:
-    """The ModelConfig stored with a resolved model: our checkpoint's, config.json's or the GGUF metadata's."""
-    if source.kind == "checkpoint":
-        return ModelConfig(**read_checkpoint(source.path)[0][META_KEY]["model_config"])
-    try:
-        if source.kind == "gguf":
-            from interop.gguf_file import GGUFFile
-
-            return model_config_from_hf(GGUFFile(source.path).hf_config())
-        return model_config_from_hf(
-            json.loads((Path(source.path) / "config.json").read_text(encoding="utf-8"))
-        )
-    except PretrainedError:
-        raise
-    except ValueError as err:  # an unsupported architecture: model.hf_config names the key
-        raise PretrainedError(f"{source.path}: {err}") from err
+    source, config = read_config(name, revision)
+    return Pretrained(source, config, read_tokenizer(source.path))
 
 
 def apply_init_from(config, explicit) -> Pretrained | None:

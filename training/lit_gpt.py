@@ -115,10 +115,10 @@ class LitGPT(L.LightningModule):
 
     def load_pretrained_weights(self) -> None:
         """Copy the init_from model's weights into the model (once; configure_model calls it on a fresh fit)."""
-        from interop import load_pretrained
+        from interop import load
 
         hp = self.hparams
-        loaded = load_pretrained(hp.init_from, hp.init_revision, dtype=torch.float32)
+        loaded = load(hp.init_from, hp.init_revision, dtype=torch.float32)
         ours, theirs = (
             replace(c, dropout=0.0, init_std=0.02) for c in (self.model.config, loaded.model.config)
         )

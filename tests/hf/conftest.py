@@ -67,9 +67,9 @@ def tokenizer_json() -> str:
 
 
 @pytest.fixture(scope="session")
-def encode(tokenizer_json: str) -> Callable[[str], list[int]]:
+def encode(tokenizer: str) -> Callable[[str], list[int]]:
     """Our token ids for a text, as training and generate.py produce them."""
-    return Tokenizer.from_json(tokenizer_json).encode
+    return tokenizer.encode
 
 
 @pytest.fixture(scope="session")
@@ -90,3 +90,9 @@ def make_model() -> Callable[..., GPT]:
         return model
 
     return build
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tokenizer_json: str) -> Tokenizer:
+    """The tiny byte-level BPE as our Tokenizer (what the exports take)."""
+    return Tokenizer.from_json(tokenizer_json)

@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import interop.export_gguf as export_module
+import interop.gguf_file as gguf_file
 from common.errors import UserError, run_command
+from data.pretrained_tokenizer import GGUF_CONTROL, GGUF_NORMAL, GGUF_UNUSED
+from data.tokenizer import Tokenizer
 from interop.export_gguf import export_gguf, main
-from interop.gguf_layout import CONTROL, NORMAL, UNUSED, from_interleaved_rope, to_interleaved_rope
+from interop.names import from_interleaved_rope, to_interleaved_rope
 from model.rope import apply_rope, rope_tables
 from tests.hf.test_hf_export_cli import write_checkpoint
 
@@ -56,9 +58,9 @@ def our_state_from_gguf(tensors: dict[str, torch.Tensor], model) -> dict[str, to
 @pytest.mark.parametrize(
     "n_kv_head,tie", [(4, True), (2, True), (1, False)], ids=["mha", "gqa-tied", "mqa-untied"]
 )
-def test_f32_round_trip_gives_back_every_tensor(make_model, tokenizer_json, tmp_path, n_kv_head, tie):
+def test_f32_round_trip_gives_back_every_tensor(make_model, tokenizer, tmp_path, n_kv_head, tie):
     model = make_model(n_kv_head=n_kv_head, tie=tie)
-    tensors, _ = read_gguf(export_gguf(model, tokenizer_json, tmp_path / "m.gguf"))
+    tensors, _ = read_gguf(export_gguf(model, tokenizer, tmp_path / "m.gguf"))
     assert ("output.weight" in tensors) == (not tie)  # llama.cpp reuses token_embd when output is absent
     expected = model.state_dict()
     rebuilt = our_state_from_gguf(tensors, model)
@@ -69,9 +71,9 @@ def test_f32_round_trip_gives_back_every_tensor(make_model, tokenizer_json, tmp_
     assert len(tensors) == n_tensors  # nothing extra, nothing twice
 
 
-def test_metadata_declares_our_shapes_and_tokenizer(make_model, tokenizer_json, tmp_path):
+def test_metadata_declares_our_shapes_and_tokenizer(make_model, tokenizer_json, tokenizer, tmp_path):
     model = make_model(n_kv_head=2, vocab_size=333)  # a larger embedding than the tokenizer's 320 ids
-    _, fields = read_gguf(export_gguf(model, tokenizer_json, tmp_path / "m.gguf"))
+    _, fields = read_gguf(export_gguf(model, tokenizer, tmp_path / "m.gguf"))
     c, spec = model.config, json.loads(tokenizer_json)
     expected = {
         "general.architecture": "llama",
@@ -91,11 +93,16 @@ def test_metadata_declares_our_shapes_and_tokenizer(make_model, tokenizer_json, 
     assert fields["llama.rope.freq_base"] == pytest.approx(c.rope_theta)
     assert fields["llama.attention.layer_norm_rms_epsilon"] == pytest.approx(c.norm_eps)
     eos = next(t["id"] for t in spec["added_tokens"] if t["content"] == "<|endoftext|>")
-    assert fields["tokenizer.ggml.bos_token_id"] == fields["tokenizer.ggml.eos_token_id"] == eos
+    # Our BPE's one rule (data/tokenizer.py): <|endoftext|> ends a text and there is no BOS.
+    assert fields["tokenizer.ggml.eos_token_id"] == eos and "tokenizer.ggml.bos_token_id" not in fields
     tokens, types = fields["tokenizer.ggml.tokens"], fields["tokenizer.ggml.token_type"]
     assert len(tokens) == len(types) == 333
     assert all(tokens[i] == token for token, i in spec["model"]["vocab"].items())
-    assert types[eos] == CONTROL and types[:320].count(NORMAL) == 319 and set(types[320:]) == {UNUSED}
+    assert (
+        types[eos] == GGUF_CONTROL
+        and types[:320].count(GGUF_NORMAL) == 319
+        and set(types[320:]) == {GGUF_UNUSED}
+    )
     merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
     assert fields["tokenizer.ggml.merges"] == merges and len(merges) > 20
 
@@ -129,11 +136,9 @@ def test_permuted_rows_under_interleaved_rope_give_our_attention_scores():
 
 
 @pytest.mark.parametrize("dtype,tolerance", [("f16", 1e-3), ("bf16", 1e-2), ("q8_0", 2e-2)])
-def test_smaller_dtypes_keep_norms_f32_and_weights_close(
-    make_model, tokenizer_json, tmp_path, dtype, tolerance
-):
+def test_smaller_dtypes_keep_norms_f32_and_weights_close(make_model, tokenizer, tmp_path, dtype, tolerance):
     model = make_model()
-    path = export_gguf(model, tokenizer_json, tmp_path / f"m-{dtype}.gguf", dtype=dtype)
+    path = export_gguf(model, tokenizer, tmp_path / f"m-{dtype}.gguf", dtype=dtype)
     kinds = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
     assert kinds["output_norm.weight"] == "F32" and kinds["blk.0.attn_q.weight"] == dtype.upper()
     rebuilt = our_state_from_gguf(read_gguf(path)[0], model)
@@ -141,18 +146,18 @@ def test_smaller_dtypes_keep_norms_f32_and_weights_close(
         torch.testing.assert_close(rebuilt[name], tensor, atol=tolerance * 5, rtol=tolerance, msg=name)
 
 
-def test_refuses_to_overwrite_and_force_replaces(make_model, tokenizer_json, tmp_path):
+def test_refuses_to_overwrite_and_force_replaces(make_model, tokenizer, tmp_path):
     out = tmp_path / "m.gguf"
     out.write_bytes(b"precious")
     with pytest.raises(UserError, match="--force"):
-        export_gguf(make_model(), tokenizer_json, out)
+        export_gguf(make_model(), tokenizer, out)
     assert out.read_bytes() == b"precious"
-    export_gguf(make_model(), tokenizer_json, out, force=True)
+    export_gguf(make_model(), tokenizer, out, force=True)
     assert out.read_bytes()[:4] == b"GGUF"
 
 
 def test_interrupted_export_leaves_the_old_file_and_no_temporary(
-    make_model, tokenizer_json, tmp_path, monkeypatch
+    make_model, tokenizer, tmp_path, monkeypatch
 ):
     out = tmp_path / "m.gguf"
     out.write_bytes(b"old")
@@ -162,7 +167,7 @@ def test_interrupted_export_leaves_the_old_file_and_no_temporary(
 
     monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", disk_full)
     with pytest.raises(OSError, match="No space"):
-        export_gguf(make_model(), tokenizer_json, out, force=True)
+        export_gguf(make_model(), tokenizer, out, force=True)
     assert [p.name for p in tmp_path.iterdir()] == ["m.gguf"] and out.read_bytes() == b"old"
 
 
@@ -180,14 +185,14 @@ def test_a_tokenizer_llamacpp_would_split_differently_is_refused(
     spec = json.loads(tokenizer_json)
     edit(spec)
     with pytest.raises(UserError, match=field):
-        export_gguf(make_model(), json.dumps(spec), tmp_path / "m.gguf")
+        export_gguf(make_model(), Tokenizer.from_json(json.dumps(spec)), tmp_path / "m.gguf")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_missing_gguf_package_is_one_line_naming_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "gguf", None)  # makes `import gguf` raise ImportError
     with pytest.raises(UserError, match=r'pip install -e "\.\[gguf\]"'):
-        export_module.import_gguf()
+        gguf_file.import_gguf()
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str]:

@@ -73,7 +73,7 @@ def llamacpp_greedy(probe: Path, gguf_path: Path, prompt: list[int], n_new: int)
 
 
 def test_llamacpp_tokenizes_mixed_text_to_our_ids(probe, shakespeare_tokenizer, make_model, tmp_path):
-    path = export_gguf(make_model(vocab_size=VOCAB), shakespeare_tokenizer.to_json(), tmp_path / "m.gguf")
+    path = export_gguf(make_model(vocab_size=VOCAB), shakespeare_tokenizer, tmp_path / "m.gguf")
     ours = shakespeare_tokenizer.encode(MIXED_TEXT)
     assert len(ours) > 100 and len(set(ours)) > 60  # merged words, bytes and the special token all appear
     assert shakespeare_tokenizer.eos_id in ours
@@ -99,7 +99,7 @@ def test_llamacpp_greedy_decoding_gives_our_tokens(
     probe, shakespeare_tokenizer, make_model, tmp_path, n_kv_head, tie
 ):
     model = varied_model(make_model, n_kv_head, tie)
-    path = export_gguf(model, shakespeare_tokenizer.to_json(), tmp_path / "m.gguf")
+    path = export_gguf(model, shakespeare_tokenizer, tmp_path / "m.gguf")
     prompt = shakespeare_tokenizer.encode("First Citizen:\nBefore we proceed")
     n_new = 48
     assert len(prompt) + n_new <= model.config.block_size

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from common.errors import UserError
+from interop import load_hf
 from interop.export_gguf import export_gguf
 from interop.export_hf import export_hf
 from interop.gguf_layout import llama3_freq_factors
-from model import GPT, generate
+from model import generate
 
 SHAPE = dict(
     vocab_size=320,  # the size of the conftest tokenizer, so the exports can carry it
@@ -78,7 +79,7 @@ def prompt_ids() -> torch.Tensor:
 
 def test_logits_and_greedy_tokens_equal_transformers(hf_folder):
     name, hf, folder = hf_folder
-    model = GPT.from_hf(folder)
+    model = load_hf(folder)
     idx = prompt_ids()
     with torch.no_grad():
         ours, theirs = model(idx), hf(idx).logits
@@ -96,7 +97,7 @@ def test_logits_and_greedy_tokens_equal_transformers(hf_folder):
 
 def test_config_options_follow_the_architecture(hf_folder):
     name, _, folder = hf_folder
-    config = GPT.from_hf(folder).config
+    config = load_hf(folder).config
     assert config.qkv_bias == (name == "qwen2")
     assert config.qk_norm == (name == "qwen3")
     assert config.head_dim == (24 if name == "qwen3" else 16)
@@ -104,11 +105,11 @@ def test_config_options_follow_the_architecture(hf_folder):
     assert config.tie_embeddings == (name == "llama-tied")
 
 
-def test_export_back_to_transformers_keeps_the_logits(hf_folder, tokenizer_json, tmp_path):
+def test_export_back_to_transformers_keeps_the_logits(hf_folder, tokenizer, tmp_path):
     transformers = pytest.importorskip("transformers")
     name, _, folder = hf_folder
-    model = GPT.from_hf(folder)
-    out = export_hf(model, tokenizer_json, tmp_path / "export")
+    model = load_hf(folder)
+    out = export_hf(model, tokenizer, tmp_path / "export")
     again, info = transformers.AutoModelForCausalLM.from_pretrained(
         out, dtype=torch.float32, output_loading_info=True
     )
@@ -117,14 +118,14 @@ def test_export_back_to_transformers_keeps_the_logits(hf_folder, tokenizer_json,
     idx = prompt_ids()
     with torch.no_grad():
         assert (model(idx) - again.eval()(idx).logits).abs().max().item() <= 1e-4
-    assert GPT.from_hf(out).config == model.config
+    assert load_hf(out).config == model.config
 
 
-def test_gguf_export_writes_the_matching_llama_cpp_architecture(hf_folder, tokenizer_json, tmp_path):
+def test_gguf_export_writes_the_matching_llama_cpp_architecture(hf_folder, tokenizer, tmp_path):
     gguf = pytest.importorskip("gguf")
     name, hf, folder = hf_folder
-    model = GPT.from_hf(folder)
-    path = export_gguf(model, tokenizer_json, tmp_path / "m.gguf")
+    model = load_hf(folder)
+    path = export_gguf(model, tokenizer, tmp_path / "m.gguf")
     reader = gguf.GGUFReader(path)
     fields = {key: field.contents() for key, field in reader.fields.items()}
     tensors = {t.name: torch.from_numpy(t.data.copy()) for t in reader.tensors}
@@ -194,7 +195,7 @@ def test_unsupported_architecture_is_one_line_naming_the_key(tmp_path, changes, 
     folder = tmp_path / "hf"
     save_tiny("llama", folder)
     with pytest.raises(UserError) as err:
-        GPT.from_hf(write_config(folder, **changes))
+        load_hf(write_config(folder, **changes))
     message = str(err.value)
     assert "\n" not in message and named in message, message
     assert "supported" in message or "only" in message, message

@@ -23,10 +23,10 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module", params=VARIANTS, ids=lambda v: f"kv{v[0]}-{'tied' if v[1] else 'untied'}")
-def exported(request, make_model, tokenizer_json, tmp_path_factory):
+def exported(request, make_model, tokenizer, tmp_path_factory):
     n_kv_head, tie = request.param
     model = make_model(n_kv_head=n_kv_head, tie=tie, seed=n_kv_head + 10 * tie)
-    out = export_hf(model, tokenizer_json, tmp_path_factory.mktemp("export") / "hf")
+    out = export_hf(model, tokenizer, tmp_path_factory.mktemp("export") / "hf")
     return model, out
 
 

@@ -1,4 +1,4 @@
-"""export_hf then GPT.from_hf gives back the same tensors; folders we cannot run are refused in one line."""
+"""export_hf then interop.load_hf gives back the same tensors; folders we cannot run are refused in one line."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from interop import load_hf
 from interop.export_hf import export_hf
 from model import GPT
-from model.hf import hf_tensor_shapes
 
 
 @pytest.fixture(params=[True, False], ids=["tied", "untied"])
-def exported(request, make_model, tokenizer_json, tmp_path):
+def exported(request, make_model, tokenizer, tmp_path):
     model = make_model(n_kv_head=2, tie=request.param)
-    return model, export_hf(model, tokenizer_json, tmp_path / "hf")
+    return model, export_hf(model, tokenizer, tmp_path / "hf")
 
 
 def assert_same_weights(a: GPT, b: GPT) -> None:
@@ -31,7 +31,7 @@ def assert_same_weights(a: GPT, b: GPT) -> None:
 
 def test_round_trip_gives_identical_weights(exported):
     model, out = exported
-    loaded = GPT.from_hf(out)
+    loaded = load_hf(out)
     assert_same_weights(model, loaded)
     assert (loaded.lm_head.weight is loaded.wte.weight) == model.config.tie_embeddings
     assert not loaded.training
@@ -41,23 +41,27 @@ def test_tied_export_stores_the_embedding_once(exported):
     model, out = exported
     with safe_open(out / "model.safetensors", "pt") as f:
         names = set(f.keys())
-    assert names == set(hf_tensor_shapes(model.config))
+    layer = ["input_layernorm", "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+    layer += [f"self_attn.{p}_proj" for p in "qkvo"]
+    expected = {f"model.layers.{i}.{n}.weight" for i in range(model.config.n_layer) for n in layer}
+    expected |= {"model.embed_tokens.weight", "model.norm.weight"}
+    assert names - {"lm_head.weight"} == expected
     assert ("lm_head.weight" in names) != model.config.tie_embeddings
 
 
-def test_bfloat16_export_round_trips(make_model, tokenizer_json, tmp_path):
+def test_bfloat16_export_round_trips(make_model, tokenizer, tmp_path):
     model = make_model(tie=False).to(torch.bfloat16)
-    out = export_hf(model, tokenizer_json, tmp_path / "hf")
+    out = export_hf(model, tokenizer, tmp_path / "hf")
     assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
-    assert_same_weights(model, GPT.from_hf(out))
+    assert_same_weights(model, load_hf(out))
 
 
-def test_sharded_folder_written_by_transformers_loads(transformers, make_model, tokenizer_json, tmp_path):
+def test_sharded_folder_written_by_transformers_loads(transformers, make_model, tokenizer, tmp_path):
     model = make_model(tie=False)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(export_hf(model, tokenizer_json, tmp_path / "hf"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(export_hf(model, tokenizer, tmp_path / "hf"))
     hf.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
     assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
-    assert_same_weights(model, GPT.from_hf(tmp_path / "sharded"))
+    assert_same_weights(model, load_hf(tmp_path / "sharded"))
 
 
 def edit_config(out: Path, **changes) -> None:
@@ -81,7 +85,7 @@ def test_unsupported_config_is_refused_naming_the_field(exported, changes, field
     _, out = exported
     edit_config(out, **changes)
     with pytest.raises(ValueError, match=field) as err:
-        GPT.from_hf(out)
+        load_hf(out)
     assert "\n" not in str(err.value)
 
 
@@ -90,7 +94,7 @@ def test_default_rope_scaling_is_accepted(exported):
     edit_config(
         out, rope_scaling={"type": "default"}, rope_parameters=None, rope_theta=model.config.rope_theta
     )
-    assert_same_weights(model, GPT.from_hf(out))
+    assert_same_weights(model, load_hf(out))
 
 
 @pytest.mark.parametrize("name", ["model.layers.1.mlp.up_proj.weight", "model.norm.weight"])
@@ -100,15 +104,15 @@ def test_missing_tensor_is_refused_naming_it(exported, name):
     del tensors[name]
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=name.replace(".", r"\.")) as err:
-        GPT.from_hf(out)
+        load_hf(out)
     assert "\n" not in str(err.value)
 
 
-def test_untied_config_without_lm_head_is_refused(make_model, tokenizer_json, tmp_path):
-    out = export_hf(make_model(tie=True), tokenizer_json, tmp_path / "hf")
+def test_untied_config_without_lm_head_is_refused(make_model, tokenizer, tmp_path):
+    out = export_hf(make_model(tie=True), tokenizer, tmp_path / "hf")
     edit_config(out, tie_word_embeddings=False)
     with pytest.raises(ValueError, match="lm_head.weight"):
-        GPT.from_hf(out)
+        load_hf(out)
 
 
 def test_unexpected_tensor_and_wrong_shape_are_refused(exported):
@@ -116,27 +120,27 @@ def test_unexpected_tensor_and_wrong_shape_are_refused(exported):
     tensors = load_file(out / "model.safetensors")
     save_file(tensors | {"model.layers.0.self_attn.q_proj.bias": torch.zeros(64)}, out / "model.safetensors")
     with pytest.raises(ValueError, match="q_proj.bias"):
-        GPT.from_hf(out)
+        load_hf(out)
     tensors["model.layers.0.mlp.down_proj.weight"] = torch.zeros(64, 95)
     tensors["model.layers.1.self_attn.k_proj.weight"] = torch.zeros(32, 63)
     save_file(tensors, out / "model.safetensors")
     with pytest.raises(ValueError, match="down_proj") as err:
-        GPT.from_hf(out)
+        load_hf(out)
     assert "\n" not in str(err.value)
 
 
 def test_folder_without_config_or_weights_is_refused(exported, tmp_path):
     _, out = exported
     with pytest.raises(ValueError, match="config.json"):
-        GPT.from_hf(tmp_path / "nowhere")
+        load_hf(tmp_path / "nowhere")
     (out / "model.safetensors").unlink()
     with pytest.raises(ValueError, match="model.safetensors"):
-        GPT.from_hf(out)
+        load_hf(out)
 
 
 def test_damaged_weights_file_is_one_line(exported):
     _, out = exported
     (out / "model.safetensors").write_bytes(b"\x00" * 64)
     with pytest.raises(ValueError, match="model.safetensors") as err:
-        GPT.from_hf(out)
+        load_hf(out)
     assert "\n" not in str(err.value) and str(err.value).count(str(out)) == 1

@@ -102,7 +102,7 @@ def test_gguf_of_an_hf_folder_greedy_tokens_equal_transformers(
     expected = transformers_greedy(model, ids, stops)
     assert_lively(expected)
     assert seen["prompt"] == ids and seen["out"][len(ids) : len(ids) + len(expected)] == expected
-    assert cli.load_pretrained(path).tokenizer.eos_ids == tuple(stops)  # the GGUF keeps the model's EOS
+    assert cli.load(path).tokenizer.eos_ids == tuple(stops)  # the GGUF keeps the model's EOS
 
 
 def test_gguf_export_of_a_non_gpt2_vocabulary_is_one_line(lively_llama, tmp_path, capsys):
@@ -134,7 +134,7 @@ def test_hf_folder_re_exported_to_hf_round_trips(transformers, lively_llama, tmp
     assert back.apply_chat_template(chat, tokenize=False) == theirs.apply_chat_template(chat, tokenize=False)
     generation = json.loads((out / "generation_config.json").read_text())
     assert generation["eos_token_id"] == STOP_IDS and generation["bos_token_id"] == 1
-    reloaded = cli.load_pretrained(out).tokenizer
+    reloaded = cli.load(out).tokenizer
     assert reloaded.eos_ids == tuple(STOP_IDS) and reloaded.add_bos and reloaded.chat_template
 
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from interop import PretrainedError, load_pretrained
+from data.tokenizer import Tokenizer
+from interop import PretrainedError, load
 from interop.export_gguf import export_gguf, write_metadata
 from interop.export_hf import export_hf
 from interop.gguf_blocks import read_blocks
@@ -28,7 +29,14 @@ def quantized_gguf(path, model, tokenizer_json, type_name: str):
     """A GGUF of `model` whose matrices (embedding included) are stored as `type_name`, norms as float32."""
     qtype = getattr(gguf.GGMLQuantizationType, type_name)
     writer = gguf.GGUFWriter(path, "llama")
-    write_metadata(gguf, writer, model, gguf_vocab(tokenizer_json, model.config.vocab_size), "f32", "x")
+    write_metadata(
+        gguf,
+        writer,
+        model,
+        gguf_vocab(Tokenizer.from_json(tokenizer_json), model.config.vocab_size),
+        "f32",
+        "x",
+    )
     for name, tensor in gguf_tensors(model).items():
         array = tensor.numpy()
         if array.ndim == 2:
@@ -63,7 +71,7 @@ def test_a_quantized_file_keeps_its_blocks_with_the_same_logits(
     make_model, tokenizer_json, tmp_path, type_name, tie
 ):
     path = quantized_gguf(tmp_path / "q.gguf", make_model(tie=tie), tokenizer_json, type_name)
-    plain, kept = load_pretrained(path).model, load_pretrained(path, keep_quantized=True).model
+    plain, kept = load(path).model, load(path, keep_quantized=True).model
     layers = [f"blocks.{i}.{name}" for i in range(plain.config.n_layer) for name in LINEARS] + ["lm_head"]
     for name in layers:
         layer = kept.get_submodule(name)
@@ -83,7 +91,7 @@ def test_the_compiled_step_reads_the_blocks_with_the_same_logits(
     make_model, tokenizer_json, tmp_path, type_name
 ):
     path = quantized_gguf(tmp_path / "q.gguf", make_model(), tokenizer_json, type_name)
-    plain, kept = load_pretrained(path).model, load_pretrained(path, keep_quantized=True).model
+    plain, kept = load(path).model, load(path, keep_quantized=True).model
     prompt = torch.randint(plain.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
         reference = StaticDecoder(plain, KVCache.allocate(plain.config, 1, 32), compile=False)
@@ -115,22 +123,18 @@ def test_generate_keep_quantized_compiled_prints_the_same_text(make_model, token
     assert code == 0 and eager == plain and "only --compile with one sample reads the blocks directly" in err
 
 
-def test_what_cannot_be_kept_is_one_line(make_model, tokenizer_json, tmp_path, capsys):
+def test_what_cannot_be_kept_is_one_line(make_model, tokenizer_json, tokenizer, tmp_path, capsys):
     model = make_model()
-    f32 = export_gguf(model, tokenizer_json, tmp_path / "f32.gguf")  # no blocks: float32 layers stay
-    assert not any(
-        isinstance(m, QuantizedLinear) for m in load_pretrained(f32, keep_quantized=True).model.modules()
-    )
+    f32 = export_gguf(model, tokenizer, tmp_path / "f32.gguf")  # no blocks: float32 layers stay
+    assert not any(isinstance(m, QuantizedLinear) for m in load(f32, keep_quantized=True).model.modules())
     with pytest.raises(PretrainedError, match="keep_quantized computes in float32") as error:
-        load_pretrained(f32, dtype=torch.bfloat16, keep_quantized=True)
+        load(f32, dtype=torch.bfloat16, keep_quantized=True)
     assert "\n" not in str(error.value)
-    q8 = load_pretrained(
-        quantized_gguf(tmp_path / "q.gguf", model, tokenizer_json, "Q8_0"), keep_quantized=True
-    )
+    q8 = load(quantized_gguf(tmp_path / "q.gguf", model, tokenizer_json, "Q8_0"), keep_quantized=True)
     with pytest.raises(TypeError, match="rounding its scales would change the weights"):
         q8.model.half()
     assert q8.model.lm_head.scale.dtype == torch.float32
-    folder = export_hf(model, tokenizer_json, tmp_path / "hf")
+    folder = export_hf(model, tokenizer, tmp_path / "hf")
     code, out, err = run_generate(capsys, "--checkpoint", str(folder), "--prompt", "x", "--keep_quantized")
     assert code != 0 and out == ""
     assert "keep_quantized needs a .gguf file" in err and len(err.strip().splitlines()) == 1

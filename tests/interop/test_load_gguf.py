@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from data.tokenizer import Tokenizer
-from interop import PretrainedError, load_pretrained
+from interop import PretrainedError, load
 from interop.export_gguf import export_gguf, write_metadata
 from interop.gguf_layout import gguf_tensors, gguf_vocab
 from tests.hf.test_hf_parity import TEXTS
@@ -16,17 +16,17 @@ gguf = pytest.importorskip("gguf")
 
 
 @pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
-def test_our_export_loads_back_with_the_same_logits(make_model, tokenizer_json, tmp_path, tie):
+def test_our_export_loads_back_with_the_same_logits(make_model, tokenizer, tmp_path, tie):
     model = make_model(n_kv_head=2, tie=tie)
-    path = export_gguf(model, tokenizer_json, tmp_path / "tiny.gguf")
-    loaded = load_pretrained(path)
+    path = export_gguf(model, tokenizer, tmp_path / "tiny.gguf")
+    loaded = load(path)
     assert loaded.source.kind == "gguf" and loaded.model.config == model.config
     idx = torch.randint(model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ours, back = model(idx), loaded.model(idx)
     assert ours.std() > 0.5
     assert (ours - back).abs().max().item() <= 1e-4
-    original = Tokenizer.from_json(tokenizer_json)
+    original = tokenizer
     for text in TEXTS:
         assert loaded.tokenizer.encode(text) == original.encode(text), text
         assert loaded.tokenizer.decode(original.encode(text)) == text
@@ -36,7 +36,14 @@ def test_our_export_loads_back_with_the_same_logits(make_model, tokenizer_json, 
 def write_gguf(path, model, tokenizer_json, architecture="llama", cast=None) -> None:
     """A GGUF of `model` written by hand, its token embedding stored as `cast` (a numpy dtype) if given."""
     writer = gguf.GGUFWriter(path, architecture)
-    write_metadata(gguf, writer, model, gguf_vocab(tokenizer_json, model.config.vocab_size), "f32", "x")
+    write_metadata(
+        gguf,
+        writer,
+        model,
+        gguf_vocab(Tokenizer.from_json(tokenizer_json), model.config.vocab_size),
+        "f32",
+        "x",
+    )
     for name, tensor in gguf_tensors(model).items():
         array = tensor.numpy()
         writer.add_tensor(name, array.astype(cast) if cast and name == "token_embd.weight" else array)
@@ -49,17 +56,17 @@ def write_gguf(path, model, tokenizer_json, architecture="llama", cast=None) -> 
 def test_an_unsupported_tensor_type_is_one_line(make_model, tokenizer_json, tmp_path):
     write_gguf(tmp_path / "ints.gguf", make_model(), tokenizer_json, cast=np.int32)
     with pytest.raises(PretrainedError, match="token_embd.weight has type I32") as error:
-        load_pretrained(tmp_path / "ints.gguf")
+        load(tmp_path / "ints.gguf")
     assert "\n" not in str(error.value) and "ints.gguf" in str(error.value)
 
 
 def test_an_unsupported_architecture_is_one_line(make_model, tokenizer_json, tmp_path):
     write_gguf(tmp_path / "gemma.gguf", make_model(), tokenizer_json, architecture="gemma")
     with pytest.raises(PretrainedError, match="architecture 'gemma' is not supported"):
-        load_pretrained(tmp_path / "gemma.gguf")
+        load(tmp_path / "gemma.gguf")
 
 
 def test_a_file_named_gguf_that_is_not_one(tmp_path):
     (tmp_path / "fake.gguf").write_bytes(b"PK\x03\x04 not a gguf")
     with pytest.raises(PretrainedError, match="not a GGUF file"):
-        load_pretrained(tmp_path / "fake.gguf")
+        load(tmp_path / "fake.gguf")

@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from common.errors import UserError
-from common.tokens import added_tokens
 from data.tokenizer import Tokenizer
-from interop import PretrainedError, load_pretrained, load_tokenizer
+from interop import PretrainedError, load, read_tokenizer
 from tests.conftest import ROOT, TEST_ENV
 from tests.interop.conftest import STOP_IDS, save_llama
 
@@ -44,7 +43,7 @@ def assert_same_logits(ours, theirs) -> None:
 def test_folder_gives_transformers_logits(transformers, tmp_path, shard, tie):
     hf = save_llama(transformers, tmp_path, shard=shard, tie=tie)
     assert (tmp_path / "model.safetensors.index.json").is_file() == shard
-    loaded = load_pretrained(tmp_path)
+    loaded = load(tmp_path)
     assert loaded.source.kind == "hf_folder"
     assert loaded.model.config.n_kv_head == 2 and loaded.model.config.tie_embeddings == tie
     assert_same_logits(loaded.model, hf)
@@ -53,7 +52,7 @@ def test_folder_gives_transformers_logits(transformers, tmp_path, shard, tie):
 def test_tokenizer_follows_the_folders_rules(transformers, llama_folder):
     _, folder = llama_folder
     theirs = transformers.AutoTokenizer.from_pretrained(folder)
-    ours = load_tokenizer(folder)
+    ours = read_tokenizer(folder)
     assert ours.add_bos and ours.bos_id == 1
     assert ours.eos_ids == tuple(STOP_IDS) and ours.eos_id == 2  # </s> separates documents, both stop
     for text in TEXTS:
@@ -72,7 +71,7 @@ def test_tokenizer_follows_the_folders_rules(transformers, llama_folder):
 
 
 def test_token_bytes_of_a_byte_fallback_vocabulary(llama_folder):
-    tokenizer = load_tokenizer(llama_folder[1])
+    tokenizer = read_tokenizer(llama_folder[1])
     table = tokenizer.token_bytes()
     for text in TEXTS:
         ids = tokenizer.encode(text, add_bos=False)
@@ -82,11 +81,11 @@ def test_token_bytes_of_a_byte_fallback_vocabulary(llama_folder):
 
 
 def test_rules_travel_with_the_json_and_the_hash(llama_folder):
-    tokenizer = load_tokenizer(llama_folder[1])
+    tokenizer = read_tokenizer(llama_folder[1])
     again = Tokenizer.from_json(tokenizer.to_json())
     assert again.rules == tokenizer.rules and again.sha256 == tokenizer.sha256
     assert pickle.loads(pickle.dumps(tokenizer)).rules == tokenizer.rules
-    assert "</s>" in added_tokens(tokenizer.to_json())
+    assert "</s>" in tokenizer.to_json()
     fewer_stops = Tokenizer(again._backend, type(tokenizer.rules)(eos_ids=(2,), bos_id=1, add_bos=True))
     assert fewer_stops.sha256 != tokenizer.sha256, "rules decide the ids, so they are part of the hash"
 
@@ -114,7 +113,7 @@ def offline_cache(tmp_path, llama_folder, monkeypatch):
 def test_hub_id_resolves_offline_from_the_cache(llama_folder, offline_cache):
     hf, _ = llama_folder
     for revision in (None, "a" * 40):
-        loaded = load_pretrained("tiny-org/tiny-llama", revision=revision)
+        loaded = load("tiny-org/tiny-llama", revision=revision)
         assert loaded.source.kind == "hub" and loaded.source.path == offline_cache
         assert_same_logits(loaded.model, hf)
     assert loaded.tokenizer.eos_ids == tuple(STOP_IDS)
@@ -131,7 +130,7 @@ def test_hub_cache_comes_from_the_environment(llama_folder, tmp_path):
 
 def test_missing_hub_id_offline_is_one_line(offline_cache):
     with pytest.raises(PretrainedError) as error:
-        load_pretrained("nobody/missing-model")
+        load("nobody/missing-model")
     message = str(error.value)
     assert "\n" not in message and "nobody/missing-model" in message and "HF_HUB_OFFLINE" in message
 
@@ -146,18 +145,18 @@ def test_missing_hub_id_offline_is_one_line(offline_cache):
 )
 def test_bad_names_are_one_line(name, match):
     with pytest.raises(PretrainedError, match=match) as error:
-        load_pretrained(name)
+        load(name)
     assert "\n" not in str(error.value)
 
 
 def test_a_revision_needs_a_hub_id(llama_folder):
     with pytest.raises(PretrainedError, match="Hub ids only"):
-        load_pretrained(llama_folder[1], revision="main")
+        load(llama_folder[1], revision="main")
 
 
 def test_a_folder_without_safetensors_is_refused(llama_folder, tmp_path):
     shutil.copytree(llama_folder[1], tmp_path / "pickles")
     (tmp_path / "pickles" / "model.safetensors").rename(tmp_path / "pickles" / "pytorch_model.bin")
     with pytest.raises(PretrainedError, match="safetensors") as error:
-        load_pretrained(tmp_path / "pickles")
+        load(tmp_path / "pickles")
     assert str(tmp_path / "pickles") in str(error.value)

@@ -17,7 +17,7 @@ import torch
 import chat as chat_module
 import generate as generate_cli
 from benchmarks.smollm2 import INSTALL, smollm2_gguf
-from interop import load_pretrained
+from interop import load
 from tests.conftest import run_generate
 from tests.hf.conftest import running_in_ci
 
@@ -45,7 +45,7 @@ def smollm2_file() -> Path:
 def both():
     path = smollm2_file()
     transformers = pytest.importorskip("transformers")
-    ours = load_pretrained(path)
+    ours = load(path)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32
     )
@@ -101,7 +101,7 @@ def story_greedy(both) -> list[int]:
 
 @pytest.mark.slow
 def test_generate_greedy_text_equals_transformers_for_48_tokens(both, story_greedy, capsys, monkeypatch):
-    monkeypatch.setattr(generate_cli, "load_pretrained", lambda *args, **kwargs: both[0])  # loaded once
+    monkeypatch.setattr(generate_cli, "load", lambda *args, **kwargs: both[0])  # loaded once
     code, out, err = run_generate(capsys, "--checkpoint", str(smollm2_file()), "--prompt", STORY,
                                   "--temperature", "0", "--max_new_tokens", "48", "--no_echo")  # fmt: skip
     print(f"SmolLM2 greedy 48 tokens: {out!r}", file=sys.stderr)
@@ -129,7 +129,7 @@ def test_chat_second_turn_prefills_only_its_new_tokens(both, capsys, monkeypatch
     monkeypatch.setattr(
         chat_module.Conversation, "reply", lambda *a: replies.append(real_reply(*a)) or replies[-1]
     )
-    monkeypatch.setattr(generate_cli, "load_pretrained", lambda *args, **kwargs: ours)
+    monkeypatch.setattr(generate_cli, "load", lambda *args, **kwargs: ours)
     monkeypatch.setattr(sys, "stdin", io.StringIO("What is the capital of France?\nAnd of Germany?\n"))
     try:
         code, out, err = run_generate(capsys, "--checkpoint", "smollm2", "--chat", "--temperature", "0",

@@ -24,6 +24,7 @@ from checkpoints.format import load_checkpoint
 from common.errors import EXIT_USER_ERROR
 from data.tokenizer import Tokenizer
 from inspection.explorer import probe_attention
+from interop import load_hf
 from model import GPT
 from tests.hf.conftest import running_in_ci
 from tests.interop.conftest import save_llama
@@ -100,7 +101,7 @@ def test_step0_weights_are_the_pretrained_ones(straight, llama):
     run_dir, stderr = straight
     assert f"init_from: weights of {llama}" in stderr
     start = torch.load(run_dir.parent / "start.pt", weights_only=True)
-    pretrained = GPT.from_hf(llama).state_dict()
+    pretrained = load_hf(llama).state_dict()
     assert start.keys() == pretrained.keys()
     for name, tensor in pretrained.items():
         assert torch.equal(start[name], tensor), name
@@ -110,11 +111,11 @@ def test_step0_weights_are_the_pretrained_ones(straight, llama):
 
 @pytest.mark.slow
 def test_checkpoint_embeds_the_pretrained_tokenizer(straight, llama):
-    from interop import load_tokenizer
+    from interop import read_tokenizer
 
     loaded = load_checkpoint(straight[0] / "checkpoints" / "last.ckpt")
     tokenizer = Tokenizer.from_json(loaded.tokenizer_json)
-    assert tokenizer.sha256 == load_tokenizer(llama).sha256
+    assert tokenizer.sha256 == read_tokenizer(llama).sha256
     assert (tokenizer.bos_id, tokenizer.add_bos, tokenizer.eos_ids) == (1, True, (2, 3))
     assert loaded.model.config.block_size == 128  # the pretrained context, not data.block_size (32)
 
@@ -163,7 +164,7 @@ def test_attention_explorer_shows_the_finetuned_weights(straight, llama):
         return stats
 
     shown = {name: torch.tensor(values) for name, values in meta["stats"].items()}
-    finetuned, initial = statistics(loaded.model), statistics(GPT.from_hf(llama))
+    finetuned, initial = statistics(loaded.model), statistics(load_hf(llama))
     for name in ("entropy", "sink_mass", "previous_token"):
         assert torch.allclose(shown[name], finetuned[name].float(), atol=1e-4), name
     assert (shown["entropy"] - initial["entropy"]).abs().max() > 1e-2  # not the pretrained model's maps

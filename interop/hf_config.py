@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from common.errors import UserError
-
-from .config import ModelConfig
+from common.model_files import ModelFileError, check_types
+from model.config import ModelConfig
 
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -21,14 +21,39 @@ ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
 }
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-REQUIRED = ("vocab_size", "max_position_embeddings", "num_hidden_layers", "num_attention_heads")
+REQUIRED = (
+    "vocab_size",
+    "max_position_embeddings",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "hidden_size",
+    "intermediate_size",
+)
+# The type of every config.json key we read; a key outside REQUIRED may be absent, and null only if NULLABLE.
+TYPES = dict.fromkeys(REQUIRED, int) | {
+    "model_type": str,
+    "num_key_value_heads": int,
+    "head_dim": int,
+    "rope_theta": float,
+    "rms_norm_eps": float,
+    "initializer_range": float,
+    "tie_word_embeddings": bool,
+    "attention_bias": bool,
+    "mlp_bias": bool,
+    "use_sliding_window": bool,
+    "hidden_act": str,
+    "architectures": list,
+    "layer_types": list,
+}
+NULLABLE = ("num_key_value_heads", "head_dim", "architectures", "layer_types")
 
 
-def model_config_from_hf(hf: dict) -> ModelConfig:
-    """Our ModelConfig for a supported config.json; anything we cannot run exactly is a one-line UserError."""
-    check_supported(hf)
-    model_type = hf.get("model_type", "llama")
+def model_config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
+    """Our ModelConfig for a supported config.json (`source` names it in errors); one line for anything else."""
+    check_supported(hf, source)
+    model_type = hf["model_type"]
     rope = rope_parameters(hf)
+    check_types(rope, source, {"rope_theta": float})  # null is no default: the key is there
     llama3 = rope.get("rope_type", rope.get("type")) == "llama3"
     return ModelConfig(
         vocab_size=hf["vocab_size"],
@@ -42,7 +67,7 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
         rope_theta=float(rope.get("rope_theta", 10000.0)),
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         # Every one of these config classes defaults to untied, so a config without the key is untied.
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        tie_embeddings=hf.get("tie_word_embeddings", False),
         init_std=float(hf.get("initializer_range", 0.02)),
         qkv_bias=model_type == "qwen2",  # Qwen2 always biases q, k and v (and never o)
         qk_norm=model_type == "qwen3",
@@ -60,24 +85,31 @@ def llama3_fields(rope: dict) -> dict:
     }
 
 
-def check_supported(hf: dict) -> None:
-    """Raise a one-line UserError naming the first config.json key that asks for something we lack."""
-    model_type = hf.get("model_type", "llama")
+def check_supported(hf: dict, source: str = "config.json") -> None:
+    """Raise a one-line UserError naming `source` and the first key that asks for something we lack."""
     supported = ", ".join(f"{name} ({arch})" for name, arch in ARCHITECTURES.items())
+    if "model_type" not in hf:
+        raise ModelFileError(f"{source} lacks 'model_type'; supported are {supported}")
+    check_types(hf, source, TYPES, NULLABLE)
+    model_type = hf["model_type"]
     if model_type not in ARCHITECTURES:
-        raise UserError(f"unsupported config.json field model_type={model_type!r}: supported are {supported}")
+        raise ModelFileError(
+            f"{source}: unsupported field model_type={model_type!r}: supported are {supported}"
+        )
     architectures = hf.get("architectures") or [ARCHITECTURES[model_type]]
     if architectures != [ARCHITECTURES[model_type]]:
-        raise UserError(
-            f"unsupported config.json field architectures={architectures!r}: a {model_type} model must be "
+        raise ModelFileError(
+            f"{source}: unsupported field architectures={architectures!r}: a {model_type} model must be "
             f"[{ARCHITECTURES[model_type]!r}]"
         )
-    for field in (*REQUIRED, "hidden_size", "intermediate_size"):
+    for field in REQUIRED:
         if field not in hf:
-            raise UserError(f"config.json lacks '{field}'; it is required for a {ARCHITECTURES[model_type]}")
+            raise ModelFileError(
+                f"{source} lacks '{field}'; it is required for a {ARCHITECTURES[model_type]}"
+            )
     for field, ok, why in feature_checks(hf, model_type):
         if not ok:
-            raise UserError(f"unsupported config.json field {field}={hf.get(field)!r}: {why}")
+            raise ModelFileError(f"{source}: unsupported field {field}={hf.get(field)!r}: {why}")
 
 
 def feature_checks(hf: dict, model_type: str) -> list[tuple[str, bool, str]]:
@@ -138,11 +170,6 @@ def rope_parameters(hf: dict) -> dict:
     if hf.get("rope_parameters"):
         return {"rope_theta": hf.get("rope_theta", 10000.0)} | hf["rope_parameters"]
     return (hf.get("rope_scaling") or {}) | {"rope_theta": hf.get("rope_theta", 10000.0)}
-
-
-def rope_theta(hf: dict) -> float:
-    """The RoPE base from `rope_parameters` (transformers 5) or `rope_theta` (older configs)."""
-    return rope_parameters(hf)["rope_theta"]
 
 
 def hf_model_type(config: ModelConfig) -> str:
