@@ -8,46 +8,31 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from data.tokenizer import Tokenizer
 from interop import PretrainedError, load
-from interop.export_gguf import export_gguf, write_metadata
+from interop.export_gguf import export_gguf
 from interop.export_hf import export_hf
 from interop.gguf_blocks import read_blocks
-from interop.gguf_layout import gguf_tensors, gguf_vocab
 from model import generate
 from model.cache import KVCache
 from model.quantized import QuantizedLinear
 from model.static_decode import StaticDecoder
 from tests.conftest import run_generate
+from tests.interop.gguf_by_hand import write_gguf
 
 gguf = pytest.importorskip("gguf")
 TYPES = ["Q4_0", "Q4_1", "Q8_0"]
 LINEARS = ["attn.qkv", "attn.proj", "mlp.gate_up", "mlp.down"]
 
 
-def quantized_gguf(path, model, tokenizer_json, type_name: str):
+def quantized_gguf(path, model, tokenizer, type_name: str):
     """A GGUF of `model` whose matrices (embedding included) are stored as `type_name`, norms as float32."""
     qtype = getattr(gguf.GGMLQuantizationType, type_name)
-    writer = gguf.GGUFWriter(path, "llama")
-    write_metadata(
-        gguf,
-        writer,
+    return write_gguf(
+        path,
         model,
-        gguf_vocab(Tokenizer.from_json(tokenizer_json), model.config.vocab_size),
-        "f32",
-        "x",
+        tokenizer,
+        lambda name, a: (gguf.quants.quantize(a, qtype), qtype) if a.ndim == 2 else (a, None),
     )
-    for name, tensor in gguf_tensors(model).items():
-        array = tensor.numpy()
-        if array.ndim == 2:
-            writer.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
-        else:
-            writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 @pytest.mark.parametrize("type_name", TYPES)
@@ -68,9 +53,9 @@ def test_blocks_hold_the_gguf_packages_weights(type_name):
 @pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
 @pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
 def test_a_quantized_file_keeps_its_blocks_with_the_same_logits(
-    make_model, tokenizer_json, tmp_path, type_name, tie
+    make_model, tokenizer, tmp_path, type_name, tie
 ):
-    path = quantized_gguf(tmp_path / "q.gguf", make_model(tie=tie), tokenizer_json, type_name)
+    path = quantized_gguf(tmp_path / "q.gguf", make_model(tie=tie), tokenizer, type_name)
     plain, kept = load(path).model, load(path, keep_quantized=True).model
     layers = [f"blocks.{i}.{name}" for i in range(plain.config.n_layer) for name in LINEARS] + ["lm_head"]
     for name in layers:
@@ -87,10 +72,8 @@ def test_a_quantized_file_keeps_its_blocks_with_the_same_logits(
 
 
 @pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
-def test_the_compiled_step_reads_the_blocks_with_the_same_logits(
-    make_model, tokenizer_json, tmp_path, type_name
-):
-    path = quantized_gguf(tmp_path / "q.gguf", make_model(), tokenizer_json, type_name)
+def test_the_compiled_step_reads_the_blocks_with_the_same_logits(make_model, tokenizer, tmp_path, type_name):
+    path = quantized_gguf(tmp_path / "q.gguf", make_model(), tokenizer, type_name)
     plain, kept = load(path).model, load(path, keep_quantized=True).model
     prompt = torch.randint(plain.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
@@ -109,8 +92,8 @@ def test_the_compiled_step_reads_the_blocks_with_the_same_logits(
         assert torch.equal(generate(kept, prompt, 16, temperature=0), tokens)
 
 
-def test_generate_keep_quantized_compiled_prints_the_same_text(make_model, tokenizer_json, tmp_path, capsys):
-    path = str(quantized_gguf(tmp_path / "q.gguf", make_model(), tokenizer_json, "Q8_0"))
+def test_generate_keep_quantized_compiled_prints_the_same_text(make_model, tokenizer, tmp_path, capsys):
+    path = str(quantized_gguf(tmp_path / "q.gguf", make_model(), tokenizer, "Q8_0"))
     argv = ["--checkpoint", path, "--prompt", "the cat", "--temperature", "0", "--max_new_tokens", "12"]
     code, plain, err = run_generate(capsys, *argv)
     assert code == 0, err
@@ -123,14 +106,14 @@ def test_generate_keep_quantized_compiled_prints_the_same_text(make_model, token
     assert code == 0 and eager == plain and "only --compile with one sample reads the blocks directly" in err
 
 
-def test_what_cannot_be_kept_is_one_line(make_model, tokenizer_json, tokenizer, tmp_path, capsys):
+def test_what_cannot_be_kept_is_one_line(make_model, tokenizer, tmp_path, capsys):
     model = make_model()
     f32 = export_gguf(model, tokenizer, tmp_path / "f32.gguf")  # no blocks: float32 layers stay
     assert not any(isinstance(m, QuantizedLinear) for m in load(f32, keep_quantized=True).model.modules())
     with pytest.raises(PretrainedError, match="keep_quantized computes in float32") as error:
         load(f32, dtype=torch.bfloat16, keep_quantized=True)
     assert "\n" not in str(error.value)
-    q8 = load(quantized_gguf(tmp_path / "q.gguf", model, tokenizer_json, "Q8_0"), keep_quantized=True)
+    q8 = load(quantized_gguf(tmp_path / "q.gguf", model, tokenizer, "Q8_0"), keep_quantized=True)
     with pytest.raises(TypeError, match="rounding its scales would change the weights"):
         q8.model.half()
     assert q8.model.lm_head.scale.dtype == torch.float32

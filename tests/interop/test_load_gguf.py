@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from data.tokenizer import Tokenizer
 from interop import PretrainedError, load
-from interop.export_gguf import export_gguf, write_metadata
-from interop.gguf_layout import gguf_tensors, gguf_vocab
+from interop.export_gguf import export_gguf
 from tests.hf.test_hf_parity import TEXTS
+from tests.interop.gguf_by_hand import write_gguf
 
 gguf = pytest.importorskip("gguf")
 
@@ -33,35 +32,20 @@ def test_our_export_loads_back_with_the_same_logits(make_model, tokenizer, tmp_p
     assert loaded.tokenizer.eos_ids == (original.eos_id,) and not loaded.tokenizer.add_bos
 
 
-def write_gguf(path, model, tokenizer_json, architecture="llama", cast=None) -> None:
-    """A GGUF of `model` written by hand, its token embedding stored as `cast` (a numpy dtype) if given."""
-    writer = gguf.GGUFWriter(path, architecture)
-    write_metadata(
-        gguf,
-        writer,
-        model,
-        gguf_vocab(Tokenizer.from_json(tokenizer_json), model.config.vocab_size),
-        "f32",
-        "x",
+def test_an_unsupported_tensor_type_is_one_line(make_model, tokenizer, tmp_path):
+    write_gguf(
+        tmp_path / "ints.gguf",
+        make_model(),
+        tokenizer,
+        lambda name, a: (a.astype(np.int32) if name == "token_embd.weight" else a, None),
     )
-    for name, tensor in gguf_tensors(model).items():
-        array = tensor.numpy()
-        writer.add_tensor(name, array.astype(cast) if cast and name == "token_embd.weight" else array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
-def test_an_unsupported_tensor_type_is_one_line(make_model, tokenizer_json, tmp_path):
-    write_gguf(tmp_path / "ints.gguf", make_model(), tokenizer_json, cast=np.int32)
     with pytest.raises(PretrainedError, match="token_embd.weight has type I32") as error:
         load(tmp_path / "ints.gguf")
     assert "\n" not in str(error.value) and "ints.gguf" in str(error.value)
 
 
-def test_an_unsupported_architecture_is_one_line(make_model, tokenizer_json, tmp_path):
-    write_gguf(tmp_path / "gemma.gguf", make_model(), tokenizer_json, architecture="gemma")
+def test_an_unsupported_architecture_is_one_line(make_model, tokenizer, tmp_path):
+    write_gguf(tmp_path / "gemma.gguf", make_model(), tokenizer, architecture="gemma")
     with pytest.raises(PretrainedError, match="architecture 'gemma' is not supported"):
         load(tmp_path / "gemma.gguf")
 
