@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from interop import PretrainedError, load
+from interop import PretrainedError, load, load_hf
 from interop.export_gguf import export_gguf
+from tests.hf.test_hf_architectures import save_tiny
 from tests.hf.test_hf_parity import TEXTS
 from tests.interop.gguf_by_hand import write_gguf
 
@@ -54,3 +55,54 @@ def test_a_file_named_gguf_that_is_not_one(tmp_path):
     (tmp_path / "fake.gguf").write_bytes(b"PK\x03\x04 not a gguf")
     with pytest.raises(PretrainedError, match="not a GGUF file"):
         load(tmp_path / "fake.gguf")
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen3"])
+def test_a_qwen_gguf_loads_with_the_logits_of_transformers(name, tokenizer, tmp_path):
+    """A tiny random Qwen2 (q/k/v biases) or Qwen3 (q/k norms, its own head_dim) written as GGUF by our exporter
+    loads through the name table with the logits transformers computes on the Hugging Face folder."""
+    hf = save_tiny(name, tmp_path / "hf")
+    path = export_gguf(load_hf(tmp_path / "hf"), tokenizer, tmp_path / f"{name}.gguf")
+    assert gguf.GGUFReader(path).fields["general.architecture"].contents() == name
+    loaded = load(path).model
+    idx = torch.randint(320, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        theirs, ours = hf(idx).logits, loaded(idx)
+    assert theirs.std() > 0.5 and (ours - theirs).abs().max().item() <= 1e-4
+
+
+def readable_types() -> list[str]:
+    """Every tensor type the gguf package can both write (quantize) and read (dequantize)."""
+    sample = np.random.default_rng(0).standard_normal((2, 256)).astype(np.float32)
+    readable = []
+    for qtype in gguf.GGMLQuantizationType:
+        try:
+            gguf.quants.dequantize(gguf.quants.quantize(sample, qtype), qtype)
+        except (NotImplementedError, TypeError, ValueError):
+            continue
+        readable.append(qtype.name)
+    return readable
+
+
+@pytest.mark.parametrize("type_name", readable_types())
+def test_every_tensor_type_the_gguf_package_reads_loads_bit_exact(make_model, tokenizer, tmp_path, type_name):
+    """Matrices stored as `type_name` load as exactly the gguf package's dequantised values (each matrix whose
+    rows are not whole blocks stays float32): the same model as a float32 file of those values."""
+    qtype = getattr(gguf.GGMLQuantizationType, type_name)
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+
+    def quantized(name, array):
+        whole = array.ndim == 2 and array.shape[-1] % block == 0
+        return (gguf.quants.quantize(array, qtype), qtype) if whole else (array, None)
+
+    def dequantized(name, array):
+        data, raw = quantized(name, array)
+        return (array if raw is None else gguf.quants.dequantize(data, raw).reshape(array.shape)), None
+
+    model = make_model(n_embd=256, mlp_hidden=256)
+    stored = load(write_gguf(tmp_path / "q.gguf", model, tokenizer, quantized)).model
+    expected = load(write_gguf(tmp_path / "f32.gguf", model, tokenizer, dequantized)).model
+    assert any(p.numel() for p in stored.parameters())
+    for (name, ours), theirs in zip(stored.state_dict().items(), expected.state_dict().values(), strict=True):
+        assert torch.equal(ours, theirs), name
+    assert not torch.equal(stored.wte.weight, model.wte.weight) or type_name in ("F32", "F16", "BF16")
