@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> None:
                   "matrix at each step, slower than without --keep_quantized", file=sys.stderr)  # fmt: skip
     if args.chat:  # before any note about sampling
         require_chat_template(tokenizer, args.checkpoint)
-    folder = loaded.source.path if loaded.source.kind in ("hf_folder", "hub") else None
+    folder = loaded.source.hf_folder
     sampler = model_sampler(sampler, folder, args.explicit)
     sampler = dataclasses.replace(sampler, generator=torch.Generator(device=device).manual_seed(args.seed))
     if args.chat:

@@ -46,11 +46,10 @@ def check_types(
 
 
 def check_ids(fields: dict, source: str | Path, keys: tuple[str, ...]) -> None:
-    """Token-id fields: null, one non-negative integer, or a list of them."""
+    """Token-id fields: null, one id, or a list of ids."""
     for key in keys:
         value = fields.get(key)
-        ids = value if isinstance(value, list) else [] if value is None else [value]
-        if not all(is_type(i, int) and i >= 0 for i in ids):
+        if not all(is_type(i, int) and i >= 0 for i in (value if isinstance(value, list) else [value or 0])):
             raise ModelFileError(
-                f"{source}: field {key}={value!r} must be a token id or a list of ids; fix the file"
+                f"{source}: field {key}={value!r} must be a token id or a list of ids; fix it"
             )

@@ -65,14 +65,9 @@ def same_backend(path: Path, tokenizer: Tokenizer) -> bool:
 
 
 # The generation_config.json fields we read and their types (transformers' GenerationConfig names).
-GENERATION_TYPES = {
-    "do_sample": bool,
-    "temperature": float,
-    "top_k": int,
-    "top_p": float,
-    "min_p": float,
-    "repetition_penalty": float,
-}
+GENERATION_TYPES = {"do_sample": bool, "top_k": int} | dict.fromkeys(
+    ("temperature", "top_p", "min_p", "repetition_penalty"), float
+)
 
 
 def read_generation_config(folder: Path) -> dict:

@@ -30,7 +30,13 @@ from .gguf_layout import PRE_TOKENIZER, gguf_architecture, gguf_tensors, gguf_vo
 from .load import load
 
 GGUFDtype = Literal["f32", "f16", "bf16", "q8_0"]
-GGUF_DTYPES: tuple[GGUFDtype, ...] = ("f32", "f16", "bf16", "q8_0")
+FILE_TYPES = {
+    "f32": "ALL_F32",
+    "f16": "MOSTLY_F16",
+    "bf16": "MOSTLY_BF16",
+    "q8_0": "MOSTLY_Q8_0",
+}  # gguf.LlamaFileType
+GGUF_DTYPES: tuple[GGUFDtype, ...] = tuple(FILE_TYPES)  # type: ignore[assignment]
 Q8_0_BLOCK = 32  # q8_0 quantises rows in blocks of 32 values
 
 
@@ -68,9 +74,8 @@ def export_gguf(
 
 def write_metadata(gguf: ModuleType, writer, model: GPT, vocab, dtype: GGUFDtype, name: str) -> None:
     """Architecture hyperparameters and the `gpt2` tokenizer, keyed as llama.cpp reads them."""
-    file_types = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0"}
     writer.add_name(name)
-    writer.add_file_type(int(getattr(gguf.LlamaFileType, file_types[dtype])))
+    writer.add_file_type(int(getattr(gguf.LlamaFileType, FILE_TYPES[dtype])))
     for key, value in hyperparameters(model).items():
         full_key = f"{gguf_architecture(model.config)}.{key}"
         if isinstance(value, float):

@@ -18,14 +18,12 @@ from model.config import ModelConfig
 
 from .gguf_blocks import Blocks, read_blocks, stacked
 from .hf_config import model_config_from_hf
-from .names import from_format, from_interleaved_rope, stored_names
+from .names import INTERLEAVED, check_stored, from_format, from_interleaved_rope
 from .source import PretrainedError
 
 _MISSING = object()
-# llama.cpp's architectures our block computes exactly, and the config.json model_type each stands for. Only
-# `llama` stores q/k rows as adjacent RoPE pairs (interop/names.py).
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
-INTERLEAVED = ("llama",)
+# llama.cpp's architectures our block computes exactly, named as config.json's model_type names them.
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
 
 def import_gguf() -> ModuleType:
@@ -77,7 +75,7 @@ class GGUFFile:
         arch = self.architecture
         heads = self.field(f"{arch}.attention.head_count")
         config = {
-            "model_type": ARCHITECTURES[arch],
+            "model_type": arch,
             "vocab_size": self.field(f"{arch}.vocab_size", len(self.field("tokenizer.ggml.tokens"))),
             "max_position_embeddings": self.field(f"{arch}.context_length"),
             "num_hidden_layers": self.field(f"{arch}.block_count"),
@@ -113,20 +111,13 @@ class GGUFFile:
         except ValueError as err:  # ModelConfig's own check of the values
             raise PretrainedError(f"{self.path}: {err}") from err
 
-    def state_dict(self, config: ModelConfig, names: list[str]) -> dict[str, torch.Tensor]:
-        """Our tensors `names`, dequantised to float32; a tensor the table does not name is one line."""
+    def state_dict(self, config: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Our tensors of `state` (their shapes checked first), dequantised to float32."""
         tensors = self._tensors()
-        expected = stored_names(names, "gguf")
-        for name in tensors:
-            if name not in expected:
-                hint = " (Llama 3.1 RoPE scaling)" if name == "rope_freqs.weight" else ""
-                raise PretrainedError(
-                    f"{self.path}: tensor {name}{hint} is not part of the layout gqa-gpt runs; load the model's "
-                    "Hugging Face folder instead"
-                )
-        return from_format(
-            names, config, "gguf", lambda n: self._float(tensors.get(n)), torch.cat, self._rotate
-        )
+        shapes = {name: tuple(int(n) for n in reversed(t.shape)) for name, t in tensors.items()}
+        check_stored(shapes, config, state, "gguf", f"{self.path}:")
+        rotate = from_interleaved_rope if self.architecture in INTERLEAVED else None
+        return from_format(state, config, "gguf", lambda n: self._float(tensors.get(n)), torch.cat, rotate)
 
     def blocks(self, config: ModelConfig, names: list[str]) -> dict[str, Blocks]:
         """Our linear weights `names` whose stored parts are all Q4_0 / Q4_1 / Q8_0, as block codes in
@@ -137,16 +128,11 @@ class GGUFFile:
             tensor = tensors.get(name)
             return read_blocks(tensor.data, tensor.tensor_type.name) if tensor is not None else None
 
-        rotate = (
-            None
-            if self._rotate is None
-            else lambda b, heads: b.rows(lambda r: from_interleaved_rope(r, heads))
-        )
-        return from_format(names, config, "gguf", take, stacked, rotate)
+        def rotate(matrix: Blocks, heads: int) -> Blocks:
+            return matrix.rows(lambda rows: from_interleaved_rope(rows, heads))
 
-    @property
-    def _rotate(self):
-        return from_interleaved_rope if self.architecture in INTERLEAVED else None
+        interleaved = self.architecture in INTERLEAVED
+        return from_format(names, config, "gguf", take, stacked, rotate if interleaved else None)
 
     def _float(self, tensor) -> torch.Tensor | None:
         if tensor is None:

@@ -26,10 +26,9 @@ from model.config import ModelConfig
 from model.gpt import GPT
 from model.rope import inverse_frequencies
 
-from .names import to_format
+from .hf_config import hf_model_type
+from .names import INTERLEAVED, to_format
 
-ARCHITECTURE = "llama"
-"""The architecture of a model without options, as every GGUF we wrote before the options existed."""
 # llama.cpp's name for the GPT-2 split regex; tokenizer.json's ByteLevel pre-tokenizer with use_regex=True
 # splits with the same expression.
 PRE_TOKENIZER = "gpt-2"
@@ -37,14 +36,12 @@ PRE_TOKENIZER = "gpt-2"
 
 def gguf_architecture(config: ModelConfig) -> str:
     """The llama.cpp architecture that computes what `config` computes, or a one-line UserError."""
-    if config.qkv_bias and config.qk_norm:
-        raise UserError("model.qkv_bias with model.qk_norm has no llama.cpp architecture; export one of them")
     if config.rope_type == "llama3" and (config.qkv_bias or config.qk_norm):
         raise UserError(
             "rope_type llama3 is written for llama.cpp's llama architecture only, not with model.qkv_bias "
             "or model.qk_norm"
         )
-    return "qwen3" if config.qk_norm else "qwen2" if config.qkv_bias else ARCHITECTURE
+    return hf_model_type(config)  # llama.cpp names these three as config.json's model_type does
 
 
 def gguf_tensors(model: GPT) -> dict[str, torch.Tensor]:
@@ -53,7 +50,7 @@ def gguf_tensors(model: GPT) -> dict[str, torch.Tensor]:
     A tied output projection is left out: llama.cpp uses token_embd.weight when output.weight is absent.
     """
     c = model.config
-    tensors = to_format(model.state_dict(), c, "gguf", interleave=gguf_architecture(c) == ARCHITECTURE)
+    tensors = to_format(model.state_dict(), c, "gguf", interleave=gguf_architecture(c) in INTERLEAVED)
     if c.rope_type == "llama3":
         tensors["rope_freqs.weight"] = llama3_freq_factors(c)
     return {name: t.to("cpu", torch.float32, copy=True).contiguous() for name, t in tensors.items()}

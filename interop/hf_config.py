@@ -21,30 +21,16 @@ ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
 }
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-REQUIRED = (
-    "vocab_size",
-    "max_position_embeddings",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "hidden_size",
-    "intermediate_size",
-)
+REQUIRED = ("vocab_size", "max_position_embeddings", "num_hidden_layers", "num_attention_heads", "hidden_size",
+            "intermediate_size")  # fmt: skip
 # The type of every config.json key we read; a key outside REQUIRED may be absent, and null only if NULLABLE.
-TYPES = dict.fromkeys(REQUIRED, int) | {
-    "model_type": str,
-    "num_key_value_heads": int,
-    "head_dim": int,
-    "rope_theta": float,
-    "rms_norm_eps": float,
-    "initializer_range": float,
-    "tie_word_embeddings": bool,
-    "attention_bias": bool,
-    "mlp_bias": bool,
-    "use_sliding_window": bool,
-    "hidden_act": str,
-    "architectures": list,
-    "layer_types": list,
-}
+TYPES = (
+    dict.fromkeys((*REQUIRED, "num_key_value_heads", "head_dim"), int)
+    | dict.fromkeys(("rope_theta", "rms_norm_eps", "initializer_range"), float)
+    | dict.fromkeys(("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window"), bool)
+    | dict.fromkeys(("model_type", "hidden_act"), str)
+    | dict.fromkeys(("architectures", "layer_types"), list)
+)
 NULLABLE = ("num_key_value_heads", "head_dim", "architectures", "layer_types")
 
 
@@ -114,15 +100,11 @@ def check_supported(hf: dict, source: str = "config.json") -> None:
 
 def feature_checks(hf: dict, model_type: str) -> list[tuple[str, bool, str]]:
     """(config.json key, supported?, what is supported) for every feature outside our block."""
-    head_dim = hf.get("head_dim")
+    head_dim = hf.get("head_dim")  # an integer or null (check_types)
     uses_window_flag = "use_sliding_window" in hf  # Qwen: the window size is only read when the flag is on
     return [
         # Llama's and Qwen3's attention_bias also biases o_proj, which our block has no place for.
-        (
-            "attention_bias",
-            not hf.get("attention_bias", False),
-            "only unbiased attention (Qwen2's q/k/v biases)",
-        ),
+        ("attention_bias", not hf.get("attention_bias"), "only unbiased attention (Qwen2's q/k/v biases)"),
         ("mlp_bias", not hf.get("mlp_bias", False), "MLP biases are not supported"),
         ("hidden_act", hf.get("hidden_act", "silu") == "silu", "only 'silu' (SwiGLU) is supported"),
         ("use_sliding_window", not hf.get("use_sliding_window", False), "only full attention (false)"),
@@ -142,11 +124,7 @@ def feature_checks(hf: dict, model_type: str) -> list[tuple[str, bool, str]]:
             _is_supported_rope(hf.get("rope_parameters")),
             "only default or complete llama3 RoPE",
         ),
-        (
-            "head_dim",
-            head_dim is None or (isinstance(head_dim, int) and head_dim > 0 and head_dim % 2 == 0),
-            "head_dim must be a positive even integer (RoPE rotates pairs)",
-        ),
+        ("head_dim", head_dim is None or (head_dim > 0 and head_dim % 2 == 0), "it must be positive, even"),
     ]
 
 

@@ -18,13 +18,11 @@ from model.config import ModelConfig
 from model.gpt import GPT
 
 from .hf_config import model_config_from_hf
-from .names import from_format, to_format
+from .names import check_stored, from_format, to_format
 from .source import PretrainedError
 
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
-# Buffers that old transformers versions saved with the weights; they are recomputed, never loaded.
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def to_hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
@@ -57,12 +55,12 @@ def load_hf(directory: str | Path) -> GPT:
     tensors = load_hf_tensors(directory)
     with torch.device("meta"):
         expected = GPT(config)
-    try:
-        check_tensors(
-            tensors, config, {n: t.shape for n, t in to_format(expected.state_dict(), config, "hf").items()}
-        )
-    except UserError as err:
-        raise PretrainedError(f"{directory}: {err}") from err
+    shapes = {name: tuple(tensor.shape) for name, tensor in tensors.items()}
+    # Old transformers versions saved the RoPE buffer; a tied lm_head may be stored too. Neither is read.
+    tolerated = (
+        ("rotary_emb.inv_freq", "lm_head.weight") if config.tie_embeddings else ("rotary_emb.inv_freq",)
+    )
+    check_stored(shapes, config, expected.state_dict(), "hf", f"{directory}:", tolerated)
     state = from_format(expected.state_dict(), config, "hf", tensors.get, torch.cat)
     if config.tie_embeddings:  # a stored copy of a tied lm_head (some exporters write one) is ignored
         state["lm_head.weight"] = state["wte.weight"]
@@ -92,24 +90,3 @@ def load_hf_tensors(directory: Path) -> dict[str, torch.Tensor]:
                 f"{directory / shard}: cannot read it ({reason}); the file is missing or damaged"
             ) from err
     return tensors
-
-
-def check_tensors(
-    tensors: dict[str, torch.Tensor], config: ModelConfig, expected: dict[str, torch.Size]
-) -> None:
-    """One-line UserError for a missing, unexpected or misshapen tensor.
-
-    Unexpected weights (biases, extra layers) would be silently dropped, so they mean a model we cannot run.
-    """
-    missing = sorted(expected.keys() - tensors.keys())
-    if missing:
-        raise PretrainedError(
-            f"the weights lack tensor '{missing[0]}'; the folder is incomplete or another model"
-        )
-    for name, tensor in sorted(tensors.items()):
-        tolerated = name.endswith(IGNORED_SUFFIXES) or (name == "lm_head.weight" and config.tie_embeddings)
-        if name not in expected and not tolerated:
-            raise PretrainedError(f"unexpected tensor '{name}'; config.json describes a model without it")
-        if name in expected and tensor.shape != expected[name]:
-            shapes = f"{tuple(tensor.shape)}, config.json implies {tuple(expected[name])}"
-            raise PretrainedError(f"tensor '{name}' has shape {shapes}")

@@ -13,16 +13,8 @@ from common.errors import first_line
 
 from .source import PretrainedError
 
-HUB_FILES = [
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "*.safetensors",
-    "model.safetensors.index.json",
-]
+HUB_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+             "special_tokens_map.json", "chat_template.jinja", "*.safetensors", "model.safetensors.index.json"]  # fmt: skip
 
 
 def offline_fix() -> str:

@@ -110,14 +110,10 @@ def _gguf_model(path: Path, keep_quantized: bool) -> tuple[GPT, Tokenizer]:
     tokenizer = tokenizer_from_gguf(file.vocabulary(), str(path))
     config = file.model_config()
     model = GPT(config)
-    state = file.state_dict(config, list(own_tensors(model.state_dict(), config)))
+    state = file.state_dict(config, own_tensors(model.state_dict(), config))
     if config.tie_embeddings:
         state["lm_head.weight"] = state["wte.weight"]
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as err:
-        reason = str(err).strip().splitlines()[-1].strip()
-        raise PretrainedError(f"{path}: tensor shapes do not match the GGUF metadata ({reason})") from err
+    model.load_state_dict(state)
     if keep_quantized:
         keep_blocks(model, file.blocks(config, linear_weights(model)))
     return model, tokenizer

@@ -22,7 +22,11 @@ import torch
 
 from model.config import ModelConfig
 
+from .source import PretrainedError
+
 Format = Literal["hf", "gguf"]
+INTERLEAVED = ("llama",)
+"""The llama.cpp architectures whose q/k rows are adjacent RoPE pairs (the `rope` parts permuted)."""
 T = TypeVar("T")
 
 
@@ -132,9 +136,31 @@ def from_format(
     return out
 
 
-def stored_names(names: Iterable[str], fmt: Format) -> set[str]:
-    """The names `fmt` stores our tensors `names` under."""
-    return {getattr(part, fmt).format(i=i) for name in names for parts, i in [row(name)] for part in parts}
+def check_stored(
+    stored: dict[str, tuple[int, ...]],
+    config: ModelConfig,
+    state: dict[str, torch.Tensor],
+    fmt: Format,
+    where: str,
+    tolerated: tuple[str, ...] = (),
+) -> None:
+    """One-line PretrainedError (prefixed `where`) for a tensor of `state` that is not stored, a stored one no
+    row asks for (unless its name ends with one of `tolerated`) or a stored shape `config` does not imply."""
+    expected = {n: tuple(t.shape) for n, t in to_format(state, config, fmt).items()}
+    missing = sorted(expected.keys() - stored.keys())
+    if missing:
+        raise PretrainedError(
+            f"{where} the weights lack tensor '{missing[0]}'; the file is incomplete or another model"
+        )
+    for name, shape in sorted(stored.items()):
+        if name not in expected and not name.endswith(tolerated):
+            raise PretrainedError(
+                f"{where} unexpected tensor '{name}'; its config describes a model without it"
+            )
+        if name in expected and shape != expected[name]:
+            raise PretrainedError(
+                f"{where} tensor '{name}' has shape {shape}, its config implies {expected[name]}"
+            )
 
 
 def to_interleaved_rope(rows: torch.Tensor, n_heads: int) -> torch.Tensor:

@@ -23,12 +23,8 @@ GGUF_MAGIC = b"GGUF"
 # The Hub's repo id shape: one "/" between an owner and a name of letters, digits, "-", "_" and ".".
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # How messages name each kind (the kinds themselves are internal).
-DESCRIPTIONS = {
-    "checkpoint": "a gqa-gpt checkpoint",
-    "hf_folder": "a Hugging Face folder",
-    "hub": "a Hub model",
-    "gguf": "a GGUF file",
-}
+DESCRIPTIONS = {"checkpoint": "a gqa-gpt checkpoint", "hf_folder": "a Hugging Face folder", "hub": "a Hub model",
+                "gguf": "a GGUF file"}  # fmt: skip
 PATH_PREFIXES = ("./", "../", "/", "~", "runs/")
 PATH_SUFFIXES = (".ckpt", ".gguf", ".safetensors", ".json")
 NAME_HELP = (
@@ -48,6 +44,11 @@ class Source:
     path: Path
     name: str
     revision: str | None = None
+
+    @property
+    def hf_folder(self) -> Path | None:
+        """The Hugging Face folder read (its generation_config.json sets sampling defaults), if it is one."""
+        return self.path if self.kind in ("hf_folder", "hub") else None
 
     def __str__(self) -> str:
         at = f"@{self.revision}" if self.revision else ""
