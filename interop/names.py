@@ -149,17 +149,13 @@ def check_stored(
     expected = {n: tuple(t.shape) for n, t in to_format(state, config, fmt).items()}
     missing = sorted(expected.keys() - stored.keys())
     if missing:
-        raise PretrainedError(
-            f"{where} the weights lack tensor '{missing[0]}'; the file is incomplete or another model"
-        )
+        raise PretrainedError(f"{where} the weights lack tensor '{missing[0]}'; the file is incomplete")
     for name, shape in sorted(stored.items()):
         if name not in expected and not name.endswith(tolerated):
-            raise PretrainedError(
-                f"{where} unexpected tensor '{name}'; its config describes a model without it"
-            )
+            raise PretrainedError(f"{where} unexpected tensor '{name}'; its config has no place for it")
         if name in expected and shape != expected[name]:
             raise PretrainedError(
-                f"{where} tensor '{name}' has shape {shape}, its config implies {expected[name]}"
+                f"{where} tensor '{name}' has shape {shape}; its config implies {expected[name]}"
             )
 
 
