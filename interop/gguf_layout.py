@@ -104,9 +104,7 @@ def gguf_vocab(tokenizer: Tokenizer, vocab_size: int) -> GGUFVocabulary:
         tokens[token_id] = content
         special = content in added and added[content].get("special", False)
         types[token_id] = GGUF_CONTROL if special else GGUF_USER_DEFINED if content in added else GGUF_NORMAL
-    merges = [
-        merge if isinstance(merge, str) else " ".join(merge) for merge in spec["model"].get("merges", [])
-    ]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"].get("merges", [])]
     rules = tokenizer.rules
     return GGUFVocabulary("gpt2", PRE_TOKENIZER, tokens, types, merges, rules.eos_ids[0], rules.bos_id,
                           rules.add_bos, rules.chat_template)  # fmt: skip
@@ -119,18 +117,10 @@ def check_gpt2_compatible(spec: dict) -> None:
         ("model.type", model.get("type") == "BPE", "only BPE tokenizers are supported"),
         ("model.byte_fallback", not model.get("byte_fallback"), "byte fallback is not byte-level BPE"),
         ("model.dropout", model.get("dropout") in (None, 0.0), "BPE dropout makes tokenization random"),
-        (
-            "model.continuing_subword_prefix",
-            not model.get("continuing_subword_prefix"),
-            "llama.cpp has no prefix",
-        ),
+        ("model.continuing_subword_prefix", not model.get("continuing_subword_prefix"), "llama.cpp has none"),
         ("model.end_of_word_suffix", not model.get("end_of_word_suffix"), "llama.cpp has no suffix"),
         ("normalizer", spec.get("normalizer") is None, "llama.cpp's gpt-2 tokenizer does not normalize text"),
-        (
-            "pre_tokenizer.type",
-            pre.get("type") == "ByteLevel",
-            "only the ByteLevel pre-tokenizer matches 'gpt-2'",
-        ),
+        ("pre_tokenizer.type", pre.get("type") == "ByteLevel", "only ByteLevel matches 'gpt-2'"),
         ("pre_tokenizer.use_regex", pre.get("use_regex", True), "the GPT-2 split regex must be on"),
         ("pre_tokenizer.add_prefix_space", not pre.get("add_prefix_space"), "llama.cpp adds no prefix space"),
     ]
