@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from data.errors import DataConfigError
+from data import DataConfigError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

@@ -1,10 +1,13 @@
-"""`TextDataModule`: a Hugging Face text corpus as a token stream (our byte-level BPE or a pretrained model's
-tokenizer) for Lightning."""
+"""`TextDataModule`: joins the data stages for Lightning: source -> tokenize -> store or stream -> batches.
+
+`setup` finds or builds the data (the token cache of data/store.py, or with `streaming` the folder of
+data/stream.py) and opens it; the loaders serve training batches from the position the trainer stands at.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 import os
 import signal
 import sys
@@ -17,21 +20,22 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from data import DataConfigError
 from data.batches import TrainBatches, ValWindows
-from data.cache import (
-    PrepareSettings,
-    find_stream,
-    find_tokens,
-    load_tokenizer_setting,
-    prepare_stream,
-    prepare_tokens,
-)
-from data.errors import DataConfigError
 from data.rank_wait import build_or_wait
+from data.settings import PrepareSettings, load_tokenizer_setting
 from data.source import CorpusSource, SampleBy
-from data.stream_batches import LoaderPosition, StreamBatches
-from data.token_store import META_FILE, TOKENIZER_FILE, VAL_FILE, open_token_cache
-from data.tokenize_stream import read_heldout
+from data.store import find_tokens, open_token_cache, prepare_tokens, sweep_data_cache
+from data.stream import (
+    LoaderPosition,
+    PositionedLoader,
+    StreamBatches,
+    find_stream,
+    open_stream,
+    prepare_stream,
+    saved_positions,
+    stream_state,
+)
 from data.tokenizer import MIN_VOCAB_SIZE, Tokenizer
 
 # The default corpus ships with the package (public domain, 1.1 MB), so the default config trains offline.
@@ -120,6 +124,7 @@ class TextDataModule(L.LightningDataModule):
         )
         self._check_settings()
         self._created = time.time()  # a failure note older than this belongs to another run
+        self.folder: Path | None = None
         self.tokenizer: Tokenizer | None = None
         self.train_tokens: np.ndarray | None = None
         self.val_tokens: np.ndarray | None = None
@@ -178,27 +183,28 @@ class TextDataModule(L.LightningDataModule):
         if self.tokenizer is not None:
             return
         trainer = self.trainer
+        builder = trainer is None or trainer.local_rank == 0
+        if builder:
+            sweep_data_cache(self.settings.cache_dir, lambda line: print(line, file=sys.stderr))
         streaming = self.source.streaming
-        folder = build_or_wait(
-            lambda: (find_stream if streaming else find_tokens)(self.settings),
-            lambda: prepare_stream(self.settings) if streaming else prepare_tokens(self.settings, self._hint),
-            builder=trainer is None or trainer.local_rank == 0,
+        find, build, open_folder = (
+            (find_stream, prepare_stream, open_stream)
+            if streaming
+            else (find_tokens, prepare_tokens, open_token_cache)
+        )
+        self.folder = build_or_wait(
+            lambda: find(self.settings),
+            lambda: build(self.settings, self._hint),
+            builder=builder,
             others_wait=trainer is not None and trainer.world_size > 1,
             failure_note=self.settings.cache_dir / f".failed-{self.settings.corpus_dir().name}",
             started=self._created,
             what="the streaming tokenizer and validation set" if streaming else "the token cache",
         )
-        if streaming:
-            self.meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
-            self.tokenizer = Tokenizer.from_file(folder / TOKENIZER_FILE)
-            self.val_tokens = np.memmap(folder / VAL_FILE, dtype=np.dtype(self.meta["dtype"]), mode="r")
-            self.heldout = read_heldout(folder)
-            return
-        cache = open_token_cache(folder)  # checks the validation length for block_size
-        self.tokenizer = cache.tokenizer
-        self.train_tokens = cache.train
-        self.val_tokens = cache.val
-        self.meta = cache.meta
+        opened = open_folder(self.folder)
+        self.tokenizer, self.val_tokens, self.meta = opened.tokenizer, opened.val, opened.meta
+        self.train_tokens = getattr(opened, "train", None)  # a TokenCache's; a stream tokenizes as it trains
+        self.heldout = getattr(opened, "heldout", frozenset())  # a StreamFolder's
 
     def _hint(self, text_bytes: int) -> None:
         """A DDP run tokenizing a large corpus in setup keeps every other process idle: name the way out."""
@@ -237,22 +243,49 @@ class TextDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        """Resumes where the attached trainer stands: batch global_step * accumulate_grad_batches."""
-        if self.source.streaming:
-            return self._stream_dataloader()
+        """Resumes where the attached trainer stands (see `_start_batch`)."""
         trainer = self.trainer
-        if trainer is None:
-            batches = self.train_batches()
+        rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        start_batch = self._start_batch()
+        if self.source.streaming:
+            batches = self._stream_batches(rank, world_size, start_batch)
+            loader: Any = functools.partial(PositionedLoader, self._position)
         else:
-            start = trainer.global_step * trainer.accumulate_grad_batches
-            batches = self.train_batches(start, trainer.global_rank, trainer.world_size)
-        return DataLoader(
+            batches, loader = self.train_batches(start_batch, rank, world_size), DataLoader
+        return loader(
             batches,
             batch_size=None,
             num_workers=self.num_workers,
             pin_memory=torch.cuda.is_available(),
             worker_init_fn=leave_ctrl_c_to_the_main_process,
         )
+
+    def _stream_batches(self, rank: int, world_size: int, start_batch: int) -> StreamBatches:
+        self._require_setup()
+        assert self.tokenizer is not None
+        start = saved_positions(self._stream_state, world_size, self.num_workers)
+        self._position = LoaderPosition(rank, self.num_workers, start, start_batch)
+        if self.num_workers:
+            # Each worker tokenizes on one core; the Rust pool of every worker would oversubscribe the CPU.
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        return StreamBatches(
+            self.source.load()[0],
+            self.source.text_column,
+            self.tokenizer,
+            self.heldout,
+            self.block_size,
+            self.batch_size,
+            rank=rank,
+            world_size=world_size,
+            start=start,
+            start_batch=start_batch,
+        )
+
+    def _start_batch(self) -> int:
+        """The one start-batch rule: a trainer at optimizer step s has trained s * accumulate_grad_batches
+        batches, so the loader (or the stream position a checkpoint saves) continues from there."""
+        trainer = self.trainer
+        return trainer.global_step * trainer.accumulate_grad_batches if trainer is not None else 0
 
     def val_dataloader(self) -> DataLoader:
         """Every validation window once, in order (Lightning adds a DistributedSampler under DDP)."""
@@ -269,62 +302,12 @@ class TextDataModule(L.LightningDataModule):
             worker_init_fn=leave_ctrl_c_to_the_main_process,
         )
 
-    def _stream_dataloader(self) -> DataLoader:
-        self._require_setup()
-        assert self.tokenizer is not None
-        trainer = self.trainer
-        rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        start_batch = trainer.global_step * trainer.accumulate_grad_batches if trainer is not None else 0
-        start = self._saved_positions(world_size)
-        batches = StreamBatches(
-            self.source.load()[0],
-            self.source.text_column,
-            self.tokenizer,
-            self.heldout,
-            self.block_size,
-            self.batch_size,
-            rank=rank,
-            world_size=world_size,
-            start=start,
-            start_batch=start_batch,
-        )
-        self._position = LoaderPosition(rank, self.num_workers, start, start_batch)
-        if self.num_workers:
-            # Each worker tokenizes on one core; the Rust pool of every worker would oversubscribe the CPU.
-            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        return PositionedLoader(
-            self._position,
-            batches,
-            batch_size=None,
-            num_workers=self.num_workers,
-            pin_memory=torch.cuda.is_available(),
-            worker_init_fn=leave_ctrl_c_to_the_main_process,
-        )
-
-    def _saved_positions(self, world_size: int) -> dict[int, Any]:
-        saved = self._stream_state
-        if not saved:
-            return {}
-        if (saved["world_size"], saved["num_workers"]) != (world_size, self.num_workers):
-            raise DataConfigError(
-                f"data.num_workers: the checkpoint's stream position is for {saved['world_size']} processes x "
-                f"{saved['num_workers']} workers; resume with the same process count and "
-                f"--data.num_workers {saved['num_workers']} (now {world_size} x {self.num_workers})"
-            )
-        return {int(reader): state for reader, state in saved["readers"].items()}
-
     def state_dict(self) -> dict[str, Any]:
         """The stream position after the last trained batch of every reader of every rank (streaming only)."""
         if self._position is None or self.trainer is None:
             return {"stream": self._stream_state} if self._stream_state else {}
-        trainer = self.trainer
-        mine = self._position.positions(trainer.global_step * trainer.accumulate_grad_batches)
-        readers: dict[int, Any] = {}
-        for part in _gather(mine, trainer.world_size):
-            readers.update(part)
-        return {
-            "stream": {"world_size": trainer.world_size, "num_workers": self.num_workers, "readers": readers}
-        }
+        trained = self._start_batch()
+        return {"stream": stream_state(self._position, trained, self.trainer.world_size, self.num_workers)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._stream_state = state_dict.get("stream", {})
@@ -338,30 +321,6 @@ class TextDataModule(L.LightningDataModule):
             raise RuntimeError(
                 "TextDataModule: call setup() (or let the Trainer call it) before using the data"
             )
-
-
-class PositionedLoader(DataLoader):
-    """A DataLoader over `StreamBatches` that records each batch's reader position and yields only (x, y)."""
-
-    def __init__(self, position: LoaderPosition, *args: Any, **kwargs: Any) -> None:
-        self.position = position
-        super().__init__(*args, **kwargs)
-
-    def __iter__(self):
-        for x, y, reader, state in super().__iter__():
-            self.position.record(int(reader), state)
-            yield x, y
-
-
-def _gather(mine: dict[int, Any], world_size: int) -> list[dict[int, Any]]:
-    """Every rank's reader positions (a collective: Lightning builds the checkpoint dict on every rank)."""
-    import torch.distributed as dist
-
-    if world_size == 1 or not dist.is_available() or not dist.is_initialized():
-        return [mine]
-    parts: list[Any] = [None] * world_size
-    dist.all_gather_object(parts, mine)
-    return parts
 
 
 def leave_ctrl_c_to_the_main_process(worker_id: int) -> None:

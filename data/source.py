@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from common.errors import first_line
-from data.errors import DataConfigError
+from data import DataConfigError
 
 BUILDERS = ("text", "json", "parquet", "csv", "arrow")
 VALIDATION_SPLITS = ("validation", "valid")
