@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
+from common.errors import UserError
 from data import DataConfigError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -138,3 +139,38 @@ class ValWindows(_MemmapPicklesAsPath, Dataset):
             self.tokens[start : start + self.block_size + 1].astype(np.int64)
         )  # (T + 1,)
         return window[:-1], window[1:]
+
+
+class Loader(DataLoader):
+    """A DataLoader whose workers' UserErrors keep their own line (see `_WorkerErrorLines`)."""
+
+    def __iter__(self) -> Iterator:
+        return _WorkerErrorLines(super().__iter__())
+
+
+class _WorkerErrorLines:
+    """A DataLoader iterator that gives a worker's UserError back its one line.
+
+    torch re-raises a worker's exception in the main process as its type with the message "Caught <type> in
+    DataLoader worker process <n>." and the worker's traceback below; the line a user needs is its last one.
+    """
+
+    def __init__(self, batches: Iterator) -> None:
+        self.batches = batches
+
+    def __iter__(self) -> _WorkerErrorLines:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self.batches)
+        except UserError as error:
+            first, _, rest = str(error).partition("\n")
+            if "DataLoader worker" not in first:
+                raise
+            # "<module>.<Type>: <the line>" ends the worker's traceback
+            error.args = (rest.rstrip().rsplit("\n", 1)[-1].split(": ", 1)[-1],)
+            raise error.with_traceback(None) from None
+
+    def __getattr__(self, name: str) -> Any:  # the rest of the DataLoader iterator (its _workers, ...)
+        return getattr(self.batches, name)

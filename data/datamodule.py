@@ -18,10 +18,9 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
 
 from data import DataConfigError
-from data.batches import TrainBatches, ValWindows
+from data.batches import Loader, TrainBatches, ValWindows
 from data.rank_wait import build_or_wait
 from data.settings import PrepareSettings, load_tokenizer_setting
 from data.source import CorpusSource, SampleBy
@@ -48,9 +47,12 @@ TINY_SHAKESPEARE_URL = (
 
 
 class TextDataModule(L.LightningDataModule):
-    """Loads a text corpus with `datasets`, trains a byte-level BPE tokenizer on its train part (or takes a
-    pretrained model's, see `use_tokenizer`), caches the token streams as memory-mapped arrays and serves random
-    training windows and sequential validation windows.
+    """A text corpus as training and validation windows of token ids.
+
+    Loads the corpus with `datasets`, trains a byte-level BPE tokenizer on its train part (or takes a pretrained
+    model's, see `use_tokenizer`), caches the token streams as memory-mapped arrays (or streams them) and serves
+    random training windows and sequential validation windows. (The first line above is the title of this
+    section in `--help`, so it is a whole sentence.)
 
     Args:
         dataset: A `datasets` builder reading `data_files` (text, json, parquet, csv, arrow) or a Hub dataset id.
@@ -135,34 +137,10 @@ class TextDataModule(L.LightningDataModule):
 
     def _check_settings(self) -> None:
         """Cheap checks, so a bad config fails when it is parsed rather than minutes into preparation."""
-        settings = self.settings
-        _require(
-            self.vocab_size >= MIN_VOCAB_SIZE,
-            "data.vocab_size",
-            f"{self.vocab_size} is below {MIN_VOCAB_SIZE} (256 bytes + <|endoftext|>); use at least that",
-        )
-        _require(self.block_size > 0, "data.block_size", f"must be positive, got {self.block_size}")
-        _require(self.batch_size > 0, "data.batch_size", f"must be positive, got {self.batch_size}")
-        _require(self.num_workers >= 0, "data.num_workers", f"must be >= 0, got {self.num_workers}")
-        _require(
-            0 < settings.val_fraction < 1,
-            "data.val_fraction",
-            f"must be between 0 and 1 (exclusive), got {settings.val_fraction}",
-        )
-        _require(
-            settings.num_proc is None or settings.num_proc > 0,
-            "data.num_proc",
-            f"must be positive or null, got {settings.num_proc}",
-        )
-        _require(settings.val_docs > 0, "data.val_docs", f"must be positive, got {settings.val_docs}")
-        _require(
-            settings.tokenizer_train_docs > 0,
-            "data.tokenizer_train_docs",
-            f"must be positive, got {settings.tokenizer_train_docs}",
-        )
+        check_numbers(self.hparams)
         self.source.check()
-        if settings.tokenizer_path is not None:
-            load_tokenizer_setting(settings.tokenizer_path, self.vocab_size)
+        if self.settings.tokenizer_path is not None:
+            load_tokenizer_setting(self.settings.tokenizer_path, self.vocab_size)
 
     def use_tokenizer(self, tokenizer: Tokenizer) -> None:
         """Tokenize with a pretrained model's tokenizer instead of training one (train.py's model.init_from).
@@ -242,7 +220,7 @@ class TextDataModule(L.LightningDataModule):
             start_batch=start_batch,
         )
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> Loader:
         """Resumes where the attached trainer stands (see `_start_batch`)."""
         trainer = self.trainer
         rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
@@ -251,7 +229,7 @@ class TextDataModule(L.LightningDataModule):
             batches = self._stream_batches(rank, world_size, start_batch)
             loader: Any = functools.partial(PositionedLoader, self._position)
         else:
-            batches, loader = self.train_batches(start_batch, rank, world_size), DataLoader
+            batches, loader = self.train_batches(start_batch, rank, world_size), Loader
         return loader(
             batches,
             batch_size=None,
@@ -287,12 +265,12 @@ class TextDataModule(L.LightningDataModule):
         trainer = self.trainer
         return trainer.global_step * trainer.accumulate_grad_batches if trainer is not None else 0
 
-    def val_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> Loader:
         """Every validation window once, in order (Lightning adds a DistributedSampler under DDP)."""
         self._require_setup()
         assert self.val_tokens is not None
         # Persistent workers: validation runs many times, and restarting workers each time costs seconds.
-        return DataLoader(
+        return Loader(
             ValWindows(self.val_tokens, self.block_size),
             batch_size=self.batch_size,
             shuffle=False,
@@ -327,6 +305,31 @@ def leave_ctrl_c_to_the_main_process(worker_id: int) -> None:
     """DataLoader workers ignore Ctrl-C: a terminal sends it to every process of the job, and a worker that died
     of it would end the run with "worker exited unexpectedly" instead of the trainer's save at a step boundary."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+# The data keys' number rules: (holds, what it must be).
+_NUMBER_RULES = {
+    "vocab_size": (
+        lambda v: v >= MIN_VOCAB_SIZE,
+        f"must be at least {MIN_VOCAB_SIZE} (256 bytes + <|endoftext|>)",
+    ),
+    "block_size": (lambda v: v > 0, "must be positive"),
+    "batch_size": (lambda v: v > 0, "must be positive"),
+    "num_workers": (lambda v: v >= 0, "must be >= 0"),
+    "val_fraction": (lambda v: 0 < v < 1, "must be between 0 and 1 (exclusive)"),
+    "num_proc": (lambda v: v is None or v > 0, "must be positive or null"),
+    "val_docs": (lambda v: v > 0, "must be positive"),
+    "tokenizer_train_docs": (lambda v: v > 0, "must be positive"),
+}
+
+
+def check_numbers(data: Any) -> None:
+    """The number rules of the data keys, for the init arguments or a parsed `data:` section: train.py checks
+    that before it builds the model, whose vocab_size and block_size follow data's, so the error names the key
+    the user typed."""
+    for key, (holds, rule) in _NUMBER_RULES.items():
+        if not holds(data[key]):
+            raise DataConfigError(f"data.{key}: {rule}, got {data[key]!r}")
 
 
 def _require(condition: bool, key: str, problem: str) -> None:

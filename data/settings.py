@@ -56,6 +56,18 @@ class PrepareSettings:
         digest = stable_digest(self.source.identity(), self.val_fraction, FORMAT_VERSION, length=16)
         return self.cache_dir / f"{_readable_name(self.source)}-{digest}"
 
+    def make_corpus_dir(self) -> Path:
+        """Create the corpus folder a build writes into, or say in one line why data.cache_dir cannot hold it."""
+        folder = self.corpus_dir()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise DataConfigError(
+                f"data.cache_dir: cannot create {folder} ({error.strerror}); set data.cache_dir to a folder "
+                "you can write to"
+            ) from None
+        return folder
+
     def trained_tokenizer_file(self) -> Path:
         """Where the tokenizer trained on this corpus is kept, so a second run knows its sha256 without work."""
         recipe = [

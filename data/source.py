@@ -155,6 +155,12 @@ class CorpusSource:
             )
 
     def _load_error(self, error: Exception) -> DataConfigError:
+        if _caused_by(error, UnicodeDecodeError):
+            local = [path for file in _flatten(self.builder_files) for path in _resolve_local(file)]
+            bad = next((path for path in local if not _is_utf8(path)), "a data file")
+            return DataConfigError(
+                f"data.data_files: {bad} is not UTF-8 text; convert it (iconv -t UTF-8) or point at a text file"
+            )
         offline = offline_reason()
         remote = [file for file in _flatten(self.builder_files) if is_remote(file)]
         if offline and not self.uses_builder:
@@ -182,6 +188,26 @@ class CorpusSource:
         return DataConfigError(
             f"{self.key}: cannot load '{self.dataset}': {type(error).__name__}: {first_line(error)}"
         )
+
+
+def _caused_by(error: BaseException | None, kind: type[BaseException]) -> bool:
+    """Whether `error` or an exception it was raised from (datasets wraps what its builders raise) is a `kind`."""
+    while error is not None and not isinstance(error, kind):
+        error = error.__cause__ or error.__context__
+    return error is not None
+
+
+def _is_utf8(path: str) -> bool:
+    """Whether a local file decodes as UTF-8 (read in 1 MB pieces; only on the error path). URLs count as text."""
+    if is_remote(path):
+        return True
+    try:
+        with open(path, encoding="utf-8") as file:
+            while file.read(1 << 20):
+                pass
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _is_network_error(error: BaseException) -> bool:

@@ -58,6 +58,7 @@ def prepare_tokens(settings: PrepareSettings, before_tokenizing: Callable[[int],
         return found
     from data.tokenize_parts import plan_parts, tokenize_parts, tokenizer_sample
 
+    corpus_dir = settings.make_corpus_dir()
     source = settings.source
     train_docs, val_docs = source.load()
     plan = plan_parts(train_docs, val_docs, source.text_column, source.key, settings.val_fraction)
@@ -66,7 +67,7 @@ def prepare_tokens(settings: PrepareSettings, before_tokenizing: Callable[[int],
         tokenizer = Tokenizer.train(tokenizer_sample(plan.train, source.text_column), settings.vocab_size)
         # Saved before the parts: a resumed build must tokenize with exactly this tokenizer.
         tokenizer.save(settings.trained_tokenizer_file())
-    final = settings.corpus_dir() / token_folder_name(tokenizer)
+    final = corpus_dir / token_folder_name(tokenizer)
     building = final.with_name(final.name + ".building")
     building.mkdir(parents=True, exist_ok=True)
     parts = plan.train + plan.val

@@ -36,10 +36,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, get_worker_info
 
 from common.files import StagedFolder
 from data import DataConfigError
+from data.batches import Loader
 from data.segments import encode_segments, segment_documents
 from data.settings import PrepareSettings, check_val_length
 from data.store import (
@@ -85,7 +86,7 @@ def prepare_stream(settings: PrepareSettings, before_tokenizing: Callable[[int],
         return found
     tokenizer = settings.known_tokenizer()
     trained_here = tokenizer is None
-    with StagedFolder(settings.corpus_dir()) as staged:
+    with StagedFolder(settings.make_corpus_dir()) as staged:
         assert staged.path is not None
         tokenizer, val_tokens = _build_stream_folder(settings, tokenizer, staged.path)
         check_val_length(val_tokens, settings.val_block_size)
@@ -297,7 +298,7 @@ class LoaderPosition:
         return max(0, -(-(batches - index) // self.num_workers))
 
 
-class PositionedLoader(DataLoader):
+class PositionedLoader(Loader):
     """A DataLoader over `StreamBatches` that records each batch's reader position and yields only (x, y)."""
 
     def __init__(self, position: LoaderPosition, *args: Any, **kwargs: Any) -> None:

@@ -16,6 +16,7 @@ from checkpoints.save_on_stop import LastCheckpoint
 from checkpoints.settings import GPTCheckpoint, prepare_checkpoint_dir, with_checkpoint_io
 from checkpoints.wandb_id import WandbIdInCheckpoint, stored_wandb_id
 from common.errors import UserError
+from data.datamodule import check_numbers
 
 from .attention_maps import AttentionMaps
 from .cli_help import order_help_sections, refuse_optimizer_flags, silence_known_noise
@@ -141,6 +142,7 @@ class GPTCLI(LightningCLI):
         if explicit is not None and self.subcommand:
             explicit = explicit.get(self.subcommand)
         self.pretrained = apply_init_from(config, explicit)  # before anything is written
+        check_numbers(config.data)  # before the model, whose vocab_size and block_size follow data's
         run_dir = Path(config.trainer.default_root_dir) / (config.run_name or _config_stem(config))
         if self.subcommand in ("fit", None) and not config.get("ckpt_path"):
             _refuse_to_overwrite(run_dir)
