@@ -11,7 +11,6 @@ Training only (Lightning):
     background_io   the same writes on a background thread
     save_on_stop    `last.ckpt` at SIGTERM, Ctrl-C and the end of training
     settings        the `checkpoint.*` keys, the CheckpointIO they select, start-up sweep and resume choice
-    sweep           removing the temporary files killed runs left in the checkpoint folder
     wandb_id        the wandb run id each checkpoint carries, for a resume without the run directory
     checks          `--ckpt_path` checks right after parsing
 

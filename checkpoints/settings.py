@@ -11,10 +11,11 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from common.files import remove_stale, stale_temp_files
+
 from .atomic_io import AtomicCheckpointIO
 from .background_io import BackgroundCheckpointIO
 from .resume import choose_resume_checkpoint
-from .sweep import sweep_stale_files
 
 # Where our CheckpointIOs lived before this package: the config.yaml of an older run still names them.
 FORMER_CLASS_PATHS = {
@@ -73,13 +74,16 @@ def _get(entry: Any, key: str) -> Any:
 def prepare_checkpoint_dir(
     checkpoint_dir: Path, ckpt_path: str | None, say: Callable[[str], None] | None = None
 ) -> str | None:
-    """Sweep what killed runs left (rank 0 only), then resolve `ckpt_path="last"` to a resumable file.
+    """Remove the temporary files killed runs left (rank 0 only), then resolve `ckpt_path="last"` to a file.
+
+    The checkpoint folder belongs to this run, so every temporary file in it is stale when the run starts (the
+    data cache, shared by runs building right now, is swept by data.store.sweep_data_cache).
 
     Returns the checkpoint to resume (None to start fresh); raises a UserError when none is resumable.
     """
     say = say or (lambda line: print(line, file=sys.stderr))
     if rank_zero_only.rank == 0:
-        sweep_stale_files(checkpoint_dir, say=say)
+        remove_stale(stale_temp_files(checkpoint_dir), checkpoint_dir, "temporary checkpoint file", say)
     if ckpt_path != "last":
         return ckpt_path
     chosen = choose_resume_checkpoint(

@@ -7,6 +7,7 @@ exactly the batches the uninterrupted run would have drawn, whatever the number 
 from __future__ import annotations
 
 import hashlib
+import signal
 from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
@@ -142,7 +143,13 @@ class ValWindows(_MemmapPicklesAsPath, Dataset):
 
 
 class Loader(DataLoader):
-    """A DataLoader whose workers' UserErrors keep their own line (see `_WorkerErrorLines`)."""
+    """Our DataLoader: pinned memory on a GPU machine, workers that leave Ctrl-C to the main process, and their
+    UserErrors keeping their own line (see `_WorkerErrorLines`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("pin_memory", torch.cuda.is_available())
+        kwargs.setdefault("worker_init_fn", leave_ctrl_c_to_the_main_process)
+        super().__init__(*args, **kwargs)
 
     def __iter__(self) -> Iterator:
         return _WorkerErrorLines(super().__iter__())
@@ -174,3 +181,9 @@ class _WorkerErrorLines:
 
     def __getattr__(self, name: str) -> Any:  # the rest of the DataLoader iterator (its _workers, ...)
         return getattr(self.batches, name)
+
+
+def leave_ctrl_c_to_the_main_process(worker_id: int) -> None:
+    """DataLoader workers ignore Ctrl-C: a terminal sends it to every process of the job, and a worker that died
+    of it would end the run with "worker exited unexpectedly" instead of the trainer's save at a step boundary."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

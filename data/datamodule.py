@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -17,7 +16,6 @@ from typing import Any
 
 import lightning as L
 import numpy as np
-import torch
 
 from data import DataConfigError
 from data.batches import Loader, TrainBatches, ValWindows
@@ -124,7 +122,10 @@ class TextDataModule(L.LightningDataModule):
             val_docs=val_docs,
             val_block_size=block_size,
         )
-        self._check_settings()
+        check_numbers(self.hparams)  # the cheap checks: a bad config fails when parsed, not minutes later
+        self.source.check()
+        if self.settings.tokenizer_path is not None:
+            load_tokenizer_setting(self.settings.tokenizer_path, self.vocab_size)
         self._created = time.time()  # a failure note older than this belongs to another run
         self.folder: Path | None = None
         self.tokenizer: Tokenizer | None = None
@@ -134,13 +135,6 @@ class TextDataModule(L.LightningDataModule):
         self.meta: dict[str, Any] = {}
         self._stream_state: dict[str, Any] = {}  # from the checkpoint, until the loader takes it over
         self._position: LoaderPosition | None = None
-
-    def _check_settings(self) -> None:
-        """Cheap checks, so a bad config fails when it is parsed rather than minutes into preparation."""
-        check_numbers(self.hparams)
-        self.source.check()
-        if self.settings.tokenizer_path is not None:
-            load_tokenizer_setting(self.settings.tokenizer_path, self.vocab_size)
 
     def use_tokenizer(self, tokenizer: Tokenizer) -> None:
         """Tokenize with a pretrained model's tokenizer instead of training one (train.py's model.init_from).
@@ -230,13 +224,7 @@ class TextDataModule(L.LightningDataModule):
             loader: Any = functools.partial(PositionedLoader, self._position)
         else:
             batches, loader = self.train_batches(start_batch, rank, world_size), Loader
-        return loader(
-            batches,
-            batch_size=None,
-            num_workers=self.num_workers,
-            pin_memory=torch.cuda.is_available(),
-            worker_init_fn=leave_ctrl_c_to_the_main_process,
-        )
+        return loader(batches, batch_size=None, num_workers=self.num_workers)
 
     def _stream_batches(self, rank: int, world_size: int, start_batch: int) -> StreamBatches:
         self._require_setup()
@@ -275,9 +263,7 @@ class TextDataModule(L.LightningDataModule):
             batch_size=self.batch_size,
             shuffle=False,
             num_workers=self.num_workers,
-            pin_memory=torch.cuda.is_available(),
             persistent_workers=self.num_workers > 0,
-            worker_init_fn=leave_ctrl_c_to_the_main_process,
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -299,12 +285,6 @@ class TextDataModule(L.LightningDataModule):
             raise RuntimeError(
                 "TextDataModule: call setup() (or let the Trainer call it) before using the data"
             )
-
-
-def leave_ctrl_c_to_the_main_process(worker_id: int) -> None:
-    """DataLoader workers ignore Ctrl-C: a terminal sends it to every process of the job, and a worker that died
-    of it would end the run with "worker exited unexpectedly" instead of the trainer's save at a step boundary."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 # The data keys' number rules: (holds, what it must be).

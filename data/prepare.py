@@ -9,6 +9,7 @@ processes, resumable after a kill) or, with `data.streaming: true`, the tokenize
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 from typing import Any
@@ -55,12 +56,9 @@ def parse(argv: list[str]) -> dict[str, Any]:
 
 def _config_path(argv: list[str]) -> str | None:
     """The value of --config (read first: its sections become the defaults the other flags override)."""
-    for index, arg in enumerate(argv):
-        if arg == "--config" and index + 1 < len(argv):
-            return argv[index + 1]
-        if arg.startswith("--config="):
-            return arg.split("=", 1)[1]
-    return None
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--config")
+    return first.parse_known_args(argv)[0].config
 
 
 def prepare(argv: list[str]) -> int:

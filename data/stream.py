@@ -29,7 +29,7 @@ import hashlib
 import json
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -170,32 +170,20 @@ def document_ids(texts: list[str | None], tokenizer: Tokenizer) -> np.ndarray:
     return np.fromiter((i for piece in pieces for i in piece), dtype=np.int64)
 
 
+@dataclass
 class StreamBatches(IterableDataset):
     """Endless (x, y, reader, state) batches of this rank's readers; `LoaderPosition` strips the last two."""
 
-    def __init__(
-        self,
-        docs: Any,
-        column: str,
-        tokenizer: Tokenizer,
-        heldout: frozenset[str],
-        block_size: int,
-        batch_size: int,
-        rank: int = 0,
-        world_size: int = 1,
-        start: dict[int, ReaderState] | None = None,
-        start_batch: int = 0,
-    ) -> None:
-        self.docs = docs
-        self.column = column
-        self.tokenizer = tokenizer
-        self.heldout = heldout
-        self.block_size = block_size
-        self.batch_size = batch_size
-        self.rank = rank
-        self.world_size = world_size
-        self.start = start or {}
-        self.start_batch = start_batch
+    docs: Any
+    column: str
+    tokenizer: Tokenizer
+    heldout: frozenset[str]
+    block_size: int
+    batch_size: int
+    rank: int = 0
+    world_size: int = 1
+    start: dict[int, ReaderState] = field(default_factory=dict)  # each reader's saved position
+    start_batch: int = 0
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, int, ReaderState]]:
         worker = get_worker_info()

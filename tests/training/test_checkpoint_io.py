@@ -15,7 +15,7 @@ import torch
 import checkpoints.atomic_io as checkpoint_io_module
 from checkpoints.atomic_io import AtomicCheckpointIO, CheckpointSaveError
 from checkpoints.background_io import BackgroundCheckpointIO
-from checkpoints.sweep import sweep_stale_files
+from checkpoints.settings import prepare_checkpoint_dir
 
 
 def checkpoint(step: int) -> dict:
@@ -120,9 +120,8 @@ def test_sweep_removes_killed_runs_temporary_checkpoint_files(tmp_path):
     (checkpoints / ".step-00000004.ckpt.partial-123-abcd1234").write_bytes(b"x" * 1000)
     (checkpoints / "step-00000003.ckpt").write_bytes(b"keep")
     said = []
-    removed = sweep_stale_files(checkpoints, say=said.append)
-    assert [p.name for p in removed] == [".step-00000004.ckpt.partial-123-abcd1234"]
-    assert (checkpoints / "step-00000003.ckpt").is_file()
+    assert prepare_checkpoint_dir(checkpoints, None, say=said.append) is None
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-00000003.ckpt"]
     assert len(said) == 1 and "temporary checkpoint file" in said[0]
 
 
