@@ -142,11 +142,11 @@ class TextDataModule(L.LightningDataModule):
         The token cache is keyed by its sha256 (rules included); documents are separated by its first EOS id and
         start with its BOS id when its rule adds one. Call before `setup`.
         """
-        _require(
-            tokenizer.vocab_size <= self.vocab_size,
-            "data.vocab_size",
-            f"{self.vocab_size} is smaller than the pretrained tokenizer's {tokenizer.vocab_size} ids",
-        )
+        if tokenizer.vocab_size > self.vocab_size:
+            raise DataConfigError(
+                f"data.vocab_size: {self.vocab_size} is smaller than the pretrained tokenizer's "
+                f"{tokenizer.vocab_size} ids"
+            )
         self.settings = dataclasses.replace(self.settings, pretrained_tokenizer=tokenizer)
         self.tokenizer = None
 
@@ -310,8 +310,3 @@ def check_numbers(data: Any) -> None:
     for key, (holds, rule) in _NUMBER_RULES.items():
         if not holds(data[key]):
             raise DataConfigError(f"data.{key}: {rule}, got {data[key]!r}")
-
-
-def _require(condition: bool, key: str, problem: str) -> None:
-    if not condition:
-        raise DataConfigError(f"{key}: {problem}")

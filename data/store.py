@@ -118,10 +118,6 @@ class TokenParts:
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0
 
-    @property
-    def shape(self) -> tuple[int]:
-        return (len(self),)
-
     def __getitem__(self, index: slice) -> np.ndarray:
         if not isinstance(index, slice) or index.step not in (None, 1):
             raise TypeError("TokenParts supports contiguous slices only")

@@ -63,11 +63,6 @@ class Part:
             for start in range(self.first, self.stop, _ROWS_PER_READ)
         ]
 
-    def segments(self, column: str) -> Iterator[dict[str, list]]:
-        """The part's segments, chunk by chunk."""
-        for start, stop in self.chunks():
-            yield self.read(start, stop, column)
-
     def read(self, start: int, stop: int, column: str) -> dict[str, list]:
         """Segments of rows [start, stop), clipped at the hold-out cut (see data.segments.segment_batch)."""
         rows = self.docs[start:stop]
