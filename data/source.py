@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -128,9 +129,19 @@ class CorpusSource:
             splits = datasets.load_dataset(
                 self.dataset, self.dataset_config, revision=self.revision, streaming=self.streaming, **kwargs
             )
+            return self._pick_splits(splits)  # a stream reads its first rows here
+        except DataConfigError:
+            raise
         except Exception as error:  # datasets raises many types; the user needs the key and the fix
             raise self._load_error(error) from error
-        return self._pick_splits(splits)
+
+    def texts(self, docs: Any) -> Iterator[str | None]:
+        """The text of each row of `docs`; a stream finds a file that is not UTF-8 only here, as it reads it."""
+        try:
+            for row in docs:
+                yield row[self.text_column]
+        except UnicodeDecodeError as error:
+            raise self._load_error(error) from None
 
     def _pick_splits(self, splits: Any) -> tuple[Any, Any | None]:
         names = list(splits.keys())

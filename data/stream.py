@@ -100,13 +100,13 @@ def _build_stream_folder(settings: PrepareSettings, tokenizer: Tokenizer | None,
     """Write val.bin, heldout.json, tokenizer.json and (last) meta.json; returns (tokenizer, val token count)."""
     source = settings.source
     train_docs, val_docs = source.load()
-    head = (row[source.text_column] for row in train_docs)
+    head = source.texts(train_docs)
     if val_docs is None:
         validation = list(islice(head, settings.val_docs))
         heldout = sorted({document_digest(text) for text in validation if text})
         val_source = f"the first {len(validation)} documents of the train split (left out of training)"
     else:
-        validation = list(islice((row[source.text_column] for row in val_docs), settings.val_docs))
+        validation = list(islice(source.texts(val_docs), settings.val_docs))
         heldout = []
         val_source = f"the first {len(validation)} documents of the validation split"
     if not any(validation):

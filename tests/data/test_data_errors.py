@@ -167,10 +167,15 @@ def test_a_dataloader_workers_error_keeps_its_own_line(tmp_path: Path, corpus_fi
     assert message.startswith("data.num_workers: stream reader 1 of 2") and "\n" not in message, message
 
 
-def test_a_binary_data_file_is_not_utf8_text(tmp_path: Path, cache_dir: Path, cached_files) -> None:
-    binary = tmp_path / "image.txt"
-    binary.write_bytes(b"text first, then \xff\xfe\x00\x81 bytes\n" * 100)
-    message = _raises("data.data_files", cache_dir, cached_files, data_files=str(binary))
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_binary_data_file_is_not_utf8_text(
+    tmp_path: Path, cache_dir: Path, cached_files, streaming
+) -> None:
+    text, binary = tmp_path / "text.txt", tmp_path / "image.txt"
+    text.write_text("a line of text\n" * 100)
+    binary.write_bytes(b"\xff\xfe\x00\x81 bytes\n" * 100)  # a stream reaches it after the first file's lines
+    settings = {"data_files": [str(text), str(binary)], "streaming": streaming, "text_sample_by": "line"}
+    message = _raises("data.data_files", cache_dir, cached_files, **settings)
     assert f"{binary} is not UTF-8 text" in message
 
 
