@@ -48,7 +48,7 @@ def worker_main(args: argparse.Namespace) -> None:
 
     run_dir = Path(args.run_dir)
     checkpoints = run_dir / "checkpoints"
-    ckpt_path = prepare_checkpoint_dir(checkpoints, "last" if args.resume else None, args.cache)
+    ckpt_path = prepare_checkpoint_dir(checkpoints, "last" if args.resume else None)
     print(f"resuming from: {ckpt_path}", file=sys.stderr, flush=True)
     trainer = L.Trainer(
         default_root_dir=run_dir, max_steps=args.steps, max_epochs=-1, accelerator="cpu", devices=1,

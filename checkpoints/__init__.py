@@ -11,7 +11,7 @@ Training only (Lightning):
     background_io   the same writes on a background thread
     save_on_stop    `last.ckpt` at SIGTERM, Ctrl-C and the end of training
     settings        the `checkpoint.*` keys, the CheckpointIO they select, start-up sweep and resume choice
-    sweep           removing what killed runs left (temporary files; the data cache's via data/)
+    wandb_id        the wandb run id each checkpoint carries, for a resume without the run directory
     checks          `--ckpt_path` checks right after parsing
 
 Nothing is imported here, so `import checkpoints.format` never pulls in Lightning.

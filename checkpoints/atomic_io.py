@@ -12,7 +12,7 @@ directory elsewhere keep working, and removing an old step file never leaves `la
 filesystem refuses hard links, `last.ckpt` falls back to a durable copy made the same atomic way.
 
 A kill at any moment therefore leaves the previous checkpoints whole; what it may leave is a temporary file,
-which `checkpoints.sweep` removes when the next run starts.
+which `checkpoints.settings.prepare_checkpoint_dir` removes when the next run starts.
 """
 
 from __future__ import annotations

@@ -7,18 +7,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from common.files import remove_stale, stale_temp_files
+
 from .atomic_io import AtomicCheckpointIO
 from .background_io import BackgroundCheckpointIO
-from .format import read_checkpoint
 from .resume import choose_resume_checkpoint
-from .sweep import sweep_stale_files
 
-WANDB_ID_KEY = "wandb_run_id"
 # Where our CheckpointIOs lived before this package: the config.yaml of an older run still names them.
 FORMER_CLASS_PATHS = {
     "training.checkpoint_io.AtomicCheckpointIO",
@@ -74,18 +72,18 @@ def _get(entry: Any, key: str) -> Any:
 
 
 def prepare_checkpoint_dir(
-    checkpoint_dir: Path,
-    ckpt_path: str | None,
-    cache_dir: str | None,
-    say: Callable[[str], None] | None = None,
+    checkpoint_dir: Path, ckpt_path: str | None, say: Callable[[str], None] | None = None
 ) -> str | None:
-    """Sweep what killed runs left (rank 0 only), then resolve `ckpt_path="last"` to a resumable file.
+    """Remove the temporary files killed runs left (rank 0 only), then resolve `ckpt_path="last"` to a file.
+
+    The checkpoint folder belongs to this run, so every temporary file in it is stale when the run starts (the
+    data cache, shared by runs building right now, is swept by data.store.sweep_data_cache).
 
     Returns the checkpoint to resume (None to start fresh); raises a UserError when none is resumable.
     """
     say = say or (lambda line: print(line, file=sys.stderr))
     if rank_zero_only.rank == 0:
-        sweep_stale_files(checkpoint_dir, cache_dir, say=say)
+        remove_stale(stale_temp_files(checkpoint_dir), checkpoint_dir, "temporary checkpoint file", say)
     if ckpt_path != "last":
         return ckpt_path
     chosen = choose_resume_checkpoint(
@@ -95,21 +93,3 @@ def prepare_checkpoint_dir(
         say(f"--ckpt_path last: no checkpoint in {checkpoint_dir} yet; starting from step 0")
         return None
     return str(chosen)
-
-
-class WandbIdInCheckpoint(L.Callback):
-    """Store the wandb run id in every checkpoint, so a resume can log to the same run even without the run dir."""
-
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        from lightning.pytorch.loggers import WandbLogger
-
-        for logger in trainer.loggers:
-            if isinstance(logger, WandbLogger) and logger.version:
-                checkpoint[WANDB_ID_KEY] = str(logger.version)
-
-
-def stored_wandb_id(ckpt_path: str | None) -> str | None:
-    """The wandb run id saved in the checkpoint at `ckpt_path` (None without one)."""
-    if not ckpt_path or not Path(ckpt_path).exists():  # a file, or a sharded checkpoint folder
-        return None
-    return read_checkpoint(ckpt_path)[0].get(WANDB_ID_KEY)

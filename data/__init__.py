@@ -1,12 +1,27 @@
-"""Data: byte-level BPE tokenizer, Hugging Face `datasets` loading, token cache and the LightningDataModule.
+"""Data, by stage: source -> tokenize -> store (the token cache) or stream -> batches, joined by the DataModule.
 
-This package only re-exports its light names (`Tokenizer`, `EOS_TOKEN`, `DataConfigError`: the standard
-library and `tokenizers`), so `generate.py` can load a tokenizer without importing torch, `datasets` or
-Lightning. Import the heavier parts from their modules: `data.datamodule.TextDataModule`,
-`data.batches.TrainBatches`, `data.cache.prepare_tokens`, `data.token_store.open_token_cache`.
+    source.py         where the text comes from (`datasets` builder + files, or a Hub id), loaded with checks
+    tokenizer.py      the tokenizer (our byte-level BPE, or a pretrained model's with its rules)
+    segments.py       documents -> segments that tokenize like the whole document; the held-out character cut
+    settings.py       what decides the cache's contents and folder names; which tokenizer a run uses
+    tokenize_parts.py the token cache's tokenize stage: the corpus cut into parts, tokenized in processes
+    store.py          the token cache on disk: find or build it, its format, opening it, sweeping dead builds
+    stream.py         streaming instead: the tokenizer and validation set built once, batches tokenized live
+    batches.py        training and validation batches over a stored token stream
+    rank_wait.py      one process per node builds, the others wait on the published folder
+    datamodule.py     `TextDataModule`, the LightningDataModule that joins the stages
+    prepare.py        `python -m data.prepare`: build ahead what `train.py fit` would build
+
+Importing the package loads only the standard library and `tokenizers` (`generate.py` needs just `Tokenizer`);
+import the heavier parts from their modules, e.g. `from data.datamodule import TextDataModule`.
 """
 
-from data.errors import DataConfigError
+from common.errors import UserError
 from data.tokenizer import EOS_TOKEN, Tokenizer
+
+
+class DataConfigError(UserError):
+    """A data setting the user can fix: one line naming the `data.*` key (or the file) and what to change."""
+
 
 __all__ = ["EOS_TOKEN", "DataConfigError", "Tokenizer"]

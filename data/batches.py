@@ -7,15 +7,17 @@ exactly the batches the uninterrupted run would have drawn, whatever the number 
 from __future__ import annotations
 
 import hashlib
+import signal
 from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from data.errors import DataConfigError
+from common.errors import UserError
+from data import DataConfigError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -138,3 +140,50 @@ class ValWindows(_MemmapPicklesAsPath, Dataset):
             self.tokens[start : start + self.block_size + 1].astype(np.int64)
         )  # (T + 1,)
         return window[:-1], window[1:]
+
+
+class Loader(DataLoader):
+    """Our DataLoader: pinned memory on a GPU machine, workers that leave Ctrl-C to the main process, and their
+    UserErrors keeping their own line (see `_WorkerErrorLines`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("pin_memory", torch.cuda.is_available())
+        kwargs.setdefault("worker_init_fn", leave_ctrl_c_to_the_main_process)
+        super().__init__(*args, **kwargs)
+
+    def __iter__(self) -> Iterator:
+        return _WorkerErrorLines(super().__iter__())
+
+
+class _WorkerErrorLines:
+    """A DataLoader iterator that gives a worker's UserError back its one line.
+
+    torch re-raises a worker's exception in the main process as its type with the message "Caught <type> in
+    DataLoader worker process <n>." and the worker's traceback below; the line a user needs is its last one.
+    """
+
+    def __init__(self, batches: Iterator) -> None:
+        self.batches = batches
+
+    def __iter__(self) -> _WorkerErrorLines:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self.batches)
+        except UserError as error:
+            first, _, rest = str(error).partition("\n")
+            if "DataLoader worker" not in first:
+                raise
+            # "<module>.<Type>: <the line>" ends the worker's traceback
+            error.args = (rest.rstrip().rsplit("\n", 1)[-1].split(": ", 1)[-1],)
+            raise error.with_traceback(None) from None
+
+    def __getattr__(self, name: str) -> Any:  # the rest of the DataLoader iterator (its _workers, ...)
+        return getattr(self.batches, name)
+
+
+def leave_ctrl_c_to_the_main_process(worker_id: int) -> None:
+    """DataLoader workers ignore Ctrl-C: a terminal sends it to every process of the job, and a worker that died
+    of it would end the run with "worker exited unexpectedly" instead of the trainer's save at a step boundary."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -1,12 +1,14 @@
-"""`TextDataModule`: a Hugging Face text corpus as a token stream (our byte-level BPE or a pretrained model's
-tokenizer) for Lightning."""
+"""`TextDataModule`: joins the data stages for Lightning: source -> tokenize -> store or stream -> batches.
+
+`setup` finds or builds the data (the token cache of data/store.py, or with `streaming` the folder of
+data/stream.py) and opens it; the loaders serve training batches from the position the trainer stands at.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -14,24 +16,23 @@ from typing import Any
 
 import lightning as L
 import numpy as np
-import torch
-from torch.utils.data import DataLoader
 
-from data.batches import TrainBatches, ValWindows
-from data.cache import (
-    PrepareSettings,
-    find_stream,
-    find_tokens,
-    load_tokenizer_setting,
-    prepare_stream,
-    prepare_tokens,
-)
-from data.errors import DataConfigError
+from data import DataConfigError
+from data.batches import Loader, TrainBatches, ValWindows
 from data.rank_wait import build_or_wait
+from data.settings import PrepareSettings, load_tokenizer_setting
 from data.source import CorpusSource, SampleBy
-from data.stream_batches import LoaderPosition, StreamBatches
-from data.token_store import META_FILE, TOKENIZER_FILE, VAL_FILE, open_token_cache
-from data.tokenize_stream import read_heldout
+from data.store import find_tokens, open_token_cache, prepare_tokens, sweep_data_cache
+from data.stream import (
+    LoaderPosition,
+    PositionedLoader,
+    StreamBatches,
+    find_stream,
+    open_stream,
+    prepare_stream,
+    saved_positions,
+    stream_state,
+)
 from data.tokenizer import MIN_VOCAB_SIZE, Tokenizer
 
 # The default corpus ships with the package (public domain, 1.1 MB), so the default config trains offline.
@@ -44,9 +45,12 @@ TINY_SHAKESPEARE_URL = (
 
 
 class TextDataModule(L.LightningDataModule):
-    """Loads a text corpus with `datasets`, trains a byte-level BPE tokenizer on its train part (or takes a
-    pretrained model's, see `use_tokenizer`), caches the token streams as memory-mapped arrays and serves random
-    training windows and sequential validation windows.
+    """A text corpus as training and validation windows of token ids.
+
+    Loads the corpus with `datasets`, trains a byte-level BPE tokenizer on its train part (or takes a pretrained
+    model's, see `use_tokenizer`), caches the token streams as memory-mapped arrays (or streams them) and serves
+    random training windows and sequential validation windows. (The first line above is the title of this
+    section in `--help`, so it is a whole sentence.)
 
     Args:
         dataset: A `datasets` builder reading `data_files` (text, json, parquet, csv, arrow) or a Hub dataset id.
@@ -118,8 +122,12 @@ class TextDataModule(L.LightningDataModule):
             val_docs=val_docs,
             val_block_size=block_size,
         )
-        self._check_settings()
+        check_numbers(self.hparams)  # the cheap checks: a bad config fails when parsed, not minutes later
+        self.source.check()
+        if self.settings.tokenizer_path is not None:
+            load_tokenizer_setting(self.settings.tokenizer_path, self.vocab_size)
         self._created = time.time()  # a failure note older than this belongs to another run
+        self.folder: Path | None = None
         self.tokenizer: Tokenizer | None = None
         self.train_tokens: np.ndarray | None = None
         self.val_tokens: np.ndarray | None = None
@@ -128,48 +136,17 @@ class TextDataModule(L.LightningDataModule):
         self._stream_state: dict[str, Any] = {}  # from the checkpoint, until the loader takes it over
         self._position: LoaderPosition | None = None
 
-    def _check_settings(self) -> None:
-        """Cheap checks, so a bad config fails when it is parsed rather than minutes into preparation."""
-        settings = self.settings
-        _require(
-            self.vocab_size >= MIN_VOCAB_SIZE,
-            "data.vocab_size",
-            f"{self.vocab_size} is below {MIN_VOCAB_SIZE} (256 bytes + <|endoftext|>); use at least that",
-        )
-        _require(self.block_size > 0, "data.block_size", f"must be positive, got {self.block_size}")
-        _require(self.batch_size > 0, "data.batch_size", f"must be positive, got {self.batch_size}")
-        _require(self.num_workers >= 0, "data.num_workers", f"must be >= 0, got {self.num_workers}")
-        _require(
-            0 < settings.val_fraction < 1,
-            "data.val_fraction",
-            f"must be between 0 and 1 (exclusive), got {settings.val_fraction}",
-        )
-        _require(
-            settings.num_proc is None or settings.num_proc > 0,
-            "data.num_proc",
-            f"must be positive or null, got {settings.num_proc}",
-        )
-        _require(settings.val_docs > 0, "data.val_docs", f"must be positive, got {settings.val_docs}")
-        _require(
-            settings.tokenizer_train_docs > 0,
-            "data.tokenizer_train_docs",
-            f"must be positive, got {settings.tokenizer_train_docs}",
-        )
-        self.source.check()
-        if settings.tokenizer_path is not None:
-            load_tokenizer_setting(settings.tokenizer_path, self.vocab_size)
-
     def use_tokenizer(self, tokenizer: Tokenizer) -> None:
         """Tokenize with a pretrained model's tokenizer instead of training one (train.py's model.init_from).
 
         The token cache is keyed by its sha256 (rules included); documents are separated by its first EOS id and
         start with its BOS id when its rule adds one. Call before `setup`.
         """
-        _require(
-            tokenizer.vocab_size <= self.vocab_size,
-            "data.vocab_size",
-            f"{self.vocab_size} is smaller than the pretrained tokenizer's {tokenizer.vocab_size} ids",
-        )
+        if tokenizer.vocab_size > self.vocab_size:
+            raise DataConfigError(
+                f"data.vocab_size: {self.vocab_size} is smaller than the pretrained tokenizer's "
+                f"{tokenizer.vocab_size} ids"
+            )
         self.settings = dataclasses.replace(self.settings, pretrained_tokenizer=tokenizer)
         self.tokenizer = None
 
@@ -178,27 +155,28 @@ class TextDataModule(L.LightningDataModule):
         if self.tokenizer is not None:
             return
         trainer = self.trainer
+        builder = trainer is None or trainer.local_rank == 0
+        if builder:
+            sweep_data_cache(self.settings.cache_dir, lambda line: print(line, file=sys.stderr))
         streaming = self.source.streaming
-        folder = build_or_wait(
-            lambda: (find_stream if streaming else find_tokens)(self.settings),
-            lambda: prepare_stream(self.settings) if streaming else prepare_tokens(self.settings, self._hint),
-            builder=trainer is None or trainer.local_rank == 0,
+        find, build, open_folder = (
+            (find_stream, prepare_stream, open_stream)
+            if streaming
+            else (find_tokens, prepare_tokens, open_token_cache)
+        )
+        self.folder = build_or_wait(
+            lambda: find(self.settings),
+            lambda: build(self.settings, self._hint),
+            builder=builder,
             others_wait=trainer is not None and trainer.world_size > 1,
             failure_note=self.settings.cache_dir / f".failed-{self.settings.corpus_dir().name}",
             started=self._created,
             what="the streaming tokenizer and validation set" if streaming else "the token cache",
         )
-        if streaming:
-            self.meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
-            self.tokenizer = Tokenizer.from_file(folder / TOKENIZER_FILE)
-            self.val_tokens = np.memmap(folder / VAL_FILE, dtype=np.dtype(self.meta["dtype"]), mode="r")
-            self.heldout = read_heldout(folder)
-            return
-        cache = open_token_cache(folder)  # checks the validation length for block_size
-        self.tokenizer = cache.tokenizer
-        self.train_tokens = cache.train
-        self.val_tokens = cache.val
-        self.meta = cache.meta
+        opened = open_folder(self.folder)
+        self.tokenizer, self.val_tokens, self.meta = opened.tokenizer, opened.val, opened.meta
+        self.train_tokens = getattr(opened, "train", None)  # a TokenCache's; a stream tokenizes as it trains
+        self.heldout = getattr(opened, "heldout", frozenset())  # a StreamFolder's
 
     def _hint(self, text_bytes: int) -> None:
         """A DDP run tokenizing a large corpus in setup keeps every other process idle: name the way out."""
@@ -236,47 +214,27 @@ class TextDataModule(L.LightningDataModule):
             start_batch=start_batch,
         )
 
-    def train_dataloader(self) -> DataLoader:
-        """Resumes where the attached trainer stands: batch global_step * accumulate_grad_batches."""
-        if self.source.streaming:
-            return self._stream_dataloader()
-        trainer = self.trainer
-        if trainer is None:
-            batches = self.train_batches()
-        else:
-            start = trainer.global_step * trainer.accumulate_grad_batches
-            batches = self.train_batches(start, trainer.global_rank, trainer.world_size)
-        return DataLoader(
-            batches,
-            batch_size=None,
-            num_workers=self.num_workers,
-            pin_memory=torch.cuda.is_available(),
-            worker_init_fn=leave_ctrl_c_to_the_main_process,
-        )
-
-    def val_dataloader(self) -> DataLoader:
-        """Every validation window once, in order (Lightning adds a DistributedSampler under DDP)."""
-        self._require_setup()
-        assert self.val_tokens is not None
-        # Persistent workers: validation runs many times, and restarting workers each time costs seconds.
-        return DataLoader(
-            ValWindows(self.val_tokens, self.block_size),
-            batch_size=self.batch_size,
-            shuffle=False,
-            num_workers=self.num_workers,
-            pin_memory=torch.cuda.is_available(),
-            persistent_workers=self.num_workers > 0,
-            worker_init_fn=leave_ctrl_c_to_the_main_process,
-        )
-
-    def _stream_dataloader(self) -> DataLoader:
-        self._require_setup()
-        assert self.tokenizer is not None
+    def train_dataloader(self) -> Loader:
+        """Resumes where the attached trainer stands (see `_start_batch`)."""
         trainer = self.trainer
         rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        start_batch = trainer.global_step * trainer.accumulate_grad_batches if trainer is not None else 0
-        start = self._saved_positions(world_size)
-        batches = StreamBatches(
+        start_batch = self._start_batch()
+        if self.source.streaming:
+            batches = self._stream_batches(rank, world_size, start_batch)
+            loader: Any = functools.partial(PositionedLoader, self._position)
+        else:
+            batches, loader = self.train_batches(start_batch, rank, world_size), Loader
+        return loader(batches, batch_size=None, num_workers=self.num_workers)
+
+    def _stream_batches(self, rank: int, world_size: int, start_batch: int) -> StreamBatches:
+        self._require_setup()
+        assert self.tokenizer is not None
+        start = saved_positions(self._stream_state, world_size, self.num_workers)
+        self._position = LoaderPosition(rank, self.num_workers, start, start_batch)
+        if self.num_workers:
+            # Each worker tokenizes on one core; the Rust pool of every worker would oversubscribe the CPU.
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        return StreamBatches(
             self.source.load()[0],
             self.source.text_column,
             self.tokenizer,
@@ -288,43 +246,32 @@ class TextDataModule(L.LightningDataModule):
             start=start,
             start_batch=start_batch,
         )
-        self._position = LoaderPosition(rank, self.num_workers, start, start_batch)
-        if self.num_workers:
-            # Each worker tokenizes on one core; the Rust pool of every worker would oversubscribe the CPU.
-            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        return PositionedLoader(
-            self._position,
-            batches,
-            batch_size=None,
-            num_workers=self.num_workers,
-            pin_memory=torch.cuda.is_available(),
-            worker_init_fn=leave_ctrl_c_to_the_main_process,
-        )
 
-    def _saved_positions(self, world_size: int) -> dict[int, Any]:
-        saved = self._stream_state
-        if not saved:
-            return {}
-        if (saved["world_size"], saved["num_workers"]) != (world_size, self.num_workers):
-            raise DataConfigError(
-                f"data.num_workers: the checkpoint's stream position is for {saved['world_size']} processes x "
-                f"{saved['num_workers']} workers; resume with the same process count and "
-                f"--data.num_workers {saved['num_workers']} (now {world_size} x {self.num_workers})"
-            )
-        return {int(reader): state for reader, state in saved["readers"].items()}
+    def _start_batch(self) -> int:
+        """The one start-batch rule: a trainer at optimizer step s has trained s * accumulate_grad_batches
+        batches, so the loader (or the stream position a checkpoint saves) continues from there."""
+        trainer = self.trainer
+        return trainer.global_step * trainer.accumulate_grad_batches if trainer is not None else 0
+
+    def val_dataloader(self) -> Loader:
+        """Every validation window once, in order (Lightning adds a DistributedSampler under DDP)."""
+        self._require_setup()
+        assert self.val_tokens is not None
+        # Persistent workers: validation runs many times, and restarting workers each time costs seconds.
+        return Loader(
+            ValWindows(self.val_tokens, self.block_size),
+            batch_size=self.batch_size,
+            shuffle=False,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """The stream position after the last trained batch of every reader of every rank (streaming only)."""
         if self._position is None or self.trainer is None:
             return {"stream": self._stream_state} if self._stream_state else {}
-        trainer = self.trainer
-        mine = self._position.positions(trainer.global_step * trainer.accumulate_grad_batches)
-        readers: dict[int, Any] = {}
-        for part in _gather(mine, trainer.world_size):
-            readers.update(part)
-        return {
-            "stream": {"world_size": trainer.world_size, "num_workers": self.num_workers, "readers": readers}
-        }
+        trained = self._start_batch()
+        return {"stream": stream_state(self._position, trained, self.trainer.world_size, self.num_workers)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._stream_state = state_dict.get("stream", {})
@@ -340,36 +287,26 @@ class TextDataModule(L.LightningDataModule):
             )
 
 
-class PositionedLoader(DataLoader):
-    """A DataLoader over `StreamBatches` that records each batch's reader position and yields only (x, y)."""
-
-    def __init__(self, position: LoaderPosition, *args: Any, **kwargs: Any) -> None:
-        self.position = position
-        super().__init__(*args, **kwargs)
-
-    def __iter__(self):
-        for x, y, reader, state in super().__iter__():
-            self.position.record(int(reader), state)
-            yield x, y
-
-
-def _gather(mine: dict[int, Any], world_size: int) -> list[dict[int, Any]]:
-    """Every rank's reader positions (a collective: Lightning builds the checkpoint dict on every rank)."""
-    import torch.distributed as dist
-
-    if world_size == 1 or not dist.is_available() or not dist.is_initialized():
-        return [mine]
-    parts: list[Any] = [None] * world_size
-    dist.all_gather_object(parts, mine)
-    return parts
+# The data keys' number rules: (holds, what it must be).
+_NUMBER_RULES = {
+    "vocab_size": (
+        lambda v: v >= MIN_VOCAB_SIZE,
+        f"must be at least {MIN_VOCAB_SIZE} (256 bytes + <|endoftext|>)",
+    ),
+    "block_size": (lambda v: v > 0, "must be positive"),
+    "batch_size": (lambda v: v > 0, "must be positive"),
+    "num_workers": (lambda v: v >= 0, "must be >= 0"),
+    "val_fraction": (lambda v: 0 < v < 1, "must be between 0 and 1 (exclusive)"),
+    "num_proc": (lambda v: v is None or v > 0, "must be positive or null"),
+    "val_docs": (lambda v: v > 0, "must be positive"),
+    "tokenizer_train_docs": (lambda v: v > 0, "must be positive"),
+}
 
 
-def leave_ctrl_c_to_the_main_process(worker_id: int) -> None:
-    """DataLoader workers ignore Ctrl-C: a terminal sends it to every process of the job, and a worker that died
-    of it would end the run with "worker exited unexpectedly" instead of the trainer's save at a step boundary."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _require(condition: bool, key: str, problem: str) -> None:
-    if not condition:
-        raise DataConfigError(f"{key}: {problem}")
+def check_numbers(data: Any) -> None:
+    """The number rules of the data keys, for the init arguments or a parsed `data:` section: train.py checks
+    that before it builds the model, whose vocab_size and block_size follow data's, so the error names the key
+    the user typed."""
+    for key, (holds, rule) in _NUMBER_RULES.items():
+        if not holds(data[key]):
+            raise DataConfigError(f"data.{key}: {rule}, got {data[key]!r}")

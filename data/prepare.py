@@ -1,67 +1,83 @@
 """Tokenize ahead of training: `python -m data.prepare --config configs/<x>.yaml [--data.num_proc 8]`.
 
-Reads only the `data:` section of a train.py config (other sections are ignored) and `--data.*` overrides,
-and builds exactly what `train.py fit` with the same config would: the token cache (non-streaming, in
-`data.num_proc` processes, resumable after a kill) or, with `data.streaming: true`, the tokenizer and the
-validation tokens. `fit` then finds it and starts with no data work.
+Reads the `data:` section of a train.py config and the model it starts from (`model.init_from`, whose tokenizer
+then replaces the BPE; other keys are ignored), with `--data.*` and `--model.init_from` overrides, and builds
+exactly what `train.py fit` with the same config would: the token cache (non-streaming, in `data.num_proc`
+processes, resumable after a kill) or, with `data.streaming: true`, the tokenizer and the validation tokens.
+`fit` then finds it and starts with no data work.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 from typing import Any
 
 from common.errors import UserError, run_command
 
+MODEL_KEYS = ("init_from", "init_revision")  # the model keys that decide the data: its tokenizer
+
 
 def parse(argv: list[str]) -> dict[str, Any]:
-    """The `data` init arguments of TextDataModule from --config's data section and --data.* overrides."""
+    """{"data": TextDataModule's init arguments, "model": MODEL_KEYS} from --config and the overrides."""
     import yaml
     from jsonargparse import ArgumentParser
 
     from data.datamodule import TextDataModule
 
     parser = ArgumentParser(
-        prog="python -m data.prepare", description=__doc__.splitlines()[0], exit_on_error=False
+        prog="python -m data.prepare", description=__doc__.split("\n\n")[0], exit_on_error=False
     )
-    parser.add_argument("--config", type=Path, help="a train.py YAML config; only its data: section is read")
+    parser.add_argument("--config", type=Path, help="a train.py YAML config; its data: section is read")
     parser.add_class_arguments(TextDataModule, "data")
+    parser.add_argument("--model.init_from", type=str | None, default=None, help="as in train.py fit")
+    parser.add_argument("--model.init_revision", type=str | None, default=None, help="as in train.py fit")
     config = _config_path(argv)
     if config is not None:
         path = Path(config)
         try:
-            section = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("data") or {}
+            sections = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except OSError as error:
             raise UserError(
                 f"--config: cannot read {path} ({error.strerror}); pass a train.py config file"
             ) from None
-        parser.set_defaults({f"data.{key}": value for key, value in section.items()})
+        model = {key: value for key, value in (sections.get("model") or {}).items() if key in MODEL_KEYS}
+        parser.set_defaults(
+            {f"data.{key}": value for key, value in (sections.get("data") or {}).items()}
+            | {f"model.{key}": value for key, value in model.items()}
+        )
     try:
-        return dict(parser.parse_args(argv).data)
+        parsed = parser.parse_args(argv)
     except Exception as error:  # jsonargparse's ArgumentError: one line, as train.py prints it
         raise UserError(f"{' '.join(str(error).split())} (see: python -m data.prepare --help)") from error
+    return {"data": dict(parsed.data), "model": dict(parsed.model)}
 
 
 def _config_path(argv: list[str]) -> str | None:
-    """The value of --config (read first: its data section becomes the defaults the other flags override)."""
-    for index, arg in enumerate(argv):
-        if arg == "--config" and index + 1 < len(argv):
-            return argv[index + 1]
-        if arg.startswith("--config="):
-            return arg.split("=", 1)[1]
-    return None
+    """The value of --config (read first: its sections become the defaults the other flags override)."""
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--config")
+    return first.parse_known_args(argv)[0].config
 
 
 def prepare(argv: list[str]) -> int:
-    """Build the data for the config; prints where it is."""
-    from data.cache import prepare_stream, prepare_tokens
+    """Build the data for the config, as fit's data module would; prints where it is."""
     from data.datamodule import TextDataModule
 
-    module = TextDataModule(**parse(argv))
-    settings = module.settings
-    folder = (prepare_stream if settings.source.streaming else prepare_tokens)(settings)
-    print(f"data: ready in {folder}; train.py fit with the same config will use it")
+    parsed = parse(argv)
+    data, name = parsed["data"], parsed["model"]["init_from"]
+    tokenizer = None
+    if name:  # fit tokenizes with the pretrained model's own tokenizer (training/init_from.py does the same)
+        from interop import load_tokenizer, resolve
+
+        tokenizer = load_tokenizer(resolve(name, parsed["model"]["init_revision"]).path)
+        data.update(vocab_size=max(data["vocab_size"], tokenizer.vocab_size), tokenizer_path=None)
+    module = TextDataModule(**data)
+    if tokenizer is not None:
+        module.use_tokenizer(tokenizer)
+    module.setup()
+    print(f"data: ready in {module.folder}; train.py fit with the same config will use it")
     return 0
 
 

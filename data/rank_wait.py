@@ -16,7 +16,7 @@ from pathlib import Path
 
 from common.errors import UserError, first_line
 from common.files import atomic_write
-from data.errors import DataConfigError
+from data import DataConfigError
 
 POLL_S = 0.2
 REPORT_EVERY_S = 60.0

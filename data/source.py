@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from common.errors import first_line
-from data.errors import DataConfigError
+from data import DataConfigError
 
 BUILDERS = ("text", "json", "parquet", "csv", "arrow")
 VALIDATION_SPLITS = ("validation", "valid")
@@ -128,9 +129,19 @@ class CorpusSource:
             splits = datasets.load_dataset(
                 self.dataset, self.dataset_config, revision=self.revision, streaming=self.streaming, **kwargs
             )
+            return self._pick_splits(splits)  # a stream reads its first rows here
+        except DataConfigError:
+            raise
         except Exception as error:  # datasets raises many types; the user needs the key and the fix
             raise self._load_error(error) from error
-        return self._pick_splits(splits)
+
+    def texts(self, docs: Any) -> Iterator[str | None]:
+        """The text of each row of `docs`; a stream finds a file that is not UTF-8 only here, as it reads it."""
+        try:
+            for row in docs:
+                yield row[self.text_column]
+        except UnicodeDecodeError as error:
+            raise self._load_error(error) from None
 
     def _pick_splits(self, splits: Any) -> tuple[Any, Any | None]:
         names = list(splits.keys())
@@ -155,6 +166,12 @@ class CorpusSource:
             )
 
     def _load_error(self, error: Exception) -> DataConfigError:
+        if _caused_by(error, UnicodeDecodeError):
+            local = [path for file in _flatten(self.builder_files) for path in _resolve_local(file)]
+            bad = next((path for path in local if not _is_utf8(path)), "a data file")
+            return DataConfigError(
+                f"data.data_files: {bad} is not UTF-8 text; convert it (iconv -t UTF-8) or point at a text file"
+            )
         offline = offline_reason()
         remote = [file for file in _flatten(self.builder_files) if is_remote(file)]
         if offline and not self.uses_builder:
@@ -182,6 +199,26 @@ class CorpusSource:
         return DataConfigError(
             f"{self.key}: cannot load '{self.dataset}': {type(error).__name__}: {first_line(error)}"
         )
+
+
+def _caused_by(error: BaseException | None, kind: type[BaseException]) -> bool:
+    """Whether `error` or an exception it was raised from (datasets wraps what its builders raise) is a `kind`."""
+    while error is not None and not isinstance(error, kind):
+        error = error.__cause__ or error.__context__
+    return error is not None
+
+
+def _is_utf8(path: str) -> bool:
+    """Whether a local file decodes as UTF-8 (read in 1 MB pieces; only on the error path). URLs count as text."""
+    if is_remote(path):
+        return True
+    try:
+        with open(path, encoding="utf-8") as file:
+            while file.read(1 << 20):
+                pass
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _is_network_error(error: BaseException) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -104,10 +105,14 @@ class Tokenizer:
         texts: Iterable[str | list[str]],
         vocab_size: int,
         *,
-        show_progress: bool = True,
+        show_progress: bool | None = None,
         length: int | None = None,
     ) -> Tokenizer:
-        """Train on `texts` (strings or batches of strings); the vocab holds all 256 bytes, so nothing is unknown."""
+        """Train on `texts` (strings or batches of strings); the vocab holds all 256 bytes, so nothing is unknown.
+
+        The progress bars (None: only when stdout is a terminal) are drawn by `tokenizers`, which writes a line
+        break per bar to stdout even where it draws none: blank lines in a log file.
+        """
         if vocab_size < MIN_VOCAB_SIZE:
             raise ValueError(
                 f"vocab_size {vocab_size} is below {MIN_VOCAB_SIZE} (256 bytes + special tokens)"
@@ -120,7 +125,7 @@ class Tokenizer:
             min_frequency=2,  # a pair seen once never helps compress unseen text
             special_tokens=list(SPECIAL_TOKENS),
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=show_progress,
+            show_progress=sys.stdout.isatty() if show_progress is None else show_progress,
         )
         backend.train_from_iterator(texts, trainer=trainer, length=length)
         return cls(backend)

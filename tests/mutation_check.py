@@ -152,8 +152,8 @@ MUTATIONS = [
     Mutation(
         "stream-restarts-at-batch-0",
         "data/datamodule.py",
-        "start = trainer.global_step * trainer.accumulate_grad_batches",
-        "start = 0",
+        "return trainer.global_step * trainer.accumulate_grad_batches if trainer is not None else 0",
+        "return 0",
         ("tests/data/test_data_lightning_resume.py",),
     ),
     Mutation(
@@ -174,8 +174,8 @@ MUTATIONS = [
     Mutation(
         "ddp-ranks-read-rank-0-batches",
         "data/datamodule.py",
-        "train_batches(start, trainer.global_rank,",
-        "train_batches(start, 0,",
+        "self.train_batches(start_batch, rank, world_size)",
+        "self.train_batches(start_batch, 0, world_size)",
         ("tests/training/test_ddp.py",),
     ),
     Mutation(

@@ -13,14 +13,10 @@ from checkpoints.choice import checkpoint_step
 from checkpoints.resume import expand_run_dir_resume
 from checkpoints.run_dir import LAST_NAME, RunDir
 from checkpoints.save_on_stop import LastCheckpoint
-from checkpoints.settings import (
-    GPTCheckpoint,
-    WandbIdInCheckpoint,
-    prepare_checkpoint_dir,
-    stored_wandb_id,
-    with_checkpoint_io,
-)
+from checkpoints.settings import GPTCheckpoint, prepare_checkpoint_dir, with_checkpoint_io
+from checkpoints.wandb_id import WandbIdInCheckpoint, stored_wandb_id
 from common.errors import UserError
+from data.datamodule import check_numbers
 
 from .attention_maps import AttentionMaps
 from .cli_help import order_help_sections, refuse_optimizer_flags, silence_known_noise
@@ -146,6 +142,7 @@ class GPTCLI(LightningCLI):
         if explicit is not None and self.subcommand:
             explicit = explicit.get(self.subcommand)
         self.pretrained = apply_init_from(config, explicit)  # before anything is written
+        check_numbers(config.data)  # before the model, whose vocab_size and block_size follow data's
         run_dir = Path(config.trainer.default_root_dir) / (config.run_name or _config_stem(config))
         if self.subcommand in ("fit", None) and not config.get("ckpt_path"):
             _refuse_to_overwrite(run_dir)
@@ -155,9 +152,7 @@ class GPTCLI(LightningCLI):
         config.trainer.default_root_dir = str(run_dir)
         config.checkpoint.dirpath = str(RunDir(run_dir).checkpoints)
         if self.subcommand == "fit":
-            config.ckpt_path = prepare_checkpoint_dir(
-                RunDir(run_dir).checkpoints, config.get("ckpt_path"), config.data.get("cache_dir")
-            )
+            config.ckpt_path = prepare_checkpoint_dir(RunDir(run_dir).checkpoints, config.get("ckpt_path"))
         refuse_size_change(config, config.get("ckpt_path"), self.subcommand or "fit")
         if self.subcommand not in ("fit", None):
             # validate/test/predict print their results; they write nothing into the training run's folder

@@ -151,3 +151,66 @@ def test_an_empty_folder_and_json_with_the_text_builder(
     )
     message = _raises("data.dataset", cache_dir, cached_files, data_files=str(jsonl_corpus))
     assert "--data.dataset json" in message
+
+
+def test_a_dataloader_workers_error_keeps_its_own_line(tmp_path: Path, corpus_file, cache_dir: Path) -> None:
+    """torch re-raises a worker's error as "Caught DataConfigError in DataLoader worker process 1."."""
+    files = {"train": str(corpus_file("one.jsonl", ["a single training document " * 20])),
+             "validation": str(corpus_file("val.jsonl", ["held out " * 20]))}  # fmt: skip
+    module = TextDataModule(dataset="json", data_files=files, streaming=True, num_workers=2, vocab_size=VOCAB,
+                            block_size=4, batch_size=1, cache_dir=str(cache_dir), val_docs=1)  # fmt: skip
+    module.setup()
+    with pytest.raises(DataConfigError) as caught:
+        for _ in zip(range(10), module.train_dataloader(), strict=False):  # reader 1 of 2 has no document
+            pass
+    message = str(caught.value)
+    assert message.startswith("data.num_workers: stream reader 1 of 2") and "\n" not in message, message
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_binary_data_file_is_not_utf8_text(
+    tmp_path: Path, cache_dir: Path, cached_files, streaming
+) -> None:
+    text, binary = tmp_path / "text.txt", tmp_path / "image.txt"
+    text.write_text("a line of text\n" * 100)
+    binary.write_bytes(b"\xff\xfe\x00\x81 bytes\n" * 100)  # a stream reaches it after the first file's lines
+    settings = {"data_files": [str(text), str(binary)], "streaming": streaming, "text_sample_by": "line"}
+    message = _raises("data.data_files", cache_dir, cached_files, **settings)
+    assert f"{binary} is not UTF-8 text" in message
+
+
+def test_a_cache_dir_that_cannot_be_created_is_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    from data.prepare import main
+
+    (tmp_path / "a-file").write_text("not a folder")
+    for cache_dir in [
+        tmp_path / "a-file" / "cache",
+        *(["/proc/nope"] if Path("/proc/self").exists() else []),
+    ]:
+        with pytest.raises(DataConfigError, match=f"^data.cache_dir: cannot create {cache_dir}/"):
+            TextDataModule(cache_dir=str(cache_dir)).setup()
+        monkeypatch.setattr("sys.argv", ["data.prepare", "--data.cache_dir", str(cache_dir)])
+        assert main() == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: data.cache_dir: cannot create") and err.count("\n") == 1, err
+
+
+def test_training_a_tokenizer_prints_no_blank_lines_into_a_log(capfd) -> None:
+    Tokenizer.train(["to be or not to be " * 50] * 5, VOCAB)
+    assert capfd.readouterr().out == ""
+
+
+def test_prepare_help_shows_whole_sentences(capsys) -> None:
+    """jsonargparse titles the data flags with the data module's first docstring line."""
+    from data.prepare import parse
+
+    with pytest.raises(SystemExit):
+        parse(["--help"])
+    title = TextDataModule.__doc__.splitlines()[0]
+    assert title.endswith(".") and f"{title[:-1]}:" in capsys.readouterr().out  # a sentence, not a cut
+
+
+def test_fit_names_the_data_key_typed_not_the_model_key_it_feeds(script) -> None:
+    result = script("train.py", "fit", "--config", "configs/tiny.yaml", "--data.block_size", "0", check=False)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == "error: data.block_size: must be positive, got 0"

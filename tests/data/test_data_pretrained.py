@@ -5,12 +5,14 @@ start with its BOS id when its rule adds one (once per document, not once per to
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from data.datamodule import TextDataModule
 from data.tokenizer import Tokenizer, TokenRules
-from tests.interop.conftest import llama2_backend
+from tests.interop.conftest import llama2_backend, save_llama
 
 EOS, BOS = 2, 1
 # The second document is long enough to be cut into several segments (data.segments.SEGMENT_CHARS).
@@ -89,3 +91,29 @@ def test_streaming_uses_the_same_separators(tmp_path):
     data.setup("fit")
     # Streaming puts the separator before every document, the first one too.
     assert np.asarray(data.val_tokens).tolist() == [EOS, *expected(tokenizer, VAL)]
+
+
+def test_prepare_builds_the_cache_a_fine_tune_fit_reads(
+    corpus, tmp_path, monkeypatch, capsys, script
+) -> None:
+    """`data.prepare --config <fine-tune config>` tokenizes with the init_from model's tokenizer, and fit then
+    finds that cache: it tokenizes nothing and adds no token folder."""
+    transformers = pytest.importorskip("transformers")
+    from data.prepare import main
+    from interop import load_tokenizer
+
+    llama = tmp_path / "llama"
+    save_llama(transformers, llama, shard=False)
+    cache, config = tmp_path / "cache", str(Path(__file__).parents[2] / "configs" / "finetune-smollm2.yaml")
+    argv = ["--config", config, "--model.init_from", str(llama), "--data.data_files", str(corpus)]
+    argv += ["--data.cache_dir", str(cache), "--data.block_size", "32"]
+    monkeypatch.setattr("sys.argv", ["data.prepare", *argv])
+    assert main() == 0
+    folder = Path(capsys.readouterr().out.split("ready in ")[1].split(";")[0])
+    assert Tokenizer.from_file(folder / "tokenizer.json").sha256 == load_tokenizer(llama).sha256
+    built = sorted(cache.rglob("*"))
+    fit = script("train.py", "fit", *argv, "--data.batch_size", "2", "--trainer.max_steps", "1",
+                 "--trainer.limit_val_batches", "0", "--samples.every_n_steps", "0", "--trainer.logger", "false",
+                 "--attention_maps.every_n_steps", "0", "--trainer.default_root_dir", str(tmp_path / "runs"))  # fmt: skip
+    assert "tokenizing" not in fit.stderr, "fit found the prepared cache"
+    assert sorted(cache.rglob("*")) == built

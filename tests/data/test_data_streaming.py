@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from data import EOS_TOKEN, Tokenizer
 from data.datamodule import TextDataModule
-from data.stream_batches import StreamBatches
+from data.stream import StreamBatches
 
 VOCAB = 300
 

@@ -6,7 +6,6 @@ import contextlib
 import errno
 import os
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import torch
 import checkpoints.atomic_io as checkpoint_io_module
 from checkpoints.atomic_io import AtomicCheckpointIO, CheckpointSaveError
 from checkpoints.background_io import BackgroundCheckpointIO
-from checkpoints.sweep import sweep_stale_files
+from checkpoints.settings import prepare_checkpoint_dir
 
 
 def checkpoint(step: int) -> dict:
@@ -115,32 +114,15 @@ def test_async_save_writes_a_snapshot_not_the_live_tensors(tmp_path):
     assert torch.load(tmp_path / "last.ckpt", weights_only=True)["state_dict"]["w"].eq(1.0).all()
 
 
-def dead_pid() -> int:
-    process = subprocess.Popen([sys.executable, "-c", "pass"])
-    process.wait()
-    return process.pid
-
-
-def test_sweep_removes_killed_runs_leftovers_but_not_a_live_build(tmp_path):
-    import socket
-
-    checkpoints, corpus = tmp_path / "checkpoints", tmp_path / "cache" / "text-corpus-0123"
+def test_sweep_removes_killed_runs_temporary_checkpoint_files(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
-    corpus.mkdir(parents=True)
     (checkpoints / ".step-00000004.ckpt.partial-123-abcd1234").write_bytes(b"x" * 1000)
     (checkpoints / "step-00000003.ckpt").write_bytes(b"keep")
-    host = socket.gethostname()
-    dead = corpus / f".staging.partial-{dead_pid()}@{host}-abc123"
-    live = corpus / f".staging.partial-{os.getpid()}@{host}-def456"
-    elsewhere = corpus / f".staging.partial-{dead_pid()}@another-node-0789"
-    for folder in (dead, live, elsewhere):
-        folder.mkdir()
-        (folder / "train.bin").write_bytes(b"y" * 10)
     said = []
-    removed = sweep_stale_files(checkpoints, tmp_path / "cache", say=said.append)
-    assert sorted(p.name for p in removed) == sorted([".step-00000004.ckpt.partial-123-abcd1234", dead.name])
-    assert live.is_dir() and elsewhere.is_dir() and (checkpoints / "step-00000003.ckpt").is_file()
-    assert len(said) == 2 and "temporary checkpoint file" in said[0] and dead.name in said[1]
+    assert prepare_checkpoint_dir(checkpoints, None, say=said.append) is None
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-00000003.ckpt"]
+    assert len(said) == 1 and "temporary checkpoint file" in said[0]
 
 
 def test_wandb_run_id_is_kept_in_the_run_dir_or_taken_from_the_checkpoint(tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from data.errors import DataConfigError
+from data import DataConfigError
 from data.source import CorpusSource
 
 pytestmark = pytest.mark.slow  # train.py runs in subprocesses here

@@ -1,0 +1,128 @@
+"""What decides the data a run needs: the corpus, the hold-out and the tokenizer, and the folders named for them.
+
+Cache layout (everything for one corpus under one folder keyed by the corpus identity and the hold-out):
+
+    <cache_dir>/<name>-<corpus digest>/
+        tokenizer-bpe<V>-<recipe digest>.json   the tokenizer trained here
+        tokens-<tokenizer sha256[:16]>/         train-NNNNN.bin, val-NNNNN.bin parts, tokenizer.json, meta.json
+        tokens-<...>.building/                  the same while parts are being tokenized (kept for a resume)
+        stream-<tokenizer sha256[:16]>-val<N>/  streaming: val.bin, heldout.json, tokenizer.json, meta.json
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from data import DataConfigError
+from data.source import CorpusSource
+from data.tokenizer import Tokenizer
+
+FORMAT_VERSION = 2  # of the token cache; 2: part files listed in meta.json
+# Bump when the tokenizer's training recipe changes, so caches made by the old recipe are not reused.
+TOKENIZER_RECIPE = "bytelevel-bpe/min_frequency=2/sample=64MB/v2"
+_BYTES_PER_PROCESS = 4 << 20  # below this, starting a worker process costs more than it saves
+
+
+def stable_digest(*parts: object, length: int = 32) -> str:
+    """Hex digest of JSON-serialisable `parts`; equal inputs give equal digests across runs and machines."""
+    payload = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:length]
+
+
+@dataclass(frozen=True)
+class PrepareSettings:
+    """Everything that decides the token cache's contents, plus the block size validation must fit."""
+
+    source: CorpusSource
+    cache_dir: Path
+    vocab_size: int
+    tokenizer_path: Path | None = None
+    val_fraction: float = 0.1
+    num_proc: int | None = None
+    tokenizer_train_docs: int = 10_000
+    val_docs: int = 1000
+    val_block_size: int = 1
+    pretrained_tokenizer: Tokenizer | None = (
+        None  # a pretrained model's own (model.init_from): none is trained
+    )
+
+    def corpus_dir(self) -> Path:
+        """The folder for this corpus and hold-out; its name changes when any input file changes."""
+        digest = stable_digest(self.source.identity(), self.val_fraction, FORMAT_VERSION, length=16)
+        return self.cache_dir / f"{_readable_name(self.source)}-{digest}"
+
+    def make_corpus_dir(self) -> Path:
+        """Create the corpus folder a build writes into, or say in one line why data.cache_dir cannot hold it."""
+        folder = self.corpus_dir()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise DataConfigError(
+                f"data.cache_dir: cannot create {folder} ({error.strerror}); set data.cache_dir to a folder "
+                "you can write to"
+            ) from None
+        return folder
+
+    def trained_tokenizer_file(self) -> Path:
+        """Where the tokenizer trained on this corpus is kept, so a second run knows its sha256 without work."""
+        recipe = [
+            TOKENIZER_RECIPE,
+            self.vocab_size,
+            [self.tokenizer_train_docs, self.val_docs] if self.source.streaming else None,
+        ]
+        return self.corpus_dir() / f"tokenizer-bpe{self.vocab_size}-{stable_digest(recipe, length=12)}.json"
+
+    def known_tokenizer(self) -> Tokenizer | None:
+        """The pretrained model's tokenizer, the one from `tokenizer_path`, the one trained here earlier, or None."""
+        if self.pretrained_tokenizer is not None:
+            return self.pretrained_tokenizer
+        if self.tokenizer_path is not None:
+            return load_tokenizer_setting(self.tokenizer_path, self.vocab_size)
+        trained = self.trained_tokenizer_file()
+        return Tokenizer.from_file(trained) if trained.is_file() else None
+
+    def num_procs(self, total_bytes: int) -> int:
+        """`num_proc`, or for None one process per ~4 MB of text, up to min(8, CPUs)."""
+        if self.num_proc is not None:
+            return max(1, self.num_proc)
+        return max(1, min(8, os.cpu_count() or 1, total_bytes // _BYTES_PER_PROCESS))
+
+
+def load_tokenizer_setting(path: Path, vocab_size: int) -> Tokenizer:
+    """Load `data.tokenizer_path`, with one-line errors for a missing or foreign file and a too-small vocab."""
+    try:
+        tokenizer = Tokenizer.from_file(path)
+    except FileNotFoundError:
+        raise DataConfigError(
+            f"data.tokenizer_path: {path} does not exist; pass a tokenizer.json file"
+        ) from None
+    except ValueError as error:
+        raise DataConfigError(f"data.tokenizer_path: {error}") from error
+    if tokenizer.vocab_size > vocab_size:
+        raise DataConfigError(
+            f"data.vocab_size: {vocab_size} is smaller than the {tokenizer.vocab_size} tokens of {path}; "
+            f"set data.vocab_size >= {tokenizer.vocab_size}"
+        )
+    return tokenizer
+
+
+def check_val_length(val_tokens: int, block_size: int) -> None:
+    """Validation needs at least one window of block_size + 1 tokens (inputs plus shifted targets)."""
+    if val_tokens < block_size + 1:
+        raise DataConfigError(
+            f"data.block_size: the validation stream has {val_tokens} tokens but block_size={block_size} needs "
+            f"at least {block_size + 1}; lower data.block_size or hold out more text (data.val_fraction)"
+        )
+
+
+def _readable_name(source: CorpusSource) -> str:
+    files = source.resolved_data_files()
+    first = next(iter(files.values())) if isinstance(files, dict) else files
+    first = first[0] if isinstance(first, list) and first else first
+    name = f"{source.dataset}-{Path(first).stem}" if isinstance(first, str) else source.dataset
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")[:48]
