@@ -106,6 +106,25 @@ class GPT(nn.Module):
         model.load_state_dict(state)
         return model.eval()
 
+    @torch.no_grad()
+    def first_non_finite(self, idx: torch.Tensor) -> str | None:
+        """The name of the first module (embedding, block, final norm, head) whose output on idx (B, T) holds a
+        NaN or an infinity, or None. A full forward with hooks: for after a failure, not for every step."""
+        found: list[str] = []
+        named = [("wte", self.wte), *((f"blocks.{i}", b) for i, b in enumerate(self.blocks))]
+        hooks = [
+            module.register_forward_hook(
+                lambda _, __, out, name=name: found.append(name) if not torch.isfinite(out).all() else None
+            )
+            for name, module in [*named, ("norm", self.norm), ("lm_head", self.lm_head)]
+        ]
+        try:
+            self(idx[:, -self.config.block_size :])
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return found[0] if found else None
+
     def num_params(self, include_embedding: bool = True) -> int:
         """Parameter count, a tied embedding counted once."""
         n = sum(p.numel() for p in self.parameters())

@@ -18,6 +18,10 @@ from .cache import KVCache
 from .static_decode import static_decoder
 
 
+class NonFiniteLogits(UserError):
+    """The model's next-token logits hold a NaN or an infinity, so no token can be drawn."""
+
+
 @dataclass(frozen=True)
 class Sampler:
     """How a token is picked from logits: greedy when temperature == 0, else drawn from a filtered softmax.
@@ -33,18 +37,18 @@ class Sampler:
     repetition_penalty: float = 1.0
     generator: torch.Generator | None = None
 
-    def check(self, prefix: str = "") -> Sampler:
-        """Raise a one-line UserError for a value that cannot sample; `prefix="--"` names command-line flags."""
+    def check(self) -> Sampler:
+        """Raise a one-line UserError, starting with the field's name, for a value that cannot sample."""
         if self.temperature < 0:
-            raise UserError(f"{prefix}temperature must be >= 0 (0 is greedy), got {self.temperature}")
+            raise UserError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
         if self.top_k is not None and self.top_k < 1:
-            raise UserError(f"{prefix}top_k must be at least 1, got {self.top_k}")
+            raise UserError(f"top_k must be at least 1, got {self.top_k}")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise UserError(f"{prefix}top_p must be in (0, 1], got {self.top_p}")
+            raise UserError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.min_p is not None and not 0.0 <= self.min_p <= 1.0:
-            raise UserError(f"{prefix}min_p must be in [0, 1], got {self.min_p}")
+            raise UserError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.repetition_penalty <= 0:
-            raise UserError(f"{prefix}repetition_penalty must be positive, got {self.repetition_penalty}")
+            raise UserError(f"repetition_penalty must be positive, got {self.repetition_penalty}")
         return self
 
     @property
@@ -70,7 +74,12 @@ class Sampler:
         probs = self.probs(logits, seen)
         if self.greedy:
             return probs.argmax(dim=-1)
-        return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+        try:
+            return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+        except RuntimeError:  # checked only now: a check at every step would wait for the device each time
+            if torch.isfinite(logits).all():
+                raise
+            raise NonFiniteLogits("the model's output is not finite (NaN or infinite logits)") from None
 
     def draw(self, probs: torch.Tensor) -> int:
         """One token id from a distribution (V,) made by `probs` (the argmax when greedy)."""
@@ -184,6 +193,7 @@ class Context:
                 self.cache.reset()
         if self.cache is None:
             return self.eager(seq[:, start:], None, count)
+        self.keep(seq.shape[1] - count)  # what the cache holds from there on was a guess (a rejected draft)
         new = seq[:, start + self.cache.pos :]
         if new.shape[1] == 1 and count == 1 and self.step is not None:
             return self.step(new[:, 0].clone(memory_format=torch.contiguous_format))[:, None]  # one graph
@@ -283,6 +293,8 @@ def generate(
     if max_new_tokens < 1:
         raise UserError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     context = model_context(model, idx.shape[0], idx.shape[1] + max_new_tokens, use_cache, compile)
-    return decode(
-        idx, max_new_tokens, sample_step(context, sampler), Stop(eos_id, idx.shape[0], idx.device), on_token
-    )
+    stop = Stop(eos_id, idx.shape[0], idx.device)
+    try:
+        return decode(idx, max_new_tokens, sample_step(context, sampler), stop, on_token)
+    except NonFiniteLogits as err:
+        raise NonFiniteLogits(f"{err}; first at {model.first_non_finite(idx)}") from None

@@ -32,9 +32,6 @@ class Drafter(Protocol):
     def propose(self, idx: torch.Tensor, k: int, sampler: Sampler) -> tuple[list[int], torch.Tensor | None]:
         """Up to k tokens to follow idx (1, n), and their draft distributions (k, V), or None if deterministic."""
 
-    def keep(self, n_valid: int) -> None:
-        """The first n_valid tokens of the sequence are final; forget anything drafted after them."""
-
 
 class PromptLookup:
     """Drafts by copying: find the latest earlier occurrence of the last n tokens and propose what followed."""
@@ -51,9 +48,6 @@ class PromptLookup:
                 start = int(hits[-1]) + size
                 return seq[start : start + k].tolist(), None
         return [], None
-
-    def keep(self, n_valid: int) -> None:
-        pass
 
 
 class DraftModel:
@@ -75,9 +69,6 @@ class DraftModel:
             seq = torch.cat([seq, seq.new_tensor([[sampler.draw(probs)]])], dim=1)
             dists.append(probs)
         return seq[0, n:].tolist(), None if sampler.greedy else torch.stack(dists)
-
-    def keep(self, n_valid: int) -> None:
-        self.context.keep(n_valid)
 
 
 @dataclass
@@ -153,8 +144,6 @@ def speculative_generate(
 
     def one_round(seq: torch.Tensor, room: int) -> torch.Tensor:
         n = seq.shape[1]
-        target.keep(n - 1)  # the accepted tokens stay cached; the last one is fed with the drafts
-        drafter.keep(n - 1)
         room = min(k, block_size - (n - target.window_start(n)), room - 1)
         drafts, q = drafter.propose(seq, room, sampler) if room > 0 else ([], None)
         logits = target.logits(torch.cat([seq, seq.new_tensor([drafts])], dim=1), len(drafts) + 1)[0]
@@ -175,11 +164,11 @@ def check_draft(target: GPT, draft: GPT, target_tokenizer_sha: str, draft_tokeni
     """Refuse a draft that does not share the target's tokenizer and vocabulary, with one line."""
     if draft_tokenizer_sha != target_tokenizer_sha:
         raise UserError(
-            "--draft checkpoint has a different tokenizer from --checkpoint; use a draft trained with the same "
+            "the draft model has a different tokenizer from the target; use a draft trained with the same "
             "tokenizer.json"
         )
     if draft.config.vocab_size != target.config.vocab_size:
         raise UserError(
-            f"--draft vocab_size {draft.config.vocab_size} differs from --checkpoint vocab_size "
+            f"the draft's vocab_size {draft.config.vocab_size} differs from the target's "
             f"{target.config.vocab_size}; use a draft with the target's vocabulary"
         )

@@ -139,6 +139,14 @@ class StaticDecoder:
         with torch.compiler.set_stance("force_eager"):
             return self.model(idx, self.cache, last_only=True)[:, -1]
 
+    @torch.inference_mode()  # as `generate` runs it: a step built in another grad mode would be rebuilt
+    def warm_up(self) -> None:
+        """Build the compiled step now (one step at position 0 of the emptied cache), not at the first token."""
+        self.cache.reset()
+        self.static.pos.fill_(0)
+        token = torch.zeros(self.cache.k.shape[1], 1, dtype=torch.long, device=self.cache.k.device)
+        self.step(self.model, token, self.static)
+
     def decode(self, token: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (B,) at the cache's position; the logits (B, V) of the next token."""
         if self.cache.pos >= self.cache.max_len:
