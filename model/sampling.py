@@ -1,8 +1,7 @@
-"""Autoregressive sampling: how a token is picked (`Sampler`), and `generate`, which prefills once and then
-decodes one token at a time from the KV cache.
-
-Plain, compiled and speculative decoding all pick their tokens with the same `Sampler`, and all follow the
-same context-window rule (`context_start`), so they agree token for token wherever they should.
+"""Autoregressive decoding: how a token is picked (`Sampler`) and the one decode loop (`decode`: prefill,
+step, pick, stop) that plain, compiled, speculative (model/speculative.py) and chat (generation/chat.py)
+decoding share, with its one stop rule (`Stop`) and its one window rule (`context_start`, kept by `Context`),
+so they agree token for token wherever they should. `generate` is the plain and compiled use of it.
 """
 
 from __future__ import annotations
@@ -172,8 +171,9 @@ class Context:
     window rule (`context_start`), re-encoding the window's recent half from position 0 when it jumps, and
     feeds the tokens after the cached ones: one token through `step` (the eager forward, or the compiled
     static step of model/static_decode.py), several through the eager forward. Without a cache it runs the
-    whole window every time (the reference the cached paths are tested against). `keep(n)` forgets the cached
-    tokens from the n-th on, for a caller that replaces them (rejected drafts, a re-rendered chat turn).
+    whole window every time (the reference the cached paths are tested against). The cache never keeps a
+    token at or after the first one whose logits are asked (speculative decoding's rejected drafts go so);
+    `keep(n)` forgets the cached tokens from the n-th on, for a caller that rewrote them (a re-rendered chat).
     """
 
     def __init__(self, model: torch.nn.Module, cache: KVCache | None, step=None) -> None:
