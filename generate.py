@@ -4,9 +4,8 @@
     python generate.py --checkpoint HuggingFaceTB/SmolLM2-135M-Instruct --chat
 
 --checkpoint takes any model name interop resolves (our .ckpt or run directory, a Hugging Face folder or Hub
-id, a .gguf file). The command line only: decoding is model/sampling.py, the chat loop, streaming and speed
-reports generation/, pictures and tables inspection/writers.py. No Lightning, no wandb, so it starts
-fast. A user mistake prints one line and exits with status 2 (common/errors.py; GQA_GPT_TRACEBACK=1 for more).
+id, a .gguf file). The command line only: decoding is model/, chat, text and speed reports generation/, pictures
+inspection/. No Lightning, no wandb, so it starts fast. A user mistake prints one line and exits 2.
 """
 
 from __future__ import annotations
@@ -21,9 +20,8 @@ from common.errors import UserError, run_command
 from common.threads import apply_thread_count
 from generation.chat import Conversation, run_chat
 from generation.model_defaults import model_sampler
-from generation.prompt import encode_prompt
-from generation.speed import speculative_run
-from generation.stream import TextStream, print_samples
+from generation.speed import report_decode_speed, report_speculative_speed, speculative_run
+from generation.text import TextStream, encode_prompt, print_samples
 from interop import load_pretrained
 from model import generate
 from model.config import DTYPES
@@ -106,10 +104,8 @@ def check_args(args: argparse.Namespace) -> Sampler:
         raise UserError("--draft and --prompt_lookup are two ways of drafting; pick one")
     if args.draft or args.prompt_lookup:
         if args.num_samples != 1 or args.no_cache or args.compile or args.repetition_penalty != 1.0:
-            raise UserError(
-                "speculative decoding (--draft/--prompt_lookup) takes one sample from the cache: drop --num_samples, "
-                "--no_cache, --compile and --repetition_penalty"
-            )
+            raise UserError("speculative decoding (--draft/--prompt_lookup) takes one sample from the cache: drop "
+                            "--num_samples, --no_cache, --compile and --repetition_penalty")  # fmt: skip
     if args.compile and args.no_cache:
         raise UserError("--compile decodes from the KV cache; drop --no_cache")
     given = [f"--{flag}" for flag in CHAT_CONFLICTS if flag in args.explicit]
@@ -198,8 +194,6 @@ def run(args: argparse.Namespace) -> None:
         return run_speculative(model, loaded, tokenizer, prompt, args, sampler, eos_id, echo)
     batch = prompt.expand(args.num_samples, -1).contiguous()
     if args.benchmark:
-        from generation.speed import report_decode_speed
-
         report_decode_speed(model, batch, args.max_new_tokens, sampler, args.seed, compile=args.compile,
                             with_recompute=args.no_cache)  # fmt: skip
         return
@@ -239,8 +233,6 @@ def run_speculative(model, loaded, tokenizer, prompt, args, sampler: Sampler, eo
             raise UserError(f"--draft {args.draft}: {err}") from None
         make_drafter = lambda: DraftModel(draft.model)  # noqa: E731
     if args.benchmark:
-        from generation.speed import report_speculative_speed
-
         report_speculative_speed(model, prompt, args.max_new_tokens, make_drafter, sampler, args.seed,
                                  k=args.draft_k)  # fmt: skip
         return

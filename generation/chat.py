@@ -19,7 +19,7 @@ from data.tokenizer import Tokenizer
 from model.cache import KVCache
 from model.sampling import Context, Sampler, Stop, decode, sample_step
 
-from .stream import TextStream
+from .text import TextStream
 
 
 class Conversation:

@@ -206,7 +206,7 @@ def test_keep_quantized_on_a_float_gguf_says_so_in_one_line(gguf_of, capsys):
 def test_compile_builds_the_step_before_the_first_token(ckpt, capsys, monkeypatch):
     """The note says the build comes before the first token: the compiled step must run before any is printed."""
     import model.static_decode as static_decode
-    from generation.stream import TextStream
+    from generation.text import TextStream
 
     events, real_stream = [], TextStream.__call__
 
