@@ -4,9 +4,8 @@
     python generate.py --checkpoint HuggingFaceTB/SmolLM2-135M-Instruct --chat
 
 --checkpoint takes any model name interop resolves (our .ckpt or run directory, a Hugging Face folder or Hub
-id, a .gguf file). The command line only: the chat loop is chat.py, sampling model/sampling.py, speed reports
-benchmarks/sampling_speed.py, pictures and tables inspection/writers.py. No Lightning, no wandb, so it starts
-fast. A user mistake prints one line and exits with status 2 (common/errors.py; GQA_GPT_TRACEBACK=1 for more).
+id, a .gguf file). The command line only: decoding is model/, chat, text and speed reports generation/, pictures
+inspection/. No Lightning, no wandb, so it starts fast. A user mistake prints one line and exits 2.
 """
 
 from __future__ import annotations
@@ -14,20 +13,26 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-import time
 
 import torch
 
-from chat import Conversation, TextStream, check_chat_args, model_sampler, require_chat_template, run_chat
 from common.errors import UserError, run_command
 from common.threads import apply_thread_count
-from data.tokenizer import Tokenizer
+from generation.chat import Conversation, run_chat
+from generation.model_defaults import model_sampler
+from generation.speed import report_decode_speed, report_speculative_speed, speculative_run
+from generation.text import TextStream, encode_prompt, print_samples
 from interop import load
 from model import generate
 from model.config import DTYPES
 from model.quantized import QuantizedLinear
-from model.sampling import Sampler
-from model.speculative import DraftModel, PromptLookup, check_draft, speculative_generate
+from model.sampling import NonFiniteLogits, Sampler
+from model.speculative import DraftModel, PromptLookup, check_draft
+from model.static_decode import static_decoder
+
+# Flags that make no sense with --chat (its turns come from stdin, one reply at a time from the cache).
+CHAT_CONFLICTS = ("prompt", "prompt_file", "draft", "prompt_lookup", "benchmark", "compile", "no_cache",
+                  "attention_map", "attention_html", "explain_attention", "num_samples")  # fmt: skip
 
 
 class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
@@ -88,7 +93,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def check_args(args: argparse.Namespace) -> Sampler:
     """One-line errors for flags that cannot work, before the checkpoint is loaded; the sampler they ask for."""
     sampler = Sampler(args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty)
-    sampler.check(prefix="--")
+    try:
+        sampler.check()
+    except UserError as err:  # the check names the field; here it is a flag
+        raise UserError(f"--{err}") from None
     for flag in ("max_new_tokens", "num_samples", "draft_k"):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
@@ -96,14 +104,14 @@ def check_args(args: argparse.Namespace) -> Sampler:
         raise UserError("--draft and --prompt_lookup are two ways of drafting; pick one")
     if args.draft or args.prompt_lookup:
         if args.num_samples != 1 or args.no_cache or args.compile or args.repetition_penalty != 1.0:
-            raise UserError(
-                "speculative decoding (--draft/--prompt_lookup) takes one sample from the cache: drop --num_samples, "
-                "--no_cache, --compile and --repetition_penalty"
-            )
+            raise UserError("speculative decoding (--draft/--prompt_lookup) takes one sample from the cache: drop "
+                            "--num_samples, --no_cache, --compile and --repetition_penalty")  # fmt: skip
     if args.compile and args.no_cache:
         raise UserError("--compile decodes from the KV cache; drop --no_cache")
-    if args.chat:
-        check_chat_args(args)
+    given = [f"--{flag}" for flag in CHAT_CONFLICTS if flag in args.explicit]
+    if args.chat and given:
+        raise UserError(f"--chat reads its turns from stdin and decodes one reply from the KV cache; drop "
+                        f"{', '.join(given)}")  # fmt: skip
     return sampler
 
 
@@ -138,41 +146,20 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
-def encode_prompt(tokenizer: Tokenizer, prompt: str, block_size: int, device: torch.device) -> torch.Tensor:
-    # BOS first if the model's rule says so; an empty prompt without one starts from the end-of-text token,
-    # the separator every training document follows.
-    ids = tokenizer.encode(prompt) or [tokenizer.eos_id]
-    text_ids = set(ids) - {tokenizer.bos_id}
-    if text_ids and text_ids <= unfamiliar_byte_ids(tokenizer):
-        print("note: the prompt is made only of bytes the tokenizer never merged (rare or unseen in training, "
-              "e.g. emoji); the model knows little about them, so expect output unrelated to the prompt",
-              file=sys.stderr)  # fmt: skip
-    if len(ids) > block_size:
-        print(f"note: the prompt has {len(ids)} tokens; the model sees only the last {block_size}",
-              file=sys.stderr)  # fmt: skip
-    return torch.tensor([ids], device=device)
-
-
-def unfamiliar_byte_ids(tokenizer: Tokenizer) -> set[int]:
-    """Ids of non-ASCII single-byte tokens that are part of no longer token: BPE merges every byte frequent in
-    its training text, so one left unmerged was rare there (ASCII is excluded: a small vocabulary leaves even
-    common letters unmerged)."""
-    table = tokenizer.token_bytes()
-    merged = {byte for token in table if len(token) > 1 for byte in token}
-    return {
-        i for i, token in enumerate(table) if len(token) == 1 and token[0] >= 0x80 and token[0] not in merged
-    }
-
-
-def note_kept_blocks(model: torch.nn.Module) -> None:
-    """One stderr line: how many matrices stayed in their GGUF blocks, and their size."""
+def note_kept_blocks(model: torch.nn.Module, args: argparse.Namespace) -> None:
+    """One stderr line on what --keep_quantized kept, and one more when this run cannot read the blocks."""
     layers = [m for m in model.modules() if isinstance(m, (torch.nn.Linear, QuantizedLinear))]
     kept = [m for m in layers if isinstance(m, QuantizedLinear)]
+    if not kept:
+        print(f"note: --keep_quantized: {args.checkpoint} has no Q4_0/Q4_1/Q8_0 matrix to keep (its linear layers "
+              "are float), so this run is the same as without the flag", file=sys.stderr)  # fmt: skip
+        return
     size = sum(b.numel() * b.element_size() for m in kept for b in m.buffers()) / 1e6
-    print(
-        f"note: {len(kept)} of {len(layers)} linear layers kept in their GGUF blocks ({size:.0f} MB)",
-        file=sys.stderr,
-    )
+    print(f"note: {len(kept)} of {len(layers)} linear layers kept in their GGUF blocks ({size:.0f} MB)",
+          file=sys.stderr)  # fmt: skip
+    if not args.compile or args.num_samples > 1 or args.no_cache or args.draft or args.prompt_lookup:
+        print("note: only --compile with one sample reads the blocks directly; this run dequantises every "
+              "matrix at each step, slower than without --keep_quantized", file=sys.stderr)  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> None:
@@ -184,12 +171,10 @@ def run(args: argparse.Namespace) -> None:
     loaded = load(args.checkpoint, args.revision, device, dtype, args.keep_quantized)
     model, tokenizer = loaded.model, loaded.tokenizer
     if args.keep_quantized:
-        note_kept_blocks(model)
-        if not args.compile or args.num_samples > 1 or args.no_cache or args.draft or args.prompt_lookup:
-            print("note: only --compile with one sample reads the blocks directly; this run dequantises every "
-                  "matrix at each step, slower than without --keep_quantized", file=sys.stderr)  # fmt: skip
-    if args.chat:  # before any note about sampling
-        require_chat_template(tokenizer, args.checkpoint)
+        note_kept_blocks(model, args)
+    if args.chat and tokenizer.chat_template is None:  # before any note about sampling
+        raise UserError(f"--chat: {args.checkpoint} has no chat template (tokenizer_config.json or the GGUF's "
+                        "tokenizer.chat_template); drop --chat and pass --prompt")  # fmt: skip
     folder = loaded.source.hf_folder
     sampler = model_sampler(sampler, folder, args.explicit)
     sampler = dataclasses.replace(sampler, generator=torch.Generator(device=device).manual_seed(args.seed))
@@ -209,15 +194,15 @@ def run(args: argparse.Namespace) -> None:
         return run_speculative(model, loaded, tokenizer, prompt, args, sampler, eos_id, echo)
     batch = prompt.expand(args.num_samples, -1).contiguous()
     if args.benchmark:
-        from benchmarks.sampling_speed import report_decode_speed
-
         report_decode_speed(model, batch, args.max_new_tokens, sampler, args.seed, compile=args.compile,
                             with_recompute=args.no_cache)  # fmt: skip
         return
     stream = TextStream(tokenizer) if args.num_samples == 1 else None
-    if args.compile and device.type == "cpu":  # the first token waits for the compile, with no output
-        cost = "minutes the first time" if args.keep_quantized else "tens of seconds"
-        print(f"note: --compile builds the decode step before the first new token ({cost})", file=sys.stderr)
+    if args.compile:  # built now, with a note, rather than in silence after the first token
+        if device.type == "cpu":
+            cost = "minutes the first time" if args.keep_quantized else "tens of seconds"
+            print(f"note: --compile builds the decode step first ({cost})", file=sys.stderr)
+        static_decoder(model, args.num_samples, length=prompt.shape[1] + args.max_new_tokens).warm_up()
     try:
         print(echo if stream else "", end="", flush=True)  # inside: a Ctrl-C may land right after it
         out = generate(model, batch, args.max_new_tokens, sampler=sampler, eos_id=eos_id, on_token=stream,
@@ -225,12 +210,11 @@ def run(args: argparse.Namespace) -> None:
     except KeyboardInterrupt:
         print(flush=True)  # end the streamed line, so the "interrupted" message starts on its own
         raise
-    if stream is None:
-        for i, row in enumerate(out[:, prompt.shape[1] :].tolist()):
-            row = row[: next((i for i, t in enumerate(row) if t in tokenizer.eos_ids), len(row))]
-            print(f"--- sample {i + 1} ---\n{echo}{tokenizer.decode(row)}")
-    else:
-        print()
+    except NonFiniteLogits as err:
+        raise UserError(
+            f"{args.checkpoint}: {err}; its weights are broken (a NaN or inf in a tensor)"
+        ) from None
+    print_samples(tokenizer, out[:, prompt.shape[1] :].tolist(), echo) if stream is None else print()
     if args.attention_map:
         writers.write_attention_map(model, tokenizer, out[:1], args.attention_map, args.layer)
     if args.attention_html:
@@ -243,23 +227,18 @@ def run_speculative(model, loaded, tokenizer, prompt, args, sampler: Sampler, eo
     # Read once; each run gets a fresh drafter. It must share the target's tokenizer and vocabulary.
     if args.draft:
         draft = load(args.draft, device=device, dtype=dtype)
-        check_draft(loaded.model, draft.model, tokenizer.sha256, draft.tokenizer.sha256)
-        draft_model = draft.model
-        make_drafter = lambda: DraftModel(draft_model, device, dtype)  # noqa: E731
+        try:
+            check_draft(loaded.model, draft.model, tokenizer.sha256, draft.tokenizer.sha256)
+        except UserError as err:
+            raise UserError(f"--draft {args.draft}: {err}") from None
+        make_drafter = lambda: DraftModel(draft.model)  # noqa: E731
     if args.benchmark:
-        from benchmarks.sampling_speed import report_speculative_speed
-
         report_speculative_speed(model, prompt, args.max_new_tokens, make_drafter, sampler, args.seed,
                                  k=args.draft_k)  # fmt: skip
         return
     print(echo, end="", flush=True)
-    start = time.perf_counter()
-    _, stats = speculative_generate(model, prompt, args.max_new_tokens, make_drafter(), k=args.draft_k,
-                                    sampler=sampler, eos_id=eos_id, on_token=TextStream(tokenizer))  # fmt: skip
-    seconds = time.perf_counter() - start
-    print()
-    print(f"[{stats.new_tokens} tokens, {stats.target_forwards} target forwards, acceptance "
-          f"{stats.acceptance:.0%}, {stats.new_tokens / seconds:.1f} tokens/s]", file=sys.stderr)  # fmt: skip
+    speculative_run(model, prompt, args.max_new_tokens, make_drafter(), k=args.draft_k, sampler=sampler,
+                    eos_id=eos_id, on_token=TextStream(tokenizer))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,7 @@
 
 Random model: 4 layers, 256 wide, 8/2 heads, block_size 1024, vocab 1024. Prompt 64 tokens, 512 new, greedy,
 fp32 on CPU (or --device). The paths alternate within each repeat and medians are printed with the ratios
-(benchmarks/timing.py); the
+(generation/timing.py); the
 target is a cached path at least 10x faster than recomputing. `gpu_decode_report` is the GPU check that
 benchmarks.device_check calls: the compiled decode of a 124 M model in bf16, tokens/s and bandwidth use.
 """
@@ -20,31 +20,11 @@ import time
 import torch
 
 from benchmarks.shapes import GPT2_SMALL
-from benchmarks.timing import alternate_medians, synchronize
-from model import GPT, ModelConfig, generate
+from generation.speed import timed_decode
+from generation.timing import alternate_medians
+from model import GPT, ModelConfig
 
 SMALL_1024 = ModelConfig(vocab_size=1024, block_size=1024, n_layer=4, n_head=8, n_kv_head=2, n_embd=256)
-
-
-def timed_decode(model: GPT, prompt: torch.Tensor, new_tokens: int, **kwargs) -> tuple[float, float]:
-    """(prefill seconds, decode tokens/s) of one `generate` call (greedy unless kwargs say otherwise).
-
-    The first new token's arrival ends the prefill; decode speed counts the other new_tokens - 1 tokens of every
-    row. `eos_id` is never passed, so every run decodes the same count.
-    """
-    stamps = [time.perf_counter()]
-
-    def arrived(_: torch.Tensor) -> None:
-        if len(stamps) == 1:  # the prefill's end: wait for the device before reading the clock
-            synchronize()
-        stamps.append(time.perf_counter())
-
-    kwargs = kwargs if "sampler" in kwargs else {"temperature": 0.0, **kwargs}
-    generate(model, prompt, new_tokens, on_token=arrived, **kwargs)
-    synchronize()
-    stamps[-1] = time.perf_counter()
-    decode_s = stamps[-1] - stamps[1]
-    return stamps[1] - stamps[0], prompt.shape[0] * (new_tokens - 1) / decode_s if decode_s else float("inf")
 
 
 def compare_paths(
@@ -144,9 +124,9 @@ def gpu_decode_report(new_tokens: int = 256, prompt_len: int = 64, device: str =
 
 def bench_checkpoint(args: argparse.Namespace) -> None:
     """generate.py --benchmark --no_cache on a trained checkpoint: its KV cache, prefill and decode speeds."""
-    from benchmarks.sampling_speed import report_decode_speed
     from checkpoints.format import load_checkpoint
     from data.tokenizer import Tokenizer
+    from generation.speed import report_decode_speed
 
     loaded = load_checkpoint(args.checkpoint)
     model = loaded.model.to(args.device).eval()

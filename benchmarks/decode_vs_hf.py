@@ -18,7 +18,7 @@ Batch 1, fp32, CPU, under `torch.inference_mode`. Each model is exported with `e
 `AutoModelForCausalLM.from_pretrained` (SDPA attention), so every side runs identical weights. Four sides: our
 eager `generate`, ours with `compile=True` (the static-shape step), transformers' default `generate` (dynamic
 cache) and transformers with its static cache + `torch.compile` (fullgraph). Each side gets one warm-up run
-(which compiles), then the median of `--repeats` timed runs (the sides alternate: benchmarks/timing.py). Every side also
+(which compiles), then the median of `--repeats` timed runs (the sides alternate: generation/timing.py). Every side also
 runs with one new token, its prefill alone; decode tok/s is (new tokens - 1) / (time - prefill time). MBU is the
 bytes a step must read (every weight once, plus the KV cache at the mean context length) x decode tok/s, over the
 best read bandwidth over the rounds, each round measuring it (`benchmarks.decode.read_bandwidth`) between the
@@ -41,9 +41,9 @@ import torch
 
 from benchmarks.decode import bytes_per_token, read_bandwidth
 from benchmarks.smollm2 import INSTALL, smollm2_gguf
-from benchmarks.timing import alternate_medians, wall_seconds
 from common.tokens import EOS_TOKEN
 from data.tokenizer import Tokenizer
+from generation.timing import alternate_medians, wall_seconds
 from interop.export_hf import export_hf
 from model import GPT, ModelConfig, generate
 

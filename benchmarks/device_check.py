@@ -37,8 +37,8 @@ import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from benchmarks.timing import alternate_medians, wall_seconds
 from data.datamodule import TINY_SHAKESPEARE, TextDataModule
+from generation.timing import alternate_medians, wall_seconds
 from model import GPT, generate
 from model.attention import explicit_attention, sdpa_attention
 from training import LitGPT

@@ -56,6 +56,28 @@ def one_query_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
     return out.reshape(b, h, 1, v.shape[-1])
 
 
+def one_query_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor
+) -> torch.Tensor:
+    """softmax(q kᵀ / sqrt(D)) v for one query per head, q (B, H, 1, D), over k, v (B, Hkv, S, D), as products
+    and sums for Inductor to fuse (the compiled CPU decode step: `Cache.reductions`).
+
+    The fused CPU kernel is built for many queries; the fused reduction reads each cached key once on every
+    thread (`python -m benchmarks.decode --batches 1 8 32` measures it). Run eagerly, the products would be
+    materialised first: only the compiled step asks for it. `visible` is a bool mask (B or 1, 1, 1, S). Each
+    key head serves its group of query heads without being repeated. Scores and probabilities are at least
+    float32, as in the fused kernel, for bf16 and fp16 models.
+    """
+    b, h, _, d = q.shape
+    hkv = k.shape[1]
+    q = q.to(torch.promote_types(q.dtype, torch.float32))  # bf16/fp16 -> float32, float64 stays
+    q = q.view(b, hkv, h // hkv, 1, d)  # (B, Hkv, G, 1, D): the query heads of each key head
+    scores = (q * k.unsqueeze(2)).sum(-1) / d**0.5  # (B, Hkv, G, S)
+    scores = scores.masked_fill(~visible.view(visible.shape[0], 1, 1, -1), float("-inf"))
+    out = (scores.softmax(-1).unsqueeze(-1) * v.unsqueeze(2)).sum(-2)  # (B, Hkv, G, Dv)
+    return out.to(v.dtype).reshape(b, h, 1, v.shape[-1])
+
+
 def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Scaled scores q kᵀ / sqrt(D) in float32, (B, H, T, S), with GQA key heads repeated per group."""
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, H, S, D)
@@ -120,7 +142,9 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, D)
             visible = cache.visible
-        if probs_out is None:
+        if probs_out is None and cache is not None and cache.reductions:
+            y = one_query_attention(q, k, v, visible)
+        elif probs_out is None:
             y = sdpa_attention(q, k, v, visible)
         else:
             y, probs = explicit_attention(q, k, v)

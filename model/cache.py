@@ -15,6 +15,8 @@ class Cache(Protocol):
     """What a forward asks of a cache: `KVCache` answers at an integer position, the static cache of the
     compiled decode step (model/static_decode.py) at a tensor position, so one forward serves both."""
 
+    reductions: bool  # attention computes its one query as explicit reductions (the compiled CPU step)
+
     def rope_rows(self, t: int) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     @property
@@ -39,6 +41,7 @@ class KVCache:
     v: torch.Tensor  # (L, B, Hkv, max_len, D)
     rope: Rope
     pos: int = 0
+    reductions = False  # attention runs SDPA; the compiled CPU step's static cache asks for reductions
 
     @classmethod
     def allocate(
@@ -56,6 +59,17 @@ class KVCache:
         dtype = dtype or torch.get_default_dtype()
         zeros = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(2)]
         return cls(*zeros, rope=config.rope)
+
+    @classmethod
+    def for_model(cls, model: torch.nn.Module, batch_size: int, length: int | None = None) -> KVCache:
+        """The cache of `model` on its device and in its dtype for `length` tokens (None: its block_size).
+
+        A request that fits its context never slides its window, so it never writes past `length`: a short
+        request reads a short cache.
+        """
+        param, config = next(model.parameters()), model.config
+        max_len = min(config.block_size, length or config.block_size)
+        return cls.allocate(config, batch_size, max_len, device=param.device, dtype=param.dtype)
 
     def rope_rows(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin (T, D) of the T new tokens, which sit at positions pos .. pos + T - 1."""

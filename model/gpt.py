@@ -96,6 +96,28 @@ class GPT(nn.Module):
             x = x[:, -1:]
         return self.lm_head(self.norm(x))  # (B, T, V), or (B, 1, V) with last_only
 
+    @torch.no_grad()
+    def first_non_finite(self, idx: torch.Tensor) -> str | None:
+        """The name of the first module (embedding, block, final norm, head) whose output on idx (B, T) holds a
+        NaN or an infinity, or None. A full forward with hooks: for after a failure, not for every step."""
+        finite: dict[str, torch.Tensor] = {}  # filled in the order the forward runs the modules
+        blocks = {f"blocks.{i}": block for i, block in enumerate(self.blocks)}
+        modules = {"wte": self.wte, **blocks, "norm": self.norm, "lm_head": self.lm_head}
+
+        def record(name: str):
+            def hook(module: nn.Module, args: tuple, out: torch.Tensor) -> None:  # None: the output stays
+                finite.setdefault(name, out.isfinite().all())
+
+            return hook
+
+        hooks = [module.register_forward_hook(record(name)) for name, module in modules.items()]
+        try:
+            self(idx[:, -self.config.block_size :])
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return next((name for name, ok in finite.items() if not ok), None)
+
     def num_params(self, include_embedding: bool = True) -> int:
         """Parameter count, a tied embedding counted once."""
         n = sum(p.numel() for p in self.parameters())

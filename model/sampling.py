@@ -1,8 +1,7 @@
-"""Autoregressive sampling: how a token is picked (`Sampler`), and `generate`, which prefills once and then
-decodes one token at a time from the KV cache.
-
-Plain, compiled and speculative decoding all pick their tokens with the same `Sampler`, and all follow the
-same context-window rule (`context_start`), so they agree token for token wherever they should.
+"""Autoregressive decoding: how a token is picked (`Sampler`) and the one decode loop (`decode`: prefill,
+step, pick, stop) that plain, compiled, speculative (model/speculative.py) and chat (generation/chat.py)
+decoding share, with its one stop rule (`Stop`) and its one window rule (`context_start`, kept by `Context`),
+so they agree token for token wherever they should. `generate` is the plain and compiled use of it.
 """
 
 from __future__ import annotations
@@ -16,6 +15,10 @@ from common.errors import UserError
 
 from .cache import KVCache
 from .static_decode import static_decoder
+
+
+class NonFiniteLogits(UserError):
+    """The model's next-token logits hold a NaN or an infinity, so no token can be drawn."""
 
 
 @dataclass(frozen=True)
@@ -33,18 +36,18 @@ class Sampler:
     repetition_penalty: float = 1.0
     generator: torch.Generator | None = None
 
-    def check(self, prefix: str = "") -> Sampler:
-        """Raise a one-line UserError for a value that cannot sample; `prefix="--"` names command-line flags."""
+    def check(self) -> Sampler:
+        """Raise a one-line UserError, starting with the field's name, for a value that cannot sample."""
         if self.temperature < 0:
-            raise UserError(f"{prefix}temperature must be >= 0 (0 is greedy), got {self.temperature}")
+            raise UserError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
         if self.top_k is not None and self.top_k < 1:
-            raise UserError(f"{prefix}top_k must be at least 1, got {self.top_k}")
+            raise UserError(f"top_k must be at least 1, got {self.top_k}")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise UserError(f"{prefix}top_p must be in (0, 1], got {self.top_p}")
+            raise UserError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.min_p is not None and not 0.0 <= self.min_p <= 1.0:
-            raise UserError(f"{prefix}min_p must be in [0, 1], got {self.min_p}")
+            raise UserError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.repetition_penalty <= 0:
-            raise UserError(f"{prefix}repetition_penalty must be positive, got {self.repetition_penalty}")
+            raise UserError(f"repetition_penalty must be positive, got {self.repetition_penalty}")
         return self
 
     @property
@@ -70,7 +73,12 @@ class Sampler:
         probs = self.probs(logits, seen)
         if self.greedy:
             return probs.argmax(dim=-1)
-        return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+        try:
+            return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+        except RuntimeError:  # checked only now: a check at every step would wait for the device each time
+            if torch.isfinite(logits).all():
+                raise
+            raise NonFiniteLogits("the model's output is not finite (NaN or infinite logits)") from None
 
     def draw(self, probs: torch.Tensor) -> int:
         """One token id from a distribution (V,) made by `probs` (the argmax when greedy)."""
@@ -127,60 +135,131 @@ def context_start(start: int, length: int, block_size: int) -> int:
     return length - max(1, block_size // 2)
 
 
-class CachedDecoder:
-    """Eager decoding from a `KVCache`: prefill a window, then one single-token forward per step."""
+class Stop:
+    """The one stop rule: a row ends at its first stop id, then repeats the first of the ids.
 
-    def __init__(self, model: torch.nn.Module, cache: KVCache) -> None:
-        self.model, self.cache = model, cache
+    `eos_id` is one stop id or several (models such as Llama 3 end a turn with more than one); decoding ends
+    when every row has stopped. `apply` takes the new columns of one step (B, n): one for plain decoding,
+    several for a speculative round.
+    """
+
+    def __init__(self, eos_id: int | Collection[int] | None, batch_size: int, device: torch.device) -> None:
+        ids = [] if eos_id is None else [int(eos_id)] if isinstance(eos_id, int) else [int(i) for i in eos_id]
+        self.ids = torch.tensor(ids, device=device) if ids else None
+        self.first = ids[0] if ids else None
+        self.done = torch.zeros(batch_size, dtype=torch.bool, device=device)
+
+    def apply(self, tokens: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """The columns (B, n') to keep of `tokens` (B, n), and whether every row has now stopped."""
+        if self.ids is None:
+            return tokens, False
+        hits = torch.isin(tokens, self.ids).long()
+        stopped = self.done[:, None] | (hits.cumsum(1) > 0)  # (B, n): the row has emitted a stop by then
+        before = self.done[:, None] | (hits.cumsum(1) - hits > 0)  # the row stopped before this column
+        tokens = tokens.masked_fill(before, self.first)
+        self.done = stopped[:, -1]
+        # done.all() syncs with the device, so it is asked once per step and only when there are stop ids.
+        if not bool(self.done.all()):
+            return tokens, False
+        return tokens[:, : int(stopped.all(0).long().argmax()) + 1], True
+
+
+class Context:
+    """A model's view of a growing sequence (B, n): the KV cache of its current window, fed only what it lacks.
+
+    Plain, compiled, speculative and chat decoding all ask it for the logits after a sequence; it follows the
+    window rule (`context_start`), re-encoding the window's recent half from position 0 when it jumps, and
+    feeds the tokens after the cached ones: one token through `step` (the eager forward, or the compiled
+    static step of model/static_decode.py), several through the eager forward. Without a cache it runs the
+    whole window every time (the reference the cached paths are tested against). The cache never keeps a
+    token at or after the first one whose logits are asked (speculative decoding's rejected drafts go so);
+    `keep(n)` forgets the cached tokens from the n-th on, for a caller that rewrote them (a re-rendered chat).
+    """
+
+    def __init__(self, model: torch.nn.Module, cache: KVCache | None, step=None) -> None:
+        self.model, self.cache, self.step = model, cache, step
+        self.block_size = model.config.block_size
+        self.start: int | None = None  # the sequence index at cache position 0; None until the first call
+
+    def logits(self, seq: torch.Tensor, count: int = 1) -> torch.Tensor:
+        """Logits (B, count, V) of the token after each of the last `count` prefixes of seq (B, n).
+
+        The shortest of those prefixes decides the window; the caller keeps the longest inside it.
+        """
+        start = self.window_start(seq.shape[1] - count + 1)
+        if start != self.start:
+            self.start = start
+            if self.cache is not None:
+                self.cache.reset()
+        if self.cache is None:
+            return self.eager(seq[:, start:], None, count)
+        self.keep(seq.shape[1] - count)  # what the cache holds from there on was a guess (a rejected draft)
+        new = seq[:, start + self.cache.pos :]
+        if new.shape[1] == 1 and count == 1 and self.step is not None:
+            return self.step(new[:, 0].clone(memory_format=torch.contiguous_format))[:, None]  # one graph
+        return self.eager(new, self.cache, count)
+
+    def window_start(self, n: int) -> int:
+        """Where the window of a sequence of n tokens starts, by `context_start` from the current window."""
+        if self.start is None:  # a long prompt: the model sees its last block_size tokens
+            return max(0, n - self.block_size)
+        return context_start(self.start, n, self.block_size)
 
     # Eager even for a model compiled in place (`model.compile()`, as training with `compile: true` does):
     # that graph specialises on the cache position and would be rebuilt at every step.
     @torch.compiler.set_stance("force_eager")
-    def prefill(self, window: torch.Tensor) -> torch.Tensor:
-        """The next-token logits (B, V) after `window` (B, T), encoded into the emptied cache."""
-        self.cache.reset()
-        return self.model(window, self.cache, last_only=True)[:, -1]
+    def eager(self, tokens: torch.Tensor, cache: KVCache | None, count: int) -> torch.Tensor:
+        return self.model(tokens, cache, last_only=count == 1)[:, -count:]
 
-    @torch.compiler.set_stance("force_eager")
-    def decode(self, token: torch.Tensor) -> torch.Tensor:
-        """Feed one token per row (B,); the logits (B, V) of the next one."""
-        return self.model(token[:, None], self.cache)[:, -1]
+    def keep(self, n: int) -> None:
+        """The first n tokens of the sequence are final; forget any cached after them."""
+        if self.cache is not None and self.start is not None and n - self.start < self.cache.pos:
+            self.cache.rollback(max(0, n - self.start))
 
 
-class RecomputingDecoder:
-    """No cache: every step runs the whole window again (the reference the cached paths are tested against)."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model, self.window = model, None
-
-    @torch.compiler.set_stance("force_eager")
-    def prefill(self, window: torch.Tensor) -> torch.Tensor:
-        self.window = window
-        return self.model(window, last_only=True)[:, -1]
-
-    def decode(self, token: torch.Tensor) -> torch.Tensor:
-        return self.prefill(torch.cat([self.window, token[:, None]], dim=1))
-
-
-def make_decoder(
-    model: torch.nn.Module, batch_size: int, use_cache: bool, compile: bool | str, length: int | None = None
-):
-    """The decoder `generate` asks for: an object with `prefill(window)` and `decode(token)`, both -> logits.
-
-    `length` (prompt + new tokens; None: block_size) sizes the cache: a short request reads a short one.
-    """
+def model_context(
+    model: torch.nn.Module,
+    batch_size: int,
+    length: int | None,
+    use_cache: bool = True,
+    compile: bool | str = False,
+) -> Context:
+    """The context `generate` decodes from: eager or compiled, sized for `length` (prompt + new tokens)."""
     if compile and not use_cache:
         raise UserError("compile=True needs use_cache=True: the compiled step decodes from the KV cache")
     if compile:  # model/static_decode.py: one compiled graph for every position
-        return static_decoder(model, batch_size, "inductor" if compile is True else compile, length)
-    if not use_cache:
-        return RecomputingDecoder(model)
-    param = next(model.parameters())
-    config = model.config
-    # A request that fits never slides its window, so it never writes past `length`.
-    max_len = min(config.block_size, length or config.block_size)
-    cache = KVCache.allocate(config, batch_size, max_len, device=param.device, dtype=param.dtype)
-    return CachedDecoder(model, cache)
+        decoder = static_decoder(model, batch_size, "inductor" if compile is True else compile, length)
+        return Context(model, decoder.cache, decoder.decode)
+    return Context(model, KVCache.for_model(model, batch_size, length) if use_cache else None)
+
+
+def decode(
+    seq: torch.Tensor,
+    max_new_tokens: int,
+    next_tokens: Callable[[torch.Tensor, int], torch.Tensor],
+    stop: Stop,
+    on_token: Callable[[torch.Tensor], None] | None = None,
+) -> torch.Tensor:
+    """The one decode loop: extend seq (B, n) by `next_tokens(seq, room)` columns until max_new_tokens or a stop.
+
+    `next_tokens` gives the next columns (B, k), 1 <= k <= room (the tokens still allowed): a plain step gives
+    one, a speculative round several. `on_token` receives each new column (B,) as soon as it is kept.
+    """
+    start = seq.shape[1]
+    while seq.shape[1] - start < max_new_tokens:
+        tokens, finished = stop.apply(next_tokens(seq, max_new_tokens - (seq.shape[1] - start)))
+        seq = torch.cat([seq, tokens], dim=1)
+        if on_token is not None:
+            for column in tokens.unbind(1):
+                on_token(column)
+        if finished:
+            break
+    return seq
+
+
+def sample_step(context: Context, sampler: Sampler) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    """The plain step of `decode`: one token per row, picked by `sampler` from the context's logits."""
+    return lambda seq, room: sampler.next_token(context.logits(seq)[:, -1], seq)[:, None]
 
 
 @torch.inference_mode()
@@ -213,40 +292,9 @@ def generate(
     sampler = (sampler or Sampler(**sampling)).check()
     if max_new_tokens < 1:
         raise UserError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    block_size = model.config.block_size
-    decoder = make_decoder(model, idx.shape[0], use_cache, compile, idx.shape[1] + max_new_tokens)
-    start = max(0, idx.shape[1] - block_size)  # a long prompt: the model sees its last block_size tokens
-    logits = decoder.prefill(idx[:, start:])
-    done = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
-    stop = stop_ids(eos_id, idx.device)
-    for step in range(max_new_tokens):
-        token = sampler.next_token(logits, idx)
-        if stop is not None:
-            token = token.masked_fill(done, int(stop[0]))
-            done |= torch.isin(token, stop)
-        idx = torch.cat([idx, token[:, None]], dim=1)
-        if on_token is not None:
-            on_token(token)
-        # done.all() syncs with the device, so it is only asked when an eos can have been emitted.
-        if step == max_new_tokens - 1 or (stop is not None and bool(done.all())):
-            break
-        new_start = context_start(start, idx.shape[1], block_size)
-        if new_start == start:
-            logits = decoder.decode(token)
-        else:  # the window jumped: encode its recent half from position 0
-            start = new_start
-            logits = decoder.prefill(idx[:, start:])
-    return idx
-
-
-def stop_list(eos_id: int | Collection[int] | None) -> list[int]:
-    """The stop ids, first one first; empty when decoding never stops early."""
-    if eos_id is None:
-        return []
-    return [int(eos_id)] if isinstance(eos_id, int) else [int(i) for i in eos_id]
-
-
-def stop_ids(eos_id: int | Collection[int] | None, device: torch.device) -> torch.Tensor | None:
-    """The stop ids as a tensor (first one first), or None when decoding never stops early."""
-    ids = stop_list(eos_id)
-    return torch.tensor(ids, device=device) if ids else None
+    context = model_context(model, idx.shape[0], idx.shape[1] + max_new_tokens, use_cache, compile)
+    stop = Stop(eos_id, idx.shape[0], idx.device)
+    try:
+        return decode(idx, max_new_tokens, sample_step(context, sampler), stop, on_token)
+    except NonFiniteLogits as err:
+        raise NonFiniteLogits(f"{err}; first at {model.first_non_finite(idx)}") from None

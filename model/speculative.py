@@ -7,9 +7,10 @@ choice, and the cache is rolled back past the rejected tokens. Greedy output is 
 decoding; with sampling the accept/reject rule (accept d with probability min(1, p(d) / q(d)), else sample from
 the normalised max(p - q, 0)) leaves the output distributed exactly as the target's.
 
-Tokens are picked by the `Sampler` of plain decoding (model/sampling.py), and the window rule of `generate`
-(`context_start`) is followed at every length, by the target and by a draft model in its own window, so the
-target sees the same context as in plain decoding: a round never drafts past the end of the current window.
+A round is one step of the decode loop of plain decoding (model/sampling.py `decode`, with its stop rule),
+tokens are picked by the same `Sampler`, and the target and a draft model each read through a `Context`, which
+follows the window rule of `generate` (`context_start`) at every length, so the target sees the same context
+as in plain decoding: a round never drafts past the end of the current window.
 """
 
 from __future__ import annotations
@@ -24,15 +25,12 @@ from common.errors import UserError
 
 from .cache import KVCache
 from .gpt import GPT
-from .sampling import Sampler, context_start, stop_list
+from .sampling import Context, Sampler, Stop, decode
 
 
 class Drafter(Protocol):
     def propose(self, idx: torch.Tensor, k: int, sampler: Sampler) -> tuple[list[int], torch.Tensor | None]:
         """Up to k tokens to follow idx (1, n), and their draft distributions (k, V), or None if deterministic."""
-
-    def keep(self, n_valid: int) -> None:
-        """The first n_valid tokens of the sequence are final; forget anything drafted after them."""
 
 
 class PromptLookup:
@@ -51,40 +49,26 @@ class PromptLookup:
                 return seq[start : start + k].tolist(), None
         return [], None
 
-    def keep(self, n_valid: int) -> None:
-        pass
-
 
 class DraftModel:
     """Drafts with a smaller GPT sharing the target's tokenizer, from its own cache and its own window."""
 
-    def __init__(self, model: GPT, device: torch.device, dtype: torch.dtype) -> None:
-        self.model, self.start = model, 0
-        self.cache = KVCache.allocate(model.config, 1, model.config.block_size, device=device, dtype=dtype)
+    def __init__(
+        self, model: GPT, device: torch.device | None = None, dtype: torch.dtype | None = None
+    ) -> None:
+        self.model, self.context = model, Context(model, KVCache.for_model(model, 1))
 
     def propose(self, idx: torch.Tensor, k: int, sampler: Sampler) -> tuple[list[int], torch.Tensor | None]:
-        n, block_size = idx.shape[1], self.model.config.block_size
-        # The draft keeps its own window, by the rule of `generate`.
-        new_start = context_start(self.start, n, block_size)
-        if new_start != self.start:
-            self.start = new_start
-            self.cache.reset()
-        # The window holds n - start tokens, and the k - 1 drafts fed after them must fit too.
-        k = min(k, block_size + 1 - (n - self.start))
-        catch_up = idx[:, self.start + self.cache.pos :]  # the tokens the draft has not seen yet
-        logits = self.model(catch_up, self.cache, last_only=True)[0, -1]
-        tokens, dists = [], []
-        for i in range(k):
-            probs = sampler.probs(logits)
-            tokens.append(sampler.draw(probs))
+        n = idx.shape[1]
+        k = min(
+            k, self.model.config.block_size + 1 - (n - self.context.window_start(n))
+        )  # the k - 1 drafts fed after the window must fit in it too
+        seq, dists = idx, []
+        for _ in range(k):
+            probs = sampler.probs(self.context.logits(seq)[0, -1])
+            seq = torch.cat([seq, seq.new_tensor([[sampler.draw(probs)]])], dim=1)
             dists.append(probs)
-            if i < k - 1:
-                logits = self.model(idx.new_tensor([[tokens[-1]]]), self.cache)[0, -1]
-        return tokens, None if sampler.greedy else torch.stack(dists)
-
-    def keep(self, n_valid: int) -> None:
-        if n_valid - self.start < self.cache.pos:
-            self.cache.rollback(max(0, n_valid - self.start))
+        return seq[0, n:].tolist(), None if sampler.greedy else torch.stack(dists)
 
 
 @dataclass
@@ -155,55 +139,36 @@ def speculative_generate(
         raise UserError(
             "speculative decoding samples without a repetition penalty; use plain decoding for it"
         )
-    stops = set(stop_list(eos_id))
-    block_size, stats = model.config.block_size, SpeculativeStats()
-    cache = KVCache.allocate(
-        model.config, 1, block_size, device=idx.device, dtype=next(model.parameters()).dtype
-    )
-    n = idx.shape[1]
-    start = max(0, n - block_size)
-    if n - 1 > start:  # the cache holds every window token but the last, which each round feeds first
-        model(idx[:, start : n - 1], cache, last_only=True)
-    while stats.new_tokens < max_new_tokens:
-        room = min(k, block_size - (n - start), max_new_tokens - stats.new_tokens - 1)
-        drafts, q = drafter.propose(idx, room, sampler) if room > 0 else ([], None)
-        logits = model(torch.cat([idx[:, n - 1 :], idx.new_tensor([drafts])], dim=1), cache)[0]  # (1 + k, V)
-        emitted = verify(logits, drafts, q, sampler)
-        accepted = len(emitted) - 1  # the drafts kept; the last token is the target's own
-        first_stop = next((i for i, token in enumerate(emitted) if token in stops), None)
-        if first_stop is not None:
-            emitted = emitted[: first_stop + 1]
+    stats, target = SpeculativeStats(), Context(model, KVCache.for_model(model, 1))
+    block_size, fed = model.config.block_size, []
+
+    def one_round(seq: torch.Tensor, room: int) -> torch.Tensor:
+        n = seq.shape[1]
+        room = min(k, block_size - (n - target.window_start(n)), room - 1)
+        drafts, q = drafter.propose(seq, room, sampler) if room > 0 else ([], None)
+        logits = target.logits(torch.cat([seq, seq.new_tensor([drafts])], dim=1), len(drafts) + 1)[0]
+        emitted = verify(logits, drafts, q, sampler)  # the accepted drafts, then one token of the target's
         stats.target_forwards += 1
         stats.drafted += len(drafts)
-        stats.accepted += min(accepted, len(emitted))  # drafts after a stop token are not kept
-        idx = torch.cat([idx, idx.new_tensor([emitted])], dim=1)
-        stats.new_tokens += len(emitted)
-        for token in emitted:
-            if on_token is not None:
-                on_token(idx.new_tensor([token]))
-        if first_stop is not None:
-            break
-        n = idx.shape[1]
-        cache.rollback(n - 1 - start)  # keep the fed tokens that were accepted; the new last token is not fed
-        drafter.keep(n - 1)
-        new_start = context_start(start, n, block_size)
-        if new_start != start:  # the window jumped, as it does in `generate`: re-encode the recent half
-            start = new_start
-            cache.reset()
-            if n - 1 > start:
-                model(idx[:, start : n - 1], cache, last_only=True)
-    return idx, stats
+        fed.append((n, len(emitted) - 1))
+        return seq.new_tensor([emitted])
+
+    out = decode(idx, max_new_tokens, one_round, Stop(eos_id, 1, idx.device), on_token)
+    stats.new_tokens = out.shape[1] - idx.shape[1]
+    # The drafts kept: all those accepted, but none after a stop token that ended the last round.
+    stats.accepted = sum(min(accepted, out.shape[1] - n) for n, accepted in fed)
+    return out, stats
 
 
 def check_draft(target: GPT, draft: GPT, target_tokenizer_sha: str, draft_tokenizer_sha: str) -> None:
     """Refuse a draft that does not share the target's tokenizer and vocabulary, with one line."""
     if draft_tokenizer_sha != target_tokenizer_sha:
         raise UserError(
-            "--draft checkpoint has a different tokenizer from --checkpoint; use a draft trained with the same "
+            "the draft model has a different tokenizer from the target; use a draft trained with the same "
             "tokenizer.json"
         )
     if draft.config.vocab_size != target.config.vocab_size:
         raise UserError(
-            f"--draft vocab_size {draft.config.vocab_size} differs from --checkpoint vocab_size "
+            f"the draft's vocab_size {draft.config.vocab_size} differs from the target's "
             f"{target.config.vocab_size}; use a draft with the target's vocabulary"
         )

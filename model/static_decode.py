@@ -8,18 +8,21 @@ positions after `pos`. Shapes never change, so `torch.compile(fullgraph=True)` b
 `mode="reduce-overhead"` replays it as a CUDA graph.
 
 Prefill stays eager (`GPT.forward` into the `KVCache` whose buffers the static cache shares); only the one-token
-step is compiled. On the CPU it runs under `ReductionKernels` (model/reduction_kernels.py).
+step is compiled. On the CPU the step asks for reductions: its one-query attention (`one_query_attention`,
+model/attention.py, chosen by the static cache's `reductions` flag) and its one-row linear layers
+(`OneRowLinears`) are written as products and sums that Inductor fuses into reductions reading each weight or
+cached key once on every thread; torch's matrix-vector product reads a weight that does not fit in cache at
+about the bandwidth of one core (`python -m benchmarks.decode_vs_hf` measures it).
 """
 
 from __future__ import annotations
 
-import weakref
-
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from .cache import KVCache
 from .gpt import GPT
-from .reduction_kernels import ReductionKernels
 
 
 class StaticCache:
@@ -30,8 +33,9 @@ class StaticCache:
     positions written so far. `StaticDecoder` sets `pos` before each step.
     """
 
-    def __init__(self, cache: KVCache) -> None:
+    def __init__(self, cache: KVCache, reductions: bool = False) -> None:
         device = cache.k.device
+        self.reductions = reductions
         # One view per layer rather than the stacked (L, ...) buffers: a write through a view of one stacked
         # graph input made the compiled graph copy the whole cache at every step; separate inputs are written
         # in place.
@@ -67,9 +71,24 @@ def decode_step(model: GPT, token: torch.Tensor, cache: StaticCache) -> torch.Te
     return model(token, cache, last_only=True)[:, -1]
 
 
+class OneRowLinears(TorchFunctionMode):
+    """Writes a one-row `F.linear` as a product and a sum, for Inductor to fuse into one reduction (CPU).
+
+    Only meant inside a compiled step: run eagerly, the product would be materialised before the sum. More
+    rows keep the matrix product, where the GEMM kernel is the better choice.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear and not kwargs and 2 <= len(args) <= 3 and args[0].shape[:-1].numel() == 1:
+            out = (args[0].unsqueeze(-2) * args[1]).sum(-1)
+            return out if len(args) == 2 or args[2] is None else out + args[2]
+        return func(*args, **kwargs)
+
+
 def decode_step_reductions(model: GPT, token: torch.Tensor, cache: StaticCache) -> torch.Tensor:
-    """`decode_step` with its one-row linear layers and its attention written as reductions (CPU)."""
-    with ReductionKernels():
+    """`decode_step` with its one-row linear layers written as reductions (its attention: `cache.reductions`)."""
+    with OneRowLinears():
         return decode_step(model, token, cache)
 
 
@@ -95,7 +114,8 @@ class StaticDecoder:
     ) -> None:
         self.model, self.cache = model, cache
         self.key: tuple = ()
-        self.static = StaticCache(cache)
+        on_cpu = cache.k.device.type == "cpu"
+        self.static = StaticCache(cache, reductions=compile and on_cpu)
         self.on_cuda = cache.k.device.type == "cuda"
         self.step = decode_step
         if compile:
@@ -104,7 +124,7 @@ class StaticDecoder:
             # A static address lets the CUDA graph keep pointing at the caller's buffers across replays.
             torch._dynamo.mark_static_address(cache.k)
             torch._dynamo.mark_static_address(cache.v)
-            step = decode_step_reductions if cache.k.device.type == "cpu" else decode_step
+            step = decode_step_reductions if on_cpu else decode_step
             # Every cache length, model shape and batch size is one more graph of this one function: dynamo's
             # default limit of 8 per function would end a long process (a test run, a sweep) with a hard error.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
@@ -119,6 +139,14 @@ class StaticDecoder:
         with torch.compiler.set_stance("force_eager"):
             return self.model(idx, self.cache, last_only=True)[:, -1]
 
+    @torch.inference_mode()  # as `generate` runs it: a step built in another grad mode would be rebuilt
+    def warm_up(self) -> None:
+        """Build the compiled step now (one step at position 0 of the emptied cache), not at the first token."""
+        self.cache.reset()
+        self.static.pos.fill_(0)
+        token = torch.zeros(self.cache.k.shape[1], 1, dtype=torch.long, device=self.cache.k.device)
+        self.step(self.model, token, self.static)
+
     def decode(self, token: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (B,) at the cache's position; the logits (B, V) of the next token."""
         if self.cache.pos >= self.cache.max_len:
@@ -130,9 +158,6 @@ class StaticDecoder:
         self.cache.advance(1)
         # A CUDA graph reuses its output buffer on the next replay, so the caller gets its own copy.
         return logits.clone() if self.on_cuda else logits
-
-
-_DECODERS: weakref.WeakKeyDictionary[GPT, StaticDecoder] = weakref.WeakKeyDictionary()
 
 
 def static_cache_length(length: int, block_size: int) -> int:
@@ -149,22 +174,23 @@ def static_cache_length(length: int, block_size: int) -> int:
 def static_decoder(
     model: GPT, batch_size: int, backend: str = "inductor", length: int | None = None
 ) -> StaticDecoder:
-    """The compiled decoder of `model` for this batch size, dtype and device, kept between `generate` calls.
+    """The compiled decoder of `model` for this batch size, dtype and device, kept by the model between calls.
 
     Its cache holds `static_cache_length(length)` positions (`length`: prompt + new tokens; None: block_size).
     Reusing it keeps one cache and one compiled graph: a second `generate` call that fits neither recompiles
     nor allocates. A longer request, or a new batch size, dtype, device or backend, replaces it (and compiles
     once more for a shape not seen yet: `dynamic=False` keeps each graph static rather than making the cache
-    length symbolic). Dynamo's `recompile_limit` of graphs per function is raised to 64 for it.
+    length symbolic). The model holds it, so it lives and goes with the model; dynamo's `recompile_limit` of
+    graphs per function is raised to 64 for it.
     """
     param = next(model.parameters())
-    decoder = _DECODERS.get(model)
+    decoder = model.__dict__.get("static_decoder")  # a plain attribute: not a submodule, not in state_dict
     key = (batch_size, param.dtype, param.device, backend)
     block_size = model.config.block_size
     max_len = static_cache_length(block_size if length is None else length, block_size)
     if decoder is None or decoder.key != key or decoder.cache.max_len < max_len:
-        cache = KVCache.allocate(model.config, batch_size, max_len, param.device, param.dtype)
+        cache = KVCache.for_model(model, batch_size, max_len)
         decoder = StaticDecoder(model, cache, compile=True, backend=backend)
         decoder.key = key
-        _DECODERS[model] = decoder
+        model.__dict__["static_decoder"] = decoder
     return decoder

@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-import chat as chat_module
 import generate as cli
-from chat import common_prefix
+from generation import chat as chat_module
+from generation.chat import common_prefix
 from tests.conftest import run_generate
 from tests.interop.conftest import save_llama, transformers  # noqa: F401 (fixture)
 
@@ -89,3 +89,24 @@ def test_a_model_without_chat_template_refuses_chat(chat_llama, capsys, monkeypa
 def test_flags_chat_cannot_honour_are_one_line(chat_llama, capsys, monkeypatch, flag):
     code, out, err = chat(capsys, monkeypatch, chat_llama, TURNS, *flag)
     assert code == 2 and out == "" and err.count("\n") == 1 and flag[0] in err, err
+
+
+def test_a_reply_cut_by_max_new_tokens_ends_with_a_note_and_stays_as_cut(chat_llama, capsys, monkeypatch):
+    replies, real_reply = [], chat_module.Conversation.reply
+    monkeypatch.setattr(
+        chat_module.Conversation,
+        "reply",
+        lambda self, *a: replies.append((real_reply(self, *a), self)) or replies[-1][0],
+    )
+    code, _, err = chat(
+        capsys, monkeypatch, chat_llama, TURNS[:1], "--max_new_tokens", "3", "--temperature", "0"
+    )
+    assert code == 0 and "the reply reached the 3-token limit before the model ended its turn" in err, err
+    text, conversation = replies[0]
+    assert conversation.messages[-1] == {"role": "assistant", "content": text}  # kept, as the note says
+
+
+def test_piped_chat_output_marks_each_turn(chat_llama, capsys, monkeypatch):
+    code, out, err = chat(capsys, monkeypatch, chat_llama, TURNS, "--max_new_tokens", "3")
+    assert code == 0, err
+    assert [line for line in out.splitlines() if line.startswith("> ")] == [f"> {turn}" for turn in TURNS]

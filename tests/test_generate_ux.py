@@ -9,9 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import generate as cli
 from tests.conftest import run_generate as run_cli
+from tests.hf.conftest import make_model, tokenizer_json  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,7 +120,7 @@ def test_a_layer_the_model_lacks_is_refused_before_generating(ckpt, capsys, monk
 
 
 def test_benchmark_measures_the_compiled_step_when_asked(ckpt, capsys, monkeypatch):
-    import benchmarks.decode
+    import generation.speed
     from model import generate
 
     asked = []
@@ -128,7 +130,7 @@ def test_benchmark_measures_the_compiled_step_when_asked(ckpt, capsys, monkeypat
         # aot_eager traces the same static step as inductor, without generating kernels (a CPU compile is slow).
         return generate(*args, compile="aot_eager" if compile else False, **kwargs)
 
-    monkeypatch.setattr(benchmarks.decode, "generate", traced)
+    monkeypatch.setattr(generation.speed, "generate", traced)
     code, out, _ = run_cli(capsys, "--checkpoint", ckpt, "--prompt", "a b", "--benchmark", "--compile",
                            "--max_new_tokens", "4")  # fmt: skip
     assert code == 0 and True in asked and False in asked
@@ -170,3 +172,53 @@ def test_threads_flag_sets_torch_threads_before_loading(capsys):
         assert code == 2 and err.strip() == "error: threads must be at least 1, got 0 (--threads)"
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.fixture
+def gguf_of(make_model, tokenizer_json, tmp_path):  # noqa: F811
+    """A tiny float32 GGUF of a model, after `edit(model)` (e.g. a NaN in one weight)."""
+    pytest.importorskip("gguf")
+    from interop.export_gguf import export_gguf
+
+    def write(edit=lambda model: None):
+        model = make_model()
+        with torch.no_grad():
+            edit(model)
+        return str(export_gguf(model, tokenizer_json, tmp_path / "model.gguf"))
+
+    return write
+
+
+def test_a_model_with_a_nan_weight_is_one_line_naming_the_model_and_the_layer(gguf_of, capsys):
+    path = gguf_of(lambda model: model.blocks[1].attn_norm.weight.fill_(float("nan")))
+    code, _, err = run_cli(capsys, "--checkpoint", path, "--prompt", "a b", "--max_new_tokens", "3")
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error:"), err
+    assert path in err and "not finite" in err and "blocks.1" in err, err
+
+
+def test_keep_quantized_on_a_float_gguf_says_so_in_one_line(gguf_of, capsys):
+    code, _, err = run_cli(capsys, "--checkpoint", gguf_of(), "--prompt", "a", "--max_new_tokens", "2",
+                           "--keep_quantized")  # fmt: skip
+    notes = [line for line in err.splitlines() if line.startswith("note:")]
+    assert code == 0 and len(notes) == 1 and "no Q4_0/Q4_1/Q8_0 matrix to keep" in notes[0], err
+
+
+def test_compile_builds_the_step_before_the_first_token(ckpt, capsys, monkeypatch):
+    """The note says the build comes before the first token: the compiled step must run before any is printed."""
+    import model.static_decode as static_decode
+    from generation.text import TextStream
+
+    events, real_stream = [], TextStream.__call__
+
+    def traced(step, **kwargs):  # the step as dynamo would trace it, recording its first call
+        return lambda *args: events.append("step") or step(*args)
+
+    monkeypatch.setattr(static_decode.torch, "compile", traced)
+    monkeypatch.setattr(
+        TextStream, "__call__", lambda self, token: events.append("token") or real_stream(self, token)
+    )
+    code, _, err = run_cli(
+        capsys, "--checkpoint", ckpt, "--prompt", "a b", "--max_new_tokens", "4", "--compile"
+    )
+    assert code == 0 and "builds the decode step first" in err, err
+    assert events[0] == "step" and events.count("token") == 4, events

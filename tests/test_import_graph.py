@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("common", "model", "data", "training", "inspection", "interop", "checkpoints")
+PACKAGES = ("common", "model", "data", "training", "inspection", "interop", "checkpoints", "generation")
 SCRIPTS = ("generate.py", "train.py")
 
 

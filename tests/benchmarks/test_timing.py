@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from benchmarks.sampling_speed import MIN_PREFILL_TOKENS, prefill_line
-from benchmarks.timing import alternate_medians, wall_seconds
+from generation.speed import MIN_PREFILL_TOKENS, prefill_line
+from generation.timing import alternate_medians, wall_seconds
 
 
 def test_runs_alternate_after_a_warm_up_round_and_medians_are_taken():

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import chat as chat_module
 import generate as generate_cli
 from benchmarks.smollm2 import INSTALL, smollm2_gguf
+from generation import chat as chat_module
 from interop import load
 from tests.conftest import run_generate
 from tests.hf.conftest import running_in_ci

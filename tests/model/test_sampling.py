@@ -122,3 +122,15 @@ def test_speculative_decoding_refuses_a_repetition_penalty():
     with pytest.raises(UserError, match="repetition penalty"):
         speculative_generate(model, torch.zeros(1, 3, dtype=torch.long), 4, PromptLookup(),
                              sampler=Sampler(repetition_penalty=1.2))  # fmt: skip
+
+
+def test_a_row_that_stopped_repeats_the_first_stop_id_and_a_round_is_cut_after_the_last_stop():
+    from model.sampling import Stop
+
+    stop = Stop((7, 9), 2, torch.device("cpu"))
+    tokens, finished = stop.apply(torch.tensor([[9], [1]]))
+    assert tokens.tolist() == [[9], [1]] and not finished  # the second id of the collection stops row 0
+    tokens, finished = stop.apply(torch.tensor([[3], [2]]))
+    assert tokens.tolist() == [[7], [2]] and not finished  # row 0 stopped at 9: it repeats the first id, 7
+    tokens, finished = stop.apply(torch.tensor([[4, 5, 6], [1, 9, 8]]))  # a speculative round of three
+    assert tokens.tolist() == [[7, 7], [1, 9]] and finished  # cut after the column where every row stopped

@@ -34,11 +34,7 @@ def test_speculative_greedy_equals_plain_greedy_across_window_jumps(target, draf
     prompt = torch.randint(0, 101, (1, 8), generator=torch.Generator().manual_seed(1)).repeat(1, 2)
     plain = generate(target, prompt, 200, temperature=0.0)
     assert plain[0, 16:].unique().numel() >= 20, "degenerate model: the comparison would prove nothing"
-    chosen = (
-        DraftModel(noisy_copy(target, 0.3), CPU, torch.float64)
-        if drafter == "draft_model"
-        else PromptLookup()
-    )
+    chosen = DraftModel(noisy_copy(target, 0.3)) if drafter == "draft_model" else PromptLookup()
     out, stats = speculative_generate(target, prompt, 200, chosen, k=4, sampler=Sampler(temperature=0.0))
     assert 0 < stats.accepted < stats.drafted, (
         "rounds with both accepted and rejected drafts are what is tested"
@@ -162,6 +158,6 @@ def test_a_draft_with_a_short_window_slides_by_the_rule_of_generate(target, draf
     short.load_state_dict(draft.state_dict())
     prompt = torch.randint(0, 101, (1, 8), generator=torch.Generator().manual_seed(1))
     plain = generate(target, prompt, 60, temperature=0.0)
-    drafter = DraftModel(short, CPU, torch.float64)
+    drafter = DraftModel(short)
     out, stats = speculative_generate(target, prompt, 60, drafter, k=5, sampler=Sampler(temperature=0.0))
     assert stats.drafted > 0 and torch.equal(out, plain)

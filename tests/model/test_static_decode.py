@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 from model import KVCache, generate
-from model.reduction_kernels import ReductionKernels
-from model.static_decode import StaticDecoder, static_cache_length, static_decoder
+from model.attention import one_query_attention
+from model.static_decode import OneRowLinears, StaticDecoder, static_cache_length, static_decoder
 from tests.model.lively import lively_model
 
 LAYOUTS = {"mha": (4, "aot_eager"), "gqa": (2, "inductor"), "mqa": (1, "aot_eager")}
@@ -92,7 +92,7 @@ def test_cpu_step_compiles_linear_layers_at_batch_one_and_attention_as_reduction
 def test_the_reductions_give_the_linear_layers_values():
     layer = torch.nn.Linear(16, 24, bias=False).double()
     row, rows = torch.randn(1, 1, 16, dtype=torch.float64), torch.randn(3, 16, dtype=torch.float64)
-    with ReductionKernels():
+    with OneRowLinears():
         got_row, got_rows = layer(row), layer(rows)
     assert got_row.shape == (1, 1, 24)
     assert (got_row - layer(row)).abs().max().item() < 1e-12
@@ -106,18 +106,11 @@ def test_the_reductions_give_the_masked_attentions_values(n_kv_head):
     k, v = (torch.randn(2, n_kv_head, 12, 8, dtype=torch.float64) for _ in range(2))
     visible = (torch.arange(12) <= 6).view(1, 1, 1, 12)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
-    several = q.expand(2, 4, 3, 8)
-    with ReductionKernels():
-        got = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
-        got_several = F.scaled_dot_product_attention(several, k, v, attn_mask=visible, enable_gqa=True)
+    got = one_query_attention(q, k, v, visible)
     assert got.shape == expected.shape
     assert (got - expected).abs().max().item() < 1e-12
     unmasked = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     assert (expected - unmasked).abs().max().item() > 0.01  # the mask matters
-    # More than one query keeps the fused kernel.
-    assert torch.equal(
-        got_several, F.scaled_dot_product_attention(several, k, v, attn_mask=visible, enable_gqa=True)
-    )
 
 
 def test_the_attention_reduction_keeps_bf16_as_accurate_as_the_fused_kernel():
@@ -129,8 +122,7 @@ def test_the_attention_reduction_keeps_bf16_as_accurate_as_the_fused_kernel():
     exact = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
     q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
     fused = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
-    with ReductionKernels():
-        rewritten = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
+    rewritten = one_query_attention(q, k, v, visible)
     assert rewritten.dtype == torch.bfloat16
     fused_error = (fused.double() - exact).abs().max().item()
     assert (rewritten.double() - exact).abs().max().item() <= 1.3 * fused_error

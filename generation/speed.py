@@ -1,7 +1,7 @@
 """What `generate.py --benchmark` prints: the KV cache's size, prefill and decode speed, and for speculative
 decoding its speed-up over plain decoding of the same tokens.
 
-Every figure is a median over alternating runs (benchmarks/timing.py). Each run samples with a fresh generator
+Every figure is a median over alternating runs (generation/timing.py). Each run samples with a fresh generator
 seeded alike, so every run picks the same tokens, and never stops at an end-of-text token, so every run decodes
 the same count.
 """
@@ -9,15 +9,17 @@ the same count.
 from __future__ import annotations
 
 import dataclasses
+import sys
+import time
 from collections.abc import Callable
 
 import torch
 
-from benchmarks.decode import timed_decode
-from benchmarks.timing import alternate_medians, wall_seconds
 from model import KVCache, generate
 from model.sampling import Sampler
 from model.speculative import Drafter, speculative_generate
+
+from .timing import alternate_medians, synchronize, wall_seconds
 
 REPEATS = 5
 # A prefill of a handful of tokens is over in microseconds, dominated by fixed costs: its tokens/s swings
@@ -28,6 +30,29 @@ MIN_PREFILL_TOKENS = 32
 def seeded(sampler: Sampler, seed: int, device: torch.device) -> Sampler:
     """The sampler with a fresh generator seeded with `seed`: every run draws the same tokens."""
     return dataclasses.replace(sampler, generator=torch.Generator(device=device).manual_seed(seed))
+
+
+def timed_decode(
+    model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, **kwargs
+) -> tuple[float, float]:
+    """(prefill seconds, decode tokens/s) of one `generate` call (greedy unless kwargs say otherwise).
+
+    The first new token's arrival ends the prefill; decode speed counts the other new_tokens - 1 tokens of every
+    row. `eos_id` is never passed, so every run decodes the same count.
+    """
+    stamps = [time.perf_counter()]
+
+    def arrived(_: torch.Tensor) -> None:
+        if len(stamps) == 1:  # the prefill's end: wait for the device before reading the clock
+            synchronize()
+        stamps.append(time.perf_counter())
+
+    kwargs = kwargs if "sampler" in kwargs else {"temperature": 0.0, **kwargs}
+    generate(model, prompt, new_tokens, on_token=arrived, **kwargs)
+    synchronize()
+    stamps[-1] = time.perf_counter()
+    decode_s = stamps[-1] - stamps[1]
+    return stamps[1] - stamps[0], prompt.shape[0] * (new_tokens - 1) / decode_s if decode_s else float("inf")
 
 
 def report_decode_speed(
@@ -47,10 +72,7 @@ def report_decode_speed(
     `with_recompute`; the speed-up of each over the eager cached path is printed too.
     """
     sampler = sampler or Sampler(temperature=0.0)
-    param = next(model.parameters())
-    cache = KVCache.allocate(
-        model.config, prompt.shape[0], model.config.block_size, param.device, param.dtype
-    )
+    cache = KVCache.for_model(model, prompt.shape[0])
     print(
         f"KV cache: {cache.bytes_per_token} bytes per token per sequence, {cache.nbytes / 2**20:.2f} MiB "
         f"for {prompt.shape[0]} x {cache.max_len} tokens"
@@ -125,3 +147,16 @@ def report_speculative_speed(
         f"speed-up:    {speed_up:.2f}x, same tokens: {torch.equal(out, outputs['plain'])} "
         f"(medians of {repeats} alternating runs)"
     )
+
+
+def speculative_run(
+    model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, drafter: Drafter, **kwargs
+) -> None:
+    """Speculative decoding of `prompt` (kwargs: those of `speculative_generate`), then one stderr line with its
+    counts and speed."""
+    start = time.perf_counter()
+    _, stats = speculative_generate(model, prompt, new_tokens, drafter, **kwargs)
+    seconds = time.perf_counter() - start
+    print()
+    print(f"[{stats.new_tokens} tokens, {stats.target_forwards} target forwards, acceptance "
+          f"{stats.acceptance:.0%}, {stats.new_tokens / seconds:.1f} tokens/s]", file=sys.stderr)  # fmt: skip

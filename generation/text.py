@@ -1,0 +1,60 @@
+"""Text in and out: the prompt's token ids (with a note when the model will make little of them), the
+streamed continuation, and the samples of a batch."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from data.tokenizer import Tokenizer
+
+
+class TextStream:
+    """Prints decoded text as tokens arrive; holds back a trailing partial UTF-8 character."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer, self.ids, self.printed = tokenizer, [], 0
+
+    def __call__(self, token: torch.Tensor) -> None:
+        if int(token[0]) in self.tokenizer.eos_ids:  # a stop token ends the text, as in the batch path
+            return
+        self.ids.append(int(token[0]))
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):  # a multi-byte character split across tokens: wait for the rest
+            return
+        print(text[self.printed :], end="", flush=True)
+        self.printed = len(text)
+
+
+def print_samples(tokenizer: Tokenizer, rows: list[list[int]], echo: str) -> None:
+    """Each continuation of a batch under its own header, cut at its first stop token."""
+    for i, row in enumerate(rows):
+        row = row[: next((i for i, t in enumerate(row) if t in tokenizer.eos_ids), len(row))]
+        print(f"--- sample {i + 1} ---\n{echo}{tokenizer.decode(row)}")
+
+
+def encode_prompt(tokenizer: Tokenizer, prompt: str, block_size: int, device: torch.device) -> torch.Tensor:
+    # BOS first if the model's rule says so; an empty prompt without one starts from the end-of-text token,
+    # the separator every training document follows.
+    ids = tokenizer.encode(prompt) or [tokenizer.eos_id]
+    text_ids = set(ids) - {tokenizer.bos_id}
+    if text_ids and text_ids <= unfamiliar_byte_ids(tokenizer):
+        print("note: the prompt is made only of bytes the tokenizer never merged (rare or unseen in training, "
+              "e.g. emoji); the model knows little about them, so expect output unrelated to the prompt",
+              file=sys.stderr)  # fmt: skip
+    if len(ids) > block_size:
+        print(f"note: the prompt has {len(ids)} tokens; the model sees only the last {block_size}",
+              file=sys.stderr)  # fmt: skip
+    return torch.tensor([ids], device=device)
+
+
+def unfamiliar_byte_ids(tokenizer: Tokenizer) -> set[int]:
+    """Ids of non-ASCII single-byte tokens that are part of no longer token: BPE merges every byte frequent in
+    its training text, so one left unmerged was rare there (ASCII is excluded: a small vocabulary leaves even
+    common letters unmerged)."""
+    table = tokenizer.token_bytes()
+    merged = {byte for token in table if len(token) > 1 for byte in token}
+    return {
+        i for i, token in enumerate(table) if len(token) == 1 and token[0] >= 0x80 and token[0] not in merged
+    }
