@@ -40,24 +40,18 @@ from pathlib import Path
 import torch
 
 from benchmarks.decode import bytes_per_token, read_bandwidth
+from benchmarks.llamacpp import built_probe, run_probe
+from benchmarks.shapes import DECODE_CONFIGS
 from benchmarks.smollm2 import INSTALL, smollm2_gguf
 from benchmarks.timing import alternate_medians, wall_seconds
 from common.tokens import EOS_TOKEN
 from interop.export_hf import export_hf
 from model import GPT, ModelConfig, generate
 
-CONFIGS = {
-    "small": ModelConfig(vocab_size=1024, block_size=512, n_layer=4, n_head=8, n_kv_head=2, n_embd=256),
-    "large": ModelConfig(vocab_size=1024, block_size=512, n_layer=12, n_head=12, n_kv_head=4, n_embd=768),
-    "large32k": ModelConfig(
-        vocab_size=32000, block_size=1024, n_layer=12, n_head=12, n_kv_head=4, n_embd=768
-    ),
-}
 # ours (best path) / transformers default
 TARGET_RATIO = {"small": 3.0, "large": 1.2, "large32k": 1.5, "smollm2": 1.5}
 # prompt, new tokens: large32k a realistic vocabulary with a long prompt; smollm2 a real model, kept short
 LENGTHS = {"large32k": (512, 128), "smollm2": (64, 64)}
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def minimal_tokenizer_json() -> str:
@@ -114,23 +108,10 @@ def ids_only_tokenizer_json(tokenizer_json: str) -> str:
     return json.dumps(spec)
 
 
-def llamacpp_probe() -> Path | None:
-    """The llama.cpp probe binary if tools/llamacpp/build.sh has built it (never built here: minutes)."""
-    where = subprocess.run(
-        ["bash", str(REPO_ROOT / "tools" / "llamacpp" / "build.sh"), "--where"],
-        capture_output=True,
-        text=True,
-    )
-    probe = Path(where.stdout.strip()) if where.returncode == 0 and where.stdout.strip() else None
-    return probe if probe is not None and probe.is_file() else None
-
-
 def probe_runs(side: str, probe: Path, gguf: Path) -> bool:
     """Whether the probe decodes from `gguf` at all; a failure is printed in one line and the side left out."""
-    from benchmarks.decode_vs_llamacpp import llamacpp_run  # local: that module imports this one
-
     try:
-        llamacpp_run(probe, gguf, list(range(100, 164)), 2, torch.get_num_threads())
+        run_probe(probe, gguf, list(range(100, 164)), 2, torch.get_num_threads())
     except subprocess.CalledProcessError as error:
         print(f"  {side}: left out, the probe failed on {gguf.name} (exit {error.returncode})")
         return False
@@ -141,12 +122,11 @@ def probe_seconds(
     probe: Path, gguf: Path, prompt: torch.Tensor, n: int, outputs: dict, key: tuple
 ) -> Callable[[], float]:
     """A run for `alternate_medians`: the seconds llama.cpp's probe reports for its prompt pass and n - 1 steps."""
-    from benchmarks.decode_vs_llamacpp import llamacpp_run  # local: that module imports this one
 
     def run() -> float:
-        ids, seconds = llamacpp_run(probe, gguf, prompt[0].tolist(), n, torch.get_num_threads())
+        ids, prefill_s, decode_s = run_probe(probe, gguf, prompt[0].tolist(), n, torch.get_num_threads())
         outputs[key] = torch.cat([prompt, torch.tensor([ids])], dim=1)
-        return seconds
+        return prefill_s + decode_s
 
     return run
 
@@ -266,13 +246,13 @@ def run_config(name: str, args: argparse.Namespace) -> bool:
     prompt_len, new_tokens = args.prompt_len or prompt_len, args.new_tokens or new_tokens
     compile = not args.no_compile
     if name != "smollm2":
-        model, hf, _ = random_pair(CONFIGS[name])
+        model, hf, _ = random_pair(DECODE_CONFIGS[name])
         return bench_config(name, model, hf, prompt_len, new_tokens, args.repeats, compile, {})
     model, hf, tokenizer_json, shipped = smollm2_pair()
     from interop import load_pretrained
 
     blocks = load_pretrained(shipped, keep_quantized=True).model if compile else None
-    probe = llamacpp_probe()
+    probe = built_probe()
     if probe is None:
         print("  llama.cpp: skipped, its probe is not built (tools/llamacpp/build.sh builds it, minutes)")
     with tempfile.TemporaryDirectory() as tmp:
@@ -288,7 +268,9 @@ def run_config(name: str, args: argparse.Namespace) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", nargs="+", choices=[*sorted(CONFIGS), "smollm2"], default=list(CONFIGS))
+    parser.add_argument(
+        "--configs", nargs="+", choices=[*sorted(DECODE_CONFIGS), "smollm2"], default=list(DECODE_CONFIGS)
+    )
     parser.add_argument("--prompt_len", type=int, default=None, help="default 64 (large32k: 512)")
     parser.add_argument(
         "--new_tokens", type=int, default=None, help="default 256 (large32k: 128, smollm2: 64)"

@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.decode_vs_hf import CONFIGS as DECODE_CONFIGS
+from benchmarks.llamacpp import build_probe, run_probe
+from benchmarks.shapes import DECODE_CONFIGS
 from data.tokenizer import Tokenizer
 from interop.export_gguf import export_gguf
 from model import GPT, ModelConfig, generate
@@ -33,36 +32,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {name: DECODE_CONFIGS[name] for name in ("small", "large")}  # the same models as decode_vs_hf
 
 
-def build_probe() -> Path:
-    """The llamacpp-probe binary, built (minutes, once per machine) when it is not cached yet."""
-    done = subprocess.run(
-        ["bash", str(REPO_ROOT / "tools" / "llamacpp" / "build.sh")], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        sys.exit(f"error: tools/llamacpp/build.sh failed:\n{done.stderr}")
-    return Path(done.stdout.strip().splitlines()[-1])
-
-
 def shakespeare_tokenizer(vocab_size: int) -> Tokenizer:
     """A real byte-level BPE, as the GGUF export needs one; the benchmark itself feeds token ids."""
     text = (REPO_ROOT / "data" / "corpora" / "tinyshakespeare.txt").read_text(encoding="utf-8")[:300_000]
     return Tokenizer.train(
         [text[i : i + 2000] for i in range(0, len(text), 2000)], vocab_size, show_progress=False
     )
-
-
-def llamacpp_run(probe: Path, gguf_path: Path, prompt: list[int], new_tokens: int, threads: int):
-    """(new token ids, seconds for the prompt pass plus the decode steps) from one probe run."""
-    done = subprocess.run(
-        [str(probe), "generate", str(gguf_path), str(new_tokens), str(threads)],
-        input=" ".join(map(str, prompt)),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    ids_line, seconds_line = done.stdout.splitlines()[:2]
-    prefill_s, decode_s = (float(s) for s in seconds_line.split()[1:3])
-    return [int(i) for i in ids_line.split()], prefill_s + decode_s
 
 
 def bench_config(name: str, config: ModelConfig, probe: Path, args: argparse.Namespace) -> float:
@@ -80,7 +55,8 @@ def bench_config(name: str, config: ModelConfig, probe: Path, args: argparse.Nam
             start = time.perf_counter()
             ours = generate(model, prompt, args.new_tokens, temperature=0)[0, args.prompt_len :].tolist()
             ours_s = time.perf_counter() - start
-            theirs, theirs_s = llamacpp_run(probe, path, prompt[0].tolist(), args.new_tokens, threads)
+            theirs, prefill_s, decode_s = run_probe(probe, path, prompt[0].tolist(), args.new_tokens, threads)
+            theirs_s = prefill_s + decode_s
             if round_index:
                 times["ours"].append(ours_s)
                 times["llama.cpp"].append(theirs_s)
