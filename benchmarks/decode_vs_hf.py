@@ -269,7 +269,11 @@ def run_config(name: str, args: argparse.Namespace) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--configs", nargs="+", choices=[*sorted(DECODE_CONFIGS), "smollm2"], default=list(DECODE_CONFIGS)
+        "--configs",
+        nargs="+",
+        choices=[*sorted(DECODE_CONFIGS), "smollm2"],
+        default=list(DECODE_CONFIGS),
+        help="random models of benchmarks/shapes.py, or SmolLM2-135M (default: the random ones)",
     )
     parser.add_argument("--prompt_len", type=int, default=None, help="default 64 (large32k: 512)")
     parser.add_argument(
@@ -278,7 +282,7 @@ def main() -> None:
     parser.add_argument(
         "--no_compile", action="store_true", help="skip both compiled sides (CPU compiles are slow)"
     )
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds after a warm-up; medians")
     parser.add_argument(
         "--threads",
         type=int,

@@ -72,10 +72,12 @@ def bench_config(name: str, config: ModelConfig, probe: Path, args: argparse.Nam
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=list(CONFIGS))
-    parser.add_argument("--prompt_len", type=int, default=64)
-    parser.add_argument("--new_tokens", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--configs", nargs="+", choices=sorted(CONFIGS), default=list(CONFIGS), help="random models"
+    )
+    parser.add_argument("--prompt_len", type=int, default=64, help="prompt tokens (random ids)")
+    parser.add_argument("--new_tokens", type=int, default=256, help="tokens decoded per run")
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds after a warm-up; medians")
     parser.add_argument("--threads", type=int, default=None, help="threads for both sides (default: torch's)")
     args = parser.parse_args()
     if args.threads is not None:
