@@ -33,7 +33,9 @@ def run_benchmark(tmp_path: Path, name: str, *args: str, timeout: float = 300) -
     cwd, tmp = tmp_path / "cwd", tmp_path / "tmp"
     cwd.mkdir(exist_ok=True)
     tmp.mkdir(exist_ok=True)
-    env = {**os.environ, **TEST_ENV, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}
+    # torch keeps its compile cache under TMPDIR unless told otherwise: a cache, kept on purpose, not a leftover.
+    inductor = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    env = {**os.environ, **TEST_ENV, **inductor, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}
     done = subprocess.run(
         [sys.executable, "-m", f"benchmarks.{name}", *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
@@ -174,8 +176,8 @@ def test_decode_vs_hf_smollm2(tmp_path):
 def test_decode_vs_llamacpp(tmp_path):
     needs_probe()
     out = run_benchmark(tmp_path, "decode_vs_llamacpp", "--configs", "small", "--prompt_len", "8", "--new_tokens",
-                        "4", "--repeats", "1")  # fmt: skip
-    assert "llama.cpp/ours" in out
+                        "4", "--prefill_len", "16", "--repeats", "1", "--threads", "1")  # fmt: skip
+    assert "threads: ours 1, llama.cpp 1" in out and "pp16: ours" in out and "same tokens: True" in out
 
 
 @pytest.mark.slow
