@@ -202,6 +202,8 @@ def bench_config(
     per_token = {side: bytes_per_token(model, context) for side in names}
     if blocks is not None:
         per_token["ours Q4_1 compiled"] = bytes_per_token(blocks, context)
+    for side, (_, gguf) in llamacpp.items():  # llama.cpp reads each weight as its file stores it (Q4_1: 1/6)
+        per_token[side] += gguf.stat().st_size - bytes_per_token(model, 0)
     report(name, model, prompt_len, new_tokens, seconds, max(readings), names, same, per_token)
     return all(same[side] for side in sides(1))
 
