@@ -30,7 +30,6 @@ without an `eos_id`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import tempfile
@@ -40,7 +39,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.decode import bytes_per_token, read_bandwidth
-from benchmarks.llamacpp import built_probe, run_probe
+from benchmarks.llamacpp import built_probe, ids_only_tokenizer_json, run_probe
 from benchmarks.shapes import DECODE_CONFIGS
 from benchmarks.smollm2 import INSTALL, smollm2_gguf
 from benchmarks.timing import alternate_medians, wall_seconds
@@ -92,20 +91,6 @@ def smollm2_pair() -> tuple[GPT, object, str, Path]:
     loaded = load_pretrained(path, dtype=torch.float32)
     tokenizer_json = loaded.tokenizer.to_json()
     return loaded.model, hf_twin(loaded.model, tokenizer_json), tokenizer_json, path
-
-
-def ids_only_tokenizer_json(tokenizer_json: str) -> str:
-    """SmolLM2's vocabulary and merges with only the ByteLevel step of its pre-tokenizer, for the f32 GGUF.
-
-    Our GGUF export declares llama.cpp's 'gpt-2' pre-tokenizer, which has no digit split, so it refuses
-    SmolLM2's; the probe is fed token ids, so how text would be split does not matter here.
-    """
-    from common.tokens import split_tokenizer_json
-
-    spec = json.loads(split_tokenizer_json(tokenizer_json)[0])
-    steps = spec["pre_tokenizer"].get("pretokenizers", [spec["pre_tokenizer"]])
-    spec["pre_tokenizer"] = next(step for step in steps if step["type"] == "ByteLevel")
-    return json.dumps(spec)
 
 
 def probe_runs(side: str, probe: Path, gguf: Path) -> bool:

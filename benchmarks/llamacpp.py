@@ -6,9 +6,12 @@ loading are left out on llama.cpp's side, as building our model is on ours.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+from common.tokens import split_tokenizer_json
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "llamacpp" / "build.sh"
 
@@ -52,3 +55,15 @@ def run_probe(probe: Path, gguf: Path, prompt: list[int], new_tokens: int, threa
     ids_line, seconds_line = done.stdout.splitlines()[:2]
     prefill_s, decode_s = (float(s) for s in seconds_line.split()[1:3])
     return [int(i) for i in ids_line.split()], prefill_s, decode_s
+
+
+def ids_only_tokenizer_json(tokenizer_json: str) -> str:
+    """SmolLM2's vocabulary and merges with only the ByteLevel step of its pre-tokenizer, for the f32 GGUF.
+
+    Our GGUF export declares llama.cpp's 'gpt-2' pre-tokenizer, which has no digit split, so it refuses
+    SmolLM2's; the probe is fed token ids, so how text would be split does not matter here.
+    """
+    spec = json.loads(split_tokenizer_json(tokenizer_json)[0])
+    steps = spec["pre_tokenizer"].get("pretokenizers", [spec["pre_tokenizer"]])
+    spec["pre_tokenizer"] = next(step for step in steps if step["type"] == "ByteLevel")
+    return json.dumps(spec)

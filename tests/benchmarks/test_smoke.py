@@ -181,6 +181,15 @@ def test_decode_vs_llamacpp(tmp_path):
 
 
 @pytest.mark.slow
+def test_decode_vs_llamacpp_smollm2(tmp_path):
+    needs_probe()
+    needs_smollm2()
+    out = run_benchmark(tmp_path, "decode_vs_llamacpp", "--configs", "smollm2", "--prompt_len", "8", "--new_tokens",
+                        "2", "--prefill_len", "8", "--repeats", "1", "--threads", "1", timeout=600)  # fmt: skip
+    assert "smollm2 f32" in out and "smollm2 Q4_1" in out and out.count("same tokens: True") == 2
+
+
+@pytest.mark.slow
 def test_explorer_size(tmp_path, ckpt):
     browser = Path("/usr/bin/chromium").is_file() and importlib.util.find_spec("playwright")
     out = run_benchmark(tmp_path, "explorer_size", "--model", ckpt, "--tokens", "16",
