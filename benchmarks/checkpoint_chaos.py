@@ -157,7 +157,8 @@ def _same(a: dict, b: dict) -> bool:
 
 
 def stall(args: argparse.Namespace, work: Path) -> None:
-    """Median ms the training thread is blocked per save, sync vs async, for a ~100M-parameter model."""
+    """Median ms the training thread is blocked per save, sync vs async, for a ~100M-parameter model (at the
+    default --stall_n_embd)."""
     import torch
 
     from checkpoints.settings import checkpoint_io
@@ -165,7 +166,11 @@ def stall(args: argparse.Namespace, work: Path) -> None:
     from model.gpt import GPT
 
     torch.manual_seed(0)
-    model = GPT(ModelConfig(vocab_size=16384, block_size=64, n_layer=12, n_head=12, n_kv_head=4, n_embd=768))
+    model = GPT(
+        ModelConfig(
+            vocab_size=16384, block_size=64, n_layer=12, n_head=12, n_kv_head=4, n_embd=args.stall_n_embd
+        )
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tokens = torch.randint(0, 16384, (1, 64))
 
@@ -211,13 +216,19 @@ def main() -> int:
         help="a kill lands up to this long after a segment's first checkpoint",
     )
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps of the whole run")
-    parser.add_argument("--n_embd", type=int, default=192)
-    parser.add_argument("--n_layer", type=int, default=4)
+    parser.add_argument("--n_embd", type=int, default=192, help="width of the killed runs' model")
+    parser.add_argument("--n_layer", type=int, default=4, help="layers of the killed runs' model")
     parser.add_argument(
         "--stall_rounds", type=int, default=3, help="sync/async rounds of 2 saves each (0: skip)"
     )
     parser.add_argument(
-        "--workdir", type=Path, default=None, help="where runs go (default: a new folder in runs/)"
+        "--stall_n_embd",
+        type=int,
+        default=768,
+        help="width of the stall model (a multiple of 12; 768: ~100M)",
+    )
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="where runs go (default: a new temporary folder)"
     )
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     # worker mode (internal)
@@ -232,7 +243,7 @@ def main() -> int:
     if args.worker:
         worker_main(args)
         return 0
-    work = args.workdir or ROOT / "runs" / f"checkpoint-chaos-{os.getpid()}"
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="checkpoint-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
     args.cache = str(work / "cache")
     shm = Path("/dev/shm")

@@ -2,13 +2,12 @@
 
     python -m benchmarks.decode                          # 1024-context model: cached vs recompute vs compiled
     python -m benchmarks.decode --batches 1 8 32         # tokens/s at batch 1, 8 and 32, one cache each
-    python -m benchmarks.decode --checkpoint runs/tiny   # a trained checkpoint, as generate.py --benchmark
 
 Random model: 4 layers, 256 wide, 8/2 heads, block_size 1024, vocab 1024. Prompt 64 tokens, 512 new, greedy,
 fp32 on CPU (or --device). The paths alternate within each repeat and medians are printed with the ratios
-(generation/timing.py); the
-target is a cached path at least 10x faster than recomputing. `gpu_decode_report` is the GPU check that
-benchmarks.device_check calls: the compiled decode of a 124 M model in bf16, tokens/s and bandwidth use.
+(generation/timing.py); the target is a cached path at least 10x faster than recomputing. `--gpu` is the GPU
+check: the compiled decode of a 124 M model in bf16, tokens/s and bandwidth use. A trained checkpoint is
+measured the same way by `python generate.py --checkpoint <ckpt> --benchmark --no_cache`.
 """
 
 from __future__ import annotations
@@ -122,39 +121,20 @@ def gpu_decode_report(new_tokens: int = 256, prompt_len: int = 64, device: str =
     return report
 
 
-def bench_checkpoint(args: argparse.Namespace) -> None:
-    """generate.py --benchmark --no_cache on a trained checkpoint: its KV cache, prefill and decode speeds."""
-    from checkpoints.format import load_checkpoint
-    from data.tokenizer import Tokenizer
-    from generation.speed import report_decode_speed
-
-    loaded = load_checkpoint(args.checkpoint)
-    model = loaded.model.to(args.device).eval()
-    tokenizer = Tokenizer.from_json(loaded.tokenizer_json)
-    ids = tokenizer.encode(" ".join(["the"] * args.prompt_len))  # one token per word for an English BPE
-    prompt = torch.tensor([ids[: args.prompt_len]], device=args.device)
-    report_decode_speed(model, prompt, args.new_tokens, with_recompute=True, repeats=args.repeats)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--checkpoint", help="benchmark this checkpoint through generate.py --benchmark --no_cache"
-    )
     parser.add_argument("--batches", type=int, nargs="+", help="report tokens/s at these batch sizes instead")
     parser.add_argument("--gpu", action="store_true", help="run the GPU check (124 M model, bf16, compiled)")
     parser.add_argument(
         "--no_compile", action="store_true", help="skip the compiled path (its compile is slow)"
     )
-    parser.add_argument("--prompt_len", type=int, default=64)
-    parser.add_argument("--new_tokens", type=int, default=512)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--prompt_len", type=int, default=64, help="prompt tokens (random ids)")
+    parser.add_argument("--new_tokens", type=int, default=512, help="tokens decoded per run")
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds after a warm-up; medians")
+    parser.add_argument("--device", default="cpu", help="torch device of the model and cache")
     args = parser.parse_args()
     if args.gpu:
         gpu_decode_report(args.new_tokens, args.prompt_len)
-    elif args.checkpoint:
-        bench_checkpoint(args)
     elif args.batches:
         bench_batches(args)
     else:

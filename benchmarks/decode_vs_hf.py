@@ -30,7 +30,6 @@ without an `eos_id`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import tempfile
@@ -40,6 +39,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.decode import bytes_per_token, read_bandwidth
+from benchmarks.llamacpp import built_probe, ids_only_tokenizer_json, run_probe
+from benchmarks.shapes import DECODE_CONFIGS
 from benchmarks.smollm2 import INSTALL, smollm2_gguf
 from common.tokens import EOS_TOKEN
 from data.tokenizer import Tokenizer
@@ -47,18 +48,10 @@ from generation.timing import alternate_medians, wall_seconds
 from interop.export_hf import export_hf
 from model import GPT, ModelConfig, generate
 
-CONFIGS = {
-    "small": ModelConfig(vocab_size=1024, block_size=512, n_layer=4, n_head=8, n_kv_head=2, n_embd=256),
-    "large": ModelConfig(vocab_size=1024, block_size=512, n_layer=12, n_head=12, n_kv_head=4, n_embd=768),
-    "large32k": ModelConfig(
-        vocab_size=32000, block_size=1024, n_layer=12, n_head=12, n_kv_head=4, n_embd=768
-    ),
-}
 # ours (best path) / transformers default
 TARGET_RATIO = {"small": 3.0, "large": 1.2, "large32k": 1.5, "smollm2": 1.5}
 # prompt, new tokens: large32k a realistic vocabulary with a long prompt; smollm2 a real model, kept short
 LENGTHS = {"large32k": (512, 128), "smollm2": (64, 64)}
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def minimal_tokenizer_json() -> str:
@@ -102,37 +95,10 @@ def smollm2_pair() -> tuple[GPT, object, str, Path]:
     return loaded.model, hf_twin(loaded.model, tokenizer_json), tokenizer_json, path
 
 
-def ids_only_tokenizer_json(tokenizer_json: str) -> str:
-    """SmolLM2's vocabulary and merges with only the ByteLevel step of its pre-tokenizer, for the f32 GGUF.
-
-    Our GGUF export declares llama.cpp's 'gpt-2' pre-tokenizer, which has no digit split, so it refuses
-    SmolLM2's; the probe is fed token ids, so how text would be split does not matter here.
-    """
-    from common.tokens import split_tokenizer_json
-
-    spec = json.loads(split_tokenizer_json(tokenizer_json)[0])
-    steps = spec["pre_tokenizer"].get("pretokenizers", [spec["pre_tokenizer"]])
-    spec["pre_tokenizer"] = next(step for step in steps if step["type"] == "ByteLevel")
-    return json.dumps(spec)
-
-
-def llamacpp_probe() -> Path | None:
-    """The llama.cpp probe binary if tools/llamacpp/build.sh has built it (never built here: minutes)."""
-    where = subprocess.run(
-        ["bash", str(REPO_ROOT / "tools" / "llamacpp" / "build.sh"), "--where"],
-        capture_output=True,
-        text=True,
-    )
-    probe = Path(where.stdout.strip()) if where.returncode == 0 and where.stdout.strip() else None
-    return probe if probe is not None and probe.is_file() else None
-
-
 def probe_runs(side: str, probe: Path, gguf: Path) -> bool:
     """Whether the probe decodes from `gguf` at all; a failure is printed in one line and the side left out."""
-    from benchmarks.decode_vs_llamacpp import llamacpp_run  # local: that module imports this one
-
     try:
-        llamacpp_run(probe, gguf, list(range(100, 164)), 2, torch.get_num_threads())
+        run_probe(probe, gguf, list(range(100, 164)), 2, torch.get_num_threads())
     except subprocess.CalledProcessError as error:
         print(f"  {side}: left out, the probe failed on {gguf.name} (exit {error.returncode})")
         return False
@@ -143,12 +109,11 @@ def probe_seconds(
     probe: Path, gguf: Path, prompt: torch.Tensor, n: int, outputs: dict, key: tuple
 ) -> Callable[[], float]:
     """A run for `alternate_medians`: the seconds llama.cpp's probe reports for its prompt pass and n - 1 steps."""
-    from benchmarks.decode_vs_llamacpp import llamacpp_run  # local: that module imports this one
 
     def run() -> float:
-        ids, seconds = llamacpp_run(probe, gguf, prompt[0].tolist(), n, torch.get_num_threads())
+        ids, prefill_s, decode_s = run_probe(probe, gguf, prompt[0].tolist(), n, torch.get_num_threads())
         outputs[key] = torch.cat([prompt, torch.tensor([ids])], dim=1)
-        return seconds
+        return prefill_s + decode_s
 
     return run
 
@@ -224,6 +189,8 @@ def bench_config(
     per_token = {side: bytes_per_token(model, context) for side in names}
     if blocks is not None:
         per_token["ours Q4_1 compiled"] = bytes_per_token(blocks, context)
+    for side, (_, gguf) in llamacpp.items():  # llama.cpp reads each weight as its file stores it (Q4_1: 1/6)
+        per_token[side] += gguf.stat().st_size - bytes_per_token(model, 0)
     report(name, model, prompt_len, new_tokens, seconds, max(readings), names, same, per_token)
     return all(same[side] for side in sides(1))
 
@@ -268,13 +235,13 @@ def run_config(name: str, args: argparse.Namespace) -> bool:
     prompt_len, new_tokens = args.prompt_len or prompt_len, args.new_tokens or new_tokens
     compile = not args.no_compile
     if name != "smollm2":
-        model, hf, _ = random_pair(CONFIGS[name])
+        model, hf, _ = random_pair(DECODE_CONFIGS[name])
         return bench_config(name, model, hf, prompt_len, new_tokens, args.repeats, compile, {})
     model, hf, tokenizer_json, shipped = smollm2_pair()
     from interop import load
 
     blocks = load(shipped, keep_quantized=True).model if compile else None
-    probe = llamacpp_probe()
+    probe = built_probe()
     if probe is None:
         print("  llama.cpp: skipped, its probe is not built (tools/llamacpp/build.sh builds it, minutes)")
     with tempfile.TemporaryDirectory() as tmp:
@@ -291,7 +258,13 @@ def run_config(name: str, args: argparse.Namespace) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", nargs="+", choices=[*sorted(CONFIGS), "smollm2"], default=list(CONFIGS))
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        choices=[*sorted(DECODE_CONFIGS), "smollm2"],
+        default=list(DECODE_CONFIGS),
+        help="random models of benchmarks/shapes.py, or SmolLM2-135M (default: the random ones)",
+    )
     parser.add_argument("--prompt_len", type=int, default=None, help="default 64 (large32k: 512)")
     parser.add_argument(
         "--new_tokens", type=int, default=None, help="default 256 (large32k: 128, smollm2: 64)"
@@ -299,7 +272,7 @@ def main() -> None:
     parser.add_argument(
         "--no_compile", action="store_true", help="skip both compiled sides (CPU compiles are slow)"
     )
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds after a warm-up; medians")
     parser.add_argument(
         "--threads",
         type=int,

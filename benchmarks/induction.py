@@ -202,20 +202,20 @@ def run(args: argparse.Namespace) -> None:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add = parser.add_argument
-    add("--steps", type=int, default=3000)
-    add("--eval_every", type=int, default=100)
+    add("--steps", type=int, default=3000, help="optimizer steps")
+    add("--eval_every", type=int, default=100, help="steps between evaluations")
     add("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    add("--seed", type=int, default=0)
-    add("--vocab_size", type=int, default=256)
-    add("--block_size", type=int, default=64)
-    add("--n_layer", type=int, default=2)
-    add("--n_head", type=int, default=4)
-    add("--n_kv_head", type=int, default=2)
-    add("--n_embd", type=int, default=64)
-    add("--batch_size", type=int, default=32)
-    add("--lr", type=float, default=3e-3)
+    add("--seed", type=int, default=0, help="seed of the weights and the training batches")
+    add("--vocab_size", type=int, default=256, help="random tokens drawn from this many")
+    add("--block_size", type=int, default=64, help="tokens per training sequence")
+    add("--n_layer", type=int, default=2, help="model layers")
+    add("--n_head", type=int, default=4, help="query heads")
+    add("--n_kv_head", type=int, default=2, help="key/value heads")
+    add("--n_embd", type=int, default=64, help="model width")
+    add("--batch_size", type=int, default=32, help="sequences per step")
+    add("--lr", type=float, default=3e-3, help="AdamW learning rate after warmup")
     add("--warmup", type=int, default=50, help="optimizer steps of linear warmup; constant after")
-    add("--weight_decay", type=float, default=0.1)
+    add("--weight_decay", type=float, default=0.1, help="AdamW weight decay (matrices only)")
     add("--min_period", type=int, default=8, help="shortest repeated segment in training")
     add("--max_period", type=int, default=32, help="longest repeated segment in training (<= (block+1)/2)")
     add(
@@ -230,7 +230,7 @@ def parse_args() -> argparse.Namespace:
         action="store_false",
         help="show the segment twice only, instead of repeating it until the end of the sequence",
     )
-    add("--eval_batch", type=int, default=8)
+    add("--eval_batch", type=int, default=8, help="held-out sequences per evaluation period")
     add("--threshold", type=float, default=0.5, help="induction score that counts as an induction head")
     args = parser.parse_args()
     if not 1 <= args.min_period <= args.max_period or 2 * args.max_period > args.block_size + 1:

