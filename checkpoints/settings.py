@@ -16,7 +16,6 @@ from .atomic_io import AtomicCheckpointIO
 from .background_io import BackgroundCheckpointIO
 from .format import read_checkpoint
 from .resume import choose_resume_checkpoint
-from .sweep import sweep_stale_files
 
 WANDB_ID_KEY = "wandb_run_id"
 # Where our CheckpointIOs lived before this package: the config.yaml of an older run still names them.
@@ -74,18 +73,13 @@ def _get(entry: Any, key: str) -> Any:
 
 
 def prepare_checkpoint_dir(
-    checkpoint_dir: Path,
-    ckpt_path: str | None,
-    cache_dir: str | None,
-    say: Callable[[str], None] | None = None,
+    checkpoint_dir: Path, ckpt_path: str | None, say: Callable[[str], None] | None = None
 ) -> str | None:
-    """Sweep what killed runs left (rank 0 only), then resolve `ckpt_path="last"` to a resumable file.
+    """Resolve `ckpt_path="last"` to the newest resumable file in `checkpoint_dir` (None: start fresh).
 
-    Returns the checkpoint to resume (None to start fresh); raises a UserError when none is resumable.
+    Raises a UserError when none is resumable. Only reads: the sweep waits for the run's lock (run_lock).
     """
     say = say or (lambda line: print(line, file=sys.stderr))
-    if rank_zero_only.rank == 0:
-        sweep_stale_files(checkpoint_dir, cache_dir, say=say)
     if ckpt_path != "last":
         return ckpt_path
     chosen = choose_resume_checkpoint(

@@ -12,6 +12,7 @@ from checkpoints.checks import check_readable, refuse_size_change
 from checkpoints.choice import checkpoint_step
 from checkpoints.resume import expand_run_dir_resume
 from checkpoints.run_dir import LAST_NAME, RunDir
+from checkpoints.run_lock import RunDirBusyError, own_run_dir
 from checkpoints.save_on_stop import LastCheckpoint
 from checkpoints.settings import (
     GPTCheckpoint,
@@ -103,8 +104,13 @@ class GPTCLI(LightningCLI):
         new_run = not run_dir.exists()
         self.ctrl_c.install(self.trainer)
         _follow_steps(self.trainer)
+        lock = None
         try:
+            if self.trainer.is_global_zero:  # the writing process: one per run directory, checked here
+                lock = own_run_dir(run_dir, self.config[self.subcommand].data.get("cache_dir"))
             self.trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, **kwargs)
+        except RunDirBusyError:
+            raise  # the folder is another live run's: nothing here to clean up
         except BaseException:
             # A run that fails before its first step (data setup, a config check in setup) leaves only a
             # config.yaml and an empty wandb run: remove the folder this command created, so a retry starts clean.
@@ -115,6 +121,8 @@ class GPTCLI(LightningCLI):
             raise
         finally:
             self.ctrl_c.restore()
+            if lock is not None:
+                lock.release()
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
@@ -155,9 +163,7 @@ class GPTCLI(LightningCLI):
         config.trainer.default_root_dir = str(run_dir)
         config.checkpoint.dirpath = str(RunDir(run_dir).checkpoints)
         if self.subcommand == "fit":
-            config.ckpt_path = prepare_checkpoint_dir(
-                RunDir(run_dir).checkpoints, config.get("ckpt_path"), config.data.get("cache_dir")
-            )
+            config.ckpt_path = prepare_checkpoint_dir(RunDir(run_dir).checkpoints, config.get("ckpt_path"))
         refuse_size_change(config, config.get("ckpt_path"), self.subcommand or "fit")
         if self.subcommand not in ("fit", None):
             # validate/test/predict print their results; they write nothing into the training run's folder

@@ -1,0 +1,78 @@
+"""One writer per run directory: an exclusive lock that the kernel drops when its process dies.
+
+Two `fit`s on one run directory would mix their checkpoints, config.yaml and wandb segments, and the start-up
+sweep of one would delete the temporary file the other is saving. So the process that writes a run (global rank
+0: it sweeps, saves and re-links last.ckpt; the other ranks of a DDP run are its partners, not rivals) holds
+`fcntl.flock` on RunDir.lock for as long as it trains, and the sweep runs only once the lock is held.
+
+A lock is released by the kernel when its holder exits however it exits, kill -9 included, so no stale-lock
+rule (pid checks, timeouts) is needed; the file itself stays, holding the last owner's pid for the message.
+Linux NFS clients take flock as a byte-range lock the server enforces, so the rule holds across a cluster's
+nodes. `validate` only reads checkpoints (renamed into place whole), so it takes no lock.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from common.errors import UserError
+
+from .run_dir import RunDir
+from .sweep import sweep_stale_files
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; runs there stay unguarded
+    fcntl = None
+
+
+class RunDirBusyError(UserError):
+    """Another live process is writing this run directory."""
+
+
+class RunDirLock:
+    """The held lock of one run directory; `release` (or the process's end) frees it."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = RunDir(run_dir)
+        self._fd: int | None = None
+
+    def acquire(self) -> RunDirLock:
+        """Take the lock, or raise RunDirBusyError naming the process that holds it."""
+        path = self.run_dir.lock
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode("utf-8", "replace").strip() or "another process"
+            os.close(fd)
+            raise RunDirBusyError(
+                f"{self.run_dir.path} is being written by {holder}; wait for that run to end (or stop it), "
+                "or train into another folder with --run_name"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+
+def own_run_dir(
+    run_dir: str | Path, cache_dir: str | Path | None = None, say: Callable[[str], None] | None = None
+) -> RunDirLock:
+    """Become the one writer of `run_dir`: lock it, then remove what killed writers left in it (and the data
+    cache's dead staging folders). Call it on the writing process only, before anything saves."""
+    lock = RunDirLock(run_dir).acquire()
+    say = say or (lambda line: print(line, file=sys.stderr))
+    sweep_stale_files(RunDir(run_dir).checkpoints, cache_dir, say=say)
+    return lock
