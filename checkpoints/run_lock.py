@@ -14,10 +14,14 @@ nodes. `validate` only reads checkpoints (renamed into place whole), so it takes
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
 from common.errors import UserError
 
@@ -40,6 +44,7 @@ class RunDirLock:
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = RunDir(run_dir)
         self._fd: int | None = None
+        self._previous_temp: tuple[str | None, str | None] | None = None
 
     def acquire(self) -> RunDirLock:
         """Take the lock, or raise RunDirBusyError naming the process that holds it."""
@@ -61,7 +66,35 @@ class RunDirLock:
         self._fd = fd
         return self
 
+    def use_run_temp(self, say: Callable[[str], None]) -> None:
+        """Point the temp folder of this process and its children at RunDir.temp, emptied first.
+
+        wandb (a temporary folder per table logged, its media folders) and multiprocessing (`pymp-*`) clean up
+        at exit, which a killed process never reaches; in the system temp folder nothing could later tell whose
+        they were. Under the run's lock, whatever is in the run's own temp folder is a dead writer's.
+        """
+        temp = self.run_dir.temp
+        if temp.exists():
+            left = sum(1 for _ in temp.iterdir())
+            shutil.rmtree(temp, ignore_errors=True)
+            if left:
+                say(f"removed {left} temporary folder(s) left by killed runs in {temp}")
+        temp.mkdir(parents=True)
+        # torch.compile's cache stays where it was (it is keyed by user, not by run, and costs minutes to redo).
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+        self._previous_temp = (tempfile.tempdir, os.environ.get("TMPDIR"))
+        tempfile.tempdir, os.environ["TMPDIR"] = str(temp), str(temp)
+
     def release(self) -> None:
+        """Drop the lock; after a clean end, remove the run's temp folder and restore the system one."""
+        if self._previous_temp is not None:
+            tempfile.tempdir, previous = self._previous_temp
+            if previous is None:
+                os.environ.pop("TMPDIR", None)
+            else:
+                os.environ["TMPDIR"] = previous
+            shutil.rmtree(self.run_dir.temp, ignore_errors=True)
+            self._previous_temp = None
         if self._fd is not None:
             os.close(self._fd)  # closing the descriptor drops the flock
             self._fd = None
@@ -70,9 +103,13 @@ class RunDirLock:
 def own_run_dir(
     run_dir: str | Path, cache_dir: str | Path | None = None, say: Callable[[str], None] | None = None
 ) -> RunDirLock:
-    """Become the one writer of `run_dir`: lock it, then remove what killed writers left in it (and the data
-    cache's dead staging folders). Call it on the writing process only, before anything saves."""
+    """Become the one writer of `run_dir`: lock it, remove what killed writers left in it (and the data cache's
+    dead staging folders), and give this process (and its children) the run's own temp folder.
+
+    Call it on the writing process only, before anything saves; `release` undoes all three.
+    """
     lock = RunDirLock(run_dir).acquire()
     say = say or (lambda line: print(line, file=sys.stderr))
     sweep_stale_files(RunDir(run_dir).checkpoints, cache_dir, say=say)
+    lock.use_run_temp(say)
     return lock

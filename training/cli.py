@@ -34,6 +34,7 @@ from .progress import progress_for_output
 from .run_config import RunConfig
 from .samples import SampleGenerations
 from .throughput import ThroughputMonitor
+from .wandb_logger import TrainHistoryInCheckpoint, run_loggers
 from .wandb_setup import wandb_offline, wandb_run_id
 
 TRAINER_DEFAULTS = {
@@ -183,6 +184,7 @@ class GPTCLI(LightningCLI):
             LastCheckpoint(),
             self.ctrl_c,
             WandbIdInCheckpoint(),
+            TrainHistoryInCheckpoint(),
             FitReport(),
         ]
         # A ProgressBar callback while enable_progress_bar is False is an error in Lightning.
@@ -225,19 +227,13 @@ def _apply_threads(requested: int | None) -> None:
     rank_zero_info(line)
 
 
-def _run_loggers(trainer) -> list:
-    from .wandb_logger import RunWandbLogger
-
-    return [logger for logger in trainer.loggers if isinstance(logger, RunWandbLogger)]
-
-
 def _follow_steps(trainer) -> None:
-    for logger in _run_loggers(trainer):
+    for logger in run_loggers(trainer):
         logger.follow(trainer)
 
 
 def _discard_wandb_segments(trainer) -> None:
-    for logger in _run_loggers(trainer):
+    for logger in run_loggers(trainer):
         logger.discard_segment()
 
 
