@@ -26,6 +26,7 @@ def segment_files(run_dir: Path) -> list[Path]:
 
 def history_rows(wandb_file: Path) -> Iterator[dict]:
     """The history rows of one `.wandb` file, {key: value}, in the order written."""
+    from google.protobuf.message import DecodeError
     from wandb.proto import wandb_internal_pb2
 
     data = wandb_file.read_bytes()
@@ -40,7 +41,10 @@ def history_rows(wandb_file: Path) -> Iterator[dict]:
         if kind not in (_FULL, _LAST) or pos > len(data):
             continue
         record = wandb_internal_pb2.Record()
-        record.ParseFromString(payload)
+        try:
+            record.ParseFromString(payload)
+        except DecodeError:  # a killed writer's torn last block: nothing after it was written whole
+            return
         payload = b""
         if record.WhichOneof("record_type") == "history":
             yield {
