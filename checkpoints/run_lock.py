@@ -7,8 +7,11 @@ sweep of one would delete the temporary file the other is saving. So the process
 
 A lock is released by the kernel when its holder exits however it exits, kill -9 included, so no stale-lock
 rule (pid checks, timeouts) is needed; the file itself stays, holding the last owner's pid for the message.
-Linux NFS clients take flock as a byte-range lock the server enforces, so the rule holds across a cluster's
+On Linux NFS, flock is emulated with a byte-range lock the server enforces, so the rule holds across a cluster's
 nodes. `validate` only reads checkpoints (renamed into place whole), so it takes no lock.
+
+The writer also gets the run's own temp folder (RunDir.temp): what a killed writer left there is removed under
+the lock at the next start, where in the system temp folder nothing could tell whose it was.
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ class RunDirLock:
         tempfile.tempdir, os.environ["TMPDIR"] = str(temp), str(temp)
 
     def release(self) -> None:
-        """Drop the lock; after a clean end, remove the run's temp folder and restore the system one."""
+        """Drop the lock, remove the run's temp folder and point this process back at the system one."""
         if self._previous_temp is not None:
             tempfile.tempdir, previous = self._previous_temp
             if previous is None:
