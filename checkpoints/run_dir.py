@@ -6,6 +6,8 @@
         wandb_run_id         the wandb run every resume of this directory logs to
         wandb/               wandb's own files (the logger's save_dir is the run directory)
         attention/           the attention explorer page (training/attention_maps.py)
+        writer.lock          held by the one process writing the run (checkpoints/run_lock.py)
+        tmp/                 that process's temp folder (TMPDIR), emptied at each start and removed at its end
 
 A sharded strategy (FSDP2) writes each checkpoint as a folder: the weight shards, their index SHARDED_INDEX,
 and everything else in SHARDED_META. Standard library only: generate.py reads this without Lightning.
@@ -60,6 +62,14 @@ class RunDir:
     @property
     def attention(self) -> Path:
         return self.path / "attention"
+
+    @property
+    def lock(self) -> Path:
+        return self.path / "writer.lock"
+
+    @property
+    def temp(self) -> Path:
+        return self.path / "tmp"
 
     def holds_checkpoints(self) -> bool:
         """A run directory, as opposed to a sharded checkpoint folder (also a directory): it has checkpoints/."""

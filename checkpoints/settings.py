@@ -11,8 +11,6 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from common.files import remove_stale, stale_temp_files
-
 from .atomic_io import AtomicCheckpointIO
 from .background_io import BackgroundCheckpointIO
 from .resume import choose_resume_checkpoint
@@ -74,16 +72,11 @@ def _get(entry: Any, key: str) -> Any:
 def prepare_checkpoint_dir(
     checkpoint_dir: Path, ckpt_path: str | None, say: Callable[[str], None] | None = None
 ) -> str | None:
-    """Remove the temporary files killed runs left (rank 0 only), then resolve `ckpt_path="last"` to a file.
+    """Resolve `ckpt_path="last"` to the newest resumable file in `checkpoint_dir` (None: start fresh).
 
-    The checkpoint folder belongs to this run, so every temporary file in it is stale when the run starts (the
-    data cache, shared by runs building right now, is swept by data.store.sweep_data_cache).
-
-    Returns the checkpoint to resume (None to start fresh); raises a UserError when none is resumable.
+    Raises a UserError when none is resumable. Only reads: the sweep waits for the run's lock (run_lock).
     """
     say = say or (lambda line: print(line, file=sys.stderr))
-    if rank_zero_only.rank == 0:
-        remove_stale(stale_temp_files(checkpoint_dir), checkpoint_dir, "temporary checkpoint file", say)
     if ckpt_path != "last":
         return ckpt_path
     chosen = choose_resume_checkpoint(

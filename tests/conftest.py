@@ -131,37 +131,10 @@ def tiny_run(corpus, data_cache, tmp_path_factory) -> Path:
 
 
 def read_wandb_history(run_dir: Path) -> list[dict]:
-    """The history rows of an offline wandb run, parsed from its run-*.wandb file.
+    """The history rows of one offline wandb segment (folder), parsed from its run-*.wandb file."""
+    from training.wandb_history import history_rows
 
-    wandb >= 0.2x writes no summary file offline; the .wandb file is a LevelDB-style log (32 KiB blocks of
-    records with a 7-byte header: crc32, length, type) of protobuf `Record`s after a 7-byte W&B header.
-    """
-    import json
-    import struct
-
-    from wandb.proto import wandb_internal_pb2
-
-    data = next(run_dir.glob("run-*.wandb")).read_bytes()
-    pos, block, payload, rows = 7, 32768, b"", []
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:  # too little room for a header: the rest of the block is padding
-            pos += block - pos % block
-            continue
-        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        payload += data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4):  # FULL or LAST: a whole record is assembled
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(payload)
-            payload = b""
-            if record.WhichOneof("record_type") == "history":
-                rows.append(
-                    {
-                        item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                        for item in record.history.item
-                    }
-                )
-    return rows
+    return list(history_rows(next(run_dir.glob("run-*.wandb"))))
 
 
 @pytest.fixture(scope="session")

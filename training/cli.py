@@ -12,6 +12,7 @@ from checkpoints.checks import check_readable, refuse_size_change
 from checkpoints.choice import checkpoint_step
 from checkpoints.resume import expand_run_dir_resume
 from checkpoints.run_dir import LAST_NAME, RunDir
+from checkpoints.run_lock import RunDirBusyError, own_run_dir
 from checkpoints.save_on_stop import LastCheckpoint
 from checkpoints.settings import GPTCheckpoint, prepare_checkpoint_dir, with_checkpoint_io
 from checkpoints.wandb_id import WandbIdInCheckpoint, stored_wandb_id
@@ -29,6 +30,7 @@ from .progress import progress_for_output
 from .run_config import RunConfig
 from .samples import SampleGenerations
 from .throughput import ThroughputMonitor
+from .wandb_logger import TrainHistoryInCheckpoint, run_loggers
 from .wandb_setup import wandb_offline, wandb_run_id
 
 TRAINER_DEFAULTS = {
@@ -99,8 +101,13 @@ class GPTCLI(LightningCLI):
         new_run = not run_dir.exists()
         self.ctrl_c.install(self.trainer)
         _follow_steps(self.trainer)
+        lock = None
         try:
+            if self.trainer.is_global_zero:  # the writing process: one per run directory, checked here
+                lock = own_run_dir(run_dir)
             self.trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, **kwargs)
+        except RunDirBusyError:
+            raise  # the folder is another live run's: nothing here to clean up
         except BaseException:
             # A run that fails before its first step (data setup, a config check in setup) leaves only a
             # config.yaml and an empty wandb run: remove the folder this command created, so a retry starts clean.
@@ -111,6 +118,8 @@ class GPTCLI(LightningCLI):
             raise
         finally:
             self.ctrl_c.restore()
+            if lock is not None:
+                lock.release()
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
@@ -172,6 +181,7 @@ class GPTCLI(LightningCLI):
             LastCheckpoint(),
             self.ctrl_c,
             WandbIdInCheckpoint(),
+            TrainHistoryInCheckpoint(),
             FitReport(),
         ]
         # A ProgressBar callback while enable_progress_bar is False is an error in Lightning.
@@ -214,19 +224,13 @@ def _apply_threads(requested: int | None) -> None:
     rank_zero_info(line)
 
 
-def _run_loggers(trainer) -> list:
-    from .wandb_logger import RunWandbLogger
-
-    return [logger for logger in trainer.loggers if isinstance(logger, RunWandbLogger)]
-
-
 def _follow_steps(trainer) -> None:
-    for logger in _run_loggers(trainer):
+    for logger in run_loggers(trainer):
         logger.follow(trainer)
 
 
 def _discard_wandb_segments(trainer) -> None:
-    for logger in _run_loggers(trainer):
+    for logger in run_loggers(trainer):
         logger.discard_segment()
 
 

@@ -147,6 +147,14 @@ class LitGPT(L.LightningModule):
             self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
         return loss
 
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        # Lightning hands step metrics to the loggers when its own count of optimizer steps (not global_step)
+        # reaches a multiple of log_every_n_steps. A resume from a checkpoint saved after a step had ended (the
+        # SIGTERM and Ctrl-C saves, after that step's validation) restores that count one too high, which moved
+        # every later train/* point off the straight run's steps; in one optimizer's automatic optimization the
+        # two counts are the same number, so the logger's gate follows global_step.
+        self.trainer.fit_loop.epoch_loop._batches_that_stepped = self.trainer.global_step
+
     def _is_logging_step(self) -> bool:
         # Lightning hands step metrics to the logger every trainer.log_every_n_steps optimizer steps and drops
         # the rest, yet each self.log call still pays its bookkeeping (a measurable share of a small CPU step,

@@ -1,4 +1,5 @@
-"""The project's WandbLogger: no deprecated `anonymous` setting, and the offline notice once the run exists."""
+"""The project's WandbLogger: no deprecated `anonymous` setting, the offline notice once the run exists, and
+train/* history that survives kill -9 (carried in every checkpoint, re-logged by the resume where it was lost)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,15 @@ import shutil
 import sys
 from pathlib import Path
 
+import lightning as L
 from lightning.pytorch.loggers import WandbLogger
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
+from .wandb_history import steps_with
 from .wandb_setup import record_wandb_run_id
+
+TRAIN_PREFIX = "train/"
+HISTORY_KEY = "train_history"  # in the checkpoint: [[step, {key: value}], ...] of every train/* row logged
 
 
 class RunWandbLogger(WandbLogger):
@@ -38,6 +44,8 @@ class RunWandbLogger(WandbLogger):
         self._trainer = None
         self._finished = False
         self._sync_hint: str | None = None  # printed with the first metrics (see experiment)
+        self.train_rows: dict[int, dict] = {}  # step -> the train/* row logged there, for the checkpoints
+        self._restored = False  # rows came from a checkpoint: re-log those no segment file holds
 
     def follow(self, trainer) -> None:
         """Log every point at `trainer.global_step`: the 1-based count of finished optimizer steps that the
@@ -48,13 +56,38 @@ class RunWandbLogger(WandbLogger):
         """
         self._trainer = trainer
 
+    @rank_zero_only
     def log_metrics(self, metrics, step: int | None = None) -> None:
         if self._sync_hint:
             rank_zero_info(self._sync_hint)
             self._sync_hint = None
         if self._trainer is not None and self._trainer.state.fn == "fit":
             step = self._trainer.global_step
+            if self._restored:
+                self._relog_lost()
+            if any(key.startswith(TRAIN_PREFIX) for key in metrics):
+                self.train_rows.setdefault(step, {}).update(
+                    {key: float(value) for key, value in metrics.items()}
+                )
         super().log_metrics(metrics, step)
+
+    def restore_train_rows(self, rows: list) -> None:
+        """Take the train/* rows a checkpoint carried; the first metrics of this segment re-log the lost ones."""
+        self.train_rows = {int(step): dict(row) for step, row in rows}
+        self._restored = bool(self.train_rows)
+
+    def _relog_lost(self) -> None:
+        # A killed segment's file ends at its last whole block: the rows after it were never written. They are
+        # logged again here, at their own steps, before this segment logs anything newer.
+        self._restored = False
+        held = steps_with(Path(self._save_dir), TRAIN_PREFIX) if self._save_dir else set()
+        lost = [step for step in sorted(self.train_rows) if step not in held]
+        for step in lost:
+            super().log_metrics(self.train_rows[step], step)
+        if lost:
+            rank_zero_info(
+                f"wandb: re-logged the train/* rows of {len(lost)} step(s) a killed run had not written"
+            )
 
     def finalize(self, status: str) -> None:
         """Finish the wandb run here: wandb's own finish at exit ignores the settings above."""
@@ -93,3 +126,38 @@ class RunWandbLogger(WandbLogger):
             # (its setup hook does so first) has nothing to upload, and its segment is removed.
             self._sync_hint = f"wandb: no credentials (or WANDB_MODE=offline): logging offline. Upload later with: wandb sync {folder}"
         return run
+
+
+class TrainHistoryInCheckpoint(L.Callback):
+    """Carry the run's train/* rows in every checkpoint, so a resume after kill -9 can log again what the killed
+    segment had not written (a few floats per logged step)."""
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        for logger in run_loggers(trainer):
+            rows = {**logger.train_rows, **_row_not_logged_yet(trainer, logger)}
+            checkpoint[HISTORY_KEY] = [[step, row] for step, row in sorted(rows.items())]
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        step = checkpoint[
+            "global_step"
+        ]  # rows past it belong to the abandoned branch: this run logs them anew
+        for logger in run_loggers(trainer):
+            logger.restore_train_rows([row for row in checkpoint.get(HISTORY_KEY, []) if row[0] <= step])
+
+
+def run_loggers(trainer: L.Trainer) -> list[RunWandbLogger]:
+    """The trainer's loggers of this class (the one the CLI adds to every run)."""
+    return [logger for logger in trainer.loggers if isinstance(logger, RunWandbLogger)]
+
+
+def _row_not_logged_yet(trainer: L.Trainer, logger: RunWandbLogger) -> dict[int, dict]:
+    """{step: row} of this step's train/* values when the save comes before Lightning logs them (ModelCheckpoint
+    saves in on_train_batch_end; the row goes to the loggers right after), else {}: the resume starts after
+    this step, so only the checkpoint can give its row back."""
+    connector, step = trainer._logger_connector, trainer.global_step
+    if step in logger.train_rows or not trainer.training or not connector.should_update_logs:
+        return {}
+    row = {
+        key: float(value) for key, value in connector.metrics["log"].items() if key.startswith(TRAIN_PREFIX)
+    }
+    return {step: {**row, "epoch": float(trainer.current_epoch)}} if row else {}

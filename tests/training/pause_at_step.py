@@ -43,3 +43,20 @@ class PauseInValidation(L.Callback):
         deadline = time.monotonic() + self.timeout_s
         while not trainer.received_sigterm and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+class PauseInSave(L.Callback):
+    """Print the cue while the checkpoint of `step` is being put together (after the other callbacks have added
+    their parts, before it is written), then hold the save there until SIGTERM."""
+
+    def __init__(self, step: int, timeout_s: float = 120.0) -> None:
+        self.step = step
+        self.timeout_s = timeout_s
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        if trainer.global_step != self.step or trainer.received_sigterm:
+            return
+        print(f"{CUE} {trainer.global_step} (saving)", flush=True)
+        deadline = time.monotonic() + self.timeout_s
+        while not trainer.received_sigterm and time.monotonic() < deadline:
+            time.sleep(0.05)

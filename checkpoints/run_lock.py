@@ -1,0 +1,118 @@
+"""One writer per run directory: an exclusive lock that the kernel drops when its process dies.
+
+Two `fit`s on one run directory would mix their checkpoints, config.yaml and wandb segments, and the start-up
+sweep of one would delete the temporary file the other is saving. So the process that writes a run (global rank
+0: it sweeps, saves and re-links last.ckpt; the other ranks of a DDP run are its partners, not rivals) holds
+`fcntl.flock` on RunDir.lock for as long as it trains, and the sweep runs only once the lock is held.
+
+A lock is released by the kernel when its holder exits however it exits, kill -9 included, so no stale-lock
+rule (pid checks, timeouts) is needed; the file itself stays, holding the last owner's pid for the message.
+On Linux NFS, flock is emulated with a byte-range lock the server enforces, so the rule holds across a cluster's
+nodes. `validate` only reads checkpoints (renamed into place whole), so it takes no lock.
+
+The writer also gets the run's own temp folder (RunDir.temp): what a killed writer left there is removed under
+the lock at the next start, where in the system temp folder nothing could tell whose it was.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+from common.errors import UserError
+from common.files import remove_stale, stale_temp_files
+
+from .run_dir import RunDir
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; runs there stay unguarded
+    fcntl = None
+
+
+class RunDirBusyError(UserError):
+    """Another live process is writing this run directory."""
+
+
+class RunDirLock:
+    """The held lock of one run directory; `release` (or the process's end) frees it."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = RunDir(run_dir)
+        self._fd: int | None = None
+        self._previous_temp: tuple[str | None, str | None] | None = None
+
+    def acquire(self) -> RunDirLock:
+        """Take the lock, or raise RunDirBusyError naming the process that holds it."""
+        path = self.run_dir.lock
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode("utf-8", "replace").strip() or "another process"
+            os.close(fd)
+            raise RunDirBusyError(
+                f"{self.run_dir.path} is being written by {holder}; wait for that run to end (or stop it), "
+                "or train into another folder with --run_name"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode())
+        self._fd = fd
+        return self
+
+    def use_run_temp(self, say: Callable[[str], None]) -> None:
+        """Point the temp folder of this process and its children at RunDir.temp, emptied first.
+
+        wandb (a temporary folder per table logged, its media folders) and multiprocessing (`pymp-*`) clean up
+        at exit, which a killed process never reaches; in the system temp folder nothing could later tell whose
+        they were. Under the run's lock, whatever is in the run's own temp folder is a dead writer's.
+        """
+        temp = self.run_dir.temp
+        if temp.exists():
+            left = sum(1 for _ in temp.iterdir())
+            shutil.rmtree(temp, ignore_errors=True)
+            if left:
+                say(f"removed {left} temporary folder(s) left by killed runs in {temp}")
+        temp.mkdir(parents=True)
+        # torch.compile's cache stays where it was (it is keyed by user, not by run, and costs minutes to redo).
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+        self._previous_temp = (tempfile.tempdir, os.environ.get("TMPDIR"))
+        tempfile.tempdir, os.environ["TMPDIR"] = str(temp), str(temp)
+
+    def release(self) -> None:
+        """Drop the lock, remove the run's temp folder and point this process back at the system one."""
+        if self._previous_temp is not None:
+            tempfile.tempdir, previous = self._previous_temp
+            if previous is None:
+                os.environ.pop("TMPDIR", None)
+            else:
+                os.environ["TMPDIR"] = previous
+            shutil.rmtree(self.run_dir.temp, ignore_errors=True)
+            self._previous_temp = None
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+
+def own_run_dir(run_dir: str | Path, say: Callable[[str], None] | None = None) -> RunDirLock:
+    """Become the one writer of `run_dir`: lock it, remove the temporary checkpoint files killed writers left in
+    it, and give this process (and its children) the run's own temp folder. (The data cache, shared by runs
+    preparing data right now, is swept by data.store.sweep_data_cache.)
+
+    Call it on the writing process only, before anything saves; `release` undoes all three.
+    """
+    lock = RunDirLock(run_dir).acquire()
+    say = say or (lambda line: print(line, file=sys.stderr))
+    checkpoints = RunDir(run_dir).checkpoints
+    remove_stale(stale_temp_files(checkpoints), checkpoints, "temporary checkpoint file", say)
+    lock.use_run_temp(say)
+    return lock

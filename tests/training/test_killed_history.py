@@ -1,0 +1,80 @@
+"""kill -9 of a run's whole process group (wandb's writer included), then resume: the train/* rows of all segments
+together equal the straight run's, step by step, read back from the offline files; no temp folder is left."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from checkpoints.run_dir import RunDir
+
+ROOT = Path(__file__).resolve().parents[2]
+# A checkpoint every 4 steps; the kill lands at step 10, after the save of step 8 and before that of 12.
+ARGS = ["--trainer.max_steps", "12", "--trainer.val_check_interval", "4", "--trainer.limit_val_batches", "2",
+        "--checkpoint.every_n_train_steps", "4", "--samples.every_n_steps", "4", "--samples.max_new_tokens", "8",
+        "--attention_maps.every_n_steps", "0", "--trainer.log_every_n_steps", "4"]  # fmt: skip
+KILL_AT = 10
+WALL_CLOCK = ("train/tokens_per_s", "train/mfu")
+
+pytestmark = pytest.mark.slow
+
+
+def train_rows(run_dir: Path, wandb_history) -> tuple[list[dict[int, dict]], dict[int, dict]]:
+    """({step: train/* values} of each segment, oldest first; all segments together). A step logged in two
+    segments (re-trained after the resume) must carry the same values in both."""
+    per_segment = []
+    for segment in sorted((run_dir / "wandb").glob("offline-run-*")):
+        rows = {}
+        for row in wandb_history(segment):
+            train = {
+                key: value for key, value in row.items() if key.startswith("train/") and key not in WALL_CLOCK
+            }
+            if train:
+                rows.setdefault(row["trainer/global_step"], {}).update(train)
+        per_segment.append(rows)
+    together: dict[int, dict] = {}
+    for rows in per_segment:
+        for step, row in rows.items():
+            assert together.setdefault(step, row) == row, f"step {step} logged with two values"
+    return per_segment, together
+
+
+def test_a_resume_after_kill_9_relogs_what_the_killed_segment_lost(
+    tiny_args, script, tmp_path, wandb_history
+):
+    temp = tmp_path / "system-tmp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp)}
+    pause = {"class_path": "tests.training.pause_at_step.PauseAtStep", "init_args": {"step": KILL_AT}}
+    args = tiny_args(tmp_path / "killed", *ARGS, f"--trainer.callbacks+={json.dumps(pause)}")
+    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, env=env, start_new_session=True)  # fmt: skip
+    assert any("paused at step" in line for line in proc.stdout), "the run never paused"
+    os.killpg(proc.pid, signal.SIGKILL)  # the group: wandb's writer dies too, as on a lost node
+    proc.wait(timeout=60)
+    run_dir = tmp_path / "killed" / "tiny"
+    assert not list(temp.rglob("*.table.json")), "the killed run's tables went to the system temp folder"
+    assert list(RunDir(run_dir).temp.rglob("*.table.json")), (
+        "the killed run's tables were not in the run's tmp/"
+    )
+
+    resume = subprocess.run([sys.executable, *tiny_args(tmp_path / "killed", *ARGS, "--ckpt_path", "last")],
+                            cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert resume.returncode == 0, resume.stderr[-3000:]
+    script(*tiny_args(tmp_path / "straight", *ARGS))
+
+    (killed, _), together = train_rows(run_dir, wandb_history)
+    _, expected = train_rows(tmp_path / "straight" / "tiny", wandb_history)
+    assert sorted(expected) == [4, 8, 12]
+    assert set(killed) != {4, 8}, "the killed segment lost nothing: this test no longer exercises the re-log"
+    assert together == expected  # every train/* point, at its step, with the straight run's value
+    assert "re-logged the train/* rows" in resume.stderr
+    # Nothing of the killed run is left in the system temp folder or the run's own (wandb's tables included).
+    assert not list(temp.rglob("*.table.json")) and not list(temp.glob("pymp-*"))
+    assert not RunDir(run_dir).temp.exists()
