@@ -20,10 +20,9 @@ from typing import Literal
 import torch
 
 from common.errors import UserError, run_command
-from common.files import atomic_path
+from common.files import atomic_path, refuse_existing
 from model.gpt import GPT
 
-from .export_hf import refuse_existing
 from .gguf_layout import PRE_TOKENIZER, gguf_architecture, gguf_tensors, gguf_vocab, hyperparameters
 from .load import load_pretrained
 

@@ -22,17 +22,13 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from common.errors import UserError, run_command
-from common.files import StagedFolder
+from common.files import StagedFolder, refuse_existing
 from common.tokens import EOS_TOKEN, added_tokens, split_tokenizer_json
 from model.config import DTYPES
 from model.gpt import GPT
 from model.hf import WEIGHTS_NAME, hf_config_dict, to_hf_state_dict
 
 from .load import load_pretrained
-
-
-class OutputExistsError(UserError):
-    """`--out` exists and `--force` was not given."""
 
 
 def export_hf(model: GPT, tokenizer_json: str, out_dir: str | Path, force: bool = False) -> Path:
@@ -62,14 +58,6 @@ def export_hf(model: GPT, tokenizer_json: str, out_dir: str | Path, force: bool 
         write_json(staged.path / "generation_config.json", generation)
         staged.publish(out.name, replace=force)
     return out
-
-
-def refuse_existing(out: Path, force: bool, *, file: bool = False) -> None:
-    """Raise OutputExistsError unless `out` is free or `force` allows replacing it (`file`: no folder either)."""
-    if file and out.is_dir():
-        raise OutputExistsError(f"--out {out} is a folder; pass a file path such as {out / 'model.gguf'}")
-    if out.exists() and not force:
-        raise OutputExistsError(f"--out {out} already exists; pass --force to replace it")
 
 
 def eos_token_id(tokenizer_json: str) -> int:

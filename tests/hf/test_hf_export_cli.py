@@ -16,7 +16,8 @@ import torch
 import interop.export_hf as export_module
 from checkpoints.format import META_KEY, STATE_PREFIX, checkpoint_metadata
 from common.errors import EXIT_USER_ERROR
-from interop.export_hf import OutputExistsError, export_hf, main
+from common.files import OutputExistsError
+from interop.export_hf import export_hf, main
 from model import GPT
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
