@@ -103,7 +103,7 @@ def atomic_write(
     return Path(path)
 
 
-class OutputExistsError(UserError):
+class OutputPathError(UserError):
     """An output path that a command cannot write as asked: it exists (and --force was not given), is not a
     regular file, has the wrong suffix, or lies in a folder that cannot be written."""
 
@@ -118,17 +118,17 @@ def refuse_existing(
     never a device, FIFO or socket; and the folder it goes in must be writable. Returns the path written.
     """
     if suffixes and out.suffix.lower() not in suffixes:
-        raise OutputExistsError(f"{flag} {out}: expected a {' or '.join(suffixes)} file, e.g. "
+        raise OutputPathError(f"{flag} {out}: expected a {' or '.join(suffixes)} file, e.g. "
                                 f"{out.with_suffix(suffixes[0]).name}")  # fmt: skip
     target = out.resolve() if out.is_symlink() else out
     if file and target.is_dir():
-        raise OutputExistsError(f"{flag} {out} is a folder; pass the path of a file in it")
+        raise OutputPathError(f"{flag} {out} is a folder; pass the path of a file in it")
     if target.exists() and not (target.is_file() or target.is_dir()):
-        raise OutputExistsError(
+        raise OutputPathError(
             f"{flag} {out} is not a regular file (a device, FIFO or socket); pass a file path"
         )
     if target.exists() and not force:
-        raise OutputExistsError(f"{flag} {out} already exists; pass --force to replace it")
+        raise OutputPathError(f"{flag} {out} already exists; pass --force to replace it")
     refuse_unwritable_folder(target.parent, flag)
     return target
 
@@ -142,12 +142,12 @@ def refuse_unwritable_folder(folder: Path, flag: str) -> None:
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
-        raise OutputExistsError(f"{flag}: {existing} is a file, not a folder; pass a path in a folder")
+        raise OutputPathError(f"{flag}: {existing} is a file, not a folder; pass a path in a folder")
     probe = temp_path_for(existing / "probe")
     try:
         os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except OSError as err:
-        raise OutputExistsError(
+        raise OutputPathError(
             f"{flag}: cannot write in {existing} ({err.strerror}); pass a writable path"
         ) from None
     probe.unlink()

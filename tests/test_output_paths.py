@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import generate as cli
-from common.files import OutputExistsError, atomic_write, refuse_existing
+from common.files import OutputPathError, atomic_write, refuse_existing
 
 
 def generate_error(capsys, tmp_path: Path, *flags: str) -> str:
@@ -58,5 +58,5 @@ def test_a_symlink_is_written_through(tmp_path):
     assert refuse_existing(link, False, file=True, suffixes=(".html",)) == target.resolve()
     atomic_write(link, "page")
     assert link.is_symlink() and target.read_text(encoding="utf-8") == "page"
-    with pytest.raises(OutputExistsError, match="already exists"):  # the target is there now
+    with pytest.raises(OutputPathError, match="already exists"):  # the target is there now
         refuse_existing(link, False, file=True)

@@ -21,6 +21,7 @@ from checkpoints.settings import (
     with_checkpoint_io,
 )
 from common.errors import UserError
+from common.files import refuse_unwritable_folder
 
 from .attention_maps import AttentionMaps
 from .cli_help import order_help_sections, refuse_optimizer_flags, silence_known_noise
@@ -72,6 +73,12 @@ class GPTCLI(LightningCLI):
         retain_freed_memory()
         super().__init__(*args, auto_configure_optimizers=False, save_config_callback=RunConfig, **kwargs)
 
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """fit and validate only: test and predict need test/predict loops that LitGPT does not define."""
+        offered = LightningCLI.subcommands()
+        return {name: offered[name] for name in ("fit", "validate")}
+
     def parse_arguments(self, parser, args) -> None:
         """Refuse LightningCLI's optimizer flags and expand `--ckpt_path <run dir>` before parsing."""
         order_help_sections(parser)
@@ -82,6 +89,7 @@ class GPTCLI(LightningCLI):
         refuse_optimizer_flags(args)
         args, self.resumed_from_run_dir = expand_run_dir_resume(args)
         self.config = parser.parse_args(args)
+        _refuse_unusable_run(self.config)  # before Lightning seeds and says so
         if _init_from(self.config):  # init_from refuses keys the user set against the model: those set
             self.explicit_config = _explicit_keys(parser, args)
 
@@ -160,7 +168,7 @@ class GPTCLI(LightningCLI):
             )
         refuse_size_change(config, config.get("ckpt_path"), self.subcommand or "fit")
         if self.subcommand not in ("fit", None):
-            # validate/test/predict print their results; they write nothing into the training run's folder
+            # validate prints its results; it writes nothing into the training run's folder
             # (no config.yaml, no wandb segment under the run's id) unless a logger is asked for explicitly.
             self.save_config_callback = None
             if config.trainer.logger in (None, True) or _is_run_logger(config.trainer.logger):
@@ -238,6 +246,20 @@ def _discard_wandb_segments(trainer) -> None:
 def _config_stem(config) -> str:
     files = config.get("config") or []
     return Path(str(files[-1])).stem if files else "default"
+
+
+def _refuse_unusable_run(parsed) -> None:
+    """One line, before anything is read or written, for a run that could not be found or written."""
+    subcommand = parsed.get("subcommand")
+    config = parsed[subcommand] if subcommand else parsed
+    if config.get("ckpt_path") == "last" and not config.get("config") and not config.get("run_name"):
+        # Without them `last` would mean runs/default, a new run with the default settings.
+        raise UserError(
+            "--ckpt_path last resumes the run that --config (or --run_name) names; pass both, or resume a run "
+            "from its folder with --ckpt_path runs/<run>"
+        )
+    if subcommand in ("fit", None):
+        refuse_unwritable_folder(Path(config.trainer.default_root_dir), "--trainer.default_root_dir")
 
 
 def _refuse_to_overwrite(run_dir: Path) -> None:

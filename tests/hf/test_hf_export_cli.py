@@ -16,7 +16,7 @@ import torch
 import interop.export_hf as export_module
 from checkpoints.format import META_KEY, STATE_PREFIX, checkpoint_metadata
 from common.errors import EXIT_USER_ERROR
-from common.files import OutputExistsError
+from common.files import OutputPathError
 from interop.export_hf import export_hf, main
 from model import GPT
 
@@ -65,7 +65,7 @@ def test_existing_folder_needs_force(make_model, tokenizer_json, tmp_path):
     out = tmp_path / "hf"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    with pytest.raises(OutputExistsError, match="--force"):
+    with pytest.raises(OutputPathError, match="--force"):
         export_hf(make_model(), tokenizer_json, out)
     assert folder_snapshot(out) == {"notes.txt": b"mine"}
     new_model = make_model(seed=3)

@@ -1,0 +1,48 @@
+"""train.py's seams, each one `error:` line and exit 2 before anything is read or written: a `--ckpt_path last`
+with no run named, a run folder that cannot be written, the subcommands LitGPT has no loop for."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import train
+
+TINY = str(Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml")
+
+
+def train_error(monkeypatch, capsys, tmp_path, *args: str) -> str:
+    """The one error line of `train.py args` run in `tmp_path`, which must stay empty."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["train.py", *args])
+    assert train.main() == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []  # no runs/default started
+    return err
+
+
+def test_ckpt_path_last_without_a_run_names_the_run_folder_form(monkeypatch, capsys, tmp_path):
+    # A missing data file, so that without the check this fails fast instead of training a default run.
+    err = train_error(
+        monkeypatch, capsys, tmp_path, "fit", "--ckpt_path", "last", "--data.data_files", "absent.txt"
+    )
+    assert "--ckpt_path runs/<run>" in err
+
+
+@pytest.mark.parametrize("root", ["/proc/nope", "{tmp}/a-file/runs"])
+def test_a_run_folder_that_cannot_be_written_is_one_line(monkeypatch, capsys, tmp_path, root):
+    (tmp_path.parent / "a-file").write_text("", encoding="utf-8")
+    root = root.format(tmp=tmp_path.parent)
+    err = train_error(
+        monkeypatch, capsys, tmp_path, "fit", "--config", TINY, "--trainer.default_root_dir", root
+    )
+    assert "--trainer.default_root_dir" in err
+
+
+@pytest.mark.parametrize("subcommand", ["test", "predict"])
+def test_subcommands_without_a_loop_are_not_offered(monkeypatch, capsys, tmp_path, subcommand):
+    err = train_error(monkeypatch, capsys, tmp_path, subcommand, "--config", TINY)
+    assert "choose from 'fit', 'validate'" in err
