@@ -27,7 +27,7 @@ from .attention_maps import AttentionMaps
 from .cli_help import order_help_sections, refuse_optimizer_flags, silence_known_noise
 from .ctrl_c import GracefulCtrlC
 from .fit_report import FitReport
-from .fit_summary import FitSummary
+from .fit_summary import MAX_SCORED_TOKENS, FitSummary
 from .host_allocator import retain_freed_memory
 from .init_from import Pretrained, apply_init_from
 from .progress import progress_for_output
@@ -140,6 +140,12 @@ class GPTCLI(LightningCLI):
         parser.add_argument(
             "--wandb_project", type=str, default="gqa-gpt", help="wandb project the run logs to."
         )
+        parser.add_argument(
+            "--score_tokens",
+            type=int,
+            default=MAX_SCORED_TOKENS,
+            help="Validation-text tokens scored in nats/char when fit ends (a forward each); 0 skips the score.",
+        )
         # One source of truth: the data module owns the vocabulary and context sizes, the model follows.
         parser.link_arguments("data.vocab_size", "model.vocab_size")
         parser.link_arguments("data.block_size", "model.block_size")
@@ -190,7 +196,8 @@ class GPTCLI(LightningCLI):
         # A ProgressBar callback while enable_progress_bar is False is an error in Lightning.
         if config.trainer.enable_progress_bar is not False:
             extra.append(progress_for_output())
-        extra.append(FitSummary())  # after the progress bar: its last line comes first
+        # After the progress bar: its last line comes first.
+        extra.append(FitSummary(config.get("score_tokens", MAX_SCORED_TOKENS)))
         config.trainer.plugins = with_checkpoint_io(
             config.trainer.plugins, config.checkpoint.keep_last, config.checkpoint.async_save
         )

@@ -46,3 +46,15 @@ def test_a_run_folder_that_cannot_be_written_is_one_line(monkeypatch, capsys, tm
 def test_subcommands_without_a_loop_are_not_offered(monkeypatch, capsys, tmp_path, subcommand):
     err = train_error(monkeypatch, capsys, tmp_path, subcommand, "--config", TINY)
     assert "choose from 'fit', 'validate'" in err
+
+
+def test_score_tokens_is_a_key_that_reaches_the_fit_summary(tmp_path):
+    from data.datamodule import TextDataModule
+    from training import LitGPT
+    from training.cli import GPTCLI
+    from training.fit_summary import FitSummary
+
+    args = ["--config", TINY, "--score_tokens", "77", "--trainer.default_root_dir", str(tmp_path),
+            "--trainer.logger", "false"]  # fmt: skip
+    cli = GPTCLI(LitGPT, TextDataModule, run=False, args=args)
+    assert [c.max_tokens for c in cli.trainer.callbacks if isinstance(c, FitSummary)] == [77]
