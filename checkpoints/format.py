@@ -190,11 +190,6 @@ def check_metadata(meta: dict, path: Path) -> None:
         )
 
 
-def validate_checkpoint(path: str | Path) -> Path:
-    """Check that `path` is a complete, readable checkpoint of ours; return the resolved file or folder."""
-    return read_checkpoint(path)[1]
-
-
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> LoadedCheckpoint:
     """Rebuild the GPT of a training checkpoint (its embedded tokenizer checked against its sha256)."""
     ckpt, path = read_checkpoint(path)

@@ -83,10 +83,7 @@ def write_attention_html(model, tokenizer, ids: torch.Tensor, path: str, prompt_
         model.float(), ids, token_labels(tokenizer, ids[0].tolist()), induction_period=32, generator=generator,
         title="generate.py", prompt_len=max(0, prompt_len - (total - ids.shape[1])),
     )  # fmt: skip
-    try:
-        write_explorer(path, page)
-    except OSError as err:
-        raise UserError(f"--attention_html {path}: {err.strerror}; pass a writable .html file path") from None
+    write_explorer(path, page)  # the path was checked before generating (check_outputs)
     print(f"wrote {path} (attention explorer, {ids.shape[1]} tokens)", file=sys.stderr)
 
 

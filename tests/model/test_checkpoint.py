@@ -14,7 +14,7 @@ from checkpoints.format import (
     CheckpointError,
     checkpoint_metadata,
     load_checkpoint,
-    validate_checkpoint,
+    read_checkpoint,
 )
 from common.errors import UserError
 from model import GPT, ModelConfig
@@ -56,7 +56,7 @@ def test_written_metadata_loads_back_with_weights_only(tmp_path):
 def test_damaged_metadata_is_one_line(tmp_path, changes, words):
     path = save(tmp_path, tiny_model(), **changes)
     with pytest.raises(CheckpointError, match=words) as caught:
-        validate_checkpoint(path)
+        read_checkpoint(path)
     assert (
         isinstance(caught.value, UserError)
         and "\n" not in str(caught.value)
