@@ -265,6 +265,9 @@ def _refuse_unusable_run(parsed) -> None:
             "--ckpt_path last resumes the run that --config (or --run_name) names; pass both, or resume a run "
             "from its folder with --ckpt_path runs/<run>"
         )
+    cache = Path(config.data.cache_dir).expanduser()
+    if not cache.is_dir():  # one already there may be a read-only prepared cache
+        refuse_unwritable_folder(cache, "--data.cache_dir")
     if subcommand in ("fit", None):
         refuse_unwritable_folder(Path(config.trainer.default_root_dir), "--trainer.default_root_dir")
 

@@ -32,14 +32,12 @@ def test_ckpt_path_last_without_a_run_names_the_run_folder_form(monkeypatch, cap
     assert "--ckpt_path runs/<run>" in err
 
 
-@pytest.mark.parametrize("root", ["/proc/nope", "{tmp}/a-file/runs"])
-def test_a_run_folder_that_cannot_be_written_is_one_line(monkeypatch, capsys, tmp_path, root):
+@pytest.mark.parametrize("key", ["--trainer.default_root_dir", "--data.cache_dir"])
+@pytest.mark.parametrize("folder", ["/proc/nope", "{tmp}/a-file/runs"])
+def test_a_folder_that_cannot_be_written_is_one_line(monkeypatch, capsys, tmp_path, key, folder):
     (tmp_path.parent / "a-file").write_text("", encoding="utf-8")
-    root = root.format(tmp=tmp_path.parent)
-    err = train_error(
-        monkeypatch, capsys, tmp_path, "fit", "--config", TINY, "--trainer.default_root_dir", root
-    )
-    assert "--trainer.default_root_dir" in err
+    folder = folder.format(tmp=tmp_path.parent)
+    assert key in train_error(monkeypatch, capsys, tmp_path, "fit", "--config", TINY, key, folder)
 
 
 @pytest.mark.parametrize("subcommand", ["test", "predict"])
