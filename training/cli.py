@@ -262,8 +262,8 @@ def _refuse_unusable_run(parsed) -> None:
     if config.get("ckpt_path") == "last" and not config.get("config") and not config.get("run_name"):
         # Without them `last` would mean runs/default, a new run with the default settings.
         raise UserError(
-            "--ckpt_path last resumes the run that --config (or --run_name) names; pass both, or resume a run "
-            "from its folder with --ckpt_path runs/<run>"
+            "--ckpt_path last resumes the run that --config or --run_name names, and neither was given; "
+            "resume a run from its folder with --ckpt_path runs/<run>"
         )
     cache = Path(config.data.cache_dir).expanduser()
     if not cache.is_dir():  # one already there may be a read-only prepared cache
