@@ -1,4 +1,5 @@
-"""Atomic file and folder writes: a reader sees the old file (folder) or the new one, never a partial one.
+"""Atomic file and folder writes: a reader sees the old file (folder) or the new one, never a partial one;
+and the one check every command makes on an output path before working (`refuse_existing`).
 
 The temporary file (or folder) lives in the destination's own folder (never the system temp directory), so the final
 `os.replace` is a rename on one filesystem, which is atomic on POSIX filesystems, NFS and Lustre included.
@@ -118,8 +119,8 @@ def refuse_existing(
     never a device, FIFO or socket; and the folder it goes in must be writable. Returns the path written.
     """
     if suffixes and out.suffix.lower() not in suffixes:
-        raise OutputPathError(f"{flag} {out}: expected a {' or '.join(suffixes)} file, e.g. "
-                                f"{out.with_suffix(suffixes[0]).name}")  # fmt: skip
+        example = out.with_suffix(suffixes[0]).name
+        raise OutputPathError(f"{flag} {out}: expected a {' or '.join(suffixes)} file, e.g. {example}")
     target = out.resolve() if out.is_symlink() else out
     if file and target.is_dir():
         raise OutputPathError(f"{flag} {out} is a folder; pass the path of a file in it")
