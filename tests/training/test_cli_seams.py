@@ -14,13 +14,15 @@ TINY = str(Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml")
 
 
 def train_error(monkeypatch, capsys, tmp_path, *args: str) -> str:
-    """The one error line of `train.py args` run in `tmp_path`, which must stay empty."""
-    monkeypatch.chdir(tmp_path)
+    """The one error line of `train.py args` run in a folder of `tmp_path`, which must stay empty."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     monkeypatch.setattr(sys, "argv", ["train.py", *args])
     assert train.main() == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and err.count("\n") == 1, err
-    assert list(tmp_path.iterdir()) == []  # no runs/default started
+    assert list(cwd.iterdir()) == []  # no runs/default started
     return err
 
 
@@ -35,8 +37,8 @@ def test_ckpt_path_last_without_a_run_names_the_run_folder_form(monkeypatch, cap
 @pytest.mark.parametrize("key", ["--trainer.default_root_dir", "--data.cache_dir"])
 @pytest.mark.parametrize("folder", ["/proc/nope", "{tmp}/a-file/runs"])
 def test_a_folder_that_cannot_be_written_is_one_line(monkeypatch, capsys, tmp_path, key, folder):
-    (tmp_path.parent / "a-file").write_text("", encoding="utf-8")
-    folder = folder.format(tmp=tmp_path.parent)
+    (tmp_path / "a-file").write_text("", encoding="utf-8")
+    folder = folder.format(tmp=tmp_path)
     assert key in train_error(monkeypatch, capsys, tmp_path, "fit", "--config", TINY, key, folder)
 
 
