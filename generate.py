@@ -82,6 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     looking.add_argument("--explain_attention", metavar="TEXT", help="print one head's scores, mask, softmax")
     looking.add_argument("--layer", type=int, help="layer for --attention_map (default last) or explain (0)")
     looking.add_argument("--head", type=int, default=0, help="head for --explain_attention")
+    looking.add_argument("--force", **yes, help="replace an existing --attention_map or --attention_html file")
     # fmt: on
     args = p.parse_args(argv)
     unset = object()  # a second parse with this default everywhere tells which flags were given
@@ -164,6 +165,10 @@ def note_kept_blocks(model: torch.nn.Module, args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> None:
     sampler = check_args(args)
+    if args.attention_map or args.attention_html:  # before a long load or generation, not after
+        from inspection.writers import check_outputs
+
+        check_outputs(args)
     device = pick_device(args.device)
     apply_thread_count(args.threads, torch.set_num_threads)  # busy cores make torch's own threads wait
     auto = torch.bfloat16 if device.type == "cuda" and not args.keep_quantized else torch.float32

@@ -28,7 +28,7 @@ from typing import Any, BinaryIO
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from common.errors import UserError
+from common.errors import UserError, disk_error
 from common.files import atomic_write, fsync_dir, temp_path_for
 
 from .run_dir import LAST_NAME, step_file_name, step_files
@@ -77,8 +77,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             if rotate:
                 self._point_last_at(target, path)
                 self._prune(path.parent, int(checkpoint["global_step"]))
-        except OSError as err:
-            raise _save_error(err, target) from err
+        except (OSError, RuntimeError) as err:  # torch.save wraps a failed write in a RuntimeError
+            disk = disk_error(err, "cannot save checkpoint", target)
+            if disk is None:
+                raise
+            raise CheckpointSaveError(f"{disk} (earlier checkpoints are intact)") from err
 
     def remove_checkpoint(self, path: str | Path) -> None:
         """Remove a checkpoint file (ModelCheckpoint calls this for top-k files it drops)."""
@@ -171,16 +174,3 @@ def _parse_fault(spec: str | None) -> tuple[str, int] | None:
             f"{FAULT_ENV}={spec!r}: expected <phase>@<save number>, phase one of {', '.join(PHASES)}"
         )
     return phase, int(count)
-
-
-def _save_error(err: OSError, path: Path) -> CheckpointSaveError:
-    if err.errno == errno.ENOSPC:
-        fix = "free disk space there"
-    elif err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        fix = f"make {path.parent} writable"
-    else:
-        fix = "check the checkpoint folder"
-    reason = err.strerror or type(err).__name__
-    return CheckpointSaveError(
-        f"cannot save checkpoint {path}: {reason}; {fix} (earlier checkpoints are intact)"
-    )

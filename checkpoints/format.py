@@ -139,9 +139,7 @@ def read_checkpoint_file(path: Path) -> dict:
     try:
         ckpt = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for truncated zips and pickles
-        raise CheckpointError(
-            f"{file}: cannot read checkpoint ({type(err).__name__}); the file is truncated or corrupt"
-        ) from err
+        raise _unreadable(file, err) from err
     if (
         not isinstance(ckpt, dict)
         or META_KEY not in ckpt
@@ -152,6 +150,24 @@ def read_checkpoint_file(path: Path) -> dict:
         )
     check_metadata(ckpt[META_KEY], path)
     return ckpt
+
+
+# What torch.save writes first: a zip archive, or (before torch 1.6, or _use_new_zipfile_serialization=False) a
+# pickle's protocol opcode.
+_SAVED_MAGIC = (b"PK\x03\x04", b"\x80")
+
+
+def _unreadable(file: Path, err: Exception) -> CheckpointError:
+    """A damaged checkpoint, or a file that never was one (config.yaml, tokenizer.json): each with its fix."""
+    with open(file, "rb") as f:
+        head = f.read(4)
+        if not head or head.startswith(_SAVED_MAGIC):  # an empty file is a save cut short too
+            return CheckpointError(
+                f"{file}: cannot read checkpoint ({type(err).__name__}); the file is truncated or corrupt"
+            )
+    run = next((RunDir(p) for p in (file.parent, file.parent.parent) if RunDir(p).holds_checkpoints()), None)
+    fix = f"pass the run directory {run.path}" if run else "pass a .ckpt file or a run directory"
+    return CheckpointError(f"{file}: not a checkpoint (torch.save did not write it); {fix}")
 
 
 def check_metadata(meta: dict, path: Path) -> None:

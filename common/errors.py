@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Callable
@@ -33,6 +34,38 @@ class UserError(ValueError):
     """
 
 
+# Errors of the machine, not the program: a write that fails with one of these is one line, whoever wrote.
+_DISK_FIXES = {
+    errno.ENOSPC: "free disk space there",
+    errno.EDQUOT: "free space within your disk quota there",
+    errno.EROFS: "pick a folder on a writable filesystem",
+    errno.EACCES: "make the folder writable or pick another",
+    errno.EPERM: "make the folder writable or pick another",
+}
+
+
+class DiskError(UserError):
+    """A file could not be written for a reason outside the program: a full disk, a quota, a read-only or
+    forbidden folder."""
+
+
+def disk_error(
+    err: BaseException | None, what: str = "cannot write", path: object = None
+) -> DiskError | None:
+    """The one-line DiskError for an OSError of `_DISK_FIXES` in `err` or its context chain, else None.
+
+    torch.save wraps a failed write in a RuntimeError ("unexpected pos"), the OSError only its context.
+    `path` names the file when the OSError does not (a failed write(), unlike a failed open(), names none);
+    of a copy's two names, the second is the one written.
+    """
+    while err is not None and not (isinstance(err, OSError) and err.errno in _DISK_FIXES):
+        err = err.__cause__ or err.__context__
+    if err is None:
+        return None
+    where = path or err.filename2 or err.filename
+    return DiskError(f"{what}{f' {where}' if where else ''}: {err.strerror}; {_DISK_FIXES[err.errno]}")
+
+
 def first_line(error: BaseException) -> str:
     """The first line of an error message, to quote inside a one-line message."""
     lines = str(error).strip().splitlines()
@@ -45,7 +78,13 @@ def run_command(main: Callable[[], int | None]) -> int:
     Set GQA_GPT_TRACEBACK=1 to see the traceback of a user mistake too.
     """
     try:
-        return main() or EXIT_OK
+        try:
+            return main() or EXIT_OK
+        except (OSError, RuntimeError) as err:  # a full disk, from any writer (wandb, Pillow, torch.save)
+            disk = disk_error(err)
+            if disk is None:
+                raise
+            raise disk from err
     except UserError as err:
         if os.environ.get(TRACEBACK_ENV):
             raise

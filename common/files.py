@@ -1,4 +1,5 @@
-"""Atomic file and folder writes: a reader sees the old file (folder) or the new one, never a partial one.
+"""Atomic file and folder writes: a reader sees the old file (folder) or the new one, never a partial one;
+and the one check every command makes on an output path before working (`refuse_existing`).
 
 The temporary file (or folder) lives in the destination's own folder (never the system temp directory), so the final
 `os.replace` is a rename on one filesystem, which is atomic on POSIX filesystems, NFS and Lustre included.
@@ -17,6 +18,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
+
+from .errors import UserError
 
 TEMP_MARK = ".partial-"
 
@@ -65,8 +68,11 @@ def atomic_path(path: str | Path, *, durable: bool = False) -> Iterator[Path]:
     """Yield a temporary path next to `path` for a writer that insists on opening the file itself.
 
     On a clean exit the temporary file replaces `path` (as `atomic_write` does); on any error it is removed.
+    A symlink is written through, as `open` would: its target is replaced, the link stays.
     """
     path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path_for(path)
     try:
@@ -96,6 +102,56 @@ def atomic_write(
         else:
             f.write(content.encode("utf-8") if isinstance(content, str) else content)
     return Path(path)
+
+
+class OutputPathError(UserError):
+    """An output path that a command cannot write as asked: it exists (and --force was not given), is not a
+    regular file, has the wrong suffix, or lies in a folder that cannot be written."""
+
+
+def refuse_existing(
+    out: Path, force: bool, *, file: bool = False, flag: str = "--out", suffixes: tuple[str, ...] = ()
+) -> Path:
+    """Refuse, in one line and before any work, an output that cannot be written or would replace something.
+
+    `out` must end in one of `suffixes` (if given); what it names (a symlink: the link's target, which is
+    where the write goes) must be free, or a file (a folder too, unless `file`) that `force` allows replacing,
+    never a device, FIFO or socket; and the folder it goes in must be writable. Returns the path written.
+    """
+    if suffixes and out.suffix.lower() not in suffixes:
+        example = out.with_suffix(suffixes[0]).name
+        raise OutputPathError(f"{flag} {out}: expected a {' or '.join(suffixes)} file, e.g. {example}")
+    target = out.resolve() if out.is_symlink() else out
+    if file and target.is_dir():
+        raise OutputPathError(f"{flag} {out} is a folder; pass the path of a file in it")
+    if target.exists() and not (target.is_file() or target.is_dir()):
+        raise OutputPathError(
+            f"{flag} {out} is not a regular file (a device, FIFO or socket); pass a file path"
+        )
+    if target.exists() and not force:
+        raise OutputPathError(f"{flag} {out} already exists; pass --force to replace it")
+    refuse_unwritable_folder(target.parent, flag)
+    return target
+
+
+def refuse_unwritable_folder(folder: Path, flag: str) -> None:
+    """One line unless a file can be made in `folder`, or in its nearest existing parent if it is not there yet.
+
+    A real file is made and removed: permission bits do not tell (root passes them, /proc refuses root).
+    """
+    existing = folder
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OutputPathError(f"{flag}: {existing} is a file, not a folder; pass a path in a folder")
+    probe = temp_path_for(existing / "probe")
+    try:
+        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except OSError as err:
+        raise OutputPathError(
+            f"{flag}: cannot write in {existing} ({err.strerror}); pass a writable path"
+        ) from None
+    probe.unlink()
 
 
 class StagedFolder:

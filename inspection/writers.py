@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import sys
+from argparse import Namespace
+from pathlib import Path
 
 import torch
 
 from common.errors import UserError
+from common.files import refuse_existing
 from inspection.attention_image import (
     MAX_LABELLED_TOKENS,
     draw_attention_grid,
@@ -20,6 +23,16 @@ from inspection.explorer import model_explorer, write_explorer
 # Three tables of 16 x 16 cells of 8 characters stay within a 140-column terminal; a whole 64-token window
 # would print lines over 500 characters long.
 EXPLAIN_TOKENS = 16
+# The file each picture flag writes, by the suffix a viewer opens it by.
+OUTPUT_SUFFIXES = {"attention_map": (".png",), "attention_html": (".html", ".htm")}
+
+
+def check_outputs(args: Namespace) -> None:
+    """Refuse an --attention_map / --attention_html path that cannot be written, before the model loads."""
+    for flag, suffixes in OUTPUT_SUFFIXES.items():
+        if getattr(args, flag):
+            path = Path(getattr(args, flag)).expanduser()
+            refuse_existing(path, args.force, file=True, flag=f"--{flag}", suffixes=suffixes)
 
 
 def check_layer_and_head(config, layer: int | None, head: int) -> None:
@@ -70,10 +83,7 @@ def write_attention_html(model, tokenizer, ids: torch.Tensor, path: str, prompt_
         model.float(), ids, token_labels(tokenizer, ids[0].tolist()), induction_period=32, generator=generator,
         title="generate.py", prompt_len=max(0, prompt_len - (total - ids.shape[1])),
     )  # fmt: skip
-    try:
-        write_explorer(path, page)
-    except OSError as err:
-        raise UserError(f"--attention_html {path}: {err.strerror}; pass a writable .html file path") from None
+    write_explorer(path, page)  # the path was checked before generating (check_outputs)
     print(f"wrote {path} (attention explorer, {ids.shape[1]} tokens)", file=sys.stderr)
 
 

@@ -20,11 +20,10 @@ from typing import Literal
 import torch
 
 from common.errors import UserError, run_command
-from common.files import atomic_path
+from common.files import atomic_path, refuse_existing
 from data.tokenizer import Tokenizer
 from model.gpt import GPT
 
-from .export_hf import refuse_existing
 from .gguf_file import import_gguf
 from .gguf_layout import PRE_TOKENIZER, gguf_architecture, gguf_tensors, gguf_vocab, hyperparameters
 from .load import load

@@ -22,7 +22,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from common.errors import UserError, run_command
-from common.files import StagedFolder
+from common.files import StagedFolder, refuse_existing
 from data.tokenizer import Tokenizer
 from model.config import DTYPES
 from model.gpt import GPT
@@ -30,10 +30,6 @@ from model.gpt import GPT
 from .hf_config import hf_config_dict
 from .hf_folder import WEIGHTS_NAME, to_hf_state_dict
 from .load import load
-
-
-class OutputExistsError(UserError):
-    """`--out` exists and `--force` was not given."""
 
 
 def export_hf(model: GPT, tokenizer: Tokenizer, out_dir: str | Path, force: bool = False) -> Path:
@@ -63,14 +59,6 @@ def export_hf(model: GPT, tokenizer: Tokenizer, out_dir: str | Path, force: bool
         write_json(staged.path / "generation_config.json", generation)
         staged.publish(out.name, replace=force)
     return out
-
-
-def refuse_existing(out: Path, force: bool, *, file: bool = False) -> None:
-    """Raise OutputExistsError unless `out` is free or `force` allows replacing it (`file`: no folder either)."""
-    if file and out.is_dir():
-        raise OutputExistsError(f"--out {out} is a folder; pass a file path such as {out / 'model.gguf'}")
-    if out.exists() and not force:
-        raise OutputExistsError(f"--out {out} already exists; pass --force to replace it")
 
 
 def tokenizer_config(block_size: int, tokenizer: Tokenizer) -> dict:

@@ -17,13 +17,14 @@ from checkpoints.save_on_stop import LastCheckpoint
 from checkpoints.settings import GPTCheckpoint, prepare_checkpoint_dir, with_checkpoint_io
 from checkpoints.wandb_id import WandbIdInCheckpoint, stored_wandb_id
 from common.errors import UserError
+from common.files import refuse_unwritable_folder
 from data.datamodule import check_numbers
 
 from .attention_maps import AttentionMaps
 from .cli_help import order_help_sections, refuse_optimizer_flags, silence_known_noise
 from .ctrl_c import GracefulCtrlC
 from .fit_report import FitReport
-from .fit_summary import FitSummary
+from .fit_summary import MAX_SCORED_TOKENS, FitSummary
 from .host_allocator import retain_freed_memory
 from .init_from import Pretrained, apply_init_from
 from .progress import progress_for_output
@@ -70,6 +71,12 @@ class GPTCLI(LightningCLI):
         retain_freed_memory()
         super().__init__(*args, auto_configure_optimizers=False, save_config_callback=RunConfig, **kwargs)
 
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """fit and validate only: test and predict need test/predict loops that LitGPT does not define."""
+        offered = LightningCLI.subcommands()
+        return {name: offered[name] for name in ("fit", "validate")}
+
     def parse_arguments(self, parser, args) -> None:
         """Refuse LightningCLI's optimizer flags and expand `--ckpt_path <run dir>` before parsing."""
         order_help_sections(parser)
@@ -80,6 +87,7 @@ class GPTCLI(LightningCLI):
         refuse_optimizer_flags(args)
         args, self.resumed_from_run_dir = expand_run_dir_resume(args)
         self.config = parser.parse_args(args)
+        _refuse_unusable_run(self.config)  # before Lightning seeds and says so
         if _init_from(self.config):  # init_from refuses keys the user set against the model: those set
             self.explicit_config = _explicit_keys(parser, args)
 
@@ -137,6 +145,12 @@ class GPTCLI(LightningCLI):
         parser.add_argument(
             "--wandb_project", type=str, default="gqa-gpt", help="wandb project the run logs to."
         )
+        parser.add_argument(
+            "--score_tokens",
+            type=int,
+            default=MAX_SCORED_TOKENS,
+            help="Validation-text tokens scored in nats/char when fit ends (a forward each); 0 skips the score.",
+        )
         # One source of truth: the data module owns the vocabulary and context sizes, the model follows.
         parser.link_arguments("data.vocab_size", "model.vocab_size")
         parser.link_arguments("data.block_size", "model.block_size")
@@ -164,7 +178,7 @@ class GPTCLI(LightningCLI):
             config.ckpt_path = prepare_checkpoint_dir(RunDir(run_dir).checkpoints, config.get("ckpt_path"))
         refuse_size_change(config, config.get("ckpt_path"), self.subcommand or "fit")
         if self.subcommand not in ("fit", None):
-            # validate/test/predict print their results; they write nothing into the training run's folder
+            # validate prints its results; it writes nothing into the training run's folder
             # (no config.yaml, no wandb segment under the run's id) unless a logger is asked for explicitly.
             self.save_config_callback = None
             if config.trainer.logger in (None, True) or _is_run_logger(config.trainer.logger):
@@ -187,7 +201,8 @@ class GPTCLI(LightningCLI):
         # A ProgressBar callback while enable_progress_bar is False is an error in Lightning.
         if config.trainer.enable_progress_bar is not False:
             extra.append(progress_for_output())
-        extra.append(FitSummary())  # after the progress bar: its last line comes first
+        # After the progress bar: its last line comes first.
+        extra.append(FitSummary(config.get("score_tokens", MAX_SCORED_TOKENS)))
         config.trainer.plugins = with_checkpoint_io(
             config.trainer.plugins, config.checkpoint.keep_last, config.checkpoint.async_save
         )
@@ -237,6 +252,23 @@ def _discard_wandb_segments(trainer) -> None:
 def _config_stem(config) -> str:
     files = config.get("config") or []
     return Path(str(files[-1])).stem if files else "default"
+
+
+def _refuse_unusable_run(parsed) -> None:
+    """One line, before anything is read or written, for a run that could not be found or written."""
+    subcommand = parsed.get("subcommand")
+    config = parsed[subcommand] if subcommand else parsed
+    if config.get("ckpt_path") == "last" and not config.get("config") and not config.get("run_name"):
+        # Without them `last` would mean runs/default, a new run with the default settings.
+        raise UserError(
+            "--ckpt_path last resumes the run that --config or --run_name names, and neither was given; "
+            "resume a run from its folder with --ckpt_path runs/<run>"
+        )
+    cache = Path(config.data.cache_dir).expanduser()
+    if not cache.is_dir():  # one already there may be a read-only prepared cache
+        refuse_unwritable_folder(cache, "--data.cache_dir")
+    if subcommand in ("fit", None):
+        refuse_unwritable_folder(Path(config.trainer.default_root_dir), "--trainer.default_root_dir")
 
 
 def _refuse_to_overwrite(run_dir: Path) -> None:

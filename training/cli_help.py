@@ -73,7 +73,7 @@ def _describe_ckpt_path(parser):
             group.title, group.description = "resume: where fit continues from", None
             action.help = (
                 "runs/<run> resumes that run with its saved config.yaml (other flags apply on top); "
-                "'last' resumes checkpoint.dirpath/last.ckpt; or a .ckpt file."
+                "'last' (with the run's --config or --run_name) its newest checkpoint; or a .ckpt file."
             )
             return group
     return None

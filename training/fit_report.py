@@ -40,7 +40,8 @@ def fit_report(
         "(eager estimate; transient buffers come on top)",
         f"total per device: {_size(est.total_bytes)}",
         f"KV cache: {est.kv_cache_bytes_per_token:,} bytes per token "
-        f"({_size(est.kv_cache_bytes_per_token * seq_len)} per full-context sequence)",
+        # The model's context, not the training length: a fine-tune trains 256 tokens of an 8192 context.
+        f"({_size(est.kv_cache_bytes_per_token * config.block_size)} per {config.block_size:,}-token sequence)",
     ]
     flops = training_flops_per_token(config, seq_len)
     line = f"training FLOPs per token: {flops / 1e6:.1f} M (6N + attention)"

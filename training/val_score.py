@@ -9,6 +9,7 @@ the characters those tokens decode to.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -26,12 +27,18 @@ def windows_per_batch(block_size: int, vocab_size: int) -> int:
 
 @torch.no_grad()
 def score_validation(
-    model, tokenizer, tokens, block_size: int, batch_size: int | None = None
+    model,
+    tokenizer,
+    tokens,
+    block_size: int,
+    batch_size: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, float]:
     """Total nats over every token of `tokens` (an array, or what np.asarray reads: the token cache's parts) but
     the first: per token, per character, per byte.
 
-    `batch_size` windows per forward; None: as many as `windows_per_batch` allows.
+    `batch_size` windows per forward; None: as many as `windows_per_batch` allows. `progress(done, total)`
+    is called after each forward with the windows scored so far.
     """
     device = next(model.parameters()).device
     batch_size = batch_size or windows_per_batch(block_size, model.config.vocab_size)
@@ -44,6 +51,8 @@ def score_validation(
         logits = model(x[start : start + batch_size].to(device)).flatten(0, 1).float()
         target = y[start : start + batch_size].flatten().to(device)
         nats += F.cross_entropy(logits, target, reduction="sum").item()
+        if progress is not None:
+            progress(min(start + batch_size, full), full)
     tail = ids[full * block_size :].to(device)
     if len(tail) > 1:
         nats += F.cross_entropy(model(tail[None, :-1])[0].float(), tail[1:], reduction="sum").item()

@@ -16,9 +16,10 @@ import torch
 import interop.export_hf as export_module
 from checkpoints.format import META_KEY, STATE_PREFIX, checkpoint_metadata
 from common.errors import EXIT_USER_ERROR
+from common.files import OutputPathError
 from data.tokenizer import Tokenizer
 from interop import load_hf
-from interop.export_hf import OutputExistsError, export_hf, main
+from interop.export_hf import export_hf, main
 from model import GPT
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +67,7 @@ def test_existing_folder_needs_force(make_model, tokenizer, tmp_path):
     out = tmp_path / "hf"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    with pytest.raises(OutputExistsError, match="--force"):
+    with pytest.raises(OutputPathError, match="--force"):
         export_hf(make_model(), tokenizer, out)
     assert folder_snapshot(out) == {"notes.txt": b"mine"}
     new_model = make_model(seed=3)

@@ -77,6 +77,10 @@ def test_report_says_whether_the_run_fits():
     text = "\n".join(lines)
     assert "parameters: 100,682,496 (100.7 M)" in text
     assert "KV cache: 12,288 bytes per token" in text
+    short = fit_report(GPT2_SMALL, 16, 256, "bf16-mixed")  # training windows shorter than the model's context
+    assert (
+        f"KV cache: 12,288 bytes per token (12.00 MiB per {GPT2_SMALL.block_size:,}-token sequence)" in short
+    )
     assert "training FLOPs per token: 717.2 M" in text
     assert "fits" in lines[-1] and "NOT" not in lines[-1]
     small_gpu = fit_report(GPT2_SMALL, 16, 1024, "bf16-mixed", device_bytes=8 * 2**30)

@@ -20,7 +20,7 @@ def test_fit_from_a_text_file(script, tiny_args, tmp_path):
     text = tmp_path / "notes.ckpt"
     text.write_text("not a checkpoint\n")
     result = script(*tiny_args(tmp_path / "runs", "--ckpt_path", str(text)), check=False)
-    assert_one_line(result, str(text), "cannot read checkpoint")
+    assert_one_line(result, str(text), "not a checkpoint")
     assert not (tmp_path / "runs").exists()
 
 

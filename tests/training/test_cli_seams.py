@@ -1,0 +1,60 @@
+"""train.py's seams, each one `error:` line and exit 2 before anything is read or written: a `--ckpt_path last`
+with no run named, a run folder that cannot be written, the subcommands LitGPT has no loop for."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import train
+
+TINY = str(Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml")
+
+
+def train_error(monkeypatch, capsys, tmp_path, *args: str) -> str:
+    """The one error line of `train.py args` run in a folder of `tmp_path`, which must stay empty."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", ["train.py", *args])
+    assert train.main() == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and err.count("\n") == 1, err
+    assert list(cwd.iterdir()) == []  # no runs/default started
+    return err
+
+
+def test_ckpt_path_last_without_a_run_names_the_run_folder_form(monkeypatch, capsys, tmp_path):
+    # A missing data file, so that without the check this fails fast instead of training a default run.
+    err = train_error(
+        monkeypatch, capsys, tmp_path, "fit", "--ckpt_path", "last", "--data.data_files", "absent.txt"
+    )
+    assert "--ckpt_path runs/<run>" in err
+
+
+@pytest.mark.parametrize("key", ["--trainer.default_root_dir", "--data.cache_dir"])
+@pytest.mark.parametrize("folder", ["/proc/nope", "{tmp}/a-file/runs"])
+def test_a_folder_that_cannot_be_written_is_one_line(monkeypatch, capsys, tmp_path, key, folder):
+    (tmp_path / "a-file").write_text("", encoding="utf-8")
+    folder = folder.format(tmp=tmp_path)
+    assert key in train_error(monkeypatch, capsys, tmp_path, "fit", "--config", TINY, key, folder)
+
+
+@pytest.mark.parametrize("subcommand", ["test", "predict"])
+def test_subcommands_without_a_loop_are_not_offered(monkeypatch, capsys, tmp_path, subcommand):
+    err = train_error(monkeypatch, capsys, tmp_path, subcommand, "--config", TINY)
+    assert "choose from 'fit', 'validate'" in err
+
+
+def test_score_tokens_is_a_key_that_reaches_the_fit_summary(tmp_path):
+    from data.datamodule import TextDataModule
+    from training import LitGPT
+    from training.cli import GPTCLI
+    from training.fit_summary import FitSummary
+
+    args = ["--config", TINY, "--score_tokens", "77", "--trainer.default_root_dir", str(tmp_path),
+            "--trainer.logger", "false"]  # fmt: skip
+    cli = GPTCLI(LitGPT, TextDataModule, run=False, args=args)
+    assert [c.max_tokens for c in cli.trainer.callbacks if isinstance(c, FitSummary)] == [77]
