@@ -41,7 +41,7 @@ def model_config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
     rope = rope_parameters(hf)
     check_types(rope, source, {"rope_theta": float})  # null is no default: the key is there
     llama3 = rope.get("rope_type", rope.get("type")) == "llama3"
-    return ModelConfig(
+    fields = dict(
         vocab_size=hf["vocab_size"],
         block_size=hf["max_position_embeddings"],
         n_layer=hf["num_hidden_layers"],
@@ -60,6 +60,10 @@ def model_config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
         rope_type="llama3" if llama3 else "default",
         **(llama3_fields(rope) if llama3 else {}),
     )
+    try:
+        return ModelConfig(**fields)
+    except ValueError as err:  # ModelConfig's own check of the values
+        raise ModelFileError(f"{source}: {err}") from err
 
 
 def llama3_fields(rope: dict) -> dict:
