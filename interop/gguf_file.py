@@ -104,12 +104,7 @@ class GGUFFile:
 
     def model_config(self) -> ModelConfig:
         """Our ModelConfig of this file; anything we cannot run is one line naming the file."""
-        try:
-            return model_config_from_hf(self.hf_config(), str(self.path))
-        except PretrainedError:
-            raise
-        except ValueError as err:  # ModelConfig's own check of the values
-            raise PretrainedError(f"{self.path}: {err}") from err
+        return model_config_from_hf(self.hf_config(), str(self.path))
 
     def state_dict(self, config: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Our tensors of `state` (their shapes checked first), dequantised to float32."""

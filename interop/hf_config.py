@@ -20,7 +20,9 @@ ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
 }
-LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+# Llama 3's RoPE scaling: config.json's keys and our ModelConfig fields, read and written with this one map.
+LLAMA3 = {"factor": "rope_factor", "low_freq_factor": "rope_low_freq_factor",
+          "high_freq_factor": "rope_high_freq_factor", "original_max_position_embeddings": "rope_original_context"}  # fmt: skip
 REQUIRED = ("vocab_size", "max_position_embeddings", "num_hidden_layers", "num_attention_heads", "hidden_size",
             "intermediate_size")  # fmt: skip
 # The type of every config.json key we read; a key outside REQUIRED may be absent, and null only if NULLABLE.
@@ -41,7 +43,7 @@ def model_config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
     rope = rope_parameters(hf)
     check_types(rope, source, {"rope_theta": float})  # null is no default: the key is there
     llama3 = rope.get("rope_type", rope.get("type")) == "llama3"
-    return ModelConfig(
+    fields = dict(
         vocab_size=hf["vocab_size"],
         block_size=hf["max_position_embeddings"],
         n_layer=hf["num_hidden_layers"],
@@ -60,14 +62,15 @@ def model_config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
         rope_type="llama3" if llama3 else "default",
         **(llama3_fields(rope) if llama3 else {}),
     )
+    try:
+        return ModelConfig(**fields)
+    except ValueError as err:  # ModelConfig's own check of the values
+        raise ModelFileError(f"{source}: {err}") from err
 
 
 def llama3_fields(rope: dict) -> dict:
     return {
-        "rope_factor": float(rope["factor"]),
-        "rope_low_freq_factor": float(rope["low_freq_factor"]),
-        "rope_high_freq_factor": float(rope["high_freq_factor"]),
-        "rope_original_context": int(rope["original_max_position_embeddings"]),
+        ours: (int if ours == "rope_original_context" else float)(rope[key]) for key, ours in LLAMA3.items()
     }
 
 
@@ -139,7 +142,7 @@ def _is_supported_rope(params: dict | None) -> bool:
     if nested or params.get("partial_rotary_factor", 1.0) != 1.0:
         return False
     if kind == "llama3":
-        return all(isinstance(params.get(key), (int, float)) for key in LLAMA3_KEYS)
+        return all(isinstance(params.get(key), (int, float)) for key in LLAMA3)
     return kind == "default"
 
 
@@ -164,14 +167,8 @@ def hf_rope_parameters(config: ModelConfig) -> dict:
     """`rope_parameters` as transformers 5 reads it."""
     if config.rope_type == "default":
         return {"rope_type": "default", "rope_theta": config.rope_theta}
-    return {
-        "rope_type": "llama3",
-        "rope_theta": config.rope_theta,
-        "factor": config.rope_factor,
-        "low_freq_factor": config.rope_low_freq_factor,
-        "high_freq_factor": config.rope_high_freq_factor,
-        "original_max_position_embeddings": config.rope_original_context,
-    }
+    scaling = {key: getattr(config, ours) for key, ours in LLAMA3.items()}
+    return {"rope_type": "llama3", "rope_theta": config.rope_theta} | scaling
 
 
 def hf_config_dict(config: ModelConfig, dtype: torch.dtype, bos_id: int | None, eos_id: int | None) -> dict:

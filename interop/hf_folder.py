@@ -12,7 +12,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from common.errors import UserError
 from common.model_files import read_json_object
 from model.config import ModelConfig
 from model.gpt import GPT
@@ -40,12 +39,7 @@ def read_hf_config(directory: Path) -> ModelConfig:
     path = directory / "config.json"
     if not path.is_file():
         raise PretrainedError(f"{directory}: no config.json; pass a Hugging Face model folder")
-    try:
-        return model_config_from_hf(read_json_object(path), str(path))
-    except UserError:
-        raise
-    except ValueError as err:  # ModelConfig's own check of the values
-        raise PretrainedError(f"{path}: {err}") from err
+    return model_config_from_hf(read_json_object(path), str(path))
 
 
 def load_hf(directory: str | Path) -> GPT:
