@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.decode import timed_decode
+from benchmarks.decode import bytes_per_token, timed_decode
 from benchmarks.llamacpp import build_probe, ids_only_tokenizer_json, run_probe
 from benchmarks.shapes import DECODE_CONFIGS
 from benchmarks.smollm2 import INSTALL, smollm2_gguf
@@ -101,7 +101,7 @@ def bench_pair(label: str, model: GPT, gguf: Path, probe: Path, args: argparse.N
     prefill = {side: args.prefill_len / medians[f"{side} prefill"][0] for side in ("ours", "llama.cpp")}
     print(
         f"{label} ({config.n_layer}L {config.n_embd}C {config.n_head}H/{config.n_kv_head}kv "
-        f"{model.num_params() / 1e6:.1f}M) | threads: ours {threads}, llama.cpp {threads} | decode: ours "
+        f"{bytes_per_token(model, 0) / 1e6:.0f} MB of weights) | threads: ours {threads}, llama.cpp {threads} | decode: ours "
         f"{decode['ours']:7.1f} tok/s, llama.cpp {decode['llama.cpp']:7.1f}, ours/llama.cpp "
         f"{decode['ours'] / decode['llama.cpp']:4.2f}x | pp{args.prefill_len}: ours {prefill['ours']:7.0f} tok/s, "
         f"llama.cpp {prefill['llama.cpp']:7.0f}, ours/llama.cpp {prefill['ours'] / prefill['llama.cpp']:4.2f}x | "
