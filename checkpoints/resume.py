@@ -55,10 +55,8 @@ def check_resumable(path: Path) -> None:
 
 
 def _check_zip(path: Path) -> None:
-    try:
-        with zipfile.ZipFile(
-            path
-        ) as archive:  # torch.load does not check the CRCs: flipped bytes load silently
+    try:  # torch.load does not check the CRCs: flipped bytes load silently
+        with zipfile.ZipFile(path) as archive:
             bad_member = archive.testzip()
     except (zipfile.BadZipFile, OSError) as err:
         raise CheckpointError(f"{path}: not a complete checkpoint ({first_line(err)})") from err

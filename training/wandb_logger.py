@@ -154,10 +154,10 @@ def _row_not_logged_yet(trainer: L.Trainer, logger: RunWandbLogger) -> dict[int,
     """{step: row} of this step's train/* values when the save comes before Lightning logs them (ModelCheckpoint
     saves in on_train_batch_end; the row goes to the loggers right after), else {}: the resume starts after
     this step, so only the checkpoint can give its row back."""
-    connector, step = trainer._logger_connector, trainer.global_step
-    if step in logger.train_rows or not trainer.training or not connector.should_update_logs:
+    step, every = trainer.global_step, trainer.log_every_n_steps
+    # Only a logging step's values are its own: on other steps Lightning may still hold an earlier one.
+    if step in logger.train_rows or not trainer.training or every <= 0 or step % every:
         return {}
-    row = {
-        key: float(value) for key, value in connector.metrics["log"].items() if key.startswith(TRAIN_PREFIX)
-    }
+    logged = trainer._logger_connector.metrics["log"]
+    row = {key: float(value) for key, value in logged.items() if key.startswith(TRAIN_PREFIX)}
     return {step: {**row, "epoch": float(trainer.current_epoch)}} if row else {}
