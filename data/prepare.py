@@ -69,9 +69,9 @@ def prepare(argv: list[str]) -> int:
     data, name = parsed["data"], parsed["model"]["init_from"]
     tokenizer = None
     if name:  # fit tokenizes with the pretrained model's own tokenizer (training/init_from.py does the same)
-        from interop import load_tokenizer, resolve
+        from interop import read_tokenizer
 
-        tokenizer = load_tokenizer(resolve(name, parsed["model"]["init_revision"]).path)
+        tokenizer = read_tokenizer(name, parsed["model"]["init_revision"])
         data.update(vocab_size=max(data["vocab_size"], tokenizer.vocab_size), tokenizer_path=None)
     module = TextDataModule(**data)
     if tokenizer is not None:

@@ -1,6 +1,6 @@
 """A GGUF file's Q4_0, Q4_1 and Q8_0 matrices as block codes, for `model.quantized.QuantizedLinear`.
 
-`load_pretrained(..., keep_quantized=True)` replaces each linear layer whose weight the file stores in one of
+`interop.load(..., keep_quantized=True)` replaces each linear layer whose weight the file stores in one of
 these types by a `QuantizedLinear` of the same codes, so the float32 copy is dropped. The byte layouts
 (ggml's `block_q4_0`, `block_q4_1`, `block_q8_0`, 32 weights a block): a float16 scale `d`, for Q4_1 a float16
 minimum `m`, then the codes. 4-bit codes come two to a byte, weight j in the low nibble of byte j and weight

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import generate as cli
+from data.tokenizer import Tokenizer
 from tests.conftest import run_generate as run_cli
 from tests.hf.conftest import make_model, tokenizer_json  # noqa: F401 (fixtures)
 
@@ -184,7 +185,7 @@ def gguf_of(make_model, tokenizer_json, tmp_path):  # noqa: F811
         model = make_model()
         with torch.no_grad():
             edit(model)
-        return str(export_gguf(model, tokenizer_json, tmp_path / "model.gguf"))
+        return str(export_gguf(model, Tokenizer.from_json(tokenizer_json), tmp_path / "model.gguf"))
 
     return write
 

@@ -100,7 +100,7 @@ def test_prepare_builds_the_cache_a_fine_tune_fit_reads(
     finds that cache: it tokenizes nothing and adds no token folder."""
     transformers = pytest.importorskip("transformers")
     from data.prepare import main
-    from interop import load_tokenizer
+    from interop import read_tokenizer
 
     llama = tmp_path / "llama"
     save_llama(transformers, llama, shard=False)
@@ -110,7 +110,7 @@ def test_prepare_builds_the_cache_a_fine_tune_fit_reads(
     monkeypatch.setattr("sys.argv", ["data.prepare", *argv])
     assert main() == 0
     folder = Path(capsys.readouterr().out.split("ready in ")[1].split(";")[0])
-    assert Tokenizer.from_file(folder / "tokenizer.json").sha256 == load_tokenizer(llama).sha256
+    assert Tokenizer.from_file(folder / "tokenizer.json").sha256 == read_tokenizer(llama).sha256
     built = sorted(cache.rglob("*"))
     fit = script("train.py", "fit", *argv, "--data.batch_size", "2", "--trainer.max_steps", "1",
                  "--trainer.limit_val_batches", "0", "--samples.every_n_steps", "0", "--trainer.logger", "false",
