@@ -115,12 +115,16 @@ def test_async_save_writes_a_snapshot_not_the_live_tensors(tmp_path):
 
 
 def test_sweep_removes_killed_runs_temporary_checkpoint_files(tmp_path):
+    from checkpoints.run_lock import own_run_dir
+
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
     (checkpoints / ".step-00000004.ckpt.partial-123-abcd1234").write_bytes(b"x" * 1000)
     (checkpoints / "step-00000003.ckpt").write_bytes(b"keep")
     said = []
-    assert prepare_checkpoint_dir(checkpoints, None, say=said.append) is None
+    assert prepare_checkpoint_dir(checkpoints, None, say=said.append) is None  # only reads
+    assert len(list(checkpoints.iterdir())) == 2
+    own_run_dir(tmp_path, say=said.append).release()  # the run's one writer sweeps, once it holds the lock
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-00000003.ckpt"]
     assert len(said) == 1 and "temporary checkpoint file" in said[0]
 
