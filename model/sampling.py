@@ -217,22 +217,6 @@ class Context:
             self.cache.rollback(max(0, n - self.start))
 
 
-def model_context(
-    model: torch.nn.Module,
-    batch_size: int,
-    length: int | None,
-    use_cache: bool = True,
-    compile: bool | str = False,
-) -> Context:
-    """The context `generate` decodes from: eager or compiled, sized for `length` (prompt + new tokens)."""
-    if compile and not use_cache:
-        raise UserError("compile=True needs use_cache=True: the compiled step decodes from the KV cache")
-    if compile:  # model/static_decode.py: one compiled graph for every position
-        decoder = static_decoder(model, batch_size, "inductor" if compile is True else compile, length)
-        return Context(model, decoder.cache, decoder.decode)
-    return Context(model, KVCache.for_model(model, batch_size, length) if use_cache else None)
-
-
 def decode(
     seq: torch.Tensor,
     max_new_tokens: int,
@@ -292,8 +276,15 @@ def generate(
     sampler = (sampler or Sampler(**sampling)).check()
     if max_new_tokens < 1:
         raise UserError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    context = model_context(model, idx.shape[0], idx.shape[1] + max_new_tokens, use_cache, compile)
-    stop = Stop(eos_id, idx.shape[0], idx.device)
+    if compile and not use_cache:
+        raise UserError("compile=True needs use_cache=True: the compiled step decodes from the KV cache")
+    batch, length = idx.shape[0], idx.shape[1] + max_new_tokens  # a short request reads a short cache
+    if compile:  # model/static_decode.py: one compiled graph for every position
+        decoder = static_decoder(model, batch, "inductor" if compile is True else compile, length)
+        context = Context(model, decoder.cache, decoder.decode)
+    else:
+        context = Context(model, KVCache.for_model(model, batch, length) if use_cache else None)
+    stop = Stop(eos_id, batch, idx.device)
     try:
         return decode(idx, max_new_tokens, sample_step(context, sampler), stop, on_token)
     except NonFiniteLogits as err:

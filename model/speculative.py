@@ -53,22 +53,22 @@ class PromptLookup:
 class DraftModel:
     """Drafts with a smaller GPT sharing the target's tokenizer, from its own cache and its own window."""
 
-    def __init__(
-        self, model: GPT, device: torch.device | None = None, dtype: torch.dtype | None = None
-    ) -> None:
+    def __init__(self, model: GPT) -> None:
         self.model, self.context = model, Context(model, KVCache.for_model(model, 1))
 
     def propose(self, idx: torch.Tensor, k: int, sampler: Sampler) -> tuple[list[int], torch.Tensor | None]:
-        n = idx.shape[1]
-        k = min(
-            k, self.model.config.block_size + 1 - (n - self.context.window_start(n))
-        )  # the k - 1 drafts fed after the window must fit in it too
-        seq, dists = idx, []
-        for _ in range(k):
-            probs = sampler.probs(self.context.logits(seq)[0, -1])
-            seq = torch.cat([seq, seq.new_tensor([[sampler.draw(probs)]])], dim=1)
-            dists.append(probs)
-        return seq[0, n:].tolist(), None if sampler.greedy else torch.stack(dists)
+        n, dists = idx.shape[1], []
+        # The k - 1 drafts fed after the window must fit in it too.
+        k = min(k, self.model.config.block_size + 1 - (n - self.context.window_start(n)))
+
+        def draft_step(seq: torch.Tensor, room: int) -> torch.Tensor:
+            dists.append(sampler.probs(self.context.logits(seq)[0, -1]))
+            return seq.new_tensor([[sampler.draw(dists[-1])]])
+
+        drafts = decode(idx, k, draft_step, Stop(None, 1, idx.device))[
+            0, n:
+        ].tolist()  # the one loop, no stop
+        return drafts, None if sampler.greedy else torch.stack(dists)
 
 
 @dataclass

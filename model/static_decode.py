@@ -17,6 +17,8 @@ about the bandwidth of one core (`python -m benchmarks.decode_vs_hf` measures it
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
@@ -66,11 +68,6 @@ class StaticCache:
         input, which keeps CUDA graphs from replaying."""
 
 
-def decode_step(model: GPT, token: torch.Tensor, cache: StaticCache) -> torch.Tensor:
-    """Logits (B, V) of one token (B, 1) at the cache's position: the model's own forward."""
-    return model(token, cache, last_only=True)[:, -1]
-
-
 class OneRowLinears(TorchFunctionMode):
     """Writes a one-row `F.linear` as a product and a sum, for Inductor to fuse into one reduction (CPU).
 
@@ -86,10 +83,11 @@ class OneRowLinears(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def decode_step_reductions(model: GPT, token: torch.Tensor, cache: StaticCache) -> torch.Tensor:
-    """`decode_step` with its one-row linear layers written as reductions (its attention: `cache.reductions`)."""
-    with OneRowLinears():
-        return decode_step(model, token, cache)
+def decode_step(model: GPT, token: torch.Tensor, cache: StaticCache) -> torch.Tensor:
+    """Logits (B, V) of one token (B, 1) at the cache's position: the model's own forward. With
+    `cache.reductions` (the compiled CPU step) its one-row linear layers and its attention are reductions."""
+    with OneRowLinears() if cache.reductions else contextlib.nullcontext():
+        return model(token, cache, last_only=True)[:, -1]
 
 
 class StaticDecoder:
@@ -124,11 +122,10 @@ class StaticDecoder:
             # A static address lets the CUDA graph keep pointing at the caller's buffers across replays.
             torch._dynamo.mark_static_address(cache.k)
             torch._dynamo.mark_static_address(cache.v)
-            step = decode_step_reductions if on_cpu else decode_step
             # Every cache length, model shape and batch size is one more graph of this one function: dynamo's
             # default limit of 8 per function would end a long process (a test run, a sweep) with a hard error.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-            self.step = torch.compile(step, fullgraph=True, dynamic=False, backend=backend, mode=mode)
+            self.step = torch.compile(decode_step, fullgraph=True, dynamic=False, backend=backend, mode=mode)
 
     def prefill(self, idx: torch.Tensor) -> torch.Tensor:
         """Forget the cache, feed idx (B, T) through the eager forward and return the last logits (B, V).
