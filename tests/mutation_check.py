@@ -70,8 +70,8 @@ MUTATIONS = [
     Mutation(
         "eos-rows-not-padded",
         "model/sampling.py",
-        "token.masked_fill(done, eos_id)",
-        "token",
+        "tokens = tokens.masked_fill(before, self.first)",
+        "tokens = tokens",
         (f"{PARITY}::test_eos_stops_one_row_mid_sequence_and_pads_it_while_the_other_goes_on",),
     ),
     Mutation(
@@ -158,7 +158,7 @@ MUTATIONS = [
     ),
     Mutation(
         "export-rms-norm-eps-10x-smaller",
-        "model/hf_config.py",
+        "interop/hf_config.py",
         '"rms_norm_eps": config.norm_eps,',
         '"rms_norm_eps": config.norm_eps / 10,',
         (HF_LOGITS,),
@@ -166,9 +166,11 @@ MUTATIONS = [
     # Chosen for this check: properties the tests name that no entry above exercises.
     Mutation(
         "export-gate-up-swapped",
-        "model/hf_weights.py",
-        "gate, up = block.mlp.gate_up",
-        "up, gate = block.mlp.gate_up",
+        "interop/names.py",
+        'Part("model.layers.{i}.mlp.gate_proj.weight", "blk.{i}.ffn_gate.weight", "mlp"),\n'
+        '        Part("model.layers.{i}.mlp.up_proj.weight", "blk.{i}.ffn_up.weight", "mlp"),',
+        'Part("model.layers.{i}.mlp.up_proj.weight", "blk.{i}.ffn_gate.weight", "mlp"),\n'
+        '        Part("model.layers.{i}.mlp.gate_proj.weight", "blk.{i}.ffn_up.weight", "mlp"),',
         (HF_LOGITS,),
     ),
     Mutation(
