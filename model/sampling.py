@@ -21,6 +21,9 @@ class NonFiniteLogits(UserError):
     """The model's next-token logits hold a NaN or an infinity, so no token can be drawn."""
 
 
+NOT_FINITE = "the model's output is not finite (NaN or infinite logits)"
+
+
 @dataclass(frozen=True)
 class Sampler:
     """How a token is picked from logits: greedy when temperature == 0, else drawn from a filtered softmax.
@@ -78,7 +81,7 @@ class Sampler:
         except RuntimeError:  # checked only now: a check at every step would wait for the device each time
             if torch.isfinite(logits).all():
                 raise
-            raise NonFiniteLogits("the model's output is not finite (NaN or infinite logits)") from None
+            raise NonFiniteLogits(NOT_FINITE) from None
 
     def draw(self, probs: torch.Tensor) -> int:
         """One token id from a distribution (V,) made by `probs` (the argmax when greedy)."""
@@ -242,8 +245,23 @@ def decode(
 
 
 def sample_step(context: Context, sampler: Sampler) -> Callable[[torch.Tensor, int], torch.Tensor]:
-    """The plain step of `decode`: one token per row, picked by `sampler` from the context's logits."""
-    return lambda seq, room: sampler.next_token(context.logits(seq)[:, -1], seq)[:, None]
+    """The plain step of `decode`: one token per row, picked by `sampler` from the context's logits.
+
+    The first logits are checked once: broken weights (a NaN in a tensor) are broken from the first token, and
+    greedy picking would otherwise turn NaN logits into token ids in silence. Later steps cost no check (a
+    sampled draw still fails loudly, in `Sampler.next_token`).
+    """
+    first = True
+
+    def step(seq: torch.Tensor, room: int) -> torch.Tensor:
+        nonlocal first
+        logits = context.logits(seq)[:, -1]
+        if first and not bool(torch.isfinite(logits).all()):
+            raise NonFiniteLogits(NOT_FINITE)
+        first = False
+        return sampler.next_token(logits, seq)[:, None]
+
+    return step
 
 
 @torch.inference_mode()

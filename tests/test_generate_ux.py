@@ -190,9 +190,10 @@ def gguf_of(make_model, tokenizer_json, tmp_path):  # noqa: F811
     return write
 
 
-def test_a_model_with_a_nan_weight_is_one_line_naming_the_model_and_the_layer(gguf_of, capsys):
+@pytest.mark.parametrize("picking", [[], ["--temperature", "0"]], ids=["sampled", "greedy"])
+def test_a_model_with_a_nan_weight_is_one_line_naming_the_model_and_the_layer(gguf_of, capsys, picking):
     path = gguf_of(lambda model: model.blocks[1].attn_norm.weight.fill_(float("nan")))
-    code, _, err = run_cli(capsys, "--checkpoint", path, "--prompt", "a b", "--max_new_tokens", "3")
+    code, _, err = run_cli(capsys, "--checkpoint", path, "--prompt", "a b", "--max_new_tokens", "3", *picking)
     assert code == 2 and err.count("\n") == 1 and err.startswith("error:"), err
     assert path in err and "not finite" in err and "blocks.1" in err, err
 
