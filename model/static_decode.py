@@ -181,7 +181,7 @@ def static_decoder(
     graphs per function is raised to 64 for it.
     """
     param = next(model.parameters())
-    decoder = model.__dict__.get("static_decoder")  # a plain attribute: not a submodule, not in state_dict
+    decoder = getattr(model, "static_decoder", None)  # a plain attribute: not a submodule, not in state_dict
     key = (batch_size, param.dtype, param.device, backend)
     block_size = model.config.block_size
     max_len = static_cache_length(block_size if length is None else length, block_size)
@@ -189,5 +189,5 @@ def static_decoder(
         cache = KVCache.for_model(model, batch_size, max_len)
         decoder = StaticDecoder(model, cache, compile=True, backend=backend)
         decoder.key = key
-        model.__dict__["static_decoder"] = decoder
+        model.static_decoder = decoder
     return decoder
