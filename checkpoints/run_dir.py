@@ -7,7 +7,9 @@
         wandb/               wandb's own files (the logger's save_dir is the run directory)
         attention/           the attention explorer page (training/attention_maps.py)
         writer.lock          held by the one process writing the run (checkpoints/run_lock.py)
-        tmp/                 that process's temp folder (TMPDIR), emptied at each start and removed at its end
+
+    The writing process's temp folder (TMPDIR) is `RunDir.temp`, in the system temp folder but named after the
+    run: emptied at each start and removed at its end.
 
 A sharded strategy (FSDP2) writes each checkpoint as a folder: the weight shards, their index SHARDED_INDEX,
 and everything else in SHARDED_META. Standard library only: generate.py reads this without Lightning.
@@ -15,7 +17,9 @@ and everything else in SHARDED_META. Standard library only: generate.py reads th
 
 from __future__ import annotations
 
+import hashlib
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,7 +73,10 @@ class RunDir:
 
     @property
     def temp(self) -> Path:
-        return self.path / "tmp"
+        """The writer's temp folder: in the system one (a Unix socket's path under TMPDIR, as multiprocessing
+        makes, must stay within 107 bytes; a deep run folder would pass that), named after this run's path."""
+        digest = hashlib.sha256(str(self.path.resolve()).encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"gqa-gpt-run-{digest}"
 
     def holds_checkpoints(self) -> bool:
         """A run directory, as opposed to a sharded checkpoint folder (also a directory): it has checkpoints/."""

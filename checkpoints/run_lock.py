@@ -22,6 +22,7 @@ import socket
 import sys
 import tempfile
 from collections.abc import Callable
+from multiprocessing.util import Finalize
 from pathlib import Path
 
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
@@ -76,7 +77,9 @@ class RunDirLock:
         at exit, which a killed process never reaches; in the system temp folder nothing could later tell whose
         they were. Under the run's lock, whatever is in the run's own temp folder is a dead writer's.
         """
-        temp = self.run_dir.temp
+        temp = self.temp = (
+            self.run_dir.temp
+        )  # kept: RunDir.temp follows tempfile.gettempdir(), switched below
         if temp.exists():
             left = sum(1 for _ in temp.iterdir())
             shutil.rmtree(temp, ignore_errors=True)
@@ -89,14 +92,20 @@ class RunDirLock:
         tempfile.tempdir, os.environ["TMPDIR"] = str(temp), str(temp)
 
     def release(self) -> None:
-        """Drop the lock, remove the run's temp folder and point this process back at the system one."""
+        """Drop the lock and point this process back at the system temp folder; the run's goes when it exits.
+
+        Not at once: multiprocessing keeps its own temp folder (its sockets) in ours for the whole process and
+        removes it in an exit finalizer of priority -100, so ours is removed by one that runs after it.
+        """
         if self._previous_temp is not None:
             tempfile.tempdir, previous = self._previous_temp
             if previous is None:
                 os.environ.pop("TMPDIR", None)
             else:
                 os.environ["TMPDIR"] = previous
-            shutil.rmtree(self.run_dir.temp, ignore_errors=True)
+            Finalize(
+                None, shutil.rmtree, args=(self.temp,), kwargs={"ignore_errors": True}, exitpriority=-101
+            )
             self._previous_temp = None
         if self._fd is not None:
             os.close(self._fd)  # closing the descriptor drops the flock

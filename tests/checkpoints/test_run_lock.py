@@ -47,6 +47,22 @@ def test_a_second_writer_is_refused_naming_the_holder_until_it_is_killed(tmp_pat
     RunDirLock(tmp_path / "run").acquire().release()  # released: this process can take it again
 
 
+def test_the_writers_temp_folder_takes_unix_sockets_for_a_deep_run_folder(tmp_path):
+    """DataLoader workers share tensors through a Unix socket under TMPDIR, whose path may not pass 107 bytes;
+    a run folder's own tmp/ there made every multi-worker fit in a deep folder hang at its first batch."""
+    from multiprocessing.connection import Client, Listener
+
+    from checkpoints.run_lock import own_run_dir
+
+    lock = own_run_dir(tmp_path / ("deep-" * 12) / "runs" / "a-long-run-name", say=lambda line: None)
+    try:
+        with Listener(family="AF_UNIX") as listener:  # an address under TMPDIR, as multiprocessing picks
+            assert listener.address.startswith(str(lock.temp))
+            Client(listener.address).close()
+    finally:
+        lock.release()  # the folder itself goes when the process ends (tests/training/test_killed_history.py)
+
+
 def test_train_py_on_a_live_run_is_refused_and_sweeps_nothing_then_proceeds_once_its_owner_is_killed(
     tiny_args, script, tmp_path
 ):
