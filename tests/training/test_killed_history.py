@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,7 @@ def train_rows(run_dir: Path, wandb_history) -> tuple[list[dict[int, dict]], dic
 
 
 def test_a_resume_after_kill_9_relogs_what_the_killed_segment_lost(
-    tiny_args, script, tmp_path, wandb_history
+    tiny_args, script, tmp_path, wandb_history, monkeypatch
 ):
     temp = tmp_path / "system-tmp"
     temp.mkdir()
@@ -59,9 +60,13 @@ def test_a_resume_after_kill_9_relogs_what_the_killed_segment_lost(
     os.killpg(proc.pid, signal.SIGKILL)  # the group: wandb's writer dies too, as on a lost node
     proc.wait(timeout=60)
     run_dir = tmp_path / "killed" / "tiny"
-    assert not list(temp.rglob("*.table.json")), "the killed run's tables went to the system temp folder"
-    assert list(RunDir(run_dir).temp.rglob("*.table.json")), (
-        "the killed run's tables were not in the run's tmp/"
+    monkeypatch.setattr(
+        tempfile, "tempdir", str(temp)
+    )  # the run's own temp folder is named in the system one
+    run_temp = RunDir(run_dir).temp
+    tables = list(temp.rglob("*.table.json"))
+    assert tables and all(run_temp in table.parents for table in tables), (
+        f"the killed run's tables were not (all) in the run's temp folder {run_temp}: {tables}"
     )
 
     resume = subprocess.run([sys.executable, *tiny_args(tmp_path / "killed", *ARGS, "--ckpt_path", "last")],
@@ -76,5 +81,5 @@ def test_a_resume_after_kill_9_relogs_what_the_killed_segment_lost(
     assert together == expected  # every train/* point, at its step, with the straight run's value
     assert "re-logged the train/* rows" in resume.stderr
     # Nothing of the killed run is left in the system temp folder or the run's own (wandb's tables included).
-    assert not list(temp.rglob("*.table.json")) and not list(temp.glob("pymp-*"))
-    assert not RunDir(run_dir).temp.exists()
+    assert not list(temp.rglob("*.table.json")) and not list(temp.rglob("pymp-*"))
+    assert not run_temp.exists()
