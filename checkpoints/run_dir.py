@@ -73,10 +73,10 @@ class RunDir:
 
     @property
     def temp(self) -> Path:
-        """The writer's temp folder: in the system one (a Unix socket's path under TMPDIR, as multiprocessing
-        makes, must stay within 107 bytes; a deep run folder would pass that), named after this run's path."""
+        """The writer's temp folder: in the system one, named after this run's path (short: multiprocessing puts
+        Unix sockets under TMPDIR, whose paths may not pass 107 bytes, and a run folder can be deep)."""
         digest = hashlib.sha256(str(self.path.resolve()).encode()).hexdigest()[:12]
-        return Path(tempfile.gettempdir()) / f"gqa-gpt-run-{digest}"
+        return Path(tempfile.gettempdir()) / f"gqa-run-{digest}"
 
     def holds_checkpoints(self) -> bool:
         """A run directory, as opposed to a sharded checkpoint folder (also a directory): it has checkpoints/."""

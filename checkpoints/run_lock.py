@@ -16,13 +16,13 @@ the lock at the next start, where in the system temp folder nothing could tell w
 
 from __future__ import annotations
 
+import multiprocessing.util
 import os
 import shutil
 import socket
 import sys
 import tempfile
 from collections.abc import Callable
-from multiprocessing.util import Finalize
 from pathlib import Path
 
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
@@ -36,6 +36,11 @@ try:
     import fcntl
 except ImportError:  # Windows: no flock; runs there stay unguarded
     fcntl = None
+
+
+# A Unix socket's path holds at most 107 bytes; multiprocessing's are <TMPDIR>/pymp-<8>/listener-<8>.
+MAX_SOCKET_PATH = 107
+SOCKET_IN_TEMP = "/pymp-12345678/listener-12345678"
 
 
 class RunDirBusyError(UserError):
@@ -88,6 +93,10 @@ class RunDirLock:
         temp.mkdir(parents=True)
         # torch.compile's cache stays where it was (it is keyed by user, not by run, and costs minutes to redo).
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+        if len(str(temp)) + len(SOCKET_IN_TEMP) > MAX_SOCKET_PATH:
+            # DataLoader workers share tensors through a Unix socket in multiprocessing's folder under TMPDIR;
+            # too long a path and their first batch never comes. Made now, that folder stays in the system one.
+            multiprocessing.util.get_temp_dir()
         self._previous_temp = (tempfile.tempdir, os.environ.get("TMPDIR"))
         tempfile.tempdir, os.environ["TMPDIR"] = str(temp), str(temp)
 
@@ -103,7 +112,7 @@ class RunDirLock:
                 os.environ.pop("TMPDIR", None)
             else:
                 os.environ["TMPDIR"] = previous
-            Finalize(
+            multiprocessing.util.Finalize(
                 None, shutil.rmtree, args=(self.temp,), kwargs={"ignore_errors": True}, exitpriority=-101
             )
             self._previous_temp = None

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -47,20 +49,37 @@ def test_a_second_writer_is_refused_naming_the_holder_until_it_is_killed(tmp_pat
     RunDirLock(tmp_path / "run").acquire().release()  # released: this process can take it again
 
 
-def test_the_writers_temp_folder_takes_unix_sockets_for_a_deep_run_folder(tmp_path):
+SOCKET_CHECK = """
+import sys
+from multiprocessing.connection import Client, Listener
+from checkpoints.run_lock import own_run_dir
+lock = own_run_dir(sys.argv[1], say=lambda line: None)
+with Listener(family="AF_UNIX") as listener:  # an address under multiprocessing's folder, as the workers use
+    Client(listener.address).close()
+    print(listener.address.startswith(str(lock.temp)))
+lock.release()
+"""
+
+
+@pytest.mark.parametrize("system_temp", ["short", "long"])
+def test_the_writers_temp_folder_takes_unix_sockets_for_a_deep_run_folder(tmp_path, system_temp):
     """DataLoader workers share tensors through a Unix socket under TMPDIR, whose path may not pass 107 bytes;
-    a run folder's own tmp/ there made every multi-worker fit in a deep folder hang at its first batch."""
-    from multiprocessing.connection import Client, Listener
-
-    from checkpoints.run_lock import own_run_dir
-
-    lock = own_run_dir(tmp_path / ("deep-" * 12) / "runs" / "a-long-run-name", say=lambda line: None)
-    try:
-        with Listener(family="AF_UNIX") as listener:  # an address under TMPDIR, as multiprocessing picks
-            assert listener.address.startswith(str(lock.temp))
-            Client(listener.address).close()
-    finally:
-        lock.release()  # the folder itself goes when the process ends (tests/training/test_killed_history.py)
+    a run folder's own tmp/ there made every multi-worker fit in a deep folder hang at its first batch. Where
+    even the short run temp folder is too deep, multiprocessing's sockets stay in the system temp folder."""
+    temp = Path(tempfile.mkdtemp(prefix="t-"))
+    if system_temp == "long":  # room for multiprocessing's sockets, none for the run's folder in between
+        temp = temp / ("x" * (70 - len(str(temp))))
+        temp.mkdir()
+    run_dir = tmp_path / ("deep-" * 12) / "runs" / "a-long-run-name"
+    env = {**os.environ, "TMPDIR": str(temp)}
+    done = subprocess.run([sys.executable, "-c", SOCKET_CHECK, str(run_dir)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0 and not done.stderr, done.stderr
+    assert done.stdout.split() == [
+        str(system_temp == "short")
+    ]  # the sockets in the run's folder when they fit
+    assert list(temp.iterdir()) == []  # the run's temp folder, and multiprocessing's, removed at exit
+    shutil.rmtree(temp if system_temp == "short" else temp.parent)
 
 
 def test_train_py_on_a_live_run_is_refused_and_sweeps_nothing_then_proceeds_once_its_owner_is_killed(
