@@ -81,9 +81,11 @@ def _score(trainer: L.Trainer, pl_module: L.LightningModule, max_tokens: int) ->
     was_training = pl_module.training
     pl_module.eval()
     try:
+        mask = getattr(datamodule, "val_mask", None)  # chat: the assistant's tokens only
         scores = score_validation(
             pl_module.model, tokenizer, tokens[:scored], datamodule.block_size,
             progress=_tenths() if trainer.is_global_zero else None,
+            mask=None if mask is None else mask[:scored],
         )  # fmt: skip
     finally:
         pl_module.train(was_training)
