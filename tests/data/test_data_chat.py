@@ -40,10 +40,10 @@ def write_rows(path: Path, rows: list[dict]) -> Path:
 
 
 def chat_data(files: Path, cache: Path, tokenizer: Tokenizer | None = None, **kwargs) -> TextDataModule:
+    settings = {"vocab_size": 300, "block_size": 32, "batch_size": 2, **kwargs}
     data = TextDataModule(
-        dataset="json", data_files=str(files), chat_column="messages", vocab_size=300, block_size=32,
-        batch_size=2, cache_dir=str(cache), **kwargs,
-    )  # fmt: skip
+        dataset="json", data_files=str(files), chat_column="messages", cache_dir=str(cache), **settings
+    )
     if tokenizer is not None:
         data.use_tokenizer(tokenizer)
     return data
