@@ -21,6 +21,7 @@ from tests.data.test_data_chat import chat_data, chat_module, chat_tokenizer, pi
 from tests.training.test_one_line_errors import assert_one_line
 from tests.training.test_resume import LossRecorder, StopAt, assert_same_weights
 from training import LitGPT
+from training.fit_summary import FitSummary
 from training.val_score import score_validation
 
 MODEL = dict(vocab_size=300, block_size=32, n_layer=2, n_head=4, n_kv_head=2, n_embd=32)
@@ -71,9 +72,10 @@ def test_the_validation_score_counts_the_assistant_tokens_only(block_size):
     assert scores["chars"] == len(tokenizer.decode(tokens[1:][kept].tolist()))
 
 
-def fit(data, root, max_steps, stop_at=None, ckpt_path=None):
+def fit(data, root, max_steps, stop_at=None, ckpt_path=None, summary=()):
     recorder = LossRecorder()
     callbacks = [
+        *summary,
         recorder,
         ModelCheckpoint(dirpath=root / "checkpoints", save_last=True, every_n_train_steps=1, save_top_k=0),
     ]
@@ -90,13 +92,24 @@ def fit(data, root, max_steps, stop_at=None, ckpt_path=None):
     return module, recorder.losses, trainer.callback_metrics
 
 
-def test_a_resumed_chat_run_equals_the_uninterrupted_one(tmp_path):
+def test_a_resumed_chat_run_equals_the_uninterrupted_one(tmp_path, capsys):
     files = write_rows(tmp_path / "chat.jsonl", pirate_rows(80))
 
     def data():
         return chat_data(files, tmp_path / "cache", chat_tokenizer(), batch_size=4)
 
-    straight, straight_losses, metrics = fit(data(), tmp_path / "straight", 6)
+    straight_data = data()
+    straight, straight_losses, metrics = fit(straight_data, tmp_path / "straight", 6, summary=[FitSummary()])
+    # val/loss and the summary's score: nats per assistant token, over the scored windows / the whole text
+    windows = [straight_data.val_dataloader().dataset[i] for i in range(8)]  # limit_val_batches=2 of 4
+    with torch.no_grad():
+        expected = straight.eval().loss(
+            torch.stack([x for x, _ in windows]), torch.stack([y for _, y in windows])
+        )
+    assert float(metrics["val/loss"]) == pytest.approx(float(expected), rel=1e-5)
+    scored = int(np.asarray(straight_data.val_mask)[1:].sum())
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("validation text"))
+    assert line.startswith("validation text (all of it: ") and f" characters, {scored:,} tokens)" in line
     fit(data(), tmp_path / "parts", 6, stop_at=4)
     resumed, resumed_losses, _ = fit(
         data(), tmp_path / "parts", 6, ckpt_path=tmp_path / "parts/checkpoints/last.ckpt"
