@@ -53,8 +53,11 @@ class FitSummary(L.Callback):
                         {"val/nats_per_char": scores["nats_per_char"], "val/text_bpb": scores["bpb"]}
                     )
         run = shlex.quote(str(Path(trainer.default_root_dir)))
-        prompt = shlex.quote(_sample_prompt(trainer))
-        lines.append(f"sample from it: python generate.py --checkpoint {run} --prompt {prompt}")
+        if getattr(trainer.datamodule, "val_mask", None) is not None:  # fine-tuned on conversations
+            lines.append(f"chat with it: python generate.py --checkpoint {run} --chat")
+        else:
+            prompt = shlex.quote(_sample_prompt(trainer))
+            lines.append(f"sample from it: python generate.py --checkpoint {run} --prompt {prompt}")
         print("\n".join(lines), flush=True)
 
 

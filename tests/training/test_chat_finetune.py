@@ -108,7 +108,9 @@ def test_a_resumed_chat_run_equals_the_uninterrupted_one(tmp_path, capsys):
         )
     assert float(metrics["val/loss"]) == pytest.approx(float(expected), rel=1e-5)
     scored = int(np.asarray(straight_data.val_mask)[1:].sum())
-    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("validation text"))
+    out = capsys.readouterr().out
+    assert f"chat with it: python generate.py --checkpoint {tmp_path / 'straight'} --chat" in out
+    line = next(line for line in out.splitlines() if line.startswith("validation text"))
     assert line.startswith("validation text (all of it: ") and f" characters, {scored:,} tokens)" in line
     fit(data(), tmp_path / "parts", 6, stop_at=4)
     resumed, resumed_losses, _ = fit(
