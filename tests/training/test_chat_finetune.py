@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import json
 
-import lightning as L
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 from data.batches import IGNORE_INDEX, masked_pair
 from model import GPT, ModelConfig
 from tests.data.test_data_chat import chat_data, chat_module, chat_tokenizer, pirate_rows, write_rows  # noqa: F401
 from tests.training.test_one_line_errors import assert_one_line
-from tests.training.test_resume import LossRecorder, StopAt, assert_same_weights
+from tests.training.test_resume import assert_same_weights
+from tests.training.test_resume import fit as resume_fit
 from training import LitGPT
 from training.fit_summary import FitSummary
 from training.val_score import score_validation
@@ -72,24 +71,12 @@ def test_the_validation_score_counts_the_assistant_tokens_only(block_size):
     assert scores["chars"] == len(tokenizer.decode(tokens[1:][kept].tolist()))
 
 
-def fit(data, root, max_steps, stop_at=None, ckpt_path=None, summary=()):
-    recorder = LossRecorder()
-    callbacks = [
-        *summary,
-        recorder,
-        ModelCheckpoint(dirpath=root / "checkpoints", save_last=True, every_n_train_steps=1, save_top_k=0),
-    ]
-    if stop_at is not None:
-        callbacks.append(StopAt(stop_at))
-    trainer = L.Trainer(
-        default_root_dir=root, max_steps=max_steps, max_epochs=-1, accelerator="cpu", devices=1, logger=False,
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=2, val_check_interval=3,
-        num_sanity_val_steps=0, callbacks=callbacks,
-    )  # fmt: skip
+def fit(data, root, max_steps, **kwargs):
+    """test_resume's fit on the chat data, the tiny Llama's vocabulary, validating every 3 steps."""
     torch.manual_seed(0)
     module = LitGPT(**MODEL, warmup_steps=2, learning_rate=3e-3)
-    trainer.fit(module, data, ckpt_path=ckpt_path)
-    return module, recorder.losses, trainer.callback_metrics
+    kwargs |= {"limit_val_batches": 2, "val_check_interval": 3}
+    return resume_fit(None, None, root, max_steps, model=module, data=data, **kwargs)
 
 
 def test_a_resumed_chat_run_equals_the_uninterrupted_one(tmp_path, capsys):
@@ -99,7 +86,8 @@ def test_a_resumed_chat_run_equals_the_uninterrupted_one(tmp_path, capsys):
         return chat_data(files, tmp_path / "cache", chat_tokenizer(), batch_size=4)
 
     straight_data = data()
-    straight, straight_losses, metrics = fit(straight_data, tmp_path / "straight", 6, summary=[FitSummary()])
+    straight, straight_losses = fit(straight_data, tmp_path / "straight", 6, callbacks=[FitSummary()])
+    metrics = straight.trainer.callback_metrics
     # val/loss and the summary's score: nats per assistant token, over the scored windows / the whole text
     windows = [straight_data.val_dataloader().dataset[i] for i in range(8)]  # limit_val_batches=2 of 4
     with torch.no_grad():
@@ -113,7 +101,7 @@ def test_a_resumed_chat_run_equals_the_uninterrupted_one(tmp_path, capsys):
     line = next(line for line in out.splitlines() if line.startswith("validation text"))
     assert line.startswith("validation text (all of it: ") and f" characters, {scored:,} tokens)" in line
     fit(data(), tmp_path / "parts", 6, stop_at=4)
-    resumed, resumed_losses, _ = fit(
+    resumed, resumed_losses = fit(
         data(), tmp_path / "parts", 6, ckpt_path=tmp_path / "parts/checkpoints/last.ckpt"
     )
     assert_same_weights(straight, resumed)
