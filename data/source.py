@@ -93,7 +93,7 @@ class CorpusSource:
         files = _flatten(self.builder_files)
         local = [path for file in files if not is_remote(file) for path in _resolve_local(file)]
         json_files = [path for path in local if path.endswith((".json", ".jsonl", ".json.gz", ".jsonl.gz"))]
-        if self.dataset == "text" and json_files and not self.chat_column:
+        if self.dataset == "text" and json_files:
             raise DataConfigError(
                 f"data.dataset: {json_files[0]} is JSON but data.dataset is 'text', which would train on the raw "
                 "JSON lines; pass --data.dataset json (and --data.text_column if the text is not in 'text')"
