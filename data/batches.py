@@ -20,6 +20,17 @@ from common.errors import UserError
 from data import DataConfigError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+# A target the loss skips (torch's cross_entropy default): for chat, every token the assistant did not write.
+IGNORE_INDEX = -100
+
+
+def masked_pair(window: np.ndarray, mask: np.ndarray | None) -> Batch:
+    """(x, y) of windows (..., T + 1): y is x shifted by one, with IGNORE_INDEX where `mask` (same shape) is 0."""
+    window = torch.from_numpy(window.astype(np.int64))
+    x, y = window[..., :-1], window[..., 1:]
+    if mask is not None:
+        y = y.masked_fill(torch.from_numpy(mask[..., 1:] == 0), IGNORE_INDEX)
+    return x, y
 
 
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:
@@ -79,10 +90,12 @@ class TrainBatches(_MemmapPicklesAsPath, IterableDataset):
         world_size: int = 1,
         start_batch: int = 0,
         num_batches: int | None = None,
+        mask: np.ndarray | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         self.tokens = tokens
+        self.mask = mask  # the assistant's tokens (chat), aligned with `tokens`; None: every target counts
         self.block_size = block_size
         self.batch_size = batch_size
         self.seed = seed
@@ -101,16 +114,18 @@ class TrainBatches(_MemmapPicklesAsPath, IterableDataset):
         self.max_offset = min(block_size - 1, shard_len - 1 - self.windows_per_epoch * block_size)
 
     def batch(self, batch_index: int) -> Batch:
-        """Batch `batch_index` of this rank: x (B, T) and y = x shifted by one, both int64."""
+        """Batch `batch_index` of this rank: x (B, T) and y = x shifted by one, both int64 (see masked_pair)."""
         first = batch_index * self.batch_size
         starts = []
         for position in range(first, first + self.batch_size):
             epoch, index = divmod(position, self.windows_per_epoch)
             offset, order = epoch_order(self.seed, epoch, self.rank, self.windows_per_epoch, self.max_offset)
             starts.append(self.shard_start + offset + int(order[index]) * self.block_size)
-        windows = np.stack([self.tokens[start : start + self.block_size + 1] for start in starts])
-        windows = torch.from_numpy(windows.astype(np.int64))  # (B, T + 1)
-        return windows[:, :-1], windows[:, 1:]
+
+        def windows(stream: np.ndarray) -> np.ndarray:
+            return np.stack([stream[start : start + self.block_size + 1] for start in starts])  # (B, T + 1)
+
+        return masked_pair(windows(self.tokens), None if self.mask is None else windows(self.mask))
 
     def __iter__(self) -> Iterator[Batch]:
         worker = get_worker_info()
@@ -125,8 +140,9 @@ class TrainBatches(_MemmapPicklesAsPath, IterableDataset):
 class ValWindows(_MemmapPicklesAsPath, Dataset):
     """Consecutive non-overlapping (x, y) windows covering the whole stream; the last partial one is dropped."""
 
-    def __init__(self, tokens: np.ndarray, block_size: int) -> None:
+    def __init__(self, tokens: np.ndarray, block_size: int, mask: np.ndarray | None = None) -> None:
         self.tokens = tokens
+        self.mask = mask
         self.block_size = block_size
 
     def __len__(self) -> int:
@@ -135,11 +151,8 @@ class ValWindows(_MemmapPicklesAsPath, Dataset):
     def __getitem__(self, index: int) -> Batch:
         if not 0 <= index < len(self):
             raise IndexError(index)
-        start = index * self.block_size
-        window = torch.from_numpy(
-            self.tokens[start : start + self.block_size + 1].astype(np.int64)
-        )  # (T + 1,)
-        return window[:-1], window[1:]
+        span = slice(index * self.block_size, (index + 1) * self.block_size + 1)
+        return masked_pair(self.tokens[span], None if self.mask is None else self.mask[span])
 
 
 class Loader(DataLoader):

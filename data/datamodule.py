@@ -59,6 +59,10 @@ class TextDataModule(L.LightningDataModule):
             (train, validation). Ignored for a Hub id.
         revision: Hub dataset revision (branch, tag or commit) to pin.
         text_column: Column that holds the text of each document.
+        chat_column: Fine-tune on conversations instead of text: the column holding each row's `messages`
+            (TRL / Hugging Face chat format, [{"role": "system"|"user"|"assistant", "content": ...}, ...]),
+            usually "messages". Each is rendered with the model's chat template (model.init_from) and only the
+            assistant's tokens are targets of the loss (docs/finetune.md). Null: plain text.
         text_sample_by: For the text builder: one document per file ("document", keeps newlines), per
             paragraph or per line.
         vocab_size: Tokenizer size to train (at least 257: 256 bytes plus <|endoftext|>); the model's
@@ -100,11 +104,12 @@ class TextDataModule(L.LightningDataModule):
         num_proc: int | None = None,
         tokenizer_train_docs: int = 10_000,
         val_docs: int = 1000,
+        chat_column: str | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.source = CorpusSource(
-            dataset, dataset_config, data_files, revision, text_column, text_sample_by, streaming
+            dataset, dataset_config, data_files, revision, text_column, text_sample_by, streaming, chat_column
         )
         self.vocab_size = vocab_size
         self.block_size = block_size
@@ -131,6 +136,8 @@ class TextDataModule(L.LightningDataModule):
         self.tokenizer: Tokenizer | None = None
         self.train_tokens: np.ndarray | None = None
         self.val_tokens: np.ndarray | None = None
+        self.train_mask: np.ndarray | None = None  # chat: 1 on the assistant's tokens (data/conversations.py)
+        self.val_mask: np.ndarray | None = None
         self.heldout: frozenset[str] = frozenset()
         self.meta: dict[str, Any] = {}
         self._stream_state: dict[str, Any] = {}  # from the checkpoint, until the loader takes it over
@@ -176,6 +183,10 @@ class TextDataModule(L.LightningDataModule):
         opened = open_folder(self.folder)
         self.tokenizer, self.val_tokens, self.meta = opened.tokenizer, opened.val, opened.meta
         self.train_tokens = getattr(opened, "train", None)  # a TokenCache's; a stream tokenizes as it trains
+        self.train_mask, self.val_mask = (
+            getattr(opened, "train_mask", None),
+            getattr(opened, "val_mask", None),
+        )
         self.heldout = getattr(opened, "heldout", frozenset())  # a StreamFolder's
 
     def _hint(self, text_bytes: int) -> None:
@@ -212,6 +223,7 @@ class TextDataModule(L.LightningDataModule):
             rank=rank,
             world_size=world_size,
             start_batch=start_batch,
+            mask=self.train_mask,
         )
 
     def train_dataloader(self) -> Loader:
@@ -259,7 +271,7 @@ class TextDataModule(L.LightningDataModule):
         assert self.val_tokens is not None
         # Persistent workers: validation runs many times, and restarting workers each time costs seconds.
         return Loader(
-            ValWindows(self.val_tokens, self.block_size),
+            ValWindows(self.val_tokens, self.block_size, self.val_mask),
             batch_size=self.batch_size,
             shuffle=False,
             num_workers=self.num_workers,

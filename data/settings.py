@@ -78,13 +78,24 @@ class PrepareSettings:
         return self.corpus_dir() / f"tokenizer-bpe{self.vocab_size}-{stable_digest(recipe, length=12)}.json"
 
     def known_tokenizer(self) -> Tokenizer | None:
-        """The pretrained model's tokenizer, the one from `tokenizer_path`, the one trained here earlier, or None."""
+        """The pretrained model's tokenizer, the one from `tokenizer_path`, the one trained here earlier, or None.
+
+        Conversations are rendered with a chat template, so for chat it is one that has a template.
+        """
         if self.pretrained_tokenizer is not None:
-            return self.pretrained_tokenizer
-        if self.tokenizer_path is not None:
-            return load_tokenizer_setting(self.tokenizer_path, self.vocab_size)
-        trained = self.trained_tokenizer_file()
-        return Tokenizer.from_file(trained) if trained.is_file() else None
+            tokenizer = self.pretrained_tokenizer
+        elif self.tokenizer_path is not None:
+            tokenizer = load_tokenizer_setting(self.tokenizer_path, self.vocab_size)
+        else:
+            trained = self.trained_tokenizer_file()
+            tokenizer = Tokenizer.from_file(trained) if trained.is_file() else None
+        if self.source.chat_column and (tokenizer is None or tokenizer.chat_template is None):
+            what = "a BPE trained here has" if tokenizer is None else "this model's tokenizer has"
+            raise DataConfigError(
+                f"data.chat_column: conversations are rendered with the model's chat template, and {what} none; "
+                "set model.init_from to a chat model (an Instruct one, such as SmolLM2-135M-Instruct)"
+            )
+        return tokenizer
 
     def num_procs(self, total_bytes: int) -> int:
         """`num_proc`, or for None one process per ~4 MB of text, up to min(8, CPUs)."""

@@ -47,6 +47,16 @@ class CorpusSource:
     text_column: str = "text"
     text_sample_by: SampleBy = "document"
     streaming: bool = False
+    chat_column: str | None = None  # conversations instead of text (data/conversations.py)
+
+    @property
+    def column(self) -> str:
+        """The column the documents are read from: the conversations' when chatting, else the text's."""
+        return self.chat_column or self.text_column
+
+    @property
+    def column_key(self) -> str:
+        return "data.chat_column" if self.chat_column else "data.text_column"
 
     @property
     def uses_builder(self) -> bool:
@@ -69,6 +79,16 @@ class CorpusSource:
         if self.uses_builder and not self.builder_files:
             raise DataConfigError(
                 f"data.data_files: the '{self.dataset}' builder needs data files; pass a local path or URL"
+            )
+        if self.chat_column and self.streaming:
+            raise DataConfigError(
+                "data.streaming: chat fine-tuning (data.chat_column) reads a token cache, not a stream; "
+                "set data.streaming false"
+            )
+        if self.chat_column and self.dataset == "text":
+            raise DataConfigError(
+                "data.dataset: conversations (data.chat_column) are rows of JSON lines or a Hub dataset, not "
+                "plain text; set data.dataset json"
             )
         files = _flatten(self.builder_files)
         local = [path for file in files if not is_remote(file) for path in _resolve_local(file)]
@@ -114,6 +134,8 @@ class CorpusSource:
             "text_column": self.text_column,
             "text_sample_by": self.text_sample_by if self.dataset == "text" else None,
             "streaming": self.streaming,
+            # A chat cache holds masks: never reused for text, nor back (text caches keep their old keys).
+            **({"chat_column": self.chat_column} if self.chat_column else {}),
         }
 
     def load(self) -> tuple[Any, Any | None]:
@@ -159,10 +181,10 @@ class CorpusSource:
             columns = list(next(iter(split), {}).keys())
         if not columns:
             raise DataConfigError(f"{self.key}: the corpus is empty (no rows); point it at a file with text")
-        if self.text_column not in columns:
+        if self.column not in columns:
             raise DataConfigError(
-                f"data.text_column: no column '{self.text_column}' in the corpus; "
-                f"set data.text_column to one of {columns}"
+                f"{self.column_key}: no column '{self.column}' in the corpus; "
+                f"set {self.column_key} to one of {columns}"
             )
 
     def _load_error(self, error: Exception) -> DataConfigError:

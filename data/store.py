@@ -56,12 +56,13 @@ def prepare_tokens(settings: PrepareSettings, before_tokenizing: Callable[[int],
     found = find_tokens(settings)
     if found is not None:
         return found
-    from data.tokenize_parts import plan_parts, tokenize_parts, tokenizer_sample
+    from data.tokenize_parts import mask_name, plan_parts, tokenize_parts, tokenizer_sample
 
     corpus_dir = settings.make_corpus_dir()
     source = settings.source
+    chat = source.chat_column is not None
     train_docs, val_docs = source.load()
-    plan = plan_parts(train_docs, val_docs, source.text_column, source.key, settings.val_fraction)
+    plan = plan_parts(train_docs, val_docs, source.column, source.key, settings.val_fraction, chat)
     tokenizer = settings.known_tokenizer()
     if tokenizer is None:
         tokenizer = Tokenizer.train(tokenizer_sample(plan.train, source.text_column), settings.vocab_size)
@@ -74,14 +75,16 @@ def prepare_tokens(settings: PrepareSettings, before_tokenizing: Callable[[int],
     if before_tokenizing is not None:
         before_tokenizing(sum(part.text_bytes for part in parts if not (building / part.name).is_file()))
     procs = settings.num_procs(sum(part.text_bytes for part in parts))
-    tokenize_parts(parts, tokenizer, source.text_column, building, token_dtype(tokenizer.vocab_size), procs)
+    dtype = token_dtype(tokenizer.vocab_size)
+    tokenize_parts(parts, tokenizer, source.column, building, dtype, procs, chat)
     names = {"train": [part.name for part in plan.train], "val": [part.name for part in plan.val]}
     details = {
         "val_source": plan.val_source,
         "corpus": source.identity(),
         "val_fraction": settings.val_fraction,
     }
-    meta = finish_token_folder(building, tokenizer, names, details)
+    masks = {split: [mask_name(name) for name in files] for split, files in names.items()} if chat else None
+    meta = finish_token_folder(building, tokenizer, names, details, masks)
     try:
         building.rename(final)
     except OSError:
@@ -199,40 +202,61 @@ def write_meta(folder: Path, tokenizer: Tokenizer, val: dict[str, int], details:
 
 
 def finish_token_folder(
-    folder: Path, tokenizer: Tokenizer, parts: dict[str, list[str]], details: dict[str, Any]
+    folder: Path,
+    tokenizer: Tokenizer,
+    parts: dict[str, list[str]],
+    details: dict[str, Any],
+    masks: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
-    """meta.json for the part files: their names, token/byte/char counts and the bytes per token for val/bpb."""
+    """meta.json for the part files: their names, token/byte/char counts and the bytes per token for val/bpb.
+
+    With assistant `masks` (chat) the counts are of the assistant's tokens, the only ones the loss scores.
+    """
     dtype = token_dtype(tokenizer.vocab_size)
-    stats = {
-        split: stream_stats(TokenParts([folder / name for name in names], dtype), tokenizer.token_bytes())
-        for split, names in parts.items()
-    }
+    stats = {}
+    for split, names in parts.items():
+        tokens = TokenParts([folder / name for name in names], dtype)
+        if masks is not None:
+            tokens = np.asarray(tokens)[np.asarray(_open_masks(folder, masks[split])) != 0]
+        stats[split] = stream_stats(tokens, tokenizer.token_bytes())
     details = {**details, "parts": parts, "format": FORMAT_VERSION, "train": stats["train"]}
+    if masks is not None:
+        details["masks"] = masks
     return write_meta(folder, tokenizer, stats["val"], details)
 
 
 @dataclass(frozen=True)
 class TokenCache:
-    """An opened cache folder: memory-mapped token streams, their tokenizer and meta.json."""
+    """An opened cache folder: memory-mapped token streams, their tokenizer and meta.json; for chat, the
+    assistant masks (one uint8 per token, 1 where the loss counts the token as a target), else None."""
 
     folder: Path
     train: TokenParts
     val: TokenParts
     tokenizer: Tokenizer
     meta: dict[str, Any]
+    train_mask: TokenParts | None = None
+    val_mask: TokenParts | None = None
 
 
 def open_token_cache(folder: Path) -> TokenCache:
     """Memory-map a complete cache folder read-only."""
     meta = read_meta(folder)
     dtype = np.dtype(meta["dtype"])
+    masks = meta.get("masks")
     return TokenCache(
         folder=folder,
         train=TokenParts([folder / name for name in meta["parts"]["train"]], dtype),
         val=TokenParts([folder / name for name in meta["parts"]["val"]], dtype),
         tokenizer=Tokenizer.from_file(folder / TOKENIZER_FILE),
         meta=meta,
+        train_mask=None if masks is None else _open_masks(folder, masks["train"]),
+        val_mask=None if masks is None else _open_masks(folder, masks["val"]),
     )
+
+
+def _open_masks(folder: Path, names: list[str]) -> TokenParts:
+    return TokenParts([folder / name for name in names], np.dtype(np.uint8))
 
 
 def sweep_data_cache(cache_dir: Path, say: Callable[[str], None]) -> list[Path]:

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,8 @@ from datasets import Dataset
 
 from common.files import temp_path_for
 from data import DataConfigError
-from data.segments import encode_segments, find_char_cut, segment_batch
+from data.conversations import conversation_sizes, encode_conversation
+from data.segments import CharCut, encode_segments, find_char_cut, segment_batch
 from data.tokenizer import Tokenizer
 
 PART_BYTES = 64 << 20
@@ -84,26 +85,41 @@ class Plan:
 
 
 def plan_parts(
-    train_docs: Dataset, val_docs: Dataset | None, column: str, corpus_key: str, val_fraction: float
+    train_docs: Dataset,
+    val_docs: Dataset | None,
+    column: str,
+    corpus_key: str,
+    val_fraction: float,
+    chat: bool = False,
 ) -> Plan:
-    """Cut both splits into parts; raises a one-line error for a corpus without text or a too-large hold-out."""
+    """Cut both splits into parts; raises a one-line error for a corpus without text or a too-large hold-out.
+
+    With `chat` the rows are conversations, held out whole: a cut inside one would part its turns.
+    """
+    lengths = _conversation_lengths if chat else document_lengths
     train_docs = train_docs.select_columns([column])
-    chars, sizes = document_lengths(train_docs, column)
+    chars, sizes = lengths(train_docs, column)
     if not chars.sum():
         raise DataConfigError(
             f"{corpus_key}: the corpus has no text in column '{column}'; point it at real text"
         )
     if val_docs is not None:
         val_docs = val_docs.select_columns([column])
-        _, val_sizes = document_lengths(val_docs, column)
+        _, val_sizes = lengths(val_docs, column)
         train = _split_parts("train", train_docs, sizes, None, 0, len(train_docs), 0, -1, None)
         val = _split_parts("val", val_docs, val_sizes, None, 0, len(val_docs), 0, -1, None)
         return Plan(train, val, "the dataset's validation split")
     cut = find_char_cut(chars, val_fraction)
+    if chat:
+        cut = CharCut(min(cut.row + (cut.offset > 0), len(train_docs) - 1), 0)
     if cut.row == 0 and cut.offset == 0:
         raise DataConfigError(
             f"data.val_fraction: {val_fraction} holds out all of the text; use a smaller value"
         )
+    if chat:
+        train = _split_parts("train", train_docs, sizes, None, 0, cut.row, 0, -1, None)
+        val = _split_parts("val", train_docs, sizes, None, cut.row, len(train_docs), 0, -1, None)
+        return Plan(train, val, f"the last {val_fraction:g} of the train split's conversations")
     train = _split_parts("train", train_docs, sizes, chars, 0, cut.row + 1, 0, cut.row, cut.offset)
     val = _split_parts("val", train_docs, sizes, chars, cut.row, len(train_docs), cut.offset, -1, None)
     return Plan(train, val, f"the last {val_fraction:g} of the train split's characters")
@@ -118,6 +134,11 @@ def document_lengths(docs: Dataset, column: str) -> tuple[np.ndarray, np.ndarray
     if not chars:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     return np.concatenate(chars).astype(np.int64), np.concatenate(sizes).astype(np.int64)
+
+
+def _conversation_lengths(docs: Dataset, column: str) -> tuple[np.ndarray, np.ndarray]:
+    sizes = conversation_sizes(docs[column])
+    return sizes, sizes
 
 
 def _split_parts(
@@ -188,10 +209,21 @@ REPORT_EVERY_S = 2.0
 _shared: dict[str, Any] = {}  # what the forked processes inherit: the byte counter, tokenizer and settings
 
 
+def mask_name(part_name: str) -> str:
+    """The assistant-mask file beside a chat part: one uint8 per token, 1 where the assistant wrote it."""
+    return f"{part_name}.mask"
+
+
 def tokenize_parts(
-    parts: list[Part], tokenizer: Tokenizer, column: str, out_dir: Path, dtype: np.dtype, num_proc: int
+    parts: list[Part],
+    tokenizer: Tokenizer,
+    column: str,
+    out_dir: Path,
+    dtype: np.dtype,
+    num_proc: int,
+    chat: bool = False,
 ) -> None:
-    """Write every part of `parts` missing from `out_dir`; prints progress to stderr."""
+    """Write every part of `parts` missing from `out_dir` (with `chat`, its mask too); progress on stderr."""
     todo = [part for part in parts if not (out_dir / part.name).is_file()]
     if not todo:
         return
@@ -200,7 +232,9 @@ def tokenize_parts(
     procs = max(1, min(num_proc, len(todo)))
     context = multiprocessing.get_context("fork" if sys.platform != "win32" else "spawn")
     counter = context.Value("q", 0)
-    _shared.update(counter=counter, tokenizer=tokenizer, column=column, out_dir=out_dir, dtype=dtype)
+    _shared.update(
+        counter=counter, tokenizer=tokenizer, column=column, out_dir=out_dir, dtype=dtype, chat=chat
+    )
     progress = Progress(total, f"tokenizing {len(todo)} parts ({kept} kept from an earlier run)", counter)
     if procs == 1:
         for part in todo:
@@ -219,18 +253,47 @@ def tokenize_parts(
 
 def _tokenize_part(part: Part) -> None:
     out_dir: Path = _shared["out_dir"]
-    temp = temp_path_for(out_dir.parent / f"{out_dir.name}-{part.name}")  # beside the folder, not in it
+    names = [part.name, mask_name(part.name)] if _shared["chat"] else [part.name]
+    # Beside the folder, not in it; the mask is published first, so a part's token file implies its mask.
+    temps = [temp_path_for(out_dir.parent / f"{out_dir.name}-{name}") for name in names]
     try:
-        with open(temp, "wb") as file:
+        with (
+            open(temps[0], "wb") as file,
+            open(temps[1], "wb") if len(temps) > 1 else nullcontext() as mask_file,
+        ):
             for start, stop in part.chunks():
-                segments = part.read(start, stop, _shared["column"])
-                for ids in encode_segments(_shared["tokenizer"], segments):
+                pieces, text_bytes = _encode_chunk(part, start, stop)
+                for ids, mask in pieces:
                     np.asarray(ids, dtype=_shared["dtype"]).tofile(file)
+                    if mask is not None:
+                        np.asarray(mask, dtype=np.uint8).tofile(mask_file)
                 with _shared["counter"].get_lock():
-                    _shared["counter"].value += sum(len(text.encode("utf-8")) for text in segments["text"])
-        os.replace(temp, out_dir / part.name)
+                    _shared["counter"].value += text_bytes
+        for temp, name in reversed(list(zip(temps, names, strict=True))):
+            os.replace(temp, out_dir / name)
     finally:
-        temp.unlink(missing_ok=True)
+        for temp in temps:
+            temp.unlink(missing_ok=True)
+
+
+def _encode_chunk(part: Part, start: int, stop: int) -> tuple[list[tuple[list[int], list[int] | None]], int]:
+    """(ids, assistant mask or None) of each document of rows [start, stop), and the bytes of text they hold.
+
+    Conversations are packed like text documents: one EOS (not the assistant's) before each but the first.
+    """
+    tokenizer, column = _shared["tokenizer"], _shared["column"]
+    if not _shared["chat"]:
+        segments = part.read(start, stop, column)
+        text_bytes = sum(len(text.encode("utf-8")) for text in segments["text"])
+        return [(ids, None) for ids in encode_segments(tokenizer, segments)], text_bytes
+    rows = part.docs[start:stop][column]
+    pieces = []
+    for row, messages in enumerate(rows, start):
+        where = f"data.chat_column: row {row} of the {part.docs.split or 'train'} split"
+        ids, mask = encode_conversation(tokenizer, messages, where)
+        first = row == part.split_start
+        pieces.append(([*([] if first else [tokenizer.eos_id]), *ids], [*([] if first else [0]), *mask]))
+    return pieces, int(conversation_sizes(rows).sum())
 
 
 def _exit_with_parent(parent_pid: int) -> None:

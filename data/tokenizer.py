@@ -222,6 +222,11 @@ class Tokenizer:
         """
         return self._with_bos(self._backend.encode(text, add_special_tokens=False).ids, add_bos)
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids of `text` (no BOS added: rendered chat text carries its own) and each token's character span."""
+        encoding = self._backend.encode(text, add_special_tokens=False)
+        return encoding.ids, encoding.offsets
+
     def encode_batch(self, texts: Sequence[str], add_bos: bool | None = None) -> list[list[int]]:
         """Token ids of many texts at once (parallel inside `tokenizers`, no offsets computed)."""
         return [

@@ -53,8 +53,11 @@ class FitSummary(L.Callback):
                         {"val/nats_per_char": scores["nats_per_char"], "val/text_bpb": scores["bpb"]}
                     )
         run = shlex.quote(str(Path(trainer.default_root_dir)))
-        prompt = shlex.quote(_sample_prompt(trainer))
-        lines.append(f"sample from it: python generate.py --checkpoint {run} --prompt {prompt}")
+        if getattr(trainer.datamodule, "val_mask", None) is not None:  # fine-tuned on conversations
+            lines.append(f"chat with it: python generate.py --checkpoint {run} --chat")
+        else:
+            prompt = shlex.quote(_sample_prompt(trainer))
+            lines.append(f"sample from it: python generate.py --checkpoint {run} --prompt {prompt}")
         print("\n".join(lines), flush=True)
 
 
@@ -81,9 +84,11 @@ def _score(trainer: L.Trainer, pl_module: L.LightningModule, max_tokens: int) ->
     was_training = pl_module.training
     pl_module.eval()
     try:
+        mask = getattr(datamodule, "val_mask", None)  # chat: the assistant's tokens only
         scores = score_validation(
             pl_module.model, tokenizer, tokens[:scored], datamodule.block_size,
             progress=_tenths() if trainer.is_global_zero else None,
+            mask=None if mask is None else mask[:scored],
         )  # fmt: skip
     finally:
         pl_module.train(was_training)

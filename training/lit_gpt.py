@@ -14,6 +14,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from checkpoints.format import META_KEY, checkpoint_metadata, stored_skipped_batches
 from common.errors import UserError
+from data.batches import IGNORE_INDEX
 from model import GPT, ModelConfig
 
 from .schedule import Schedule, adamw_param_groups, lr_multiplier, schedule_change_note
@@ -132,9 +133,12 @@ class LitGPT(L.LightningModule):
         rank_zero_info(f"init_from: weights of {loaded.source}")
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy in nats per token."""
+        """Mean cross-entropy in nats per scored token: targets equal to IGNORE_INDEX (for chat, the tokens the
+        assistant did not write) are skipped; a batch with none scores 0 rather than 0 / 0."""
         logits = self.model(x)
-        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+        targets = y.flatten()
+        total = F.cross_entropy(logits.flatten(0, 1).float(), targets, reduction="sum")
+        return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor | None:
         loss = self.loss(*batch)
@@ -176,10 +180,12 @@ class LitGPT(L.LightningModule):
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         loss = self.loss(*batch)
-        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
+        # Weighted by the targets scored, so the epoch's value is nats per scored token, not a mean of batches.
+        scored = max(1, int((batch[1] != IGNORE_INDEX).sum()))
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=scored)
         bytes_per_token = getattr(self.trainer.datamodule, "bytes_per_token", None)
         if bytes_per_token:  # bits per byte lets runs with different tokenizers be compared
-            self.log("val/bpb", loss / math.log(2) / bytes_per_token, sync_dist=True)
+            self.log("val/bpb", loss / math.log(2) / bytes_per_token, sync_dist=True, batch_size=scored)
 
     def make_optimizer(self) -> torch.optim.AdamW:
         """AdamW with weight decay on matrices only, using the fused kernel where the device has one."""

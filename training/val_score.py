@@ -15,6 +15,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from data.batches import IGNORE_INDEX
+
 # float32 logits held at once: windows x block_size x vocabulary x 4 bytes. A fixed 64 windows of gpt2-small
 # (1024 x 50304) would be 13 GB, twice that with the softmax, at the end of a long run.
 LOGITS_BUDGET_BYTES = 256 * 2**20
@@ -33,9 +35,11 @@ def score_validation(
     block_size: int,
     batch_size: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    mask=None,
 ) -> dict[str, float]:
     """Total nats over every token of `tokens` (an array, or what np.asarray reads: the token cache's parts) but
-    the first: per token, per character, per byte.
+    the first: per token, per character, per byte. With `mask` (chat: 1 on the assistant's tokens, aligned with
+    `tokens`) only the masked tokens count, as targets and as characters.
 
     `batch_size` windows per forward; None: as many as `windows_per_batch` allows. `progress(done, total)`
     is called after each forward with the windows scored so far.
@@ -43,9 +47,11 @@ def score_validation(
     device = next(model.parameters()).device
     batch_size = batch_size or windows_per_batch(block_size, model.config.vocab_size)
     ids = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
+    keep = torch.ones(len(ids), dtype=torch.bool) if mask is None else torch.from_numpy(np.asarray(mask) != 0)
+    targets = ids.masked_fill(~keep, IGNORE_INDEX)
     full = (len(ids) - 1) // block_size
     x = ids[: full * block_size].view(full, block_size)
-    y = ids[1 : full * block_size + 1].view(full, block_size)
+    y = targets[1 : full * block_size + 1].view(full, block_size)
     nats = 0.0
     for start in range(0, full, batch_size):
         logits = model(x[start : start + batch_size].to(device)).flatten(0, 1).float()
@@ -55,13 +61,14 @@ def score_validation(
             progress(min(start + batch_size, full), full)
     tail = ids[full * block_size :].to(device)
     if len(tail) > 1:
-        nats += F.cross_entropy(model(tail[None, :-1])[0].float(), tail[1:], reduction="sum").item()
-    count = len(ids) - 1
-    text = tokenizer.decode(ids[1:].tolist())
+        tail_targets = targets[full * block_size + 1 :].to(device)
+        nats += F.cross_entropy(model(tail[None, :-1])[0].float(), tail_targets, reduction="sum").item()
+    count = int(keep[1:].sum())
+    text = tokenizer.decode(ids[1:][keep[1:]].tolist())
     return {
-        "nats_per_token": nats / count,
-        "nats_per_char": nats / len(text),
-        "bpb": nats / math.log(2) / len(text.encode("utf-8")),
+        "nats_per_token": nats / max(1, count),
+        "nats_per_char": nats / max(1, len(text)),
+        "bpb": nats / math.log(2) / max(1, len(text.encode("utf-8"))),
         "chars": len(text),
         "tokens": count,
     }

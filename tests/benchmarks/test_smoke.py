@@ -128,6 +128,21 @@ def test_finetune(tmp_path, ckpt, corpus, data_cache):
 
 
 @pytest.mark.slow
+def test_finetune_sft(tmp_path, data_cache):
+    from tests.data.test_data_chat import pirate_rows, write_rows
+    from tests.interop.conftest import save_llama
+
+    save_llama(pytest.importorskip("transformers"), tmp_path / "llama", shard=False)  # has a chat template
+    chat = write_rows(tmp_path / "chat.jsonl", pirate_rows(40))  # its template takes no system turns
+    out = run_benchmark(tmp_path, "finetune", "--sft", "--budget_s", "1", "--init_from", str(tmp_path / "llama"),
+                        "--data.block_size", "32", "--data.data_files", str(chat), "--data.cache_dir",
+                        str(data_cache), "--threads", "1")  # fmt: skip
+    assert (
+        "nats/assistant token" in out and "fine-tuned reply to 'What is 9 plus 14?'" in out and "gain:" in out
+    )
+
+
+@pytest.mark.slow
 def test_attention(tmp_path):
     out = run_benchmark(tmp_path, "attention", "--seq_lens", "32", "--repeats", "1", "--flash_max_t", "32")
     assert "expl/sdpa time" in out and "scores MiB = size" in out

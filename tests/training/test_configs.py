@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -75,7 +76,8 @@ def _smollm2_gguf() -> str:
 @dataclass
 class Case:
     overrides: list[str]
-    hub_stand_in: str | None = None  # "parquet" (train + validation files) or "json" (train only)
+    # "parquet" (train + validation files) or "json" (train only); "shipped": the YAML's own data_files
+    hub_stand_in: str | None = None
     extra: list[str] = field(default_factory=list)
 
 
@@ -120,6 +122,11 @@ CASES = {
     "finetune-smollm2": Case(
         ["--model.init_from", _smollm2_gguf(), "--trainer.val_check_interval", "2", *GPU[2:]],
         extra=["--data.val_fraction", "0.01"],
+    ),
+    # The recipe's own conversations, copied to where its relative data_files finds them from the test's cwd.
+    "sft-smollm2": Case(
+        ["--model.init_from", _smollm2_gguf(), "--trainer.val_check_interval", "2", *GPU[2:]],
+        hub_stand_in="shipped",
     ),
 }
 # tiny.yaml runs once for the whole suite (tests/conftest.py tiny_run); these are that run's overrides.
@@ -175,7 +182,11 @@ def config_run(corpus, tmp_path_factory):
         case, shipped = CASES[name], flatten(yaml.safe_load((CONFIGS / f"{name}.yaml").read_text()))
         work = tmp_path_factory.mktemp(name)
         data_args = ["--data.data_files", str(corpus)]
-        if case.hub_stand_in:
+        if case.hub_stand_in == "shipped":
+            (work / shipped["data.data_files"]).parent.mkdir(parents=True)
+            shutil.copy(ROOT / shipped["data.data_files"], work / shipped["data.data_files"])
+            data_args = []
+        elif case.hub_stand_in:
             paragraphs = corpus.read_text(encoding="utf-8").split("\n\n")[:600]
             write_hub_stand_in(work, shipped["data.dataset"], case.hub_stand_in, paragraphs)
             data_args = []  # data.dataset stays the Hub id of the YAML; the cwd holds the stand-in

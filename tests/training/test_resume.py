@@ -47,8 +47,22 @@ class NaNAt(LitGPT):
         return loss * float("nan") if self.trainer.global_step == self.bad_step else loss
 
 
-def fit(corpus, cache, root, max_steps, stop_at=None, ckpt_path=None, model=None, callbacks=()):
-    """One fit() call with a checkpoint every step; returns (module, recorded losses)."""
+def fit(
+    corpus,
+    cache,
+    root,
+    max_steps,
+    stop_at=None,
+    ckpt_path=None,
+    model=None,
+    callbacks=(),
+    data=None,
+    **trainer,
+):
+    """One fit() call with a checkpoint every step; returns (module, recorded losses).
+
+    `data` replaces the text data module of `corpus`; `trainer` overrides Trainer arguments (validation is off).
+    """
     recorder = LossRecorder()
     callbacks = [
         recorder,
@@ -57,12 +71,12 @@ def fit(corpus, cache, root, max_steps, stop_at=None, ckpt_path=None, model=None
     ]
     if stop_at is not None:
         callbacks.append(StopAt(stop_at))
-    trainer = L.Trainer(
-        default_root_dir=root, max_steps=max_steps, max_epochs=-1, accelerator="cpu", devices=1, logger=False,
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-        gradient_clip_val=1.0, callbacks=callbacks,
-    )  # fmt: skip
-    data = TextDataModule(
+    trainer = L.Trainer(**{
+        "default_root_dir": root, "max_steps": max_steps, "max_epochs": -1, "accelerator": "cpu", "devices": 1,
+        "logger": False, "enable_progress_bar": False, "enable_model_summary": False, "limit_val_batches": 0,
+        "num_sanity_val_steps": 0, "gradient_clip_val": 1.0, "callbacks": callbacks, **trainer,
+    })  # fmt: skip
+    data = data or TextDataModule(
         data_files=str(corpus), cache_dir=str(cache), vocab_size=384, block_size=32, batch_size=8
     )
     torch.manual_seed(0)  # the same initial weights in every run
