@@ -3,6 +3,7 @@ train/* history that survives kill -9 (carried in every checkpoint, re-logged by
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -10,6 +11,8 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
+
+from checkpoints.run_dir import RunDir
 
 from .wandb_history import steps_with
 from .wandb_setup import record_wandb_run_id
@@ -41,6 +44,7 @@ class RunWandbLogger(WandbLogger):
                 silent=offline, quiet=True, show_colors=sys.stderr.isatty()
             )
         self.segment: Path | None = None  # the offline run folder this process created, if any
+        self._links_before: dict[str, str] = {}  # wandb/'s links (latest-run, debug.log) before this segment
         self._trainer = None
         self._finished = False
         self._sync_hint: str | None = None  # printed with the first metrics (see experiment)
@@ -109,6 +113,7 @@ class RunWandbLogger(WandbLogger):
             self._experiment.finish()
         shutil.rmtree(self.segment, ignore_errors=True)
         self._experiment, self.segment = None, None
+        _restore_links(RunDir(Path(self._save_dir)).wandb, self._links_before)
 
     @property
     def experiment(self):
@@ -116,6 +121,7 @@ class RunWandbLogger(WandbLogger):
         created = self._experiment is None
         if created and self._save_dir:
             Path(self._save_dir).mkdir(parents=True, exist_ok=True)  # wandb warns about a missing folder
+            self._links_before = _links(RunDir(Path(self._save_dir)).wandb)
         run = super().experiment
         if created and self._save_dir and getattr(run, "id", None):
             record_wandb_run_id(Path(self._save_dir), run.id)
@@ -126,6 +132,23 @@ class RunWandbLogger(WandbLogger):
             # (its setup hook does so first) has nothing to upload, and its segment is removed.
             self._sync_hint = f"wandb: no credentials (or WANDB_MODE=offline): logging offline. Upload later with: wandb sync {folder}"
         return run
+
+
+def _links(folder: Path) -> dict[str, str]:
+    """{name: target} of the symbolic links directly in `folder` (wandb points them at the newest segment)."""
+    if not folder.is_dir():
+        return {}
+    return {path.name: os.readlink(path) for path in folder.iterdir() if path.is_symlink()}
+
+
+def _restore_links(folder: Path, links: dict[str, str]) -> None:
+    """Make `folder`'s links `links` again: a discarded segment's would dangle, pointing at nothing."""
+    for name, target in _links(folder).items():
+        if links.get(name) != target:
+            (folder / name).unlink()
+    for name, target in links.items():
+        if not (folder / name).is_symlink():
+            (folder / name).symlink_to(target)
 
 
 class TrainHistoryInCheckpoint(L.Callback):
