@@ -1,5 +1,6 @@
 """The project's WandbLogger: no deprecated `anonymous` setting, the offline notice once the run exists, and
-train/* history that survives kill -9 (carried in every checkpoint, re-logged by the resume where it was lost)."""
+train/* and val/* history that survives kill -9 (carried in every checkpoint, re-logged by the resume where it
+was lost)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
 from checkpoints.run_dir import RunDir
 
-from .wandb_history import steps_with
+from .wandb_history import held_rows
 from .wandb_setup import record_wandb_run_id
 
 TRAIN_PREFIX = "train/"
-HISTORY_KEY = "train_history"  # in the checkpoint: [[step, {key: value}], ...] of every train/* row logged
+KEPT_PREFIXES = (TRAIN_PREFIX, "val/")  # the scalar curves a resume gives back; media are not carried
+# In the checkpoint: [[step, {key: value}], ...] of every row with a KEPT_PREFIXES key (the name predates val/*).
+HISTORY_KEY = "train_history"
 
 
 class RunWandbLogger(WandbLogger):
@@ -48,7 +51,7 @@ class RunWandbLogger(WandbLogger):
         self._trainer = None
         self._finished = False
         self._sync_hint: str | None = None  # printed with the first metrics (see experiment)
-        self.train_rows: dict[int, dict] = {}  # step -> the train/* row logged there, for the checkpoints
+        self.train_rows: dict[int, dict] = {}  # step -> the train/* and val/* values logged there
         self._restored = False  # rows came from a checkpoint: re-log those no segment file holds
 
     def follow(self, trainer) -> None:
@@ -69,7 +72,7 @@ class RunWandbLogger(WandbLogger):
             step = self._trainer.global_step
             if self._restored:
                 self._relog_lost()
-            if any(key.startswith(TRAIN_PREFIX) for key in metrics):
+            if any(key.startswith(KEPT_PREFIXES) for key in metrics):
                 self.train_rows.setdefault(step, {}).update(
                     {key: float(value) for key, value in metrics.items()}
                 )
@@ -84,13 +87,18 @@ class RunWandbLogger(WandbLogger):
         # A killed segment's file ends at its last whole block: the rows after it were never written. They are
         # logged again here, at their own steps, before this segment logs anything newer.
         self._restored = False
-        held = steps_with(Path(self._save_dir), TRAIN_PREFIX) if self._save_dir else set()
-        lost = [step for step in sorted(self.train_rows) if step not in held]
-        for step in lost:
-            super().log_metrics(self.train_rows[step], step)
+        held = held_rows(Path(self._save_dir), KEPT_PREFIXES) if self._save_dir else set()
+        lost = 0
+        for step, row in sorted(self.train_rows.items()):
+            missing = {key for key in row if _kept(key) and (step, _kept(key)) not in held}
+            if missing:
+                lost += 1
+                super().log_metrics(
+                    {key: v for key, v in row.items() if key in missing or key == "epoch"}, step
+                )
         if lost:
             rank_zero_info(
-                f"wandb: re-logged the train/* rows of {len(lost)} step(s) a killed run had not written"
+                f"wandb: re-logged the train/* and val/* rows of {lost} step(s) a killed run had not written"
             )
 
     def finalize(self, status: str) -> None:
@@ -132,6 +140,11 @@ class RunWandbLogger(WandbLogger):
             # (its setup hook does so first) has nothing to upload, and its segment is removed.
             self._sync_hint = f"wandb: no credentials (or WANDB_MODE=offline): logging offline. Upload later with: wandb sync {folder}"
         return run
+
+
+def _kept(key: str) -> str | None:
+    """The one of KEPT_PREFIXES that `key` starts with, or None."""
+    return next((prefix for prefix in KEPT_PREFIXES if key.startswith(prefix)), None)
 
 
 def _links(folder: Path) -> dict[str, str]:
