@@ -9,15 +9,14 @@ of it, as usual. The checkpoint is the newest resumable one (checkpoints.choice)
 from __future__ import annotations
 
 import sys
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from common.errors import UserError, first_line
+from common.errors import UserError
 
 from .choice import Wording, choose_checkpoint
 from .errors import CheckpointError
-from .format import load_checkpoint, read_checkpoint, sharded_contents
+from .format import loaded_from, read_checkpoint, sharded_contents
 from .run_dir import RunDir, is_sharded_checkpoint
 
 CKPT_FLAG = "--ckpt_path"
@@ -34,8 +33,8 @@ RESUMING = Wording(
 def check_resumable(path: Path) -> None:
     """Raise CheckpointError unless `path` is intact, ours, and holds what resuming needs.
 
-    A file's zip CRCs are checked and its weights loaded. A sharded folder's weights and optimizer states stay in
-    its shard files, unread: the index must name both and every shard file must be there.
+    A file's zip CRCs are checked (checkpoints.format) and its weights loaded. A sharded folder's weights and
+    optimizer states stay in its shard files, unread: the index must name both and every shard file must be there.
     """
     sharded = is_sharded_checkpoint(path)
     if sharded:  # the index must name the weights and optimizer states kept in the shard files
@@ -43,25 +42,13 @@ def check_resumable(path: Path) -> None:
         not_in_shards = [key for key in ("state_dict", "optimizer_0") if key not in held]
         needed = [key for key in RESUME_KEYS if key not in ("state_dict", "optimizer_states")]
     else:
-        _check_zip(path)
         not_in_shards, needed = [], list(RESUME_KEYS)
     ckpt, _ = read_checkpoint(path)
     missing = [key for key in needed if key not in ckpt] + not_in_shards
     if missing:
         raise CheckpointError(f"{path}: lacks {', '.join(missing)}; it cannot resume training")
-    del ckpt
-    if not sharded:  # our format's own checks: metadata, tokenizer digest, weights that fit the config
-        load_checkpoint(path)
-
-
-def _check_zip(path: Path) -> None:
-    try:  # torch.load does not check the CRCs: flipped bytes load silently
-        with zipfile.ZipFile(path) as archive:
-            bad_member = archive.testzip()
-    except (zipfile.BadZipFile, OSError) as err:
-        raise CheckpointError(f"{path}: not a complete checkpoint ({first_line(err)})") from err
-    if bad_member is not None:
-        raise CheckpointError(f"{path}: checksum mismatch in {bad_member}; the file is corrupt")
+    if not sharded:  # weights that fit the config
+        loaded_from(ckpt, path)
 
 
 def choose_resume_checkpoint(checkpoint_dir: str | Path, warn: Callable[[str], None] = print) -> Path | None:

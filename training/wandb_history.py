@@ -1,7 +1,7 @@
 """What a run's wandb segments hold: the history rows, read back from their `.wandb` files.
 
-A resume re-logs the train/* points a killed segment never wrote (wandb writes its file in blocks, so a kill -9
-loses the last ones); this says which points the files already hold, so none is logged twice. The file is a
+A resume re-logs the train/* and val/* points a killed segment never wrote (wandb writes its file in blocks, so a
+kill -9 loses the last ones); this says which points the files already hold, so none is logged twice. The file is a
 LevelDB-style log: 32 KiB blocks of records with a 7-byte header (crc32, length, type) holding protobuf
 `Record`s, after a 7-byte W&B header; a killed writer leaves a partial record at the end, which is skipped.
 """
@@ -53,11 +53,13 @@ def history_rows(wandb_file: Path) -> Iterator[dict]:
             }
 
 
-def steps_with(run_dir: Path, prefix: str) -> set[int]:
-    """The `trainer/global_step`s at which any segment of the run holds a row with a `prefix` key."""
+def held_rows(run_dir: Path, prefixes: tuple[str, ...]) -> set[tuple[int, str]]:
+    """(`trainer/global_step`, prefix) for each row a segment of the run holds with a key of one of `prefixes`."""
     return {
-        row["trainer/global_step"]
+        (row["trainer/global_step"], prefix)
         for path in segment_files(run_dir)
         for row in history_rows(path)
-        if "trainer/global_step" in row and any(key.startswith(prefix) for key in row)
+        if "trainer/global_step" in row
+        for prefix in prefixes
+        if any(key.startswith(prefix) for key in row)
     }

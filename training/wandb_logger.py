@@ -1,8 +1,10 @@
 """The project's WandbLogger: no deprecated `anonymous` setting, the offline notice once the run exists, and
-train/* history that survives kill -9 (carried in every checkpoint, re-logged by the resume where it was lost)."""
+train/* and val/* history that survives kill -9 (carried in every checkpoint, re-logged by the resume where it
+was lost)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -11,11 +13,15 @@ import lightning as L
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
-from .wandb_history import steps_with
+from checkpoints.run_dir import RunDir
+
+from .wandb_history import held_rows
 from .wandb_setup import record_wandb_run_id
 
 TRAIN_PREFIX = "train/"
-HISTORY_KEY = "train_history"  # in the checkpoint: [[step, {key: value}], ...] of every train/* row logged
+KEPT_PREFIXES = (TRAIN_PREFIX, "val/")  # the scalar curves a resume gives back; media are not carried
+# In the checkpoint: [[step, {key: value}], ...] of every row with a KEPT_PREFIXES key (the name predates val/*).
+HISTORY_KEY = "train_history"
 
 
 class RunWandbLogger(WandbLogger):
@@ -41,10 +47,11 @@ class RunWandbLogger(WandbLogger):
                 silent=offline, quiet=True, show_colors=sys.stderr.isatty()
             )
         self.segment: Path | None = None  # the offline run folder this process created, if any
+        self._links_before: dict[str, str] = {}  # wandb/'s links (latest-run, debug.log) before this segment
         self._trainer = None
         self._finished = False
         self._sync_hint: str | None = None  # printed with the first metrics (see experiment)
-        self.train_rows: dict[int, dict] = {}  # step -> the train/* row logged there, for the checkpoints
+        self.train_rows: dict[int, dict] = {}  # step -> the train/* and val/* values logged there
         self._restored = False  # rows came from a checkpoint: re-log those no segment file holds
 
     def follow(self, trainer) -> None:
@@ -65,7 +72,7 @@ class RunWandbLogger(WandbLogger):
             step = self._trainer.global_step
             if self._restored:
                 self._relog_lost()
-            if any(key.startswith(TRAIN_PREFIX) for key in metrics):
+            if any(key.startswith(KEPT_PREFIXES) for key in metrics):
                 self.train_rows.setdefault(step, {}).update(
                     {key: float(value) for key, value in metrics.items()}
                 )
@@ -80,13 +87,18 @@ class RunWandbLogger(WandbLogger):
         # A killed segment's file ends at its last whole block: the rows after it were never written. They are
         # logged again here, at their own steps, before this segment logs anything newer.
         self._restored = False
-        held = steps_with(Path(self._save_dir), TRAIN_PREFIX) if self._save_dir else set()
-        lost = [step for step in sorted(self.train_rows) if step not in held]
-        for step in lost:
-            super().log_metrics(self.train_rows[step], step)
+        held = held_rows(Path(self._save_dir), KEPT_PREFIXES) if self._save_dir else set()
+        lost = 0
+        for step, row in sorted(self.train_rows.items()):
+            missing = {key for key in row if _kept(key) and (step, _kept(key)) not in held}
+            if missing:
+                lost += 1
+                super().log_metrics(
+                    {key: v for key, v in row.items() if key in missing or key == "epoch"}, step
+                )
         if lost:
             rank_zero_info(
-                f"wandb: re-logged the train/* rows of {len(lost)} step(s) a killed run had not written"
+                f"wandb: re-logged the train/* and val/* rows of {lost} step(s) a killed run had not written"
             )
 
     def finalize(self, status: str) -> None:
@@ -109,6 +121,7 @@ class RunWandbLogger(WandbLogger):
             self._experiment.finish()
         shutil.rmtree(self.segment, ignore_errors=True)
         self._experiment, self.segment = None, None
+        _restore_links(RunDir(Path(self._save_dir)).wandb, self._links_before)
 
     @property
     def experiment(self):
@@ -116,6 +129,7 @@ class RunWandbLogger(WandbLogger):
         created = self._experiment is None
         if created and self._save_dir:
             Path(self._save_dir).mkdir(parents=True, exist_ok=True)  # wandb warns about a missing folder
+            self._links_before = _links(RunDir(Path(self._save_dir)).wandb)
         run = super().experiment
         if created and self._save_dir and getattr(run, "id", None):
             record_wandb_run_id(Path(self._save_dir), run.id)
@@ -126,6 +140,28 @@ class RunWandbLogger(WandbLogger):
             # (its setup hook does so first) has nothing to upload, and its segment is removed.
             self._sync_hint = f"wandb: no credentials (or WANDB_MODE=offline): logging offline. Upload later with: wandb sync {folder}"
         return run
+
+
+def _kept(key: str) -> str | None:
+    """The one of KEPT_PREFIXES that `key` starts with, or None."""
+    return next((prefix for prefix in KEPT_PREFIXES if key.startswith(prefix)), None)
+
+
+def _links(folder: Path) -> dict[str, str]:
+    """{name: target} of the symbolic links directly in `folder` (wandb points them at the newest segment)."""
+    if not folder.is_dir():
+        return {}
+    return {path.name: os.readlink(path) for path in folder.iterdir() if path.is_symlink()}
+
+
+def _restore_links(folder: Path, links: dict[str, str]) -> None:
+    """Make `folder`'s links `links` again: a discarded segment's would dangle, pointing at nothing."""
+    for name, target in _links(folder).items():
+        if links.get(name) != target:
+            (folder / name).unlink()
+    for name, target in links.items():
+        if not (folder / name).is_symlink():
+            (folder / name).symlink_to(target)
 
 
 class TrainHistoryInCheckpoint(L.Callback):

@@ -1,5 +1,6 @@
-"""kill -9 of a run's whole process group (wandb's writer included), then resume: the train/* rows of all segments
-together equal the straight run's, step by step, read back from the offline files; no temp folder is left."""
+"""kill -9 of a run's whole process group (wandb's writer included), then resume: the train/* and val/* rows of all
+segments together equal the straight run's, step by step, read back from the offline files; no temp folder is
+left."""
 
 from __future__ import annotations
 
@@ -26,15 +27,17 @@ WALL_CLOCK = ("train/tokens_per_s", "train/mfu")
 pytestmark = pytest.mark.slow
 
 
-def train_rows(run_dir: Path, wandb_history) -> tuple[list[dict[int, dict]], dict[int, dict]]:
-    """({step: train/* values} of each segment, oldest first; all segments together). A step logged in two
-    segments (re-trained after the resume) must carry the same values in both."""
+def kept_rows(run_dir: Path, wandb_history) -> tuple[list[dict[int, dict]], dict[int, dict]]:
+    """({step: train/* and val/* values} of each segment, oldest first; all segments together). A step logged in
+    two segments (re-trained after the resume) must carry the same values in both."""
     per_segment = []
     for segment in sorted((run_dir / "wandb").glob("offline-run-*")):
         rows = {}
         for row in wandb_history(segment):
             train = {
-                key: value for key, value in row.items() if key.startswith("train/") and key not in WALL_CLOCK
+                key: value
+                for key, value in row.items()
+                if key.startswith(("train/", "val/")) and key not in WALL_CLOCK
             }
             if train:
                 rows.setdefault(row["trainer/global_step"], {}).update(train)
@@ -74,12 +77,17 @@ def test_a_resume_after_kill_9_relogs_what_the_killed_segment_lost(
     assert resume.returncode == 0, resume.stderr[-3000:]
     script(*tiny_args(tmp_path / "straight", *ARGS))
 
-    (killed, _), together = train_rows(run_dir, wandb_history)
-    _, expected = train_rows(tmp_path / "straight" / "tiny", wandb_history)
-    assert sorted(expected) == [4, 8, 12]
+    (killed, _), together = kept_rows(run_dir, wandb_history)
+    _, expected = kept_rows(tmp_path / "straight" / "tiny", wandb_history)
+    assert sorted(expected) == [4, 8, 12] and all("val/loss" in expected[step] for step in expected)
     assert set(killed) != {4, 8}, "the killed segment lost nothing: this test no longer exercises the re-log"
-    assert together == expected  # every train/* point, at its step, with the straight run's value
-    assert "re-logged the train/* rows" in resume.stderr
+    assert not any(key.startswith("val/") for key in killed.get(4, {})), "no val/* row to re-log"
+    # The one known gap: the validation of step 8 ran after the step-8 checkpoint was saved and the resume
+    # starts at step 9, so no checkpoint holds those values and no later run recomputes them.
+    expected[8] = {key: value for key, value in expected[8].items() if not key.startswith("val/")}
+    together[8] = {key: value for key, value in together[8].items() if not key.startswith("val/")}
+    assert together == expected  # every train/* and val/* point, at its step, with the straight run's value
+    assert "re-logged the train/* and val/* rows" in resume.stderr
     # Nothing of the killed run is left in the system temp folder or the run's own (wandb's tables included).
     assert not list(temp.rglob("*.table.json")) and not list(temp.rglob("pymp-*"))
     assert not run_temp.exists()
