@@ -65,8 +65,15 @@ USED = {
     "attention_maps.induction_period": "attention_maps.induction_period",
     "data.num_workers": "num_workers",
 }
-# Checked by name in the test: strategy, device count and accelerator from the facts, seed from the samples.
-CHECKED_APART = {"trainer.strategy", "trainer.devices", "trainer.accelerator", "seed_everything"}
+# Checked by name in the test: strategy, device count and accelerator from the facts, seed from the samples;
+# score_tokens where it takes effect, after the last step (tests/training/test_cli_seams.py, test_fit_summary.py).
+CHECKED_APART = {
+    "trainer.strategy",
+    "trainer.devices",
+    "trainer.accelerator",
+    "seed_everything",
+    "score_tokens",
+}
 
 
 def _smollm2_gguf() -> str:
