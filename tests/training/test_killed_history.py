@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,10 +51,12 @@ def kept_rows(run_dir: Path, wandb_history) -> tuple[list[dict[int, dict]], dict
 
 
 def test_a_resume_after_kill_9_relogs_what_the_killed_segment_lost(
-    tiny_args, script, tmp_path, wandb_history, monkeypatch
+    tiny_args, script, tmp_path, wandb_history, monkeypatch, request
 ):
-    temp = tmp_path / "system-tmp"
-    temp.mkdir()
+    # A short system temp folder, as /tmp is: the run's own temp folder in it then holds multiprocessing's
+    # sockets too (pytest's deep tmp_path would keep those in the system folder: checkpoints/run_lock.py).
+    temp = Path(tempfile.mkdtemp(prefix="sys-"))
+    request.addfinalizer(lambda: shutil.rmtree(temp, ignore_errors=True))
     env = {**os.environ, "TMPDIR": str(temp)}
     pause = {"class_path": "tests.training.pause_at_step.PauseAtStep", "init_args": {"step": KILL_AT}}
     args = tiny_args(tmp_path / "killed", *ARGS, f"--trainer.callbacks+={json.dumps(pause)}")
