@@ -215,10 +215,6 @@ def run(args: argparse.Namespace) -> None:
     except KeyboardInterrupt:
         print(flush=True)  # end the streamed line, so the "interrupted" message starts on its own
         raise
-    except NonFiniteLogits as err:
-        raise UserError(
-            f"{args.checkpoint}: {err}; its weights are broken (a NaN or inf in a tensor)"
-        ) from None
     print_samples(tokenizer, out[:, prompt.shape[1] :].tolist(), echo) if stream is None else print()
     if args.attention_map:
         writers.write_attention_map(model, tokenizer, out[:1], args.attention_map, args.layer)
@@ -248,7 +244,17 @@ def run_speculative(model, loaded, tokenizer, prompt, args, sampler: Sampler, eo
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command: 0 on success, 2 with one `error:` line for a user mistake (common.errors)."""
-    return run_command(lambda: run(parse_args(argv)))
+    return run_command(lambda: run_naming_the_model(parse_args(argv)))
+
+
+def run_naming_the_model(args: argparse.Namespace) -> None:
+    """`run`, with the model named when its output is not finite (plain, speculative or chat decoding)."""
+    try:
+        run(args)
+    except NonFiniteLogits as err:
+        raise UserError(
+            f"{args.checkpoint}: {err}; its weights are broken (a NaN or inf in a tensor)"
+        ) from None
 
 
 if __name__ == "__main__":

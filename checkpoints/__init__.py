@@ -10,7 +10,8 @@ Training only (Lightning):
     atomic_io       step files written atomically, `last.ckpt` linked to the newest, older ones pruned
     background_io   the same writes on a background thread
     save_on_stop    `last.ckpt` at SIGTERM, Ctrl-C and the end of training
-    settings        the `checkpoint.*` keys, the CheckpointIO they select, start-up sweep and resume choice
+    settings        the `checkpoint.*` keys, the CheckpointIO they select, the resume choice
+    run_lock        one writer per run directory: the lock, then the sweep of killed writers' temp files
     wandb_id        the wandb run id each checkpoint carries, for a resume without the run directory
     checks          `--ckpt_path` checks right after parsing
 

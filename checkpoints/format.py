@@ -162,6 +162,10 @@ _SAVED_MAGIC = (b"PK\x03\x04", b"\x80")
 
 def _unreadable(file: Path, err: Exception) -> CheckpointError:
     """A damaged checkpoint, or a file that never was one (config.yaml, tokenizer.json): each with its fix."""
+    if isinstance(err, OSError):  # unreadable (permissions, I/O), not damaged
+        return CheckpointError(
+            f"{file}: cannot read it ({err.strerror or err}); check the file's permissions"
+        )
     with open(file, "rb") as f:
         head = f.read(4)
         if not head or head.startswith(_SAVED_MAGIC):  # an empty file is a save cut short too
@@ -176,6 +180,10 @@ def _unreadable(file: Path, err: Exception) -> CheckpointError:
 def _check_checksums(file: Path) -> None:
     """Refuse a file whose zip members fail their CRC-32: torch.load does not check them, so flipped bytes in
     the weights would load silently. About 50 ms per 100 MB (the file was just read: it is in the page cache)."""
+    if not zipfile.is_zipfile(
+        file
+    ):  # the legacy pickle format, which torch.load just read: it has no checksums
+        return
     try:
         with zipfile.ZipFile(file) as archive:
             bad_member = archive.testzip()

@@ -131,6 +131,10 @@ def own_run_dir(run_dir: str | Path, say: Callable[[str], None] | None = None) -
     lock = RunDirLock(run_dir).acquire()
     say = say or (lambda line: print(line, file=sys.stderr))
     checkpoints = RunDir(run_dir).checkpoints
-    remove_stale(stale_temp_files(checkpoints), checkpoints, "temporary checkpoint file", say)
-    lock.use_run_temp(say)
+    try:
+        remove_stale(stale_temp_files(checkpoints), checkpoints, "temporary checkpoint file", say)
+        lock.use_run_temp(say)
+    except BaseException:
+        lock.release()  # the caller gets no lock to release
+        raise
     return lock

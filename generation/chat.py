@@ -17,7 +17,7 @@ import torch
 
 from data.tokenizer import Tokenizer
 from model.cache import KVCache
-from model.sampling import Context, Sampler, Stop, decode, sample_step
+from model.sampling import Context, Sampler, Stop, decode, naming_the_broken_layer, sample_step
 
 from .text import TextStream
 
@@ -48,7 +48,8 @@ class Conversation:
         start, size = self.context.start, self.context.block_size
         seq = torch.tensor([ids], device=self.context.cache.k.device)
         stop = Stop(self.tokenizer.eos_ids, 1, seq.device)
-        out = decode(seq, max_new_tokens, sample_step(self.context, self.sampler), stop, on_token)
+        with naming_the_broken_layer(self.context.model, seq):
+            out = decode(seq, max_new_tokens, sample_step(self.context, self.sampler), stop, on_token)
         if self.context.start != start and self.context.start:
             print(f"\nnote: the conversation no longer fits the {size}-token context; re-encoding its last "
                   f"{out.shape[1] - self.context.start} tokens", file=sys.stderr)  # fmt: skip

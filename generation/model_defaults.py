@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
 from common.errors import UserError
+from data.pretrained_tokenizer import read_generation_config
 from model.sampling import Sampler
 
 # transformers' GenerationConfig defaults, used for the fields a model's generation_config.json leaves out.
@@ -29,9 +29,11 @@ def model_sampler(sampler: Sampler, folder: Path | None, explicit: set[str]) -> 
     path = None if folder is None else Path(folder) / "generation_config.json"
     if path is None or not path.is_file():
         return sampler
-    config = json.loads(path.read_text(encoding="utf-8"))
+    config = read_generation_config(Path(folder))
     if config.get("do_sample", False):
         model = {field: config.get(field, default) for field, default in TRANSFORMERS_SAMPLING.items()}
+        if model["top_k"] == 0:  # transformers' "no top-k"
+            model["top_k"] = None
     else:  # greedy: the filters do not matter
         model = {"temperature": 0.0}
     chosen = {field: value for field, value in model.items() if field not in explicit}

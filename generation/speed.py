@@ -72,7 +72,7 @@ def report_decode_speed(
     `with_recompute`; the speed-up of each over the eager cached path is printed too.
     """
     sampler = sampler or Sampler(temperature=0.0)
-    cache = KVCache.for_model(model, prompt.shape[0])
+    cache = KVCache.for_model(model, prompt.shape[0], prompt.shape[1] + new_tokens)  # what generate holds
     print(
         f"KV cache: {cache.bytes_per_token} bytes per token per sequence, {cache.nbytes / 2**20:.2f} MiB "
         f"for {prompt.shape[0]} x {cache.max_len} tokens"

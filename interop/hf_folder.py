@@ -6,7 +6,6 @@ only the fused projections are split on export and stacked on import (interop/na
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -67,7 +66,12 @@ def load_hf_tensors(directory: Path) -> dict[str, torch.Tensor]:
     """Every tensor of model.safetensors, or of the shards listed in model.safetensors.index.json."""
     index_path = directory / WEIGHTS_INDEX_NAME
     if index_path.is_file():
-        shards = sorted(set(json.loads(index_path.read_text()).get("weight_map", {}).values()))
+        weight_map = read_json_object(index_path).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise PretrainedError(
+                f"{index_path}: weight_map is not an object of file names; restore the file"
+            )
+        shards = sorted(set(weight_map.values()))
     elif (directory / WEIGHTS_NAME).is_file():
         shards = [WEIGHTS_NAME]
     else:

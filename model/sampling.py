@@ -7,6 +7,7 @@ so they agree token for token wherever they should. `generate` is the plain and 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -87,7 +88,12 @@ class Sampler:
         """One token id from a distribution (V,) made by `probs` (the argmax when greedy)."""
         if self.greedy:
             return int(probs.argmax())
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        try:
+            return int(torch.multinomial(probs, 1, generator=self.generator))
+        except RuntimeError:
+            if torch.isfinite(probs).all():
+                raise
+            raise NonFiniteLogits(NOT_FINITE) from None
 
     def uniform(self) -> float:
         """A number in [0, 1) from the sampler's generator (speculative decoding's accept test)."""
@@ -303,7 +309,15 @@ def generate(
     else:
         context = Context(model, KVCache.for_model(model, batch, length) if use_cache else None)
     stop = Stop(eos_id, batch, idx.device)
-    try:
+    with naming_the_broken_layer(model, idx):
         return decode(idx, max_new_tokens, sample_step(context, sampler), stop, on_token)
+
+
+@contextmanager
+def naming_the_broken_layer(model: torch.nn.Module, idx: torch.Tensor):
+    """NonFiniteLogits raised inside, told which module's output on idx is first not finite (a forward with
+    hooks, run only after the failure)."""
+    try:
+        yield
     except NonFiniteLogits as err:
         raise NonFiniteLogits(f"{err}; first at {model.first_non_finite(idx)}") from None

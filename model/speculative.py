@@ -25,7 +25,7 @@ from common.errors import UserError
 
 from .cache import KVCache
 from .gpt import GPT
-from .sampling import Context, Sampler, Stop, decode
+from .sampling import NOT_FINITE, Context, NonFiniteLogits, Sampler, Stop, decode, naming_the_broken_layer
 
 
 class Drafter(Protocol):
@@ -147,13 +147,17 @@ def speculative_generate(
         room = min(k, block_size - (n - target.window_start(n)), room - 1)
         drafts, q = drafter.propose(seq, room, sampler) if room > 0 else ([], None)
         logits = target.logits(torch.cat([seq, seq.new_tensor([drafts])], dim=1), len(drafts) + 1)[0]
+        # Once, as plain decoding checks its first logits: greedy picking would not fail on NaN.
+        if not fed and not bool(torch.isfinite(logits).all()):
+            raise NonFiniteLogits(NOT_FINITE)
         emitted = verify(logits, drafts, q, sampler)  # the accepted drafts, then one token of the target's
         stats.target_forwards += 1
         stats.drafted += len(drafts)
         fed.append((n, len(emitted) - 1))
         return seq.new_tensor([emitted])
 
-    out = decode(idx, max_new_tokens, one_round, Stop(eos_id, 1, idx.device), on_token)
+    with naming_the_broken_layer(model, idx):
+        out = decode(idx, max_new_tokens, one_round, Stop(eos_id, 1, idx.device), on_token)
     stats.new_tokens = out.shape[1] - idx.shape[1]
     # The drafts kept: all those accepted, but none after a stop token that ended the last round.
     stats.accepted = sum(min(accepted, out.shape[1] - n) for n, accepted in fed)

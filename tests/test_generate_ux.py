@@ -190,7 +190,11 @@ def gguf_of(make_model, tokenizer_json, tmp_path):  # noqa: F811
     return write
 
 
-@pytest.mark.parametrize("picking", [[], ["--temperature", "0"]], ids=["sampled", "greedy"])
+@pytest.mark.parametrize(
+    "picking",
+    [[], ["--temperature", "0"], ["--prompt_lookup"], ["--prompt_lookup", "--temperature", "0"]],
+    ids=["sampled", "greedy", "speculative-sampled", "speculative-greedy"],
+)
 def test_a_model_with_a_nan_weight_is_one_line_naming_the_model_and_the_layer(gguf_of, capsys, picking):
     path = gguf_of(lambda model: model.blocks[1].attn_norm.weight.fill_(float("nan")))
     code, _, err = run_cli(capsys, "--checkpoint", path, "--prompt", "a b", "--max_new_tokens", "3", *picking)

@@ -137,7 +137,9 @@ class LitGPT(L.LightningModule):
         assistant did not write) are skipped; a batch with none scores 0 rather than 0 / 0."""
         logits = self.model(x)
         targets = y.flatten()
-        total = F.cross_entropy(logits.flatten(0, 1).float(), targets, reduction="sum")
+        total = F.cross_entropy(
+            logits.flatten(0, 1).float(), targets, ignore_index=IGNORE_INDEX, reduction="sum"
+        )
         return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor | None:

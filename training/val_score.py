@@ -56,13 +56,15 @@ def score_validation(
     for start in range(0, full, batch_size):
         logits = model(x[start : start + batch_size].to(device)).flatten(0, 1).float()
         target = y[start : start + batch_size].flatten().to(device)
-        nats += F.cross_entropy(logits, target, reduction="sum").item()
+        nats += F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum").item()
         if progress is not None:
             progress(min(start + batch_size, full), full)
     tail = ids[full * block_size :].to(device)
     if len(tail) > 1:
         tail_targets = targets[full * block_size + 1 :].to(device)
-        nats += F.cross_entropy(model(tail[None, :-1])[0].float(), tail_targets, reduction="sum").item()
+        nats += F.cross_entropy(
+            model(tail[None, :-1])[0].float(), tail_targets, ignore_index=IGNORE_INDEX, reduction="sum"
+        ).item()
     count = int(keep[1:].sum())
     text = tokenizer.decode(ids[1:][keep[1:]].tolist())
     return {

@@ -74,7 +74,7 @@ class RunWandbLogger(WandbLogger):
                 self._relog_lost()
             if any(key.startswith(KEPT_PREFIXES) for key in metrics):
                 self.train_rows.setdefault(step, {}).update(
-                    {key: float(value) for key, value in metrics.items()}
+                    {key: float(value) for key, value in metrics.items() if _kept(key) or key == "epoch"}
                 )
         super().log_metrics(metrics, step)
 
