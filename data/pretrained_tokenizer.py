@@ -72,7 +72,7 @@ GENERATION_TYPES = {"do_sample": bool, "top_k": int} | dict.fromkeys(
 
 def read_generation_config(folder: Path) -> dict:
     """A model folder's generation_config.json ({} without one), every field we read type-checked: sampling
-    defaults (chat.py) and the BOS/EOS ids (the tokenizer) come from this one reader."""
+    defaults (generation/model_defaults.py) and the BOS/EOS ids (the tokenizer) come from this one reader."""
     path = folder / "generation_config.json"
     generation = _read_json(path)
     check_types(generation, path, GENERATION_TYPES, nullable=("top_k", "min_p"))
