@@ -35,20 +35,37 @@ def temp_path_for(path: Path) -> Path:
 
 
 def owner_has_exited(temp: Path) -> bool:
-    """Whether the process that made this temporary name ran on this host and no longer exists.
+    """Whether the process that made this temporary name ran on this host and has exited (a zombie included).
 
     For folders shared by concurrent runs (the data cache), where only a dead owner's leftovers may go.
     """
     owner = _OWNER.search(temp.name)
     if owner is None or owner.group(2) != socket.gethostname():
         return False
+    pid = int(owner.group(1))
     try:
-        os.kill(int(owner.group(1)), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except PermissionError:  # alive, owned by another user
         return False
-    return False
+    return _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    """Whether `pid` has exited but is not reaped yet (Linux: state Z in /proc/<pid>/stat; elsewhere False).
+
+    A killed process whose parent died too waits for init to reap it, and some inits (a container's) never do:
+    it still answers a signal, but it will never write its temporary file again.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:  # reaped since the signal (exited), or no /proc here (not Linux: as before)
+        return Path("/proc/self").exists()
+    except OSError:
+        return False
+    # The state follows the command name in brackets, which may itself hold ") ".
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]
 
 
 def fsync_dir(folder: Path) -> None:

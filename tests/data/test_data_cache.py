@@ -250,6 +250,8 @@ def test_a_kill_9_leaves_no_worker_and_its_rerun_publishes_no_temp_file(
     assert main() == 0
     out, err = capsys.readouterr()
     assert "Traceback" not in out + err
+    # The killed workers' temp files beside the staging folder are swept too (zombies here: nothing reaps them).
+    assert not [p for p in cache_dir.rglob("*") if ".partial-" in p.name], "no temp file is left"
     published = Path(out.split("ready in ")[1].split(";")[0])
     names = sorted(p.name for p in published.iterdir())
     parts = [name for name in names if name.endswith(".bin")]
@@ -281,3 +283,29 @@ def test_the_sweep_removes_only_dead_builds_of_this_host(tmp_path: Path) -> None
     assert sweep_data_cache(tmp_path / "cache", said.append) == [dead]
     assert live.is_dir() and elsewhere.is_dir()
     assert len(said) == 1 and dead.name in said[0]
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="reads process states from /proc")
+def test_a_zombie_owner_has_exited(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from data.store import sweep_data_cache
+
+    corpus = tmp_path / "cache" / "text-corpus-0123"
+    corpus.mkdir(parents=True)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])  # exits; not reaped until child.wait() below
+    try:
+        deadline = time.monotonic() + 60
+        while not _gone(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert Path(f"/proc/{child.pid}/stat").exists(), "the child is a zombie, not reaped"
+        os.kill(child.pid, 0)  # a zombie still answers a signal: the check needs more than os.kill
+        temp = corpus / f".train-00001.bin.partial-{child.pid}@{socket.gethostname()}-abc123"
+        temp.write_bytes(b"x" * 10)
+        assert sweep_data_cache(tmp_path / "cache", lambda _: None) == [temp]
+        assert not temp.exists()
+    finally:
+        child.wait()
