@@ -30,6 +30,7 @@ from .init_from import Pretrained, apply_init_from
 from .progress import progress_for_output
 from .run_config import RunConfig
 from .samples import SampleGenerations
+from .skipped_validation import ValidateSkippedStep
 from .throughput import ThroughputMonitor
 from .wandb_logger import TrainHistoryInCheckpoint, run_loggers
 from .wandb_setup import wandb_offline, wandb_run_id
@@ -196,6 +197,7 @@ class GPTCLI(LightningCLI):
             self.ctrl_c,
             WandbIdInCheckpoint(),
             TrainHistoryInCheckpoint(),
+            ValidateSkippedStep(),
             FitReport(),
         ]
         # A ProgressBar callback while enable_progress_bar is False is an error in Lightning.

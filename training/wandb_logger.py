@@ -29,23 +29,27 @@ class RunWandbLogger(WandbLogger):
 
     Lightning creates the wandb run after the data is prepared, so a run that fails on its data prints no
     "upload later" line and leaves no run folder behind.
+
+    The CLI sets these arguments for each run (training/cli.py); they are named here rather than passed on as
+    **kwargs because jsonargparse would then read WandbLogger's signature, whose annotations import wandb, and
+    wandb's import makes two temp folders before the run's own TMPDIR is in place (see `_settings`).
+
+    Args:
+        save_dir: The run directory; wandb's files go in its wandb/ folder.
+        project: The wandb project.
+        name: The run's name in wandb.
+        id: The wandb run id every segment of the run logs to.
+        offline: Log to files only, for `wandb sync` later.
+        resume: wandb's resume mode.
     """
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self, save_dir: str, project: str, name: str, id: str, offline: bool = False, resume: str = "allow"
+    ) -> None:
+        super().__init__(name=name, save_dir=save_dir, offline=offline, id=id, project=project, resume=resume)
         if self._wandb_init.get("anonymous") is None:
             # Lightning always passes anonymous=None, which wandb >= 0.2x warns about on every run.
             self._wandb_init.pop("anonymous", None)
-        if "settings" not in self._wandb_init:
-            import wandb
-
-            # Offline, our one line says where the run is and how to upload it: wandb's banner and footer would
-            # repeat it (the footer with a relative path, in ANSI colours even in a log file). Online, wandb keeps
-            # the lines that give the run's URL.
-            offline = bool(self._offline)
-            self._wandb_init["settings"] = wandb.Settings(
-                silent=offline, quiet=True, show_colors=sys.stderr.isatty()
-            )
         self.segment: Path | None = None  # the offline run folder this process created, if any
         self._links_before: dict[str, str] = {}  # wandb/'s links (latest-run, debug.log) before this segment
         self._trainer = None
@@ -53,6 +57,7 @@ class RunWandbLogger(WandbLogger):
         self._sync_hint: str | None = None  # printed with the first metrics (see experiment)
         self.train_rows: dict[int, dict] = {}  # step -> the train/* and val/* values logged there
         self._restored = False  # rows came from a checkpoint: re-log those no segment file holds
+        self._held: set[tuple[int, str]] | None = None  # what the segment files hold, read once per resume
 
     def follow(self, trainer) -> None:
         """Log every point at `trainer.global_step`: the 1-based count of finished optimizer steps that the
@@ -82,12 +87,24 @@ class RunWandbLogger(WandbLogger):
         """Take the train/* rows a checkpoint carried; the first metrics of this segment re-log the lost ones."""
         self.train_rows = {int(step): dict(row) for step, row in rows}
         self._restored = bool(self.train_rows)
+        self._held = None
+
+    def lacks_val_row(self, step: int) -> bool:
+        """Whether neither the resumed checkpoint's rows nor a segment file holds a val/* value at `step`."""
+        if any(key.startswith("val/") for key in self.train_rows.get(step, {})):
+            return False
+        return (step, "val/") not in self._held_rows()
+
+    def _held_rows(self) -> set[tuple[int, str]]:
+        if self._held is None:
+            self._held = held_rows(Path(self._save_dir), KEPT_PREFIXES) if self._save_dir else set()
+        return self._held
 
     def _relog_lost(self) -> None:
         # A killed segment's file ends at its last whole block: the rows after it were never written. They are
         # logged again here, at their own steps, before this segment logs anything newer.
         self._restored = False
-        held = held_rows(Path(self._save_dir), KEPT_PREFIXES) if self._save_dir else set()
+        held, self._held = self._held_rows(), None
         lost = 0
         for step, row in sorted(self.train_rows.items()):
             missing = {key for key in row if _kept(key) and (step, _kept(key)) not in held}
@@ -127,6 +144,8 @@ class RunWandbLogger(WandbLogger):
     def experiment(self):
         """The wandb run, created on first use; an offline run then prints its `wandb sync` command."""
         created = self._experiment is None
+        if created and rank_zero_only.rank == 0 and "settings" not in self._wandb_init:
+            self._wandb_init["settings"] = self._settings()
         if created and self._save_dir:
             Path(self._save_dir).mkdir(parents=True, exist_ok=True)  # wandb warns about a missing folder
             self._links_before = _links(RunDir(Path(self._save_dir)).wandb)
@@ -140,6 +159,18 @@ class RunWandbLogger(WandbLogger):
             # (its setup hook does so first) has nothing to upload, and its segment is removed.
             self._sync_hint = f"wandb: no credentials (or WANDB_MODE=offline): logging offline. Upload later with: wandb sync {folder}"
         return run
+
+    def _settings(self):
+        """wandb's settings for this run, made when the run is: importing wandb makes two temp folders (media,
+        artifacts) that only its exit handler removes, so it waits until the writer's own TMPDIR is in place
+        (checkpoints/run_lock.py), which the next start empties after a kill -9."""
+        import wandb
+
+        # Offline, our one line says where the run is and how to upload it: wandb's banner and footer would
+        # repeat it (the footer with a relative path, in ANSI colours even in a log file). Online, wandb keeps
+        # the lines that give the run's URL.
+        offline = bool(self._offline)
+        return wandb.Settings(silent=offline, quiet=True, show_colors=sys.stderr.isatty())
 
 
 def _kept(key: str) -> str | None:
