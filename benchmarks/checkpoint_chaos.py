@@ -43,14 +43,14 @@ def worker_main(args: argparse.Namespace) -> None:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from checkpoints.run_lock import own_run_dir
-    from checkpoints.settings import checkpoint_io, prepare_checkpoint_dir
+    from checkpoints.settings import checkpoint_io, resolve_ckpt_path
     from data.datamodule import TextDataModule
     from training import LastCheckpoint, LitGPT
 
     run_dir = Path(args.run_dir)
     checkpoints = run_dir / "checkpoints"
     own_run_dir(run_dir)  # held until this process ends
-    ckpt_path = prepare_checkpoint_dir(checkpoints, "last" if args.resume else None)
+    ckpt_path = resolve_ckpt_path(checkpoints, "last" if args.resume else None)
     print(f"resuming from: {ckpt_path}", file=sys.stderr, flush=True)
     trainer = L.Trainer(
         default_root_dir=run_dir, max_steps=args.steps, max_epochs=-1, accelerator="cpu", devices=1,

@@ -12,7 +12,7 @@ directory elsewhere keep working, and removing an old step file never leaves `la
 filesystem refuses hard links, `last.ckpt` falls back to a durable copy made the same atomic way.
 
 A kill at any moment therefore leaves the previous checkpoints whole; what it may leave is a temporary file,
-which `checkpoints.settings.prepare_checkpoint_dir` removes when the next run starts.
+which the next writer of the run removes once it holds the run's lock (`checkpoints.run_lock.own_run_dir`).
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def _get(entry: Any, key: str) -> Any:
     return entry.get(key) if isinstance(entry, dict) else None
 
 
-def prepare_checkpoint_dir(
+def resolve_ckpt_path(
     checkpoint_dir: Path, ckpt_path: str | None, say: Callable[[str], None] | None = None
 ) -> str | None:
     """Resolve `ckpt_path="last"` to the newest resumable file in `checkpoint_dir` (None: start fresh).

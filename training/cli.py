@@ -14,7 +14,7 @@ from checkpoints.resume import expand_run_dir_resume
 from checkpoints.run_dir import LAST_NAME, RunDir
 from checkpoints.run_lock import RunDirBusyError, own_run_dir
 from checkpoints.save_on_stop import LastCheckpoint
-from checkpoints.settings import GPTCheckpoint, prepare_checkpoint_dir, with_checkpoint_io
+from checkpoints.settings import GPTCheckpoint, resolve_ckpt_path, with_checkpoint_io
 from checkpoints.wandb_id import WandbIdInCheckpoint, stored_wandb_id
 from common.errors import UserError
 from common.files import refuse_unwritable_folder
@@ -176,7 +176,7 @@ class GPTCLI(LightningCLI):
         config.trainer.default_root_dir = str(run_dir)
         config.checkpoint.dirpath = str(RunDir(run_dir).checkpoints)
         if self.subcommand == "fit":
-            config.ckpt_path = prepare_checkpoint_dir(RunDir(run_dir).checkpoints, config.get("ckpt_path"))
+            config.ckpt_path = resolve_ckpt_path(RunDir(run_dir).checkpoints, config.get("ckpt_path"))
         refuse_size_change(config, config.get("ckpt_path"), self.subcommand or "fit")
         if self.subcommand not in ("fit", None):
             # validate prints its results; it writes nothing into the training run's folder

@@ -15,7 +15,7 @@ import torch
 import checkpoints.atomic_io as checkpoint_io_module
 from checkpoints.atomic_io import AtomicCheckpointIO, CheckpointSaveError
 from checkpoints.background_io import BackgroundCheckpointIO
-from checkpoints.settings import prepare_checkpoint_dir
+from checkpoints.settings import resolve_ckpt_path
 
 
 def checkpoint(step: int) -> dict:
@@ -122,7 +122,7 @@ def test_sweep_removes_killed_runs_temporary_checkpoint_files(tmp_path):
     (checkpoints / ".step-00000004.ckpt.partial-123-abcd1234").write_bytes(b"x" * 1000)
     (checkpoints / "step-00000003.ckpt").write_bytes(b"keep")
     said = []
-    assert prepare_checkpoint_dir(checkpoints, None, say=said.append) is None  # only reads
+    assert resolve_ckpt_path(checkpoints, None, say=said.append) is None  # only reads
     assert len(list(checkpoints.iterdir())) == 2
     own_run_dir(tmp_path, say=said.append).release()  # the run's one writer sweeps, once it holds the lock
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-00000003.ckpt"]
