@@ -38,13 +38,19 @@ class RunWandbLogger(WandbLogger):
         save_dir: The run directory; wandb's files go in its wandb/ folder.
         project: The wandb project.
         name: The run's name in wandb.
-        id: The wandb run id every segment of the run logs to.
+        id: The wandb run id every segment of the run logs to (None: a new one; older runs' configs lack it).
         offline: Log to files only, for `wandb sync` later.
         resume: wandb's resume mode.
     """
 
     def __init__(
-        self, save_dir: str, project: str, name: str, id: str, offline: bool = False, resume: str = "allow"
+        self,
+        save_dir: str,
+        project: str,
+        name: str,
+        id: str | None = None,
+        offline: bool = False,
+        resume: str = "allow",
     ) -> None:
         super().__init__(name=name, save_dir=save_dir, offline=offline, id=id, project=project, resume=resume)
         if self._wandb_init.get("anonymous") is None:

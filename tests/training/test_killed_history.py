@@ -25,8 +25,6 @@ ARGS = ["--trainer.max_steps", "12", "--trainer.val_check_interval", "4", "--tra
 KILL_AT = 10
 WALL_CLOCK = ("train/tokens_per_s", "train/mfu")
 
-pytestmark = pytest.mark.slow
-
 
 def kept_rows(run_dir: Path, wandb_history) -> tuple[list[dict[int, dict]], dict[int, dict]]:
     """({step: train/* and val/* values} of each segment, oldest first; all segments together). A step logged in
@@ -50,6 +48,23 @@ def kept_rows(run_dir: Path, wandb_history) -> tuple[list[dict[int, dict]], dict
     return per_segment, together
 
 
+def test_wandb_is_not_imported_while_the_run_is_set_up(tiny_args, tmp_path):
+    # Its import makes two temp folders (media, artifacts) that only its exit handler removes: imported before the
+    # writer's own TMPDIR is in place (in fit, under the run's lock), a kill -9 leaves them in the system one.
+    args = tiny_args(tmp_path)[2:]  # without "train.py fit": GPTCLI(run=False) parses and instantiates only
+    code = (
+        "import sys; from data.datamodule import TextDataModule; from training import LitGPT; "
+        "from training.cli import GPTCLI; from training.wandb_logger import run_loggers; "
+        f"cli = GPTCLI(LitGPT, TextDataModule, run=False, args={args!r}); "
+        "assert run_loggers(cli.trainer), 'the run has its wandb logger'; print('wandb' in sys.modules)"
+    )
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == "False"
+
+
+@pytest.mark.slow
 def test_a_resume_after_kill_9_relogs_what_the_killed_segment_lost(
     tiny_args, script, tmp_path, wandb_history, monkeypatch, request
 ):
