@@ -38,7 +38,7 @@ class ValidateSkippedStep(L.Callback):
         def validate_instead() -> None:
             _forget_patch(trainer)
             rank_zero_info(
-                f"validating step {step} again: the killed run's val/* row of it was never written"
+                f"validating step {step} again: no wandb segment of this run holds its val/* values"
             )
             val_loop.restarting = False  # a fresh validation, as the straight run's
             trainer.validating = True
