@@ -209,38 +209,35 @@ def stall(args: argparse.Namespace, work: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kills", type=int, default=20, help="SIGKILLs to survive (M)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
-    parser.add_argument(
+    add = parser.add_argument
+    add("--kills", type=int, default=20, help="SIGKILLs to survive (M)")
+    add("--seed", type=int, default=0, help="seed of the kill moments")
+    add(
         "--window_s",
         type=float,
         default=1.5,
         help="a kill lands up to this long after a segment's first checkpoint",
     )
-    parser.add_argument("--steps", type=int, default=300, help="optimizer steps of the whole run")
-    parser.add_argument("--n_embd", type=int, default=192, help="width of the killed runs' model")
-    parser.add_argument("--n_layer", type=int, default=4, help="layers of the killed runs' model")
-    parser.add_argument(
-        "--stall_rounds", type=int, default=3, help="sync/async rounds of 2 saves each (0: skip)"
-    )
-    parser.add_argument(
+    add("--steps", type=int, default=300, help="optimizer steps of the whole run")
+    add("--n_embd", type=int, default=192, help="width of the killed runs' model")
+    add("--n_layer", type=int, default=4, help="layers of the killed runs' model")
+    add("--stall_rounds", type=int, default=3, help="sync/async rounds of 2 saves each (0: skip)")
+    add(
         "--stall_n_embd",
         type=int,
         default=768,
         help="width of the stall model (a multiple of 12; 768: ~100M)",
     )
-    parser.add_argument(
-        "--workdir", type=Path, default=None, help="where runs go (default: a new temporary folder)"
-    )
-    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    add("--workdir", type=Path, default=None, help="where runs go (default: a new temporary folder)")
+    add("--keep", action="store_true", help="keep the work folder")
     # worker mode (internal)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--run_dir", help=argparse.SUPPRESS)
-    parser.add_argument("--corpus", default=str(CORPUS), help=argparse.SUPPRESS)
-    parser.add_argument("--cache", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--async", dest="async_save", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
+    add("--worker", action="store_true", help=argparse.SUPPRESS)
+    add("--run_dir", help=argparse.SUPPRESS)
+    add("--corpus", default=str(CORPUS), help=argparse.SUPPRESS)
+    add("--cache", default=None, help=argparse.SUPPRESS)
+    add("--resume", action="store_true", help=argparse.SUPPRESS)
+    add("--async", dest="async_save", action="store_true", help=argparse.SUPPRESS)
+    add("--workers", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker_main(args)

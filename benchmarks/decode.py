@@ -123,15 +123,14 @@ def gpu_decode_report(new_tokens: int = 256, prompt_len: int = 64, device: str =
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", type=int, nargs="+", help="report tokens/s at these batch sizes instead")
-    parser.add_argument("--gpu", action="store_true", help="run the GPU check (124 M model, bf16, compiled)")
-    parser.add_argument(
-        "--no_compile", action="store_true", help="skip the compiled path (its compile is slow)"
-    )
-    parser.add_argument("--prompt_len", type=int, default=64, help="prompt tokens (random ids)")
-    parser.add_argument("--new_tokens", type=int, default=512, help="tokens decoded per run")
-    parser.add_argument("--repeats", type=int, default=3, help="timed rounds after a warm-up; medians")
-    parser.add_argument("--device", default="cpu", help="torch device of the model and cache")
+    add = parser.add_argument
+    add("--batches", type=int, nargs="+", help="report tokens/s at these batch sizes instead")
+    add("--gpu", action="store_true", help="run the GPU check (124 M model, bf16, compiled)")
+    add("--no_compile", action="store_true", help="skip the compiled path (its compile is slow)")
+    add("--prompt_len", type=int, default=64, help="prompt tokens (random ids)")
+    add("--new_tokens", type=int, default=512, help="tokens decoded per run")
+    add("--repeats", type=int, default=3, help="timed rounds after a warm-up; medians")
+    add("--device", default="cpu", help="torch device of the model and cache")
     args = parser.parse_args()
     if args.gpu:
         gpu_decode_report(args.new_tokens, args.prompt_len)

@@ -21,6 +21,7 @@ Checks, in order:
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tempfile
@@ -238,12 +239,8 @@ def check_training(settings: Settings, work: Path) -> tuple[list[Row], LitGPT]:
         module, datamodule(settings, work / "cache")
     )
     config = module.model.config
-    tokens = (
-        (len(log.times) - 1 - settings.timed_from)
-        * settings.batch_size
-        * settings.block_size
-        * settings.accumulate
-    )
+    timed_steps = len(log.times) - 1 - settings.timed_from
+    tokens = timed_steps * settings.batch_size * settings.block_size * settings.accumulate
     tokens_per_s = tokens / (log.times[-1] - log.times[settings.timed_from])
     peak = device_peak_flops(torch.device(settings.device))
     flops = training_flops_per_token(config, settings.block_size)
@@ -281,16 +278,12 @@ def check_training(settings: Settings, work: Path) -> tuple[list[Row], LitGPT]:
         ),
         Row(
             "train loss falls",
-            "PASS" if last < 0.95 * first and all(map(_finite, log.losses)) else "FAIL",
+            "PASS" if last < 0.95 * first and all(map(math.isfinite, log.losses)) else "FAIL",
             f"{first:.3f} -> {last:.3f}",
             f"{len(log.losses)} steps",
         ),
     ]
     return rows, module
-
-
-def _finite(x: float) -> bool:
-    return x == x and abs(x) != float("inf")
 
 
 def check_decode(settings: Settings, trained: GPT, prompt: torch.Tensor) -> list[Row]:
@@ -306,17 +299,8 @@ def check_decode(settings: Settings, trained: GPT, prompt: torch.Tensor) -> list
 
     runs = {name: wall_seconds(lambda extra=extra: decode(extra)) for name, extra in variants.items()}
     seconds = alternate_medians(runs, 3)  # after a warm-up round, which compiles
-    rows = []
-    for name, median in seconds.items():
-        rows.append(
-            Row(
-                name,
-                "INFO",
-                f"{settings.decode_tokens / median:,.0f}",
-                f"prompt {prompt.shape[1]}, {settings.decode_tokens} new, batch 1, bf16, KV cache",
-            )
-        )
-    return rows
+    detail = f"prompt {prompt.shape[1]}, {settings.decode_tokens} new, batch 1, bf16, KV cache"
+    return [Row(name, "INFO", f"{settings.decode_tokens / s:,.0f}", detail) for name, s in seconds.items()]
 
 
 class StopAt(L.Callback):
@@ -373,15 +357,11 @@ def check_resume(settings: Settings, work: Path, steps: int = 6, stop: int = 3) 
 
 
 def print_table(rows: list[Row]) -> None:
-    widths = [max(len(getattr(r, f)) for r in rows) for f in ("check", "status", "value")]
+    columns = ("check", "status", "value")
+    widths = [max(len(getattr(r, column)) for r in rows) for column in columns]
     for row in rows:
-        cells = (
-            row.check.ljust(widths[0]),
-            row.status.ljust(widths[1]),
-            row.value.ljust(widths[2]),
-            row.detail,
-        )
-        print("  ".join(cells).rstrip())
+        cells = [getattr(row, column).ljust(width) for column, width in zip(columns, widths, strict=True)]
+        print("  ".join([*cells, row.detail]).rstrip())
 
 
 def run_checks(settings: Settings, work: Path) -> list[Row]:
@@ -389,24 +369,13 @@ def run_checks(settings: Settings, work: Path) -> list[Row]:
     device = torch.device(settings.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (smoke mode)"
     rows = [Row("device", "INFO", name, f"torch {torch.__version__}")]
-    head = settings.model["n_embd"] // settings.model["n_head"]
-    shape = (
-        settings.batch_size,
-        settings.model["n_head"],
-        settings.model["n_kv_head"],
-        settings.block_size,
-        head,
-    )
-    sections = [
-        ("sdpa", lambda: check_sdpa(settings.device, shape)),
-        ("train", lambda: check_training(settings, work)),
-    ]
-    trained = None
-    for section, check in sections:
-        result = _guarded(section, check)
-        if section == "train" and isinstance(result, tuple):
-            result, trained = result
-        rows += result
+    model = settings.model
+    heads = (model["n_head"], model["n_kv_head"])
+    shape = (settings.batch_size, *heads, settings.block_size, model["n_embd"] // model["n_head"])
+    rows += _guarded("sdpa", lambda: check_sdpa(settings.device, shape))
+    outcome = _guarded("train", lambda: check_training(settings, work))  # (rows, module), or a FAIL row
+    train_rows, trained = outcome if isinstance(outcome, tuple) else (outcome, None)
+    rows += train_rows
     if trained is not None:
         prompt = torch.as_tensor(trained.trainer.datamodule.val_tokens[:64].astype("int64"))[None].to(device)
         rows += _guarded("decode", lambda: check_decode(settings, trained.model, prompt))
@@ -431,13 +400,10 @@ def _guarded(section: str, check):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--cpu_smoke", action="store_true", help="tiny model on CPU: the code paths, not the speed"
-    )
-    parser.add_argument(
-        "--steps", type=int, default=None, help="training steps (default 60 on GPU, 12 smoke)"
-    )
-    parser.add_argument("--min_mfu", type=float, default=0.0, help="FAIL when MFU is below this (e.g. 0.45)")
+    add = parser.add_argument
+    add("--cpu_smoke", action="store_true", help="tiny model on CPU: the code paths, not the speed")
+    add("--steps", type=int, default=None, help="training steps (default 60 on GPU, 12 smoke)")
+    add("--min_mfu", type=float, default=0.0, help="FAIL when MFU is below this (e.g. 0.45)")
     args = parser.parse_args(argv)
     settings = cpu_smoke_settings() if args.cpu_smoke else gpu_settings()
     if args.steps:
