@@ -116,10 +116,9 @@ def chaos(args: argparse.Namespace, work: Path, env: dict) -> None:
             process = subprocess.Popen(
                 worker_command(args, run_dir, *flags), env=env, stdout=out, stderr=out, cwd=ROOT
             )
+            # Wait for this segment's first own checkpoint, so every segment makes progress.
             while process.poll() is None and newest_step(checkpoints) <= start_step:
-                time.sleep(
-                    0.01
-                )  # wait for this segment's first own checkpoint, so every segment makes progress
+                time.sleep(0.01)
             time.sleep(rng.uniform(0, args.window_s))
             if process.poll() is not None:
                 sys.exit(f"segment {kill + 1} finished before its kill: raise --steps ({args.steps})")
@@ -136,9 +135,8 @@ def chaos(args: argparse.Namespace, work: Path, env: dict) -> None:
     same = final.returncode == 0 and _same(
         torch.load(run_dir / "final.pt"), torch.load(straight / "final.pt")
     )
-    survived = sum(
-        resumed_cleanly(text) for text in outputs[1:]
-    )  # start k+1 tells whether kill k was survived
+    # Start k + 1 tells whether kill k was survived.
+    survived = sum(resumed_cleanly(text) for text in outputs[1:])
     left = [p for p in run_dir.rglob("*") if ".partial-" in p.name]
     in_tmpdir = [p for p in Path(env["TMPDIR"]).rglob("*") if p.is_file()]
     left_bytes = sum(p.stat().st_size for p in left + in_tmpdir)

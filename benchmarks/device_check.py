@@ -48,6 +48,7 @@ from training.memory import estimate_training_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 FUSED_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+SDPA_CASE = "forward + backward, GQA, causal"
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,10 @@ class Row:
     status: str  # PASS, FAIL or INFO
     value: str
     detail: str = ""
+
+
+def passed(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
 
 
 def gpu_settings() -> Settings:
@@ -141,19 +146,9 @@ def check_sdpa(device: str, shape: tuple[int, int, int, int, int], attention=sdp
             continue
         diff = (out.float() - reference).abs().max().item()
         ok = diff < 0.05 and all(x.grad is not None and torch.isfinite(x.grad).all() for x in leaves)
-        rows.append(
-            Row(f"sdpa {name}", "PASS" if ok else "FAIL", f"max |diff| {diff:.4f}", f"shape {shape} bf16")
-        )
-    fused = [row for row in rows if row.status == "PASS"]
-    rows.append(
-        Row(
-            "sdpa fused for training",
-            "PASS" if fused else "FAIL",
-            ", ".join(r.check[5:] for r in fused) or "none",
-            "forward + backward, GQA, causal",
-        )
-    )
-    return rows
+        rows.append(Row(f"sdpa {name}", passed(ok), f"max |diff| {diff:.4f}", f"shape {shape} bf16"))
+    fused = ", ".join(row.check[5:] for row in rows if row.status == "PASS")
+    return [*rows, Row("sdpa fused for training", passed(bool(fused)), fused or "none", SDPA_CASE)]
 
 
 def fused_attention_ops(op_names: set[str]) -> tuple[bool, list[str]]:
@@ -247,41 +242,25 @@ def check_training(settings: Settings, work: Path) -> tuple[list[Row], LitGPT]:
     estimate = estimate_training_memory(config, settings.batch_size, settings.block_size, "bf16-mixed")
     fused, kernels = fused_attention_ops(log.op_names)
     first, last = log.losses[0], sum(log.losses[-3:]) / 3
+    falls = last < 0.95 * first and all(map(math.isfinite, log.losses))
     label = f"{config.n_layer}L {config.n_embd}w {config.n_head}/{config.n_kv_head}h T{settings.block_size}"
+    run = f"{label}, batch {settings.batch_size} x {settings.accumulate} accumulated, bf16-mixed, "
+    run += f"compile={settings.compile}, steps {settings.timed_from}+"
+    utilisation = f"{mfu(tokens_per_s, flops, peak):.1%}" if peak else "n/a"
+    work = (
+        f"{flops / 1e6:.0f} MFLOP/token; peak {peak / 1e12:.0f} TFLOP/s"
+        if peak
+        else "device not in the table"
+    )
+    memory = f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB" if on_gpu else "n/a"
+    expected = f"estimate {estimate.total_bytes / 2**30:.2f} GiB (eager)"
+    seen = ", ".join(k.split("::")[-1] for k in kernels) or "none seen"
     rows = [
-        Row(
-            "train tokens/s",
-            "INFO",
-            f"{tokens_per_s:,.0f}",
-            f"{label}, batch {settings.batch_size} x {settings.accumulate} accumulated, bf16-mixed, "
-            f"compile={settings.compile}, steps {settings.timed_from}+",
-        ),
-        Row(
-            "train MFU",
-            "INFO",
-            f"{mfu(tokens_per_s, flops, peak):.1%}" if peak else "n/a",
-            f"{flops / 1e6:.0f} MFLOP/token; peak {peak / 1e12:.0f} TFLOP/s"
-            if peak
-            else "device not in the table",
-        ),
-        Row(
-            "train peak memory",
-            "INFO",
-            f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB" if on_gpu else "n/a",
-            f"estimate {estimate.total_bytes / 2**30:.2f} GiB (eager)",
-        ),
-        Row(
-            "train attention kernels",
-            "PASS" if fused else "FAIL",
-            ", ".join(k.split("::")[-1] for k in kernels) or "none seen",
-            f"profiled step {settings.timed_from}",
-        ),
-        Row(
-            "train loss falls",
-            "PASS" if last < 0.95 * first and all(map(math.isfinite, log.losses)) else "FAIL",
-            f"{first:.3f} -> {last:.3f}",
-            f"{len(log.losses)} steps",
-        ),
+        Row("train tokens/s", "INFO", f"{tokens_per_s:,.0f}", run),
+        Row("train MFU", "INFO", utilisation, work),
+        Row("train peak memory", "INFO", memory, expected),
+        Row("train attention kernels", passed(fused), seen, f"profiled step {settings.timed_from}"),
+        Row("train loss falls", passed(falls), f"{first:.3f} -> {last:.3f}", f"{len(log.losses)} steps"),
     ]
     return rows, module
 
@@ -346,14 +325,8 @@ def check_resume(settings: Settings, work: Path, steps: int = 6, stop: int = 3) 
     ]
     same_losses = straight_losses == first + rest
     same = same_losses and max(diffs) == 0
-    return [
-        Row(
-            "resume exact",
-            "PASS" if same else "FAIL",
-            f"max |weight diff| {max(diffs):.2e}",
-            f"{steps} steps straight vs stop at {stop} + resume; losses equal: {same_losses}",
-        )
-    ]
+    runs = f"{steps} steps straight vs stop at {stop} + resume; losses equal: {same_losses}"
+    return [Row("resume exact", passed(same), f"max |weight diff| {max(diffs):.2e}", runs)]
 
 
 def print_table(rows: list[Row]) -> None:
@@ -429,9 +402,7 @@ def _apply_min_mfu(row: Row, min_mfu: float) -> Row:
     if row.check != "train MFU" or not min_mfu or row.value == "n/a":
         return row
     value = float(row.value.rstrip("%")) / 100
-    return replace(
-        row, status="PASS" if value >= min_mfu else "FAIL", detail=f"{row.detail}; target {min_mfu:.0%}"
-    )
+    return replace(row, status=passed(value >= min_mfu), detail=f"{row.detail}; target {min_mfu:.0%}")
 
 
 if __name__ == "__main__":

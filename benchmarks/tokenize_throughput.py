@@ -262,9 +262,8 @@ def measure_streaming(files: list[str], tokenizer: Path, folder: Path, args: arg
     shape = ["--data.val_docs", str(held_out_docs(files)), "--data.block_size", str(block)]
     shape += ["--model.n_layer", "2"] if args.smoke else []
     for round_index in range(args.repeats):
-        cache = (
-            folder / f"stream-cache-{round_index}"
-        )  # fresh: fit tokenizes the validation set before step 1
+        # A fresh cache: fit tokenizes the validation set before step 1.
+        cache = folder / f"stream-cache-{round_index}"
         flags = data_flags(files, tokenizer, cache, args.vocab_size) + shape
         first_batch, step_1, step_s = run_fit(flags, folder / f"run-{round_index}")
         loader = loader_tokens_per_s(files, tokenizer, cache, args, 1.0 if args.smoke else 15.0)
