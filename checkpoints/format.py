@@ -180,9 +180,7 @@ def _unreadable(file: Path, err: Exception) -> CheckpointError:
 def _check_checksums(file: Path) -> None:
     """Refuse a file whose zip members fail their CRC-32: torch.load does not check them, so flipped bytes in
     the weights would load silently. About 50 ms per 100 MB (the file was just read: it is in the page cache)."""
-    if not zipfile.is_zipfile(
-        file
-    ):  # the legacy pickle format, which torch.load just read: it has no checksums
+    if not zipfile.is_zipfile(file):  # the legacy pickle format (just read by torch.load): no checksums
         return
     try:
         with zipfile.ZipFile(file) as archive:
@@ -250,13 +248,8 @@ def sharded_contents(path: Path) -> set[str]:
         raise CheckpointError(
             f"{path / SHARDED_INDEX}: unreadable ({type(err).__name__}): {INTERRUPTED}"
         ) from err
-    missing = sorted(
-        {
-            item.relative_path
-            for item in index.storage_data.values()
-            if not (path / item.relative_path).is_file()
-        }
-    )
+    files = {item.relative_path for item in index.storage_data.values()}
+    missing = sorted(name for name in files if not (path / name).is_file())
     if missing:
         raise CheckpointError(f"{path}: shard file {missing[0]} is missing: {INTERRUPTED}")
     return {key.split(".", 1)[0] for key in index.state_dict_metadata}
