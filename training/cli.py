@@ -108,7 +108,8 @@ class GPTCLI(LightningCLI):
         run_dir = Path(self.trainer.default_root_dir)
         new_run = not run_dir.exists()
         self.ctrl_c.install(self.trainer)
-        _follow_steps(self.trainer)
+        for logger in run_loggers(self.trainer):
+            logger.follow(self.trainer)
         lock = None
         try:
             if self.trainer.is_global_zero:  # the writing process: one per run directory, checked here
@@ -120,9 +121,10 @@ class GPTCLI(LightningCLI):
             # A run that fails before its first step (data setup, a config check in setup) leaves only a
             # config.yaml and an empty wandb run: remove the folder this command created, so a retry starts clean.
             if not self.ctrl_c.training_started:
-                _discard_wandb_segments(self.trainer)
-            if new_run and not self.ctrl_c.training_started:
-                shutil.rmtree(run_dir, ignore_errors=True)
+                for logger in run_loggers(self.trainer):
+                    logger.discard_segment()
+                if new_run:
+                    shutil.rmtree(run_dir, ignore_errors=True)
             raise
         finally:
             self.ctrl_c.restore()
@@ -237,16 +239,6 @@ def _apply_threads(requested: int | None) -> None:
 
     _, line = apply_thread_count(requested, torch.set_num_threads)
     rank_zero_info(line)
-
-
-def _follow_steps(trainer) -> None:
-    for logger in run_loggers(trainer):
-        logger.follow(trainer)
-
-
-def _discard_wandb_segments(trainer) -> None:
-    for logger in run_loggers(trainer):
-        logger.discard_segment()
 
 
 def _config_stem(config) -> str:
