@@ -13,14 +13,12 @@ measured the same way by `python generate.py --checkpoint <ckpt> --benchmark --n
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
 from benchmarks.shapes import GPT2_SMALL
 from generation.speed import timed_decode
-from generation.timing import alternate_medians
+from generation.timing import alternate_medians, wall_seconds
 from model import GPT, ModelConfig
 
 SMALL_1024 = ModelConfig(vocab_size=1024, block_size=1024, n_layer=4, n_head=8, n_kv_head=2, n_embd=256)
@@ -74,14 +72,7 @@ def bench_batches(args: argparse.Namespace) -> None:
 def read_bandwidth(device: torch.device, megabytes: int = 512) -> float:
     """Bytes/s of the device reading a large tensor once (a sum), median of 5: the bandwidth a decode can use."""
     data = torch.ones(megabytes * 2**20 // 4, device=device)
-    times = []
-    for _ in range(6):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        data.sum().item()
-        times.append(time.perf_counter() - start)
-    return data.nbytes / statistics.median(times[1:])
+    return data.nbytes / alternate_medians({"read": wall_seconds(lambda: data.sum().item())}, 5)["read"]
 
 
 def bytes_per_token(model: GPT, context: int, batch: int = 1) -> int:

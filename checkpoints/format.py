@@ -106,7 +106,7 @@ def _resolve(path: str | Path) -> tuple[Path, dict | None]:
     if path.is_dir() and not is_sharded_checkpoint(path) and not (path / SHARDED_INDEX).is_file():
         run = RunDir(path)
         folder = run.checkpoints if run.holds_checkpoints() else path  # a run directory, or its checkpoints/
-        chosen = choose_checkpoint(folder, _readable, READING, warn=_to_stderr)
+        chosen = choose_checkpoint(folder, _readable, READING, warn=lambda line: print(line, file=sys.stderr))
         if chosen is not None:
             return chosen
         if not (folder / LAST_NAME).exists():
@@ -120,10 +120,6 @@ def _resolve(path: str | Path) -> tuple[Path, dict | None]:
     if not path.exists():
         raise CheckpointError(f"{path}: checkpoint not found; pass a .ckpt file or a run directory")
     return path, None
-
-
-def _to_stderr(line: str) -> None:
-    print(line, file=sys.stderr)
 
 
 def _readable(path: Path) -> dict:
