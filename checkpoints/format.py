@@ -30,8 +30,7 @@ from common.errors import first_line
 from model.config import ModelConfig
 from model.gpt import GPT
 
-from .choice import Wording, choose_checkpoint
-from .errors import CheckpointError
+from .choice import CheckpointError, Wording, choose_checkpoint
 from .run_dir import (
     LAST_NAME,
     SHARDED_INDEX,

@@ -14,8 +14,7 @@ from pathlib import Path
 
 from common.errors import UserError
 
-from .choice import Wording, choose_checkpoint
-from .errors import CheckpointError
+from .choice import CheckpointError, Wording, choose_checkpoint
 from .format import loaded_from, read_checkpoint, sharded_contents
 from .run_dir import RunDir, is_sharded_checkpoint
 
