@@ -97,14 +97,8 @@ def measure(
 
 def measure_in_child(path: str, t: int, args: argparse.Namespace) -> dict[str, float]:
     """Run `measure` in a fresh interpreter and parse the JSON line it prints."""
-    case = {
-        "path": path,
-        "t": t,
-        "n_head": args.n_head,
-        "n_kv_head": args.n_kv_head,
-        "head_dim": args.head_dim,
-    }
-    case |= {"repeats": args.repeats, "threads": args.threads}
+    shape = {"n_head": args.n_head, "n_kv_head": args.n_kv_head, "head_dim": args.head_dim}
+    case = {"path": path, "t": t, **shape, "repeats": args.repeats, "threads": args.threads}
     root = Path(__file__).resolve().parents[1]
     cmd = [sys.executable, "-m", "benchmarks.attention", "--case", json.dumps(case)]
     done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=False)

@@ -59,25 +59,11 @@ def worker_main(args: argparse.Namespace) -> None:
         callbacks=[ModelCheckpoint(dirpath=checkpoints, save_last=True, every_n_train_steps=1, save_top_k=0,
                                    enable_version_counter=False), LastCheckpoint()],
     )  # fmt: skip
-    data = TextDataModule(
-        data_files=args.corpus,
-        cache_dir=args.cache,
-        vocab_size=384,
-        block_size=32,
-        batch_size=8,
-        num_workers=args.workers,
-    )
+    sizes, loading = {"vocab_size": 384, "block_size": 32}, {"batch_size": 8, "num_workers": args.workers}
+    data = TextDataModule(data_files=args.corpus, cache_dir=args.cache, **sizes, **loading)
     torch.manual_seed(0)  # the same initial weights in every segment
-    module = LitGPT(
-        vocab_size=384,
-        block_size=32,
-        n_layer=args.n_layer,
-        n_head=4,
-        n_kv_head=2,
-        n_embd=args.n_embd,
-        warmup_steps=2,
-        learning_rate=3e-3,
-    )
+    shape = {"n_layer": args.n_layer, "n_head": 4, "n_kv_head": 2, "n_embd": args.n_embd}
+    module = LitGPT(**sizes, **shape, warmup_steps=2, learning_rate=3e-3)
     trainer.fit(module, data, ckpt_path=ckpt_path)
     torch.save(module.state_dict(), run_dir / "final.pt")
 

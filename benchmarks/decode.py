@@ -99,14 +99,9 @@ def gpu_decode_report(new_tokens: int = 256, prompt_len: int = 64, device: str =
     tps = compare_paths(model, prompt, new_tokens, 3, {"eager": {}, "compiled": {"compile": True}})
     bandwidth = read_bandwidth(torch.device(device), 2048)
     per_token = bytes_per_token(model, prompt_len + new_tokens // 2)
-    report = {
-        "eager_tok_s": tps["eager"],
-        "compiled_tok_s": tps["compiled"],
-        "read_gb_s": bandwidth / 1e9,
-        "bytes_per_token": per_token,
-        "compiled_mbu": per_token * tps["compiled"] / bandwidth,
-        "eager_mbu": per_token * tps["eager"] / bandwidth,
-    }
+    report = {"eager_tok_s": tps["eager"], "compiled_tok_s": tps["compiled"], "read_gb_s": bandwidth / 1e9}
+    report["bytes_per_token"] = per_token
+    report |= {f"{side}_mbu": per_token * tps[side] / bandwidth for side in ("compiled", "eager")}
     for key, value in report.items():
         print(f"{key:>16}: {value:,.3f}")
     return report

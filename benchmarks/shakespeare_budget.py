@@ -89,16 +89,8 @@ QUIET = ["--trainer.logger", "false", "--trainer.limit_val_batches", "0", "--sam
 def build(recipe: Path, overrides: list[str], root: str, run_name: str) -> GPTCLI:
     """train.py's CLI on `recipe` with the user's overrides, quiet, its run folder `root`/`run_name`-<time>."""
     run_name = f"{run_name}-{time.strftime('%Y%m%d-%H%M%S')}"  # a kept run never meets an earlier one
-    args = [
-        "--config",
-        str(recipe),
-        *overrides,
-        *QUIET,
-        "--trainer.default_root_dir",
-        root,
-        "--run_name",
-        run_name,
-    ]
+    where = ["--trainer.default_root_dir", root, "--run_name", run_name]
+    args = ["--config", str(recipe), *overrides, *QUIET, *where]
     return GPTCLI(LitGPT, TextDataModule, run=False, args=args, save_config_kwargs={"overwrite": True})
 
 
