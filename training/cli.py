@@ -192,14 +192,8 @@ class GPTCLI(LightningCLI):
             config.trainer.logger = _wandb_logger(
                 run_dir, config.wandb_project, config.run_name or run_dir.name, run_id
             )
-        extra = [
-            ThroughputMonitor(),
-            LastCheckpoint(),
-            self.ctrl_c,
-            WandbIdInCheckpoint(),
-            TrainHistoryInCheckpoint(),
-            FitReport(),
-        ]
+        extra = [ThroughputMonitor(), LastCheckpoint(), self.ctrl_c, WandbIdInCheckpoint()]
+        extra += [TrainHistoryInCheckpoint(), FitReport()]
         # A ProgressBar callback while enable_progress_bar is False is an error in Lightning.
         if config.trainer.enable_progress_bar is not False:
             extra.append(progress_for_output())
@@ -295,14 +289,6 @@ def _is_run_logger(logger) -> bool:
 
 def _wandb_logger(run_dir: Path, project: str, name: str, run_id: str) -> dict:
     # No mkdir and no message here: both wait until the wandb run is created (see RunWandbLogger).
-    return {
-        "class_path": RUN_LOGGER,
-        "init_args": {
-            "save_dir": str(run_dir),
-            "project": project,
-            "name": name,
-            "offline": wandb_offline(),
-            "id": run_id,
-            "resume": "allow",
-        },  # one wandb run across preemptions and resumes
-    }
+    where = {"save_dir": str(run_dir), "project": project, "name": name, "offline": wandb_offline()}
+    # One wandb run across preemptions and resumes.
+    return {"class_path": RUN_LOGGER, "init_args": {**where, "id": run_id, "resume": "allow"}}
