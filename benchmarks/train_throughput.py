@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from benchmarks.device_check import StepLog
 from data.batches import TrainBatches
 from training import LitGPT
 from training.host_allocator import retain_freed_memory
@@ -41,18 +42,6 @@ from training.schedule import lr_multiplier
 # The optimizer and schedule of configs/shakespeare.yaml; the model shape comes from the arguments.
 RECIPE = {"learning_rate": 3e-3, "weight_decay": 0.1, "warmup_steps": 50, "schedule": "wsd",
           "decay_fraction": 0.3, "min_lr_ratio": 0.05}  # fmt: skip
-
-
-class StepClock(L.Callback):
-    """perf_counter and loss at the end of every training batch (after the optimizer and scheduler steps)."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self.losses: list[float] = []
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.losses.append(outputs["loss"].item())
-        self.times.append(time.perf_counter())
 
 
 def build_module(args: argparse.Namespace) -> LitGPT:
@@ -69,7 +58,7 @@ def run_lightning(
     module: LitGPT, tokens: np.ndarray, args: argparse.Namespace
 ) -> tuple[list[float], list[float]]:
     """Step end times and losses of `args.steps` steps of Trainer.fit."""
-    clock = StepClock()
+    clock = StepLog(accumulate=1)  # perf_counter and loss after each optimizer and scheduler step
     trainer = L.Trainer(
         max_steps=args.steps, max_epochs=-1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, gradient_clip_val=1.0, limit_val_batches=0,

@@ -3,9 +3,9 @@
 Read without Lightning (generate.py, interop and the exports import only these):
     run_dir     the names of a run directory's parts (`RunDir`) and of the files in its checkpoints/ folder
     format      what a checkpoint holds; reading, validating and loading one (`load_checkpoint`)
-    choice      which checkpoint a folder means: the newest whole one, with a warning for each bad newer one
+    choice      which checkpoint a folder means: the newest whole one, with a warning for each bad newer one;
+                CheckpointError and NoGoodCheckpointError, the one-line errors of reading checkpoints
     resume      what can continue a run; `fit --ckpt_path <run dir>`
-    errors      CheckpointError, NoGoodCheckpointError
 Training only (Lightning):
     atomic_io       step files written atomically, `last.ckpt` linked to the newest, older ones pruned
     background_io   the same writes on a background thread

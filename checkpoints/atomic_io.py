@@ -68,9 +68,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise TypeError(f"{type(self).__name__} takes no storage_options")
         path = Path(path)
         self.saves += 1
-        rotate = (
-            path.name == LAST_NAME
-        )  # anything else (a top-k checkpoint): the same atomic write, no rotation
+        # Anything but last.ckpt (a top-k checkpoint): the same atomic write, no rotation.
+        rotate = path.name == LAST_NAME
         target = path.with_name(step_file_name(int(checkpoint["global_step"]))) if rotate else path
         try:
             self._write(checkpoint, target)

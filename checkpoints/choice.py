@@ -13,12 +13,19 @@ from typing import NamedTuple, TypeVar
 
 import torch
 
-from common.errors import first_line
+from common.errors import UserError, first_line
 
-from .errors import CheckpointError, NoGoodCheckpointError
 from .run_dir import LAST_NAME, checkpoint_dict_file, is_sharded_checkpoint, step_files
 
 T = TypeVar("T")
+
+
+class CheckpointError(UserError):
+    """A checkpoint that is missing, truncated or not one of ours; the message is one line naming the file."""
+
+
+class NoGoodCheckpointError(CheckpointError):
+    """Every checkpoint in the folder is unreadable or incomplete."""
 
 
 class Wording(NamedTuple):

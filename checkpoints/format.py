@@ -30,8 +30,7 @@ from common.errors import first_line
 from model.config import ModelConfig
 from model.gpt import GPT
 
-from .choice import Wording, choose_checkpoint
-from .errors import CheckpointError
+from .choice import CheckpointError, Wording, choose_checkpoint
 from .run_dir import (
     LAST_NAME,
     SHARDED_INDEX,
@@ -106,7 +105,7 @@ def _resolve(path: str | Path) -> tuple[Path, dict | None]:
     if path.is_dir() and not is_sharded_checkpoint(path) and not (path / SHARDED_INDEX).is_file():
         run = RunDir(path)
         folder = run.checkpoints if run.holds_checkpoints() else path  # a run directory, or its checkpoints/
-        chosen = choose_checkpoint(folder, _readable, READING, warn=_to_stderr)
+        chosen = choose_checkpoint(folder, _readable, READING, warn=lambda line: print(line, file=sys.stderr))
         if chosen is not None:
             return chosen
         if not (folder / LAST_NAME).exists():
@@ -120,10 +119,6 @@ def _resolve(path: str | Path) -> tuple[Path, dict | None]:
     if not path.exists():
         raise CheckpointError(f"{path}: checkpoint not found; pass a .ckpt file or a run directory")
     return path, None
-
-
-def _to_stderr(line: str) -> None:
-    print(line, file=sys.stderr)
 
 
 def _readable(path: Path) -> dict:
@@ -180,9 +175,7 @@ def _unreadable(file: Path, err: Exception) -> CheckpointError:
 def _check_checksums(file: Path) -> None:
     """Refuse a file whose zip members fail their CRC-32: torch.load does not check them, so flipped bytes in
     the weights would load silently. About 50 ms per 100 MB (the file was just read: it is in the page cache)."""
-    if not zipfile.is_zipfile(
-        file
-    ):  # the legacy pickle format, which torch.load just read: it has no checksums
+    if not zipfile.is_zipfile(file):  # the legacy pickle format (just read by torch.load): no checksums
         return
     try:
         with zipfile.ZipFile(file) as archive:
@@ -250,13 +243,8 @@ def sharded_contents(path: Path) -> set[str]:
         raise CheckpointError(
             f"{path / SHARDED_INDEX}: unreadable ({type(err).__name__}): {INTERRUPTED}"
         ) from err
-    missing = sorted(
-        {
-            item.relative_path
-            for item in index.storage_data.values()
-            if not (path / item.relative_path).is_file()
-        }
-    )
+    files = {item.relative_path for item in index.storage_data.values()}
+    missing = sorted(name for name in files if not (path / name).is_file())
     if missing:
         raise CheckpointError(f"{path}: shard file {missing[0]} is missing: {INTERRUPTED}")
     return {key.split(".", 1)[0] for key in index.state_dict_metadata}

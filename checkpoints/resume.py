@@ -14,8 +14,7 @@ from pathlib import Path
 
 from common.errors import UserError
 
-from .choice import Wording, choose_checkpoint
-from .errors import CheckpointError
+from .choice import CheckpointError, Wording, choose_checkpoint
 from .format import loaded_from, read_checkpoint, sharded_contents
 from .run_dir import RunDir, is_sharded_checkpoint
 
@@ -91,14 +90,8 @@ def expand_run_dir_resume(args: list[str]) -> tuple[list[str], bool]:
     fit = rest.index("fit")
     # The saved config already names the run directory in trainer.default_root_dir; `run_name` keeps the
     # CLI from nesting a second run folder (named after config.yaml) inside it.
-    resumed = [
-        "--config",
-        str(config),
-        "--trainer.default_root_dir",
-        str(run_dir.parent),
-        "--run_name",
-        run_dir.name,
-    ]
+    resumed = ["--config", str(config), "--trainer.default_root_dir", str(run_dir.parent)]
+    resumed += ["--run_name", run_dir.name]
     ckpt = [CKPT_FLAG, str(checkpoint_in_run(run_dir))]
     return [*rest[: fit + 1], *resumed, *rest[fit + 1 :], *ckpt], True
 

@@ -90,14 +90,8 @@ def step_file_name(step: int) -> str:
 
 def step_files(folder: Path) -> dict[int, Path]:
     """{step: path} of the step-named checkpoints in `folder`, by step."""
-    if not folder.is_dir():
-        return {}
-    found = {}
-    for path in folder.iterdir():
-        match = STEP_FILE.match(path.name)
-        if match:
-            found[int(match.group(1))] = path
-    return dict(sorted(found.items()))
+    matches = ((STEP_FILE.match(path.name), path) for path in folder.iterdir()) if folder.is_dir() else ()
+    return dict(sorted((int(match.group(1)), path) for match, path in matches if match))
 
 
 def is_sharded_checkpoint(path: Path) -> bool:

@@ -56,10 +56,7 @@ class LastCheckpoint(L.Callback):
             self._save(trainer)
 
     @staticmethod
-    def _save(trainer: L.Trainer) -> Path | None:
-        if trainer.checkpoint_callback is None:
-            return None
-        path = Path(trainer.checkpoint_callback.dirpath) / LAST_NAME
-        # Full state for resume; every rank calls it: sharded strategies save collectively.
-        trainer.save_checkpoint(path, weights_only=False)
-        return path
+    def _save(trainer: L.Trainer) -> None:
+        if trainer.checkpoint_callback is not None:
+            # Full state for resume; every rank calls it: sharded strategies save collectively.
+            trainer.save_checkpoint(Path(trainer.checkpoint_callback.dirpath) / LAST_NAME, weights_only=False)

@@ -44,17 +44,24 @@ def pick_thread_count(
     requested: int | None = None, cpus: int | None = None, load: float | None = None
 ) -> int:
     """The thread count of the policy above; `cpus` and `load` default to this machine's (tests pass them)."""
+    return _pick(requested, cpus, load)[0]
+
+
+def _pick(requested: int | None, cpus: int | None = None, load: float | None = None) -> tuple[int, str]:
+    """(the thread count, why: which step of the policy chose it)."""
     if requested is not None:
         if requested < 1:
             from .errors import UserError
 
             raise UserError(f"threads must be at least 1, got {requested} (--threads)")
-        return requested
-    if _omp_threads() is not None:
-        return _omp_threads()
+        return requested, "--threads"
+    omp = _omp_threads()
+    if omp is not None:
+        return omp, OMP_ENV
     cpus = available_cpus() if cpus is None else cpus
     load = load_average() if load is None else load
-    return max(1, cpus - round(load or 0.0))
+    why = f"{cpus} CPUs, load {load:.1f}" if load is not None else f"{cpus} CPUs"
+    return max(1, cpus - round(load or 0.0)), why
 
 
 def busy_note(threads: int, cpus: int | None = None, load: float | None = None) -> str | None:
@@ -69,13 +76,6 @@ def busy_note(threads: int, cpus: int | None = None, load: float | None = None) 
 def apply_thread_count(requested: int | None, set_num_threads: Callable[[int], None]) -> tuple[int, str]:
     """Pick the count, hand it to `set_num_threads` (torch.set_num_threads), and return it with a one-line
     description of why, for the command to print."""
-    threads = pick_thread_count(requested)
+    threads, why = _pick(requested)
     set_num_threads(threads)
-    if requested is not None:
-        why = "--threads"
-    elif _omp_threads() is not None:
-        why = OMP_ENV
-    else:
-        load = load_average()
-        why = f"{available_cpus()} CPUs, load {load:.1f}" if load is not None else f"{available_cpus()} CPUs"
     return threads, f"threads: {threads} ({why}; --threads N to change)"

@@ -96,12 +96,8 @@ class TrainBatches(_MemmapPicklesAsPath, IterableDataset):
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         self.tokens = tokens
         self.mask = mask  # the assistant's tokens (chat), aligned with `tokens`; None: every target counts
-        self.block_size = block_size
-        self.batch_size = batch_size
-        self.seed = seed
-        self.rank = rank
-        self.start_batch = start_batch
-        self.num_batches = num_batches
+        self.block_size, self.batch_size, self.seed, self.rank = block_size, batch_size, seed, rank
+        self.start_batch, self.num_batches = start_batch, num_batches
         shard_len = len(tokens) // world_size
         self.shard_start = rank * shard_len
         if shard_len < block_size + 1:
@@ -141,9 +137,7 @@ class ValWindows(_MemmapPicklesAsPath, Dataset):
     """Consecutive non-overlapping (x, y) windows covering the whole stream; the last partial one is dropped."""
 
     def __init__(self, tokens: np.ndarray, block_size: int, mask: np.ndarray | None = None) -> None:
-        self.tokens = tokens
-        self.mask = mask
-        self.block_size = block_size
+        self.tokens, self.mask, self.block_size = tokens, mask, block_size
 
     def __len__(self) -> int:
         return (len(self.tokens) - 1) // self.block_size

@@ -111,11 +111,8 @@ class TextDataModule(L.LightningDataModule):
         self.source = CorpusSource(
             dataset, dataset_config, data_files, revision, text_column, text_sample_by, streaming, chat_column
         )
-        self.vocab_size = vocab_size
-        self.block_size = block_size
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.seed = seed
+        self.vocab_size, self.block_size, self.batch_size = vocab_size, block_size, batch_size
+        self.num_workers, self.seed = num_workers, seed
         self.settings = PrepareSettings(
             source=self.source,
             cache_dir=Path(cache_dir).expanduser(),

@@ -47,9 +47,8 @@ class PrepareSettings:
     tokenizer_train_docs: int = 10_000
     val_docs: int = 1000
     val_block_size: int = 1
-    pretrained_tokenizer: Tokenizer | None = (
-        None  # a pretrained model's own (model.init_from): none is trained
-    )
+    # A pretrained model's own (model.init_from): none is trained.
+    pretrained_tokenizer: Tokenizer | None = None
 
     def corpus_dir(self) -> Path:
         """The folder for this corpus and hold-out; its name changes when any input file changes."""
@@ -70,11 +69,8 @@ class PrepareSettings:
 
     def trained_tokenizer_file(self) -> Path:
         """Where the tokenizer trained on this corpus is kept, so a second run knows its sha256 without work."""
-        recipe = [
-            TOKENIZER_RECIPE,
-            self.vocab_size,
-            [self.tokenizer_train_docs, self.val_docs] if self.source.streaming else None,
-        ]
+        streamed = [self.tokenizer_train_docs, self.val_docs] if self.source.streaming else None
+        recipe = [TOKENIZER_RECIPE, self.vocab_size, streamed]
         return self.corpus_dir() / f"tokenizer-bpe{self.vocab_size}-{stable_digest(recipe, length=12)}.json"
 
     def known_tokenizer(self) -> Tokenizer | None:

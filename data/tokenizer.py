@@ -101,12 +101,7 @@ class Tokenizer:
 
     @classmethod
     def train(
-        cls,
-        texts: Iterable[str | list[str]],
-        vocab_size: int,
-        *,
-        show_progress: bool | None = None,
-        length: int | None = None,
+        cls, texts: Iterable[str | list[str]], vocab_size: int, *, show_progress: bool | None = None
     ) -> Tokenizer:
         """Train on `texts` (strings or batches of strings); the vocab holds all 256 bytes, so nothing is unknown.
 
@@ -127,7 +122,7 @@ class Tokenizer:
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             show_progress=sys.stdout.isatty() if show_progress is None else show_progress,
         )
-        backend.train_from_iterator(texts, trainer=trainer, length=length)
+        backend.train_from_iterator(texts, trainer=trainer)
         return cls(backend)
 
     @classmethod

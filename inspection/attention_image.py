@@ -108,12 +108,10 @@ def _head_cell(
     heatmap = Image.fromarray(to_colours(probs, vmax)).resize(
         (s * scale, t * scale), Image.Resampling.NEAREST
     )
-    left = _label_strip([printable_label(x) for x in labels[s - t :]], scale, font) if labels else None
-    below = (
-        _label_strip([printable_label(x) for x in labels], scale, font).rotate(90, expand=True)
-        if labels
-        else None
-    )
+    left = below = None
+    if labels:
+        left = _label_strip([printable_label(x) for x in labels[s - t :]], scale, font)
+        below = _label_strip([printable_label(x) for x in labels], scale, font).rotate(90, expand=True)
     margin_left = left.width if left else 0
     height = line + PAD + heatmap.height + (below.height if below else 0)
     cell = Image.new("RGB", (margin_left + heatmap.width, height), BACKGROUND)

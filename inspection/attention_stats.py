@@ -49,10 +49,8 @@ def induction_score(probs: torch.Tensor, period: int) -> torch.Tensor:
         raise ValueError(f"induction period must be at least 1, got {period}")
     _check_probs(probs, min_len=period + 1)
     # Offset -(period - 1) holds p[t, t - period + 1] for rows t >= period - 1; the first of them is
-    # still in the first copy, so drop it.
-    followers = probs.diagonal(offset=1 - period, dim1=-2, dim2=-1)[
-        ..., 1:
-    ].float()  # (..., B, H, T - period)
+    # still in the first copy, so drop it: (..., B, H, T - period).
+    followers = probs.diagonal(offset=1 - period, dim1=-2, dim2=-1)[..., 1:].float()
     return _mean_over_rows_and_batch(followers)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from common.errors import UserError
 from model.attention import attention_scores, causal_mask
 from model.gpt import GPT
 
@@ -14,13 +13,9 @@ def attention_steps(model: GPT, idx: torch.Tensor, layer: int, head: int) -> dic
     """For idx (1, T): the scaled scores q·kᵀ/sqrt(D), the same with -inf above the diagonal, and softmax.
 
     Each is a float32 (T, T) matrix taken from the model's own projections at `layer`, `head`: a hook on that
-    attention layer records what the model's forward hands it (its normed input and RoPE rows).
+    attention layer records what the model's forward hands it (its normed input and RoPE rows). The caller
+    checks `layer` and `head` (inspection.writers.check_layer_and_head, before anything is generated).
     """
-    config = model.config
-    if not 0 <= layer < config.n_layer:
-        raise UserError(f"layer must be in 0..{config.n_layer - 1}, got {layer}")
-    if not 0 <= head < config.n_head:
-        raise UserError(f"head must be in 0..{config.n_head - 1}, got {head}")
     attn = model.blocks[layer].attn
     inputs: list[tuple] = []
     hook = attn.register_forward_pre_hook(lambda _, args: inputs.append(args[:3]))  # (x, cos, sin)

@@ -87,14 +87,6 @@ def _row_starts(t: int) -> np.ndarray:
     return i * (i + 1) // 2
 
 
-def dequantise_rows(row_max: np.ndarray, triangle: np.ndarray) -> np.ndarray:
-    """The inverse of `quantise_rows` up to rounding: (T, T) float32 with zeros above the diagonal."""
-    t = row_max.shape[0]
-    out = np.zeros((t, t), dtype=np.float32)
-    out[_lower_triangle(t)] = triangle.astype(np.float32) / 255.0
-    return out * row_max[:, None]
-
-
 def max_pool(image: np.ndarray, size: int) -> np.ndarray:
     """(T, T) -> (size, size) block maxima, with block edges at round(k * T / size); size <= T."""
     t = image.shape[0]

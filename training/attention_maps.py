@@ -66,9 +66,8 @@ class AttentionMaps(L.Callback):
         was_training = pl_module.training
         pl_module.eval()
         try:
-            generator = torch.Generator().manual_seed(
-                0
-            )  # the same random probe every time: comparable scores
+            # The same random probe every time: comparable scores.
+            generator = torch.Generator().manual_seed(0)
             maps, stats = probe_attention(model, probe, self.induction_period, generator=generator)
         finally:
             pl_module.train(was_training)

@@ -109,7 +109,8 @@ class GPTCLI(LightningCLI):
         run_dir = Path(self.trainer.default_root_dir)
         new_run = not run_dir.exists()
         self.ctrl_c.install(self.trainer)
-        _follow_steps(self.trainer)
+        for logger in run_loggers(self.trainer):
+            logger.follow(self.trainer)
         lock = None
         try:
             if self.trainer.is_global_zero:  # the writing process: one per run directory, checked here
@@ -121,9 +122,10 @@ class GPTCLI(LightningCLI):
             # A run that fails before its first step (data setup, a config check in setup) leaves only a
             # config.yaml and an empty wandb run: remove the folder this command created, so a retry starts clean.
             if not self.ctrl_c.training_started:
-                _discard_wandb_segments(self.trainer)
-            if new_run and not self.ctrl_c.training_started:
-                shutil.rmtree(run_dir, ignore_errors=True)
+                for logger in run_loggers(self.trainer):
+                    logger.discard_segment()
+                if new_run:
+                    shutil.rmtree(run_dir, ignore_errors=True)
             raise
         finally:
             self.ctrl_c.restore()
@@ -191,15 +193,8 @@ class GPTCLI(LightningCLI):
             config.trainer.logger = _wandb_logger(
                 run_dir, config.wandb_project, config.run_name or run_dir.name, run_id
             )
-        extra = [
-            ThroughputMonitor(),
-            LastCheckpoint(),
-            self.ctrl_c,
-            WandbIdInCheckpoint(),
-            TrainHistoryInCheckpoint(),
-            ValidateSkippedStep(),
-            FitReport(),
-        ]
+        extra = [ThroughputMonitor(), LastCheckpoint(), self.ctrl_c, WandbIdInCheckpoint()]
+        extra += [TrainHistoryInCheckpoint(), ValidateSkippedStep(), FitReport()]
         # A ProgressBar callback while enable_progress_bar is False is an error in Lightning.
         if config.trainer.enable_progress_bar is not False:
             extra.append(progress_for_output())
@@ -239,16 +234,6 @@ def _apply_threads(requested: int | None) -> None:
 
     _, line = apply_thread_count(requested, torch.set_num_threads)
     rank_zero_info(line)
-
-
-def _follow_steps(trainer) -> None:
-    for logger in run_loggers(trainer):
-        logger.follow(trainer)
-
-
-def _discard_wandb_segments(trainer) -> None:
-    for logger in run_loggers(trainer):
-        logger.discard_segment()
 
 
 def _config_stem(config) -> str:
@@ -305,14 +290,6 @@ def _is_run_logger(logger) -> bool:
 
 def _wandb_logger(run_dir: Path, project: str, name: str, run_id: str) -> dict:
     # No mkdir and no message here: both wait until the wandb run is created (see RunWandbLogger).
-    return {
-        "class_path": RUN_LOGGER,
-        "init_args": {
-            "save_dir": str(run_dir),
-            "project": project,
-            "name": name,
-            "offline": wandb_offline(),
-            "id": run_id,
-            "resume": "allow",
-        },  # one wandb run across preemptions and resumes
-    }
+    where = {"save_dir": str(run_dir), "project": project, "name": name, "offline": wandb_offline()}
+    # One wandb run across preemptions and resumes.
+    return {"class_path": RUN_LOGGER, "init_args": {**where, "id": run_id, "resume": "allow"}}

@@ -65,19 +65,10 @@ class FitReport(L.Callback):
         if batch_size is None:
             return
         device = pl_module.device
-        device_bytes = (
-            torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-        )
+        memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
         shards = trainer.world_size if _shards_parameters(trainer.strategy) else 1
-        lines = fit_report(
-            config,
-            batch_size,
-            seq_len,
-            str(trainer.precision),
-            shards,
-            device_bytes,
-            device_peak_flops(device),
-        )
+        precision, peak = str(trainer.precision), device_peak_flops(device)
+        lines = fit_report(config, batch_size, seq_len, precision, shards, memory, peak)
         rank_zero_info("Run size (estimate):\n  " + "\n  ".join(lines))
 
 

@@ -63,11 +63,9 @@ class FitSummary(L.Callback):
 
 def _val_loss(trainer: L.Trainer) -> str:
     value = trainer.callback_metrics.get("val/loss")
-    return (
-        f" | val/loss {float(value):.4f} (nats/token, {trainer.limit_val_batches} batches)"
-        if value is not None
-        else ""
-    )
+    if value is None:
+        return ""
+    return f" | val/loss {float(value):.4f} (nats/token, {trainer.limit_val_batches} batches)"
 
 
 def _score(trainer: L.Trainer, pl_module: L.LightningModule, max_tokens: int) -> dict | None:

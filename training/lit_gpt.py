@@ -243,12 +243,9 @@ class LitGPT(L.LightningModule):
         tokenizer = getattr(datamodule, "tokenizer", None)
         if tokenizer is None:
             raise UserError("checkpoints embed the tokenizer: train with data.TextDataModule (--data)")
+        data = dict(getattr(datamodule, "hparams", {}))
         checkpoint[META_KEY] = checkpoint_metadata(
-            self.model.config,
-            tokenizer.to_json(),
-            tokenizer.sha256,
-            dict(getattr(datamodule, "hparams", {})),
-            skipped_batches=self.skipped_batches,
+            self.model.config, tokenizer.to_json(), tokenizer.sha256, data, self.skipped_batches
         )
         checkpoint[MAX_STEPS_KEY] = self.trainer.max_steps
 

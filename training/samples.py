@@ -41,12 +41,8 @@ class SampleGenerations(L.Callback):
     ) -> None:
         self.every_n_steps = every_n_steps
         self.prompts = prompts if prompts is not None else ["\n", "ROMEO:", "The king"]
-        self.max_new_tokens, self.temperature, self.top_k, self.seed = (
-            max_new_tokens,
-            temperature,
-            top_k,
-            seed,
-        )
+        self.max_new_tokens, self.temperature = max_new_tokens, temperature
+        self.top_k, self.seed = top_k, seed
         self.rows: list[list] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:

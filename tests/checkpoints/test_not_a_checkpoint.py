@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import generate as cli
-from checkpoints.errors import CheckpointError
+from checkpoints.choice import CheckpointError
 from checkpoints.format import read_checkpoint
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from inspection.attention_stats import head_statistics
-from inspection.explorer import build_explorer, dequantise_rows, max_pool, model_explorer, quantise_rows
+from inspection.explorer import build_explorer, max_pool, model_explorer, quantise_rows
 from inspection.phase_change import Formation, PhaseChangeDetector
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,6 +22,14 @@ def stats_for(maps: torch.Tensor) -> dict[str, torch.Tensor]:
     return {
         name: torch.rand(n_layer, n_head) for name in ("entropy", "sink_mass", "previous_token", "induction")
     }
+
+
+def dequantise_rows(row_max: np.ndarray, triangle: np.ndarray) -> np.ndarray:
+    """What the page's script does: (T, T) float32 with zeros above the diagonal, p = q / 255 * row_max."""
+    t = row_max.shape[0]
+    out = np.zeros((t, t), dtype=np.float32)
+    out[np.tril_indices(t)] = triangle.astype(np.float32) / 255.0
+    return out * row_max[:, None]
 
 
 def test_quantised_rows_keep_each_weight_within_half_a_step(explorer_kit):
