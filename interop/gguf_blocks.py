@@ -41,6 +41,7 @@ BLOCK_BYTES = {
     "Q5_K": 176,
     "Q6_K": 210,
 }
+KEPT_TYPES = tuple(BLOCK_BYTES)  # what keep_quantized keeps, as user messages name them
 
 
 class Blocks(NamedTuple):
