@@ -23,6 +23,7 @@ from generation.model_defaults import model_sampler
 from generation.speed import report_decode_speed, report_speculative_speed, speculative_run
 from generation.text import TextStream, encode_prompt, print_samples
 from interop import load
+from interop.gguf_blocks import KEPT_TYPES
 from model import generate
 from model.config import DTYPES
 from model.quantized import QuantizedLinear
@@ -152,8 +153,8 @@ def note_kept_blocks(model: torch.nn.Module, args: argparse.Namespace) -> None:
     layers = [m for m in model.modules() if isinstance(m, (torch.nn.Linear, QuantizedLinear))]
     kept = [m for m in layers if isinstance(m, QuantizedLinear)]
     if not kept:
-        print(f"note: --keep_quantized: {args.checkpoint} has no Q4_0/Q4_1/Q8_0 matrix to keep (its linear layers "
-              "are float), so this run is the same as without the flag", file=sys.stderr)  # fmt: skip
+        print(f"note: --keep_quantized: {args.checkpoint} has no {'/'.join(KEPT_TYPES)} matrix to keep (its "
+              "linear layers are float), so this run is the same as without the flag", file=sys.stderr)  # fmt: skip
         return
     size = sum(b.numel() * b.element_size() for m in kept for b in m.buffers()) / 1e6
     print(f"note: {len(kept)} of {len(layers)} linear layers kept in their GGUF blocks ({size:.0f} MB)",

@@ -1,10 +1,24 @@
-"""A GGUF file's Q4_0, Q4_1 and Q8_0 matrices as block codes, for `model.quantized.QuantizedLinear`.
+"""A GGUF file's Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K matrices as block codes, for `model.quantized.QuantizedLinear`.
 
 `interop.load(..., keep_quantized=True)` replaces each linear layer whose weight the file stores in one of
-these types by a `QuantizedLinear` of the same codes, so the float32 copy is dropped. The byte layouts
-(ggml's `block_q4_0`, `block_q4_1`, `block_q8_0`, 32 weights a block): a float16 scale `d`, for Q4_1 a float16
-minimum `m`, then the codes. 4-bit codes come two to a byte, weight j in the low nibble of byte j and weight
-j + 16 in its high nibble; Q4_0's weight is `d * (q - 8)`, Q4_1's `d * q + m`, Q8_0's `d * q` with q signed.
+these types by a `QuantizedLinear` of the same codes, so the float32 copy is dropped. The byte layouts are
+ggml's (ggml-common.h, ggml-quants.c):
+
+- `block_q4_0`, `block_q4_1`, `block_q8_0`, 32 weights a block: a float16 scale `d`, for Q4_1 a float16 minimum
+  `m`, then the codes. 4-bit codes come two to a byte, weight j in the low nibble of byte j and weight j + 16 in
+  its high nibble; Q4_0's weight is `d * (q - 8)`, Q4_1's `d * q + m`, Q8_0's `d * q` with q signed.
+- The K-quants, super-blocks of 256 weights. `block_q4_K` (144 bytes): float16 `d` and `dmin`, 12 bytes of
+  eight 6-bit scales `sc` and minima `m`, then 128 bytes of 4-bit codes, each 32 bytes holding two sub-blocks of
+  32 (low nibbles the first, high nibbles the second); sub-block s's weight is `d * sc[s] * q - dmin * m[s]`.
+  `block_q5_K` (176 bytes) is Q4_K with 32 bytes of fifth bits before the nibbles (bit s of byte l: weight l of
+  sub-block s). `block_q6_K` (210 bytes): 128 bytes of low nibbles, 64 of 2-bit highs, 16 signed 8-bit scales,
+  float16 `d`; sub-block t of 16 weights has weight `d * sc[t] * (q - 32)`.
+
+Each sub-block is one of our blocks: scale `d * sc` (an 11-bit by 8-bit product, exact in float32), minimum
+`-(dmin * m)` (exact too), so `scale * q + minimum` rounds once, where the `gguf` package's `d * sc * q - dmin * m`
+does, to the same float32. Q4_K is then Q4_1's 4-bit codes in blocks of 32, Q5_K 8-bit codes 0..31 with a
+minimum, Q6_K 8-bit codes q - 32 in blocks of 16 without one (its `d * sc * (q - 32)` has at most 23 significant
+bits, so it is exact whatever the order of the products).
 """
 
 from __future__ import annotations
@@ -15,23 +29,35 @@ import numpy as np
 import torch
 
 from model import GPT
-from model.quantized import QuantizedLinear
+from model.quantized import BLOCK, QuantizedLinear
 
-BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+BLOCK_BYTES = {
+    "Q4_0": 18,
+    "Q4_1": 20,
+    "Q5_0": 22,
+    "Q5_1": 24,
+    "Q8_0": 34,
+    "Q4_K": 144,
+    "Q5_K": 176,
+    "Q6_K": 210,
+}
+KEPT_TYPES = tuple(BLOCK_BYTES)  # what keep_quantized keeps, as user messages name them
 
 
 class Blocks(NamedTuple):
-    """One matrix: codes (out, in), scale and minimum (out, in / 32; minimum None for Q8_0), bits."""
+    """One matrix: codes (out, in), scale and minimum (out, in / block; minimum None for Q8_0 and Q6_K), bits,
+    codes per block."""
 
     codes: torch.Tensor
     scale: torch.Tensor
     minimum: torch.Tensor | None
     bits: int
+    block: int = BLOCK
 
     def rows(self, fn) -> Blocks:
         """The same matrix with `fn` applied to the rows of codes, scale and minimum alike."""
         minimum = None if self.minimum is None else fn(self.minimum)
-        return Blocks(fn(self.codes), fn(self.scale), minimum, self.bits)
+        return Blocks(fn(self.codes), fn(self.scale), minimum, self.bits, self.block)
 
 
 def read_blocks(data: np.ndarray, type_name: str) -> Blocks | None:
@@ -39,29 +65,140 @@ def read_blocks(data: np.ndarray, type_name: str) -> Blocks | None:
     if type_name not in BLOCK_BYTES:
         return None
     rows = data.shape[0]
-    raw = np.ascontiguousarray(data).reshape(rows, -1, BLOCK_BYTES[type_name])  # (rows, nb, bytes)
-    scale = torch.from_numpy(raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32))
-    if type_name == "Q8_0":
-        codes = torch.from_numpy(raw[..., 2:].copy().view(np.int8)).reshape(rows, -1)
-        return Blocks(codes, scale, None, 8)
-    start = 2 if type_name == "Q4_0" else 4
-    packed = torch.from_numpy(raw[..., start:].copy())  # (rows, nb, 16)
-    codes = torch.cat([packed & 15, packed >> 4], dim=-1).reshape(rows, -1)
-    if type_name == "Q4_0":
+    raw = torch.from_numpy(np.ascontiguousarray(data).reshape(rows, -1, BLOCK_BYTES[type_name]).copy())
+    return READERS[type_name](raw)  # raw: (rows, blocks, bytes)
+
+
+def _half(raw: torch.Tensor) -> torch.Tensor:
+    """(rows, nb, 2) bytes -> (rows, nb, 1) float32 of the little-endian float16 they hold."""
+    return raw.contiguous().view(torch.float16).float()
+
+
+def _q8_0(raw: torch.Tensor) -> Blocks:
+    rows = raw.shape[0]
+    return Blocks(
+        raw[..., 2:].contiguous().view(torch.int8).reshape(rows, -1), _half(raw[..., 0:2])[..., 0], None, 8
+    )
+
+
+def _nibbles_32(raw: torch.Tensor) -> torch.Tensor:
+    """(rows, nb, 32) low 4 bits of the codes of 32-blocks whose last 16 bytes hold them (Q4_0, Q4_1, Q5_0, Q5_1)."""
+    packed = raw[..., -16:]
+    return torch.cat([packed & 15, packed >> 4], dim=-1)
+
+
+def _bits(packed: torch.Tensor) -> torch.Tensor:
+    """(rows, nb, n) bytes -> (rows, nb, 8 n) bits, bit k of byte j at 8 j + k (a little-endian bit field)."""
+    bits = (packed[..., None] >> torch.arange(8, dtype=torch.uint8)) & 1
+    return bits.reshape(*packed.shape[:-1], -1)
+
+
+def _q4_0_or_1(raw: torch.Tensor) -> Blocks:
+    rows, scale = raw.shape[0], _half(raw[..., 0:2])[..., 0]
+    codes = _nibbles_32(raw).reshape(rows, -1)
+    if raw.shape[-1] == BLOCK_BYTES["Q4_0"]:
         minimum = -8 * scale  # d * (q - 8) == d * q - 8 d, both exact in float32
     else:
-        minimum = torch.from_numpy(raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
+        minimum = _half(raw[..., 2:4])[..., 0]
     return Blocks(codes, scale, minimum, 4)
 
 
-def stacked(parts: list[Blocks | None]) -> Blocks | None:
-    """Matrices stacked by rows into one fused layer, or None unless all are blocks of the same kind."""
-    first = parts[0]
-    if any(p is None or p.bits != first.bits for p in parts):
-        return None
-    minimum = None if first.minimum is None else torch.cat([p.minimum for p in parts])
+def _q5_0_or_1(raw: torch.Tensor) -> Blocks:
+    """The 32 fifth bits lie in the 4 bytes before the nibbles; Q5_0's code q - 16 is signed, without minimum."""
+    rows, scale = raw.shape[0], _half(raw[..., 0:2])[..., 0]
+    codes = (_nibbles_32(raw) | (_bits(raw[..., -20:-16]) << 4)).to(torch.int8).reshape(rows, -1)
+    if raw.shape[-1] == BLOCK_BYTES["Q5_0"]:
+        return Blocks(codes - 16, scale, None, 8)
+    return Blocks(codes, scale, _half(raw[..., 2:4])[..., 0], 8)
+
+
+def _k_scales(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K / Q5_K: (rows, nb, 8) float32 sub-block scales `d * sc` and minima `-(dmin * m)`. The 12 bytes hold
+    sc 0-3 and m 0-3 in the low 6 bits of bytes 0-3 and 4-7; sc 4-7 and m 4-7 in the low and high nibbles of
+    bytes 8-11, their top two bits in the top two bits of bytes 0-3 and 4-7."""
+    packed = raw[..., 4:16].to(torch.int32)
+    low, high, mixed = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    sc = torch.cat([low & 63, (mixed & 15) | ((low >> 6) << 4)], dim=-1)
+    m = torch.cat([high & 63, (mixed >> 4) | ((high >> 6) << 4)], dim=-1)
+    return _half(raw[..., 0:2]) * sc.float(), -(_half(raw[..., 2:4]) * m.float())
+
+
+def _nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """(rows, nb, 128) bytes -> (rows, nb, 256) codes: each 32 bytes give 32 low nibbles, then 32 high ones."""
+    chunks = packed.reshape(*packed.shape[:2], 4, 1, 32)
+    return torch.cat([chunks & 15, chunks >> 4], dim=3).reshape(*packed.shape[:2], 256)
+
+
+def _q4_k(raw: torch.Tensor) -> Blocks:
+    scale, minimum = _k_scales(raw)
+    rows = raw.shape[0]
     return Blocks(
-        torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]), minimum, first.bits
+        _nibbles(raw[..., 16:]).reshape(rows, -1), scale.reshape(rows, -1), minimum.reshape(rows, -1), 4
+    )
+
+
+def _q5_k(raw: torch.Tensor) -> Blocks:
+    scale, minimum = _k_scales(raw)
+    rows, nb = raw.shape[:2]
+    fifth = (
+        _bits(raw[..., 16:48]).reshape(rows, nb, 32, 8).transpose(-1, -2)
+    )  # (rows, nb, sub-block s, weight l)
+    codes = _nibbles(raw[..., 48:]) | (fifth.reshape(rows, nb, 256) << 4)
+    return Blocks(
+        codes.to(torch.int8).reshape(rows, -1), scale.reshape(rows, -1), minimum.reshape(rows, -1), 8
+    )
+
+
+def _q6_k(raw: torch.Tensor) -> Blocks:
+    rows, nb = raw.shape[:2]
+    # Each half of 128 weights: 64 bytes of low nibbles (weights 0-63, then 64-127) and 32 bytes of 2-bit highs
+    # (weights l, 32 + l, 64 + l, 96 + l in bits 0-1, 2-3, 4-5, 6-7 of byte l).
+    low = raw[..., 0:128].reshape(rows, nb, 2, 1, 64)
+    low = torch.cat([low & 15, low >> 4], dim=3).reshape(rows, nb, 2, 128)
+    high = raw[..., 128:192].reshape(rows, nb, 2, 1, 32) >> torch.arange(0, 8, 2, dtype=torch.uint8)[:, None]
+    high = (high & 3).reshape(rows, nb, 2, 128)
+    codes = ((low | (high << 4)).to(torch.int8) - 32).reshape(rows, -1)
+    sc = raw[..., 192:208].contiguous().view(torch.int8).float()
+    return Blocks(codes, (_half(raw[..., 208:210]) * sc).reshape(rows, -1), None, 8, 16)
+
+
+READERS = {
+    "Q4_0": _q4_0_or_1,
+    "Q4_1": _q4_0_or_1,
+    "Q5_0": _q5_0_or_1,
+    "Q5_1": _q5_0_or_1,
+    "Q8_0": _q8_0,
+    "Q4_K": _q4_k,
+    "Q5_K": _q5_k,
+    "Q6_K": _q6_k,
+}
+
+
+def _widened(matrix: Blocks, bits: int, block: int, with_minimum: bool) -> Blocks:
+    """The same weights as `bits`-bit codes in blocks of `block` (no wider, no longer than its own), with a
+    minimum of zeros if it has none and `with_minimum`: the codes as they are (4-bit codes fit 8 bits), each
+    scale and minimum repeated over the smaller blocks it spans. Exact: `s * q + 0` is `s * q`."""
+    repeat = matrix.block // block
+    scale = matrix.scale.repeat_interleave(repeat, dim=1)
+    minimum = matrix.minimum
+    if minimum is None and with_minimum:
+        minimum = torch.zeros_like(matrix.scale)
+    minimum = None if minimum is None else minimum.repeat_interleave(repeat, dim=1)
+    return Blocks(matrix.codes.to(torch.int16), scale, minimum, bits, block)
+
+
+def stacked(parts: list[Blocks | None]) -> Blocks | None:
+    """Matrices stacked by rows into one fused layer, or None unless all are blocks. Parts of different types
+    (Q4_K_M stores some layers' v or down as Q6_K) share the widest codes, the shortest blocks and a minimum if
+    any has one, so the fused layer holds the very weights of each part."""
+    if any(p is None for p in parts):
+        return None
+    bits, block = max(p.bits for p in parts), min(p.block for p in parts)
+    with_minimum = any(p.minimum is not None for p in parts)
+    parts = [_widened(p, bits, block, with_minimum) for p in parts]
+    minimum = torch.cat([p.minimum for p in parts]) if with_minimum else None
+    return Blocks(
+        torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]), minimum, bits, block
     )
 
 
@@ -80,4 +217,4 @@ def keep_blocks(model: GPT, blocks: dict[str, Blocks]) -> None:
         layer = "lm_head" if name == "wte.weight" else name.removesuffix(".weight")
         parent, _, child = layer.rpartition(".")
         module = model.get_submodule(parent) if parent else model
-        setattr(module, child, QuantizedLinear(matrix.codes, matrix.scale, matrix.minimum, matrix.bits))
+        setattr(module, child, QuantizedLinear(*matrix))

@@ -21,7 +21,7 @@ from data.tokenizer import Tokenizer
 from model.config import ModelConfig
 from model.gpt import GPT
 
-from .gguf_blocks import keep_blocks, linear_weights
+from .gguf_blocks import KEPT_TYPES, keep_blocks, linear_weights
 from .gguf_file import GGUFFile
 from .hf_folder import load_hf, read_hf_config
 from .hub import download_snapshot
@@ -64,7 +64,8 @@ def load(
 ) -> Loaded:
     """Our GPT and tokenizer for any model name (see interop.source); `dtype` None keeps the stored one.
 
-    `keep_quantized` (a .gguf file, float32): matrices stored as Q4_0, Q4_1 or Q8_0 stay in their blocks
+    `keep_quantized` (a .gguf file, float32): matrices stored as Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or a K-quant
+    (Q4_K, Q5_K, Q6_K) stay in their blocks
     (model.quantized.QuantizedLinear): the same weights, ~5x smaller, read directly by the compiled step.
     """
     if keep_quantized and dtype not in (None, torch.float32):
@@ -72,7 +73,7 @@ def load(
     source = resolve(name, revision)
     if keep_quantized and source.kind != "gguf":
         raise PretrainedError(
-            f"{name}: keep_quantized needs a .gguf file (its Q4_0, Q4_1 or Q8_0 blocks); this is "
+            f"{name}: keep_quantized needs a .gguf file (its {', '.join(KEPT_TYPES)} blocks); this is "
             f"{DESCRIPTIONS[source.kind]}"
         )
     model, tokenizer = _reader(source).model(source.path, keep_quantized)

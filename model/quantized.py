@@ -1,4 +1,5 @@
-"""Linear layers whose weights stay in blocks of 32 codes, as a GGUF file stores them (Q4_0, Q4_1, Q8_0).
+"""Linear layers whose weights stay in blocks of codes, as a GGUF file stores them (Q4_0, Q4_1, Q8_0, and the
+K-quants' sub-blocks: Q4_K, Q5_K of 32, Q6_K of 16; interop/gguf_blocks.py).
 
 Weight j of block b is `scale[b] * code[j] + minimum[b]`, computed in float32: the very value the `gguf`
 package's dequantisation gives (and so the weights transformers runs). A 4-bit weight takes 6 bits with its
@@ -16,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-BLOCK = 32  # codes per block, one scale (and minimum) each
+BLOCK = 32  # codes per group of packed words; a block (one scale and minimum) is this or half of it
+BLOCK_SIZES = (16, 32)  # Q6_K's sub-blocks hold 16 codes, every other type's 32
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -36,9 +38,10 @@ class QuantizedLinear(nn.Module):
 
     Args:
         codes: (out, in) integer codes, `in` a multiple of 32; 0..15 for 4 bits, -128..127 for 8 bits.
-        scale: (out, in / 32) float32 scale of each block.
-        minimum: (out, in / 32) float32 offset of each block, or None (8 bits: Q8_0 has none).
+        scale: (out, in / block) float32 scale of each block.
+        minimum: (out, in / block) float32 offset of each block, or None (Q8_0 and Q6_K have none).
         bits: 4 or 8.
+        block: codes per block, 32 or 16.
     """
 
     def __init__(
@@ -47,13 +50,24 @@ class QuantizedLinear(nn.Module):
         scale: torch.Tensor,
         minimum: torch.Tensor | None,
         bits: int,
+        block: int = BLOCK,
     ) -> None:
         super().__init__()
-        if bits not in (4, 8) or codes.shape[1] % BLOCK:
+        if bits not in (4, 8) or block not in BLOCK_SIZES or codes.shape[1] % BLOCK:
             raise ValueError(
-                f"blocks of {BLOCK} 4- or 8-bit codes, got {bits} bits and {codes.shape[1]} inputs"
+                f"blocks of 16 or 32 4- or 8-bit codes, {BLOCK} dividing the inputs; got {bits} bits, blocks of "
+                f"{block} and {codes.shape[1]} inputs"
             )
-        self.bits, self.in_features, self.out_features = bits, codes.shape[1], codes.shape[0]
+        if scale.shape != (codes.shape[0], codes.shape[1] // block):
+            raise ValueError(
+                f"one scale per block of {block}: {tuple(scale.shape)} for codes {tuple(codes.shape)}"
+            )
+        self.bits, self.block, self.in_features, self.out_features = (
+            bits,
+            block,
+            codes.shape[1],
+            codes.shape[0],
+        )
         self.register_buffer("words", pack_codes(codes, bits))
         self.register_buffer("scale", scale.t().contiguous().float())  # (nb, out)
         self.register_buffer("minimum", None if minimum is None else minimum.t().contiguous().float())
@@ -75,7 +89,9 @@ class QuantizedLinear(nn.Module):
     def dequantize(self) -> torch.Tensor:
         """The float32 weight (out, in)."""
         codes = torch.stack([self.code(i) for i in range(32 // self.bits)], dim=2)  # (nb, bits, k, out)
-        weight = codes.view(-1, BLOCK, self.out_features).mul_(self.scale[:, None])  # in place: a prefill
+        weight = codes.view(-1, self.block, self.out_features).mul_(
+            self.scale[:, None]
+        )  # in place: a prefill
         if self.minimum is not None:  # dequantises every matrix, so each pass over them counts
             weight.add_(self.minimum[:, None])
         return weight.view(self.in_features, self.out_features).t()
@@ -84,11 +100,19 @@ class QuantizedLinear(nn.Module):
         if x.shape[:-1].numel() != 1:
             return F.linear(x, self.dequantize().to(x.dtype))
         groups = x.float().reshape(-1, self.bits, 32 // self.bits)  # (nb, bits, k): the inputs of each word
-        per_block = sum(self.code(i) * groups[:, :, i, None] for i in range(32 // self.bits)).sum(1)
+        per_word = sum(
+            self.code(i) * groups[:, :, i, None] for i in range(32 // self.bits)
+        )  # (nb, bits, out)
+        per_block = per_word.view(-1, self.block * self.bits // 32, self.out_features).sum(
+            1
+        )  # words of a block
         y = (self.scale * per_block).sum(0)  # (out,)
         if self.minimum is not None:
-            y = y + (self.minimum * groups.sum((1, 2))[:, None]).sum(0)
+            y = y + (self.minimum * groups.reshape(-1, self.block).sum(1)[:, None]).sum(0)
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
+            f"block={self.block}"
+        )

@@ -206,7 +206,8 @@ def test_keep_quantized_on_a_float_gguf_says_so_in_one_line(gguf_of, capsys):
     code, _, err = run_cli(capsys, "--checkpoint", gguf_of(), "--prompt", "a", "--max_new_tokens", "2",
                            "--keep_quantized")  # fmt: skip
     notes = [line for line in err.splitlines() if line.startswith("note:")]
-    assert code == 0 and len(notes) == 1 and "no Q4_0/Q4_1/Q8_0 matrix to keep" in notes[0], err
+    kept_types = "Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K"
+    assert code == 0 and len(notes) == 1 and f"no {kept_types} matrix to keep" in notes[0], err
 
 
 def test_compile_builds_the_step_before_the_first_token(ckpt, capsys, monkeypatch):
