@@ -12,20 +12,18 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, decoders, models
 from tokenizers import Tokenizer as BackendTokenizer
 
 from common.errors import UserError, first_line
 from common.model_files import check_ids, check_types, read_json_object
 from common.tokens import split_tokenizer_json
+from data import pre_tokenizers
 from data.tokenizer import Tokenizer, TokenRules
 
 # Token types of a GGUF vocabulary (gguf.TokenType): control tokens are special, user-defined ones are added,
 # unused ones pad the vocabulary to the embedding's rows.
 GGUF_NORMAL, GGUF_CONTROL, GGUF_USER_DEFINED, GGUF_UNUSED = 1, 3, 4, 5
-# llama.cpp's pre-tokenizer names for byte-level BPE vocabularies we can rebuild exactly: GPT-2's split regex,
-# and SmolLM's, which first isolates every digit (as its tokenizer.json's Digits(individual_digits) does).
-GGUF_PRE_TOKENIZERS = ("gpt-2", "default", "smollm")
 
 
 def tokenizer_from_hf_folder(folder: Path) -> Tokenizer:
@@ -145,20 +143,20 @@ def tokenizer_from_gguf(vocab: GGUFVocabulary, source: str) -> Tokenizer:
             f"{source}: tokenizer.ggml.model={vocab.model!r} is not supported (only 'gpt2' byte-level BPE); "
             "load the model's Hugging Face folder instead"
         )
-    if vocab.pre not in GGUF_PRE_TOKENIZERS:
+    form = pre_tokenizers.readable(vocab.pre)
+    if form is None:
+        known = ", ".join([*pre_tokenizers.PRE_TOKENIZERS, *pre_tokenizers.READ_AS])
         raise UserError(
-            f"{source}: tokenizer.ggml.pre={vocab.pre!r} is not supported (only {', '.join(GGUF_PRE_TOKENIZERS)}); "
+            f"{source}: tokenizer.ggml.pre={vocab.pre!r} is not supported (only {known}); "
             "load the model's Hugging Face folder instead"
         )
     ids = {token: i for i, token in enumerate(vocab.tokens)}
     merges = [tuple(merge.split(" ", 1)) for merge in vocab.merges]
-    backend = BackendTokenizer(models.BPE(vocab=ids, merges=merges, fuse_unk=False))
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if vocab.pre == "smollm":
-        digits = pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated")
-        backend.pre_tokenizer = pre_tokenizers.Sequence([digits, byte_level])
-    else:
-        backend.pre_tokenizer = byte_level
+    model = models.BPE(vocab=ids, merges=merges, fuse_unk=False, ignore_merges=form.ignore_merges)
+    backend = BackendTokenizer(model)
+    backend.pre_tokenizer, normalizer = pre_tokenizers.build(form)
+    if normalizer is not None:
+        backend.normalizer = normalizer
     backend.decoder = decoders.ByteLevel()
     # Added tokens keep their vocabulary ids and are matched whole in any text, as llama.cpp does.
     for kind, add in ((GGUF_CONTROL, backend.add_special_tokens), (GGUF_USER_DEFINED, backend.add_tokens)):

@@ -2,8 +2,10 @@
 
     python -m interop.export_gguf --checkpoint runs/x --out x.gguf [--dtype f32|f16|bf16|q8_0] [--force]
 
---checkpoint is any model name `interop` resolves. Only a byte-level BPE (`gpt2`) vocabulary is written;
-another (a sentencepiece-style tokenizer with byte fallback) is refused with one line.
+--checkpoint is any model name `interop` resolves. Only a byte-level BPE (`gpt2`) vocabulary is written, with
+the pre-tokenizer llama.cpp knows it by (`gpt-2` for our own BPE; `smollm`, `qwen2`, `llama-bpe` for those
+models' tokenizers: data/pre_tokenizers.py); another (a sentencepiece-style tokenizer with byte fallback, an
+unknown split) is refused with one line naming it.
 
 Needs the optional `gguf` package: pip install -e ".[gguf]". The file is written under a temporary name in
 the same folder and renamed into place, so an interrupted export never leaves a partial file at `--out`.
@@ -25,7 +27,7 @@ from data.tokenizer import Tokenizer
 from model.gpt import GPT
 
 from .gguf_file import import_gguf
-from .gguf_layout import PRE_TOKENIZER, gguf_architecture, gguf_tensors, gguf_vocab, hyperparameters
+from .gguf_layout import gguf_architecture, gguf_tensors, gguf_vocab, hyperparameters
 from .load import load
 
 GGUFDtype = Literal["f32", "f16", "bf16", "q8_0"]
@@ -40,7 +42,12 @@ Q8_0_BLOCK = 32  # q8_0 quantises rows in blocks of 32 values
 
 
 def export_gguf(
-    model: GPT, tokenizer: Tokenizer, out: str | Path, dtype: GGUFDtype = "f32", force: bool = False
+    model: GPT,
+    tokenizer: Tokenizer,
+    out: str | Path,
+    dtype: GGUFDtype = "f32",
+    force: bool = False,
+    tokenizer_name: str = "the tokenizer",
 ) -> Path:
     """Write `model` and its tokenizer as a llama.cpp GGUF file at `out` and return its path.
 
@@ -48,6 +55,7 @@ def export_gguf(
 
     Norm weights stay float32 whatever `dtype` is (llama.cpp keeps 1-D tensors in f32); with q8_0, a matrix
     whose rows are not a multiple of 32 falls back to f16. An existing `out` is replaced only with `force`.
+    A tokenizer llama.cpp would tokenize differently is a UserError naming `tokenizer_name`.
     """
     gguf = import_gguf()
     out = Path(out).expanduser()
@@ -55,7 +63,7 @@ def export_gguf(
     if dtype not in GGUF_DTYPES:
         raise UserError(f"--dtype {dtype!r} is not one of {', '.join(GGUF_DTYPES)}")
     architecture = gguf_architecture(model.config)  # before writing anything: an unsupported mix is refused
-    vocab = gguf_vocab(tokenizer, model.config.vocab_size)
+    vocab = gguf_vocab(tokenizer, model.config.vocab_size, tokenizer_name)
     with atomic_path(out) as tmp:
         writer = gguf.GGUFWriter(tmp, architecture)
         write_metadata(gguf, writer, model, vocab, dtype, name=out.stem)
@@ -72,7 +80,7 @@ def export_gguf(
 
 
 def write_metadata(gguf: ModuleType, writer, model: GPT, vocab, dtype: GGUFDtype, name: str) -> None:
-    """Architecture hyperparameters and the `gpt2` tokenizer, keyed as llama.cpp reads them."""
+    """Architecture hyperparameters and the `gpt2` tokenizer with its pre-tokenizer, keyed as llama.cpp reads them."""
     writer.add_name(name)
     writer.add_file_type(int(getattr(gguf.LlamaFileType, FILE_TYPES[dtype])))
     for key, value in hyperparameters(model).items():
@@ -82,7 +90,7 @@ def write_metadata(gguf: ModuleType, writer, model: GPT, vocab, dtype: GGUFDtype
         else:
             writer.add_uint32(full_key, value)
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(PRE_TOKENIZER)
+    writer.add_tokenizer_pre(vocab.pre)
     writer.add_token_list(vocab.tokens)
     writer.add_token_types(vocab.token_types)
     writer.add_token_merges(vocab.merges)
@@ -132,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     import_gguf()  # before reading a possibly large checkpoint
     refuse_existing(Path(args.out).expanduser(), args.force, file=True)
     loaded = load(args.checkpoint, args.revision)  # a bad name is a UserError: one line, exit 2
-    out = export_gguf(loaded.model, loaded.tokenizer, args.out, dtype=args.dtype, force=args.force)
+    name = f"the tokenizer of {args.checkpoint}"
+    out = export_gguf(loaded.model, loaded.tokenizer, args.out, args.dtype, args.force, tokenizer_name=name)
     print(
         f'exported {loaded.source} -> {out} ({args.dtype}); run it with: llama-completion -m {out} -no-cnv -p "..."'
     )

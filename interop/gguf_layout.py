@@ -14,6 +14,7 @@ import json
 import torch
 
 from common.errors import UserError
+from data import pre_tokenizers
 from data.pretrained_tokenizer import (
     GGUF_CONTROL,
     GGUF_NORMAL,
@@ -28,10 +29,6 @@ from model.rope import inverse_frequencies
 
 from .hf_config import hf_model_type
 from .names import INTERLEAVED, to_format
-
-# llama.cpp's name for the GPT-2 split regex; tokenizer.json's ByteLevel pre-tokenizer with use_regex=True
-# splits with the same expression.
-PRE_TOKENIZER = "gpt-2"
 
 
 def gguf_architecture(config: ModelConfig) -> str:
@@ -82,15 +79,17 @@ def hyperparameters(model: GPT) -> dict[str, int | float]:
     }
 
 
-def gguf_vocab(tokenizer: Tokenizer, vocab_size: int) -> GGUFVocabulary:
+def gguf_vocab(tokenizer: Tokenizer, vocab_size: int, source: str = "the tokenizer") -> GGUFVocabulary:
     """A byte-level BPE tokenizer and its rules as a `gpt2` GGUF vocabulary of exactly `vocab_size` rows.
 
+    The pre-tokenizer is named as llama.cpp knows it (data/pre_tokenizers.py: `gpt-2` for our own BPE).
     Rows past the tokenizer's size (a model may hold a larger embedding) become unused padding tokens, as
-    llama.cpp needs one token per embedding row. Anything llama.cpp's `gpt-2` tokenizer would split or
-    merge differently is a UserError, so no file tokenizes differently from us.
+    llama.cpp needs one token per embedding row. Anything llama.cpp would split or merge differently is a
+    UserError naming `source`, so no file tokenizes differently from us.
     """
     spec = json.loads(tokenizer.backend_json)
-    check_gpt2_compatible(spec)
+    check_byte_level_bpe(spec, source)
+    pre = pre_tokenizers.llamacpp_name(spec, source)
     vocab: dict[str, int] = dict(spec["model"]["vocab"])
     added = {token["content"]: token for token in spec.get("added_tokens", [])}
     vocab |= {content: int(token["id"]) for content, token in added.items()}
@@ -106,26 +105,25 @@ def gguf_vocab(tokenizer: Tokenizer, vocab_size: int) -> GGUFVocabulary:
         types[token_id] = GGUF_CONTROL if special else GGUF_USER_DEFINED if content in added else GGUF_NORMAL
     merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"].get("merges", [])]
     rules = tokenizer.rules
-    return GGUFVocabulary("gpt2", PRE_TOKENIZER, tokens, types, merges, rules.eos_ids[0], rules.bos_id,
+    return GGUFVocabulary("gpt2", pre, tokens, types, merges, rules.eos_ids[0], rules.bos_id,
                           rules.add_bos, rules.chat_template)  # fmt: skip
 
 
-def check_gpt2_compatible(spec: dict) -> None:
-    """Raise a one-line UserError unless tokenizer.json is a byte-level BPE with GPT-2's split regex."""
-    model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
+def check_byte_level_bpe(spec: dict, source: str) -> None:
+    """Raise a one-line UserError unless tokenizer.json's model merges as llama.cpp's `gpt2` BPE does."""
+    model = spec.get("model") or {}
     checks = [
         ("model.type", model.get("type") == "BPE", "only BPE tokenizers are supported"),
         ("model.byte_fallback", not model.get("byte_fallback"), "byte fallback is not byte-level BPE"),
         ("model.dropout", model.get("dropout") in (None, 0.0), "BPE dropout makes tokenization random"),
         ("model.continuing_subword_prefix", not model.get("continuing_subword_prefix"), "llama.cpp has none"),
         ("model.end_of_word_suffix", not model.get("end_of_word_suffix"), "llama.cpp has no suffix"),
-        ("normalizer", spec.get("normalizer") is None, "llama.cpp's gpt-2 tokenizer does not normalize text"),
-        ("pre_tokenizer.type", pre.get("type") == "ByteLevel", "only ByteLevel matches 'gpt-2'"),
-        ("pre_tokenizer.use_regex", pre.get("use_regex", True), "the GPT-2 split regex must be on"),
-        ("pre_tokenizer.add_prefix_space", not pre.get("add_prefix_space"), "llama.cpp adds no prefix space"),
     ]
+    for token in spec.get("added_tokens", []):  # llama.cpp matches an added token exactly where it stands
+        for flag in ("lstrip", "rstrip", "single_word"):
+            checks.append(
+                (f"added_tokens {token['content']!r} {flag}", not token.get(flag), "llama.cpp ignores it")
+            )
     for field, ok, why in checks:
         if not ok:
-            raise UserError(
-                f"tokenizer.json field {field} cannot be declared as llama.cpp's '{PRE_TOKENIZER}': {why}"
-            )
+            raise UserError(f"{source}: tokenizer.json field {field} cannot be written for llama.cpp: {why}")
