@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .row_kernel import row_product_op
+
 BLOCK = 32  # codes per block, one scale (and minimum) each
 
 
@@ -83,12 +85,24 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[:-1].numel() != 1:
             return F.linear(x, self.dequantize().to(x.dtype))
+        kernel = self._row_kernel(x)
+        if kernel is not None:
+            return kernel(x, self.words, self.scale, self.minimum, self.bits)
         groups = x.float().reshape(-1, self.bits, 32 // self.bits)  # (nb, bits, k): the inputs of each word
         per_block = sum(self.code(i) * groups[:, :, i, None] for i in range(32 // self.bits)).sum(1)
         y = (self.scale * per_block).sum(0)  # (out,)
         if self.minimum is not None:
             y = y + (self.minimum * groups.sum((1, 2))[:, None]).sum(0)
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def _row_kernel(self, x: torch.Tensor):
+        """The C++ one-row product (model/row_kernel.py) where it applies: a float32 row on the CPU without
+        autograd, and blocks of 32 inputs (words (in / 32, bits, out)); None keeps the float path below."""
+        if x.device.type != "cpu" or x.dtype != torch.float32 or x.requires_grad:
+            return None
+        if self.words.shape[1] != self.bits or self.words.shape[0] * BLOCK != self.in_features:
+            return None
+        return row_product_op()
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}"
