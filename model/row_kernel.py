@@ -61,7 +61,9 @@ def _load():
             _open_or_build(library_path())
             _register_fake()
             return torch.ops.gqa_quant.row_product
-        except Exception as error:  # a compiler's or loader's failure, whatever its type: the float path stays
+        except (
+            Exception
+        ) as error:  # a compiler's or loader's failure, whatever its type: the float path stays
             lines = str(error).strip().splitlines()  # a compiler's log: its last line says why
             reason = f"its build failed: {lines[-1] if lines else type(error).__name__}"
     print(
