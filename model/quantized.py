@@ -6,8 +6,11 @@ block's float32 scale and minimum, against 32 for float32: SmolLM2-135M's matric
 included) shrink from 540 MB to 111 MB, and a decode step, which reads every weight once, reads that much less
 (`python -m benchmarks.decode_vs_hf --configs smollm2`). The codes are packed into int32 words (eight 4-bit or
 four 8-bit codes) laid out (block, word, output): a one-row product is then a sum over blocks and words that
-reads each word once and is vectorised across outputs, which Inductor fuses inside the compiled decode step. More rows (a prefill, several samples, a
-speculative check) dequantise the whole matrix at every call and keep the matrix product.
+reads each word once and is vectorised across outputs. On the CPU that product is the C++ kernel of
+model/row_kernel.py (integer multiply-adds against the row rounded to 16 bits per block), eagerly and inside
+the compiled decode step; where it cannot run, the same sum written in torch (which Inductor fuses when
+compiled). More rows (a prefill, several samples, a speculative check) dequantise the whole matrix at every
+call and keep the matrix product.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("words", pack_codes(codes, bits))
         self.register_buffer("scale", scale.t().contiguous().float())  # (nb, out)
         self.register_buffer("minimum", None if minimum is None else minimum.t().contiguous().float())
+        if codes.device.type == "cpu":
+            row_product_op()  # loaded (or built) now: a compiled step's trace cannot build it
 
     def _apply(self, fn, recurse=True):
         converts_to = fn(torch.zeros(1, device=self.words.device)).dtype  # .half(), .to(torch.bfloat16)
