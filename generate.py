@@ -159,8 +159,8 @@ def note_kept_blocks(model: torch.nn.Module, args: argparse.Namespace) -> None:
     size = sum(b.numel() * b.element_size() for m in kept for b in m.buffers()) / 1e6
     print(f"note: {len(kept)} of {len(layers)} linear layers kept in their GGUF blocks ({size:.0f} MB)",
           file=sys.stderr)  # fmt: skip
-    if not args.compile or args.num_samples > 1 or args.no_cache or args.draft or args.prompt_lookup:
-        print("note: only --compile with one sample reads the blocks directly; this run dequantises every "
+    if args.num_samples > 1 or args.no_cache or args.draft or args.prompt_lookup:
+        print("note: only one sample with the cache reads the blocks directly; this run dequantises every "
               "matrix at each step, slower than without --keep_quantized", file=sys.stderr)  # fmt: skip
 
 

@@ -14,7 +14,8 @@ prompt, and the prefill of a --prefill_len prompt alone (pp512 by default). llam
 program (tools/llamacpp/probe.cpp), which times its prompt pass and its decode steps itself, so process start
 and model loading are left out, as building our model is; our side is timed the same way (the first new
 token ends the prefill: benchmarks.decode.timed_decode). The sides alternate within every round and medians
-are taken (generation/timing.py).
+are taken (generation/timing.py). Our side is the eager step, `generate`'s default path, and with --compile the
+compiled step next to it; on the kept blocks both call the C++ one-row kernel (model/row_kernel.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from data.tokenizer import Tokenizer
 from generation.timing import alternate_medians
 from interop.export_gguf import export_gguf
 from model import GPT, ModelConfig, generate
+from model.static_decode import static_decoder
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {name: DECODE_CONFIGS[name] for name in ("small", "large")}  # the same models as decode_vs_hf
@@ -52,7 +54,7 @@ def random_prompt(config: ModelConfig, length: int) -> torch.Tensor:
     return torch.randint(config.vocab_size, (1, length), generator=torch.Generator().manual_seed(1))
 
 
-def pairs(name: str, folder: Path, compile: bool) -> list[tuple[str, GPT, Path]]:
+def pairs(name: str, folder: Path) -> list[tuple[str, GPT, Path]]:
     """(label, our model, llama.cpp's GGUF of the same weights) for one config; files go into `folder`."""
     if name != "smollm2":
         torch.manual_seed(0)
@@ -67,12 +69,12 @@ def pairs(name: str, folder: Path, compile: bool) -> list[tuple[str, GPT, Path]]
     f32 = export_gguf(loaded.model, ids_only, folder / "smollm2-f32.gguf")
     # Our step on the file's own Q4_1 blocks against llama.cpp on that file: the same bytes on both sides.
     blocks = load(shipped, keep_quantized=True).model
-    return [("smollm2 f32", loaded.model, f32), ("smollm2 Q4_1" + " compiled" * compile, blocks, shipped)]
+    return [("smollm2 f32", loaded.model, f32), ("smollm2 Q4_1", blocks, shipped)]
 
 
 def bench_pair(label: str, model: GPT, gguf: Path, probe: Path, args: argparse.Namespace) -> None:
     """Print one model's decode and prefill tokens/s on both sides, their ratios, and whether the tokens agree."""
-    config, threads, ours = model.config, torch.get_num_threads(), {"compile": args.compile}
+    config, threads = model.config, torch.get_num_threads()
     prompt, long = random_prompt(config, args.prompt_len), random_prompt(config, args.prefill_len)
 
     def theirs(tokens: torch.Tensor, n: int):
@@ -82,28 +84,43 @@ def bench_pair(label: str, model: GPT, gguf: Path, probe: Path, args: argparse.N
 
         return run
 
-    runs = {
-        "ours decode": lambda: timed_decode(model, prompt, args.new_tokens, **ours),
+    # Our eager step (the default path) always, the compiled one too with --compile; prefill is eager on both.
+    ours = {"ours": False, "ours compiled": True} if args.compile else {"ours": False}
+    runs = {f"{side} decode": decode_run(model, prompt, args.new_tokens, c) for side, c in ours.items()}
+    runs |= {
         "llama.cpp decode": theirs(prompt, args.new_tokens),
-        "ours prefill": lambda: timed_decode(model, long, 1, **ours),
+        "ours prefill": lambda: timed_decode(model, long, 1),
         "llama.cpp prefill": theirs(long, 1),
     }
     with torch.inference_mode():
+        if args.compile:  # the compiled step is built before the timed rounds, not inside the first
+            static_decoder(model, 1, length=args.prompt_len + args.new_tokens).warm_up()
         medians = alternate_medians(runs, args.repeats)
-        ours_ids = generate(model, prompt, args.new_tokens, temperature=0, **ours)[
-            0, args.prompt_len :
-        ].tolist()
+        ours_ids = {
+            side: generate(model, prompt, args.new_tokens, temperature=0, compile=c)[
+                0, args.prompt_len :
+            ].tolist()
+            for side, c in ours.items()
+        }
     theirs_ids = run_probe(probe, gguf, prompt[0].tolist(), args.new_tokens, threads)[0]
-    decode = {side: medians[f"{side} decode"][1] for side in ("ours", "llama.cpp")}
+    llama = medians["llama.cpp decode"][1]
+    decode = " ".join(
+        f"{side} {medians[f'{side} decode'][1]:7.1f} tok/s ({medians[f'{side} decode'][1] / llama:4.2f}x),"
+        for side in ours
+    )
     prefill = {side: args.prefill_len / medians[f"{side} prefill"][0] for side in ("ours", "llama.cpp")}
+    same = all(ids == theirs_ids for ids in ours_ids.values())
     print(
         f"{label} ({config.n_layer}L {config.n_embd}C {config.n_head}H/{config.n_kv_head}kv "
-        f"{bytes_per_token(model, 0) / 1e6:.0f} MB of weights) | threads: ours {threads}, llama.cpp {threads} | decode: ours "
-        f"{decode['ours']:7.1f} tok/s, llama.cpp {decode['llama.cpp']:7.1f}, ours/llama.cpp "
-        f"{decode['ours'] / decode['llama.cpp']:4.2f}x | pp{args.prefill_len}: ours {prefill['ours']:7.0f} tok/s, "
+        f"{bytes_per_token(model, 0) / 1e6:.0f} MB of weights) | threads: ours {threads}, llama.cpp {threads} | decode: "
+        f"{decode} llama.cpp {llama:7.1f} | pp{args.prefill_len}: ours {prefill['ours']:7.0f} tok/s, "
         f"llama.cpp {prefill['llama.cpp']:7.0f}, ours/llama.cpp {prefill['ours'] / prefill['llama.cpp']:4.2f}x | "
-        f"same tokens: {ours_ids == theirs_ids}"
+        f"same tokens: {same}"
     )
+
+
+def decode_run(model: GPT, prompt: torch.Tensor, new_tokens: int, compile: bool):
+    return lambda: timed_decode(model, prompt, new_tokens, compile=compile)
 
 
 def main() -> None:
@@ -119,7 +136,7 @@ def main() -> None:
     add(
         "--compile",
         action="store_true",
-        help="our compiled step instead of eager decoding (CPU compiles: minutes)",
+        help="our compiled step too, next to the eager one (CPU compiles: tens of seconds)",
     )
     add("--prompt_len", type=int, default=64, help="prompt tokens before the decode (random ids)")
     add("--new_tokens", type=int, default=256, help="tokens decoded per run")
@@ -137,7 +154,7 @@ def main() -> None:
     )
     for name in args.configs:
         with tempfile.TemporaryDirectory() as tmp:
-            for label, model, gguf in pairs(name, Path(tmp), args.compile):
+            for label, model, gguf in pairs(name, Path(tmp)):
                 bench_pair(label, model, gguf, probe, args)
 
 

@@ -7,8 +7,11 @@ block's float32 scale and minimum, against 32 for float32: SmolLM2-135M's matric
 included) shrink from 540 MB to 111 MB, and a decode step, which reads every weight once, reads that much less
 (`python -m benchmarks.decode_vs_hf --configs smollm2`). The codes are packed into int32 words (eight 4-bit or
 four 8-bit codes) laid out (block, word, output): a one-row product is then a sum over blocks and words that
-reads each word once and is vectorised across outputs, which Inductor fuses inside the compiled decode step. More rows (a prefill, several samples, a
-speculative check) dequantise the whole matrix at every call and keep the matrix product.
+reads each word once and is vectorised across outputs. On the CPU that product is the C++ kernel of
+model/row_kernel.py (integer multiply-adds against the row rounded to 16 bits per block), eagerly and inside
+the compiled decode step; where it cannot run, the same sum written in torch (which Inductor fuses when
+compiled). More rows (a prefill, several samples, a speculative check) dequantise the whole matrix at every
+call and keep the matrix product.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .row_kernel import row_product_op
 
 BLOCK = 32  # codes per group of packed words; a block (one scale and minimum) is this or half of it
 BLOCK_SIZES = (16, 32)  # Q6_K's sub-blocks hold 16 codes, every other type's 32
@@ -71,6 +76,8 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("words", pack_codes(codes, bits))
         self.register_buffer("scale", scale.t().contiguous().float())  # (nb, out)
         self.register_buffer("minimum", None if minimum is None else minimum.t().contiguous().float())
+        if codes.device.type == "cpu":
+            row_product_op()  # loaded (or built) now: a compiled step's trace cannot build it
 
     def _apply(self, fn, recurse=True):
         converts_to = fn(torch.zeros(1, device=self.words.device)).dtype  # .half(), .to(torch.bfloat16)
@@ -99,6 +106,9 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[:-1].numel() != 1:
             return F.linear(x, self.dequantize().to(x.dtype))
+        kernel = self._row_kernel(x)
+        if kernel is not None:
+            return kernel(x, self.words, self.scale, self.minimum, self.bits)
         groups = x.float().reshape(-1, self.bits, 32 // self.bits)  # (nb, bits, k): the inputs of each word
         per_word = sum(
             self.code(i) * groups[:, :, i, None] for i in range(32 // self.bits)
@@ -110,6 +120,15 @@ class QuantizedLinear(nn.Module):
         if self.minimum is not None:
             y = y + (self.minimum * groups.reshape(-1, self.block).sum(1)[:, None]).sum(0)
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def _row_kernel(self, x: torch.Tensor):
+        """The C++ one-row product (model/row_kernel.py) where it applies: a float32 row on the CPU without
+        autograd, and blocks of 32 inputs (words (in / 32, bits, out)); None keeps the float path below."""
+        if x.device.type != "cpu" or x.dtype != torch.float32 or x.requires_grad:
+            return None
+        if self.block != BLOCK or self.words.shape[1] != self.bits:  # Q6_K's 16-blocks keep the float path
+            return None
+        return row_product_op()
 
     def extra_repr(self) -> str:
         return (

@@ -21,6 +21,11 @@ from tests.interop.gguf_by_hand import write_gguf
 
 gguf = pytest.importorskip("gguf")
 TYPES = ["Q4_0", "Q4_1", "Q8_0"]
+# One row (a decode step) goes through the C++ kernel where it runs (model/row_kernel.py), which rounds the row
+# to 16 bits per block of 32: a few in 1e5 of a product's largest output, and on these tiny models logits up to
+# ~6e-4 from the float32 load's (measured; float rounding alone stays under 1e-5). The bound leaves room for
+# other seeds; the tokens stay equal.
+ONE_ROW_LOGITS = 2e-3
 LINEARS = ["attn.qkv", "attn.proj", "mlp.gate_up", "mlp.down"]
 
 
@@ -47,9 +52,9 @@ def test_blocks_hold_the_gguf_packages_weights(type_name):
     # Several rows: the matrix product of those weights. Not bit-equal: the GEMM's summation order follows
     # the weight's memory layout (the blocks give a transposed view) and the CPU's kernel.
     torch.testing.assert_close(layer(rows), F.linear(rows, expected), rtol=0, atol=1e-5)
-    one = layer(rows[:1])  # one row: the sum over blocks the compiled step fuses
+    one, float_one = layer(rows[:1]), F.linear(rows[:1], expected)  # one row: the decode step's product
     assert one.shape == (1, 48) and one.std() > 1.0
-    assert (one - F.linear(rows[:1], expected)).abs().max().item() <= 1e-5
+    assert (one - float_one).abs().max().item() <= 1e-4 * float_one.abs().max().item()
 
 
 @pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
@@ -70,10 +75,10 @@ def test_a_quantized_file_keeps_its_blocks_with_the_same_logits(
         ours, theirs = kept(idx), plain(idx)
         one, one_plain = kept(idx[:1, :1]), plain(idx[:1, :1])  # one row: the sums over blocks
     assert ours.std() > 0.5 and (ours - theirs).abs().max().item() <= 1e-4
-    assert (one - one_plain).abs().max().item() <= 1e-4
+    assert (one - one_plain).abs().max().item() <= ONE_ROW_LOGITS
 
 
-@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("type_name", TYPES)
 def test_the_compiled_step_reads_the_blocks_with_the_same_logits(make_model, tokenizer, tmp_path, type_name):
     path = quantized_gguf(tmp_path / "q.gguf", make_model(), tokenizer, type_name)
     plain, kept = load(path).model, load(path, keep_quantized=True).model
@@ -88,7 +93,7 @@ def test_the_compiled_step_reads_the_blocks_with_the_same_logits(make_model, tok
         ):
             expected, got = reference.decode(token[None]), compiled.decode(token[None])
             diffs.append((expected - got).abs().max().item())
-        assert got.std() > 0.5 and max(diffs) <= 1e-4, diffs
+        assert got.std() > 0.5 and max(diffs) <= ONE_ROW_LOGITS, diffs
         tokens = generate(plain, prompt, 16, temperature=0)
         assert torch.equal(generate(kept, prompt, 16, temperature=0, compile=True), tokens)
         assert torch.equal(generate(kept, prompt, 16, temperature=0), tokens)
@@ -103,9 +108,11 @@ def test_generate_keep_quantized_compiled_prints_the_same_text(make_model, token
     assert code == 0, err
     assert kept == plain and len(plain) > len("the cat") + 5
     assert "note: 9 of 9 linear layers kept in their GGUF blocks" in err  # 2 x (qkv, o, gate_up, down) + head
-    assert "note: --compile builds the decode step" in err and "only --compile with one sample" not in err
-    code, eager, err = run_generate(capsys, *argv, "--keep_quantized")
-    assert code == 0 and eager == plain and "only --compile with one sample reads the blocks directly" in err
+    assert "note: --compile builds the decode step" in err and "reads the blocks directly" not in err
+    code, eager, err = run_generate(capsys, *argv, "--keep_quantized")  # the eager step reads them too
+    assert code == 0 and eager == plain and "reads the blocks directly" not in err
+    code, two, err = run_generate(capsys, *argv, "--keep_quantized", "--num_samples", "2")
+    assert code == 0 and "only one sample with the cache reads the blocks directly" in err
 
 
 def test_what_cannot_be_kept_is_one_line(make_model, tokenizer, tmp_path, capsys):

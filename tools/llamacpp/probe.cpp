@@ -112,6 +112,9 @@ int main(int argc, char ** argv) {
     llama_log_set(quiet_log, nullptr);
     llama_backend_init();
     llama_model_params model_params = llama_model_default_params();
+    // No extra buffer types: ggml's AMX one (taken for Q4_1 on CPUs with AMX) crashed (SIGSEGV) on the shipped
+    // SmolLM2 Q4_1 file on an Intel Xeon with AMX; the plain CPU kernels are llama.cpp's path on every other CPU.
+    model_params.use_extra_bufts = false;
     llama_model * model = llama_model_load_from_file(argv[2], model_params);
     if (model == nullptr) {
         return fail(std::string("cannot load ") + argv[2]);

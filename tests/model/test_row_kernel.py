@@ -1,0 +1,161 @@
+"""The C++ one-row product on kept blocks (model/row_kernel.cpp): the block sums of the row at 16 bits, close to
+the float path, the same on any thread count, NaN kept, called inside compiled graphs, and off with one note."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import row_kernel
+from model.quantized import QuantizedLinear
+from tests.conftest import ROOT
+
+# (bits, with a minimum, outputs, inputs): Q4_1 / Q4_0 (a minimum of -8 scale), Q8_0, and an 8-bit kind with a
+# minimum (what Q5_K becomes); output counts off a multiple of 8 reach the scalar tail.
+KINDS = [(4, True, 61, 96), (4, True, 576, 576), (8, False, 61, 64), (8, False, 1030, 576), (8, True, 40, 64)]
+
+
+def kernel():
+    if row_kernel.unusable_reason() is not None:
+        pytest.skip(f"the row kernel cannot run here: {row_kernel.unusable_reason()}")
+    op = row_kernel.row_product_op()
+    assert op is not None, "the row kernel should build on this machine"
+    return op
+
+
+def random_layer(bits: int, with_minimum: bool, out: int, inp: int, seed: int = 0) -> QuantizedLinear:
+    g = torch.Generator().manual_seed(seed)
+    low, high = (0, 16) if bits == 4 else (-128, 128)  # -128 included: the sign extension must keep it
+    codes = torch.randint(low, high, (out, inp), generator=g)
+    scale = torch.rand(out, inp // 32, generator=g) * 0.02
+    minimum = -torch.rand(out, inp // 32, generator=g) * 0.1 if with_minimum else None
+    return QuantizedLinear(codes, scale, minimum, bits)
+
+
+def sixteen_bit_reference(layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
+    """What the kernel computes, in float64: each block of 32 inputs rounded to amax / 32767 steps (as the
+    kernel rounds them, in float32) against scale * code, plus minimum times the block's exact sum."""
+    blocks = x.view(-1, 32)
+    step = blocks.abs().amax(1, keepdim=True) / 32767
+    codes = torch.round(blocks * torch.where(step > 0, 1 / step, 0))
+    rounded = (codes.double() * step.double()).view(1, -1)
+    weight = layer.dequantize().double()
+    if layer.minimum is None:
+        return rounded @ weight.T
+    minimum = layer.minimum.t().double()  # (out, in / 32)
+    return (rounded @ (weight - minimum.repeat_interleave(32, 1)).T) + blocks.double().sum(1) @ minimum.T
+
+
+@pytest.mark.parametrize("bits, with_minimum, out, inp", KINDS)
+def test_the_kernel_sums_the_blocks_of_the_16_bit_row(bits, with_minimum, out, inp):
+    op, layer = kernel(), random_layer(bits, with_minimum, out, inp)
+    x = torch.randn(1, inp, generator=torch.Generator().manual_seed(1))
+    got = op(x, layer.words, layer.scale, layer.minimum, bits)
+    expected = sixteen_bit_reference(layer, x)
+    assert got.shape == (1, out) and got.dtype == torch.float32 and got.std() > 0.5
+    # float32 rounding of the block products only: the integer sums are exact
+    assert (got.double() - expected).abs().max().item() <= 2e-6 * expected.abs().max().item()
+    # and against the float path of the same weights, the 16-bit row's rounding: a few in 1e5 of the largest
+    exact = F.linear(x.double(), layer.dequantize().double())
+    assert (got.double() - exact).abs().max().item() <= 1e-4 * exact.abs().max().item()
+
+
+def test_the_layer_uses_the_kernel_for_one_row_only():
+    op, layer = kernel(), random_layer(4, True, 64, 96)
+    rows = torch.randn(3, 96, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(layer(rows[:1]), op(rows[:1], layer.words, layer.scale, layer.minimum, 4))
+    assert torch.equal(layer(rows[None, :1]).view(1, -1), layer(rows[:1]))  # (1, 1, in): one row too
+    several = layer(rows)  # more rows: the matrix product, which the kernel does not take
+    torch.testing.assert_close(several, F.linear(rows, layer.dequantize()), rtol=0, atol=1e-5)
+
+
+def test_threads_split_the_outputs_without_changing_them():
+    op, layer = kernel(), random_layer(8, False, 4096, 576)
+    x = torch.randn(1, 576, generator=torch.Generator().manual_seed(3))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = op(x, layer.words, layer.scale, layer.minimum, 8)
+        torch.set_num_threads(2)
+        two = op(x, layer.words, layer.scale, layer.minimum, 8)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)  # each output is one thread's, summed in the same order
+
+
+@pytest.mark.parametrize("bits, with_minimum", [(4, True), (8, False)])
+def test_a_nan_input_gives_nan_outputs(bits, with_minimum):
+    op, layer = kernel(), random_layer(bits, with_minimum, 16, 64)
+    x = torch.randn(1, 64)
+    x[0, 40] = float("nan")
+    assert op(x, layer.words, layer.scale, layer.minimum, bits).isnan().all()
+    x[0, 40] = float("inf")
+    assert not op(x, layer.words, layer.scale, layer.minimum, bits).isfinite().any()
+
+
+def test_compiled_graphs_call_the_kernel():
+    kernel()
+    layer = random_layer(4, True, 64, 96)
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm.code)
+        return gm.forward
+
+    x = torch.randn(1, 96)
+    with torch.inference_mode():
+        got = torch.compile(layer, backend=record, fullgraph=True)(x)
+    assert torch.equal(got, layer(x))
+    assert len(graphs) == 1 and "gqa_quant.row_product" in graphs[0]
+
+
+@pytest.mark.parametrize("cause", ["cpu", "build"])
+def test_without_the_kernel_the_float_path_runs_after_one_note(monkeypatch, capsys, cause):
+    layer, x = random_layer(4, True, 64, 96), torch.randn(1, 96)
+    monkeypatch.setattr(row_kernel, "_loaded", {})  # as in a fresh process
+    if cause == "cpu":
+        monkeypatch.setattr(row_kernel, "unusable_reason", lambda: "this CPU has no AVX2")
+    else:
+        monkeypatch.setattr(row_kernel, "unusable_reason", lambda: None)
+
+        def fail(path):
+            raise RuntimeError("Error building extension 'gqa_row_kernel'\nc++: fatal error: killed")
+
+        monkeypatch.setattr(row_kernel, "_open_or_build", fail)
+    first, second = layer(x), layer(x)
+    float_path = F.linear(x, layer.dequantize())
+    assert (first - float_path).abs().max().item() <= 1e-5 and torch.equal(first, second)
+    err = capsys.readouterr().err
+    assert err.count("note:") == 1 and err.count("\n") == 1, err
+    assert "quantised one-row kernel is off" in err
+    assert ("no AVX2" if cause == "cpu" else "its build failed: c++: fatal error: killed") in err
+
+
+LOAD_AND_RUN = (
+    "import torch; from model import row_kernel; "
+    "op = row_kernel.row_product_op(); assert op is not None; "
+    "print(op(torch.ones(1, 32), torch.zeros(1, 4, 8, dtype=torch.int32), torch.ones(1, 8), None, 4).sum().item())"
+)
+
+
+@pytest.mark.slow
+def test_a_second_process_loads_the_built_kernel_and_a_damaged_one_is_rebuilt(tmp_path):
+    kernel()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+
+    def run() -> str:
+        done = subprocess.run([sys.executable, "-c", LOAD_AND_RUN], env=env, capture_output=True, text=True)
+        assert done.returncode == 0 and done.stdout.strip() == "0.0", done.stderr
+        return done.stderr
+
+    assert "compiling the quantised one-row kernel" in run()
+    (library,) = tmp_path.glob("gqa_row_kernel_*/gqa_row_kernel_*.so")
+    assert run() == ""  # loaded, not compiled: no note at all
+    library.write_bytes(b"not a library")
+    assert "compiling the quantised one-row kernel" in run()
+    assert run() == ""
