@@ -82,8 +82,9 @@ def test_blocks_hold_the_gguf_packages_weights(type_name):
     assert scale > 0
     # More rows: the matrix product of those weights; one row: the sum over blocks (block-sized for Q6_K's 16).
     assert (layer(rows) - F.linear(rows, expected)).abs().max().item() <= 1e-5 * scale
+    # One row on the CPU goes through model/row_kernel.py, which rounds the row to 16 bits per block (~2e-5).
     one = layer(rows[:1])
-    assert one.shape == (1, 24) and (one - F.linear(rows[:1], expected)).abs().max().item() <= 1e-5 * scale
+    assert one.shape == (1, 24) and (one - F.linear(rows[:1], expected)).abs().max().item() <= 1e-4 * scale
 
 
 def test_matrices_of_different_types_stack_into_one_layer_with_their_weights():
