@@ -48,6 +48,7 @@ OURS = {
 # layers' v and down as Q6_K).
 FILE_TYPES = {"Q4_K_M": {"Q4_K", "Q6_K"}, "Q5_K_M": {"Q5_K", "Q6_K"}, "Q6_K": {"Q6_K"}}
 BOUND = 1e-4  # logits of the kept blocks against the float32 load: float32 sums in another order
+ROW_BOUND = 5e-3  # one row goes through model/row_kernel.py, which rounds the row to 16 bits per block
 
 
 def random_blocks(type_name: str, rows: int, inputs: int, seed: int = 0) -> np.ndarray:
@@ -183,7 +184,7 @@ def test_a_kquant_file_keeps_its_blocks_with_the_same_logits_and_tokens(kquant_f
         ours, theirs = kept(idx), plain(idx)
         one, one_plain = kept(idx[:1, :1]), plain(idx[:1, :1])  # one row: the sums over blocks
     assert ours.std() > 0.5 and (ours - theirs).abs().max().item() <= BOUND
-    assert (one - one_plain).abs().max().item() <= BOUND
+    assert (one - one_plain).abs().max().item() <= ROW_BOUND
     prompt = idx[:1, :8]
     with torch.inference_mode():
         tokens = generate(plain, prompt, 16, temperature=0)
@@ -230,6 +231,6 @@ def test_the_compiled_step_reads_kquant_blocks_with_the_same_logits(kquant_files
         ):
             expected, got = reference.decode(token[None]), compiled.decode(token[None])
             diffs.append((expected - got).abs().max().item())
-        assert got.std() > 0.5 and max(diffs) <= BOUND, diffs
+        assert got.std() > 0.5 and max(diffs) <= ROW_BOUND, diffs
         tokens = generate(plain, prompt, 16, temperature=0)
         assert torch.equal(generate(kept, prompt, 16, temperature=0, compile=True), tokens)
