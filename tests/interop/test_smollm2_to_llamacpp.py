@@ -18,7 +18,8 @@ from tests.interop.test_smollm2 import MIXED, smollm2_file
 gguf = pytest.importorskip("gguf", reason='the GGUF export needs pip install -e ".[gguf]"')
 # What our tokenizer does not carry: llama.cpp needs neither to tokenize or to stop (BPE has no unknown token).
 NOT_KEPT = {"tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id"}
-QUESTION = [{"role": "user", "content": "What is 7 plus 8?"}]
+# A question whose tuned reply wanders (a sum's reply repeats itself, and stays the same under a wrong RoPE base).
+QUESTION = [{"role": "user", "content": "Tell me about the sea and the old ships."}]
 
 
 def tokenizer_fields(path) -> dict:
