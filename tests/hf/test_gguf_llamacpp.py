@@ -33,17 +33,22 @@ MIXED_TEXT = (
 )
 
 
-@pytest.fixture(scope="module")
-def probe() -> Path:
-    """The llamacpp-probe binary; a skip (or, with CI=true, a failure) when it is not built."""
-    where = subprocess.run(["bash", str(BUILD_SCRIPT), "--where"], capture_output=True, text=True, check=True)
+def llamacpp_binary(flag: str, name: str) -> Path:
+    """The binary `build.sh FLAG` names; a skip (or, with CI=true, a failure) when it is not built."""
+    where = subprocess.run(["bash", str(BUILD_SCRIPT), flag], capture_output=True, text=True, check=True)
     path = Path(where.stdout.strip())
     if not os.access(path, os.X_OK):
-        message = f"llama.cpp probe not built at {path}; run tools/llamacpp/build.sh"
+        message = f"llama.cpp's {name} not built at {path}; run tools/llamacpp/build.sh"
         if os.environ.get("CI", "").lower() == "true" or os.environ.get("GQA_REQUIRE_LLAMACPP") == "1":
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+@pytest.fixture(scope="module")
+def probe() -> Path:
+    """The llamacpp-probe binary."""
+    return llamacpp_binary("--where", "probe")
 
 
 @pytest.fixture(scope="module")

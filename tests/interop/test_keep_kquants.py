@@ -10,7 +10,6 @@ checked without it, on random bytes.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from model import generate
 from model.cache import KVCache
 from model.quantized import QuantizedLinear
 from model.static_decode import StaticDecoder
+from tests.hf.test_gguf_llamacpp import llamacpp_binary
 
 gguf = pytest.importorskip("gguf")
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "llamacpp" / "build.sh"
@@ -112,17 +112,8 @@ def test_a_block_size_the_layer_cannot_hold_is_refused():
 
 @pytest.fixture(scope="module")
 def llama_quantize() -> Path:
-    """llama.cpp's llama-quantize binary; a skip (or, with CI=true, a failure) when it is not built."""
-    where = subprocess.run(
-        ["bash", str(BUILD_SCRIPT), "--where-quantize"], capture_output=True, text=True, check=True
-    )
-    path = Path(where.stdout.strip())
-    if not os.access(path, os.X_OK):
-        message = f"llama.cpp's llama-quantize not built at {path}; run tools/llamacpp/build.sh"
-        if os.environ.get("CI", "").lower() == "true" or os.environ.get("GQA_REQUIRE_LLAMACPP") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
+    """llama.cpp's llama-quantize binary."""
+    return llamacpp_binary("--where-quantize", "llama-quantize")
 
 
 @pytest.fixture(scope="module")
