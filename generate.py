@@ -206,8 +206,7 @@ def run(args: argparse.Namespace) -> None:
     stream = TextStream(tokenizer) if args.num_samples == 1 else None
     if args.compile:  # built now, with a note, rather than in silence after the first token
         if device.type == "cpu":
-            cost = "minutes the first time" if args.keep_quantized else "tens of seconds"
-            print(f"note: --compile builds the decode step first ({cost})", file=sys.stderr)
+            print("note: --compile builds the decode step first (tens of seconds)", file=sys.stderr)
         static_decoder(model, args.num_samples, length=prompt.shape[1] + args.max_new_tokens).warm_up()
     try:
         print(echo if stream else "", end="", flush=True)  # inside: a Ctrl-C may land right after it
