@@ -5,6 +5,7 @@
 #   tools/llamacpp/build.sh                   builds what is missing; prints the path of the llamacpp-probe binary last
 #   tools/llamacpp/build.sh --where           only prints where that binary is (or would be), builds nothing
 #   tools/llamacpp/build.sh --where-quantize  the same for the llama-quantize binary
+#   tools/llamacpp/build.sh --where-converter the path of llama.cpp's convert_hf_to_gguf.py in the unpacked sources
 #
 # The llama.cpp sources come from the llama-cpp-python sdist, which vendors a pinned llama.cpp. The build folder
 # is kept per version, so a repeated CI run on the same machine compiles nothing and a changed probe.cpp
@@ -20,8 +21,9 @@ QUANTIZE="$(dirname "$PROBE")/llama-quantize"
 case "${1:-}" in
     --where) echo "$PROBE"; exit 0 ;;
     --where-quantize) echo "$QUANTIZE"; exit 0 ;;
+    --where-converter) echo "$ROOT/src-$VERSION/vendor/llama.cpp/convert_hf_to_gguf.py"; exit 0 ;;
     "") ;;
-    *) echo "usage: $0 [--where | --where-quantize]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--where | --where-quantize | --where-converter]" >&2; exit 2 ;;
 esac
 if [[ -x "$PROBE" && -x "$QUANTIZE" ]]; then
     echo "$PROBE"
