@@ -4,12 +4,14 @@
 per byte. It is written last, and the folder only gets its final name once complete, so a crashed run never
 leaves a folder a later run would trust. Parts are built in `tokens-<sha>.building/`, which a killed build leaves
 for the next one to finish; its temporary files live next to it, never inside (see data/tokenize_parts.py), so
-what is published holds only whole parts. The streaming folder (data/stream.py) uses the same meta.json rules.
+what is published holds only whole parts. The streaming folder (data/stream.py) follows the same rules; both are
+found, built and opened here.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,12 +21,13 @@ from typing import Any
 import numpy as np
 
 from common.files import StagedFolder, owner_has_exited, remove_stale, stale_temp_files
-from data import DataConfigError
-from data.settings import FORMAT_VERSION, PrepareSettings, check_val_length
+from data.settings import FORMAT_VERSION, PrepareSettings
 from data.tokenizer import Tokenizer
 
 META_FILE = "meta.json"
 TOKENIZER_FILE = "tokenizer.json"
+VAL_FILE = "val.bin"  # a streaming folder's validation tokens
+HELDOUT_FILE = "heldout.json"  # and the digests of the train documents it holds out
 _STATS_CHUNK = 1 << 24
 
 
@@ -33,29 +36,26 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
 
 
-def token_folder_name(tokenizer: Tokenizer) -> str:
-    """Token folders are keyed by the tokenizer's sha256: a retrained tokenizer gets a fresh folder."""
-    return f"tokens-{tokenizer.sha256[:16]}"
-
-
-def find_tokens(settings: PrepareSettings) -> Path | None:
-    """The complete token folder for `settings` (checked against the block size), or None while not built."""
+def find_data(settings: PrepareSettings) -> Path | None:
+    """The complete folder for `settings` (checked against the block size), or None while not built."""
     tokenizer = settings.known_tokenizer()
-    folder = None if tokenizer is None else settings.corpus_dir() / token_folder_name(tokenizer)
+    folder = None if tokenizer is None else settings.corpus_dir() / settings.folder_name(tokenizer)
     if folder is None or not is_complete(folder):
         return None
-    _check_sizes(read_meta(folder), settings)
+    settings.check_sizes(read_meta(folder))
     return folder
 
 
-def prepare_tokens(settings: PrepareSettings, before_tokenizing: Callable[[int], None] | None = None) -> Path:
-    """Return the complete token folder for `settings`, building (or finishing) it first if needed.
-
-    `before_tokenizing` is told how many bytes of text are left to tokenize once that is known.
-    """
-    found = find_tokens(settings)
+def prepare_data(settings: PrepareSettings, before_tokenizing: Callable[[int], None] | None = None) -> Path:
+    """Return the complete folder for `settings` (the token cache, or the streaming one), building or finishing
+    it first if needed. `before_tokenizing` is told how many bytes of text are left to tokenize once known."""
+    found = find_data(settings)
     if found is not None:
         return found
+    if settings.source.streaming:
+        from data.stream import build_stream
+
+        return build_stream(settings)
     from data.tokenize_parts import mask_name, plan_parts, tokenize_parts, tokenizer_sample
 
     corpus_dir = settings.make_corpus_dir()
@@ -68,15 +68,14 @@ def prepare_tokens(settings: PrepareSettings, before_tokenizing: Callable[[int],
         tokenizer = Tokenizer.train(tokenizer_sample(plan.train, source.text_column), settings.vocab_size)
         # Saved before the parts: a resumed build must tokenize with exactly this tokenizer.
         tokenizer.save(settings.trained_tokenizer_file())
-    final = corpus_dir / token_folder_name(tokenizer)
+    final = corpus_dir / settings.folder_name(tokenizer)
     building = final.with_name(final.name + ".building")
     building.mkdir(parents=True, exist_ok=True)
     parts = plan.train + plan.val
     if before_tokenizing is not None:
         before_tokenizing(sum(part.text_bytes for part in parts if not (building / part.name).is_file()))
     procs = settings.num_procs(sum(part.text_bytes for part in parts))
-    dtype = token_dtype(tokenizer.vocab_size)
-    tokenize_parts(parts, tokenizer, source.column, building, dtype, procs, chat)
+    tokenize_parts(parts, tokenizer, source.column, building, token_dtype(tokenizer.vocab_size), procs, chat)
     names = {"train": [part.name for part in plan.train], "val": [part.name for part in plan.val]}
     details = {
         "val_source": plan.val_source,
@@ -85,22 +84,21 @@ def prepare_tokens(settings: PrepareSettings, before_tokenizing: Callable[[int],
     }
     masks = {split: [mask_name(name) for name in files] for split, files in names.items()} if chat else None
     meta = finish_token_folder(building, tokenizer, names, details, masks)
-    try:
-        building.rename(final)
-    except OSError:
-        if not is_complete(final):  # another process (a second node on a shared disk) finished it first
-            raise
-        shutil.rmtree(building, ignore_errors=True)
-    _check_sizes(meta, settings)  # after publishing: the folder is good for another block size
+    _publish(building, final)
+    settings.check_sizes(meta)  # after publishing: the folder is good for another block size
     return final
 
 
-def _check_sizes(meta: dict[str, Any], settings: PrepareSettings) -> None:
-    if meta["train"]["tokens"] == 0:
-        raise DataConfigError(
-            f"data.val_fraction: {settings.val_fraction} leaves no training tokens; use a smaller value"
-        )
-    check_val_length(meta["val"]["tokens"], settings.val_block_size)
+def _publish(folder: Path, final: Path) -> Path:
+    """Rename a complete `folder` to `final`; if another process (a second node on a shared disk) published it
+    first, keep theirs."""
+    try:
+        os.rename(folder, final)
+    except OSError:
+        if not is_complete(final):
+            raise
+        shutil.rmtree(folder, ignore_errors=True)
+    return final
 
 
 class TokenParts:
@@ -148,7 +146,7 @@ class TokenParts:
 
 
 def publish_token_folder(staged: StagedFolder, name: str) -> Path:
-    """Publish a complete token folder as `name`; if another process published it first, keep theirs."""
+    """Publish a complete staged folder as `name`; if another process published it first, keep theirs."""
     final = staged.parent / name
     try:
         return staged.publish(name)
@@ -226,30 +224,37 @@ def finish_token_folder(
 
 
 @dataclass(frozen=True)
-class TokenCache:
-    """An opened cache folder: memory-mapped token streams, their tokenizer and meta.json; for chat, the
-    assistant masks (one uint8 per token, 1 where the loss counts the token as a target), else None."""
+class DataFolder:
+    """An opened folder: memory-mapped validation tokens, the tokenizer and meta.json; for a token cache the
+    training tokens and for chat the assistant masks (one uint8 per token, 1 where the loss counts the token as
+    a target); for a streaming folder the digests of the held-out documents training skips."""
 
     folder: Path
-    train: TokenParts
-    val: TokenParts
     tokenizer: Tokenizer
     meta: dict[str, Any]
+    val: TokenParts
+    train: TokenParts | None = None
     train_mask: TokenParts | None = None
     val_mask: TokenParts | None = None
+    heldout: frozenset[str] = frozenset()
 
 
-def open_token_cache(folder: Path) -> TokenCache:
-    """Memory-map a complete cache folder read-only."""
+def open_data(folder: Path) -> DataFolder:
+    """Memory-map a complete folder (token cache or streaming) read-only."""
     meta = read_meta(folder)
     dtype = np.dtype(meta["dtype"])
-    masks = meta.get("masks")
-    return TokenCache(
-        folder=folder,
-        train=TokenParts([folder / name for name in meta["parts"]["train"]], dtype),
-        val=TokenParts([folder / name for name in meta["parts"]["val"]], dtype),
-        tokenizer=Tokenizer.from_file(folder / TOKENIZER_FILE),
-        meta=meta,
+    tokenizer = Tokenizer.from_file(folder / TOKENIZER_FILE)
+    if "parts" not in meta:
+        heldout = json.loads((folder / HELDOUT_FILE).read_text(encoding="utf-8"))
+        val = TokenParts([folder / VAL_FILE], dtype)
+        return DataFolder(folder, tokenizer, meta, val, heldout=frozenset(heldout))
+    parts, masks = meta["parts"], meta.get("masks")
+    return DataFolder(
+        folder,
+        tokenizer,
+        meta,
+        val=TokenParts([folder / name for name in parts["val"]], dtype),
+        train=TokenParts([folder / name for name in parts["train"]], dtype),
         train_mask=None if masks is None else _open_masks(folder, masks["train"]),
         val_mask=None if masks is None else _open_masks(folder, masks["val"]),
     )

@@ -193,7 +193,7 @@ class Tokenizer:
 
     def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
         """The chat `messages` ({"role", "content"} dicts) as text, through the model's chat template."""
-        from data.chat_template import render_chat
+        from data.pretrained_tokenizer import render_chat
 
         if self.chat_template is None:
             raise UserError("this model's tokenizer has no chat template; prompt it with plain text instead")
