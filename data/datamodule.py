@@ -159,18 +159,14 @@ class TextDataModule(L.LightningDataModule):
         trainer = self.trainer
         if trainer is None or trainer.local_rank == 0:
             sweep_data_cache(self.settings.cache_dir, lambda line: print(line, file=sys.stderr))
-            self.folder = find_data(self.settings) or self._build(
-                trainer is not None and trainer.world_size > 1
-            )
+            others_wait = trainer is not None and trainer.world_size > 1
+            self.folder = find_data(self.settings) or self._build(others_wait)
         else:
             self.folder = self._wait()
         opened = open_data(self.folder)
         self.tokenizer, self.meta, self.heldout = opened.tokenizer, opened.meta, opened.heldout
         self.train_tokens, self.val_tokens = opened.train, opened.val  # a stream tokenizes as it trains
         self.train_mask, self.val_mask = opened.train_mask, opened.val_mask
-
-    def _what(self) -> str:
-        return "the streaming tokenizer and validation set" if self.source.streaming else "the token cache"
 
     def _failure_note(self) -> Path:
         return self.settings.cache_dir / f".failed-{self.settings.corpus_dir().name}"
@@ -179,29 +175,27 @@ class TextDataModule(L.LightningDataModule):
         try:
             return prepare_data(self.settings, self._hint)
         except BaseException as error:
-            if others_wait:
-                reason = (
+            if others_wait:  # the one line the waiting ranks stop with
+                line = (
                     str(error)
                     if isinstance(error, UserError)
                     else f"{type(error).__name__}: {first_line(error)}"
                 )
-                atomic_write(self._failure_note(), reason or type(error).__name__)
+                atomic_write(self._failure_note(), line or type(error).__name__)
             raise
 
     def _wait(self) -> Path:
+        what = "the streaming tokenizer and validation set" if self.source.streaming else "the token cache"
         began = last_report = time.monotonic()
         note = self._failure_note()
         while (found := find_data(self.settings)) is None:
             # Only a note written after this module was made belongs to this run.
             if note.is_file() and note.stat().st_mtime >= self._created - 1:
-                raise DataConfigError(
-                    f"{self._what()}: local rank 0 failed: {note.read_text(encoding='utf-8')}"
-                )
+                raise DataConfigError(f"{what}: local rank 0 failed: {note.read_text(encoding='utf-8')}")
             if time.monotonic() - last_report >= WAIT_REPORT_S:
                 last_report = time.monotonic()
                 print(
-                    f"waiting for local rank 0 to build {self._what()} ({last_report - began:.0f} s)",
-                    file=sys.stderr,
+                    f"waiting for local rank 0 to build {what} ({last_report - began:.0f} s)", file=sys.stderr
                 )
             time.sleep(POLL_S)
         return found
@@ -233,15 +227,9 @@ class TextDataModule(L.LightningDataModule):
         self._require_setup()
         assert self.train_tokens is not None
         return TrainBatches(
-            self.train_tokens,
-            self.block_size,
-            self.batch_size,
-            self.seed,
-            rank=rank,
-            world_size=world_size,
-            start_batch=start_batch,
+            self.train_tokens, self.block_size, self.batch_size, self.seed, rank, world_size, start_batch,
             mask=self.train_mask,
-        )
+        )  # fmt: skip
 
     def train_dataloader(self) -> Loader:
         """Resumes where the attached trainer stands (see `_start_batch`)."""
@@ -254,18 +242,11 @@ class TextDataModule(L.LightningDataModule):
         self._require_setup()
         assert self.tokenizer is not None
         start = saved_positions(self._stream_state, world_size, self.num_workers)
+        docs, column = self.source.load()[0], self.source.text_column
         batches = StreamBatches(
-            self.source.load()[0],
-            self.source.text_column,
-            self.tokenizer,
-            self.heldout,
-            self.block_size,
-            self.batch_size,
-            rank=rank,
-            world_size=world_size,
-            start=start,
-            start_batch=start_batch,
-        )
+            docs, column, self.tokenizer, self.heldout, self.block_size, self.batch_size, rank, world_size, start,
+            start_batch,
+        )  # fmt: skip
         self._stream_loader = PositionedLoader(batches, self.num_workers)
         return self._stream_loader
 

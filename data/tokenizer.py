@@ -33,20 +33,14 @@ SENTENCEPIECE_SPACE = "\u2581"  # how sentencepiece-style vocabularies (Llama 2)
 
 @dataclass(frozen=True)
 class TokenRules:
-    """How a model uses its special tokens.
+    """How a model uses its special tokens."""
 
-    Args:
-        eos_ids: Ids that end a text; the first also separates training documents. Several models stop at more
-            than one (Llama 3 Instruct: `<|end_of_text|>`, `<|eom_id|>`, `<|eot_id|>`).
-        bos_id: Id of the begin-of-text token, if the model has one.
-        add_bos: Whether `encode` puts `bos_id` first by default (Llama does, SmolLM2 does not).
-        chat_template: The model's jinja2 chat template, if any.
-    """
-
+    # Ids that end a text; the first also separates training documents. Several models stop at more than one
+    # (Llama 3 Instruct: `<|end_of_text|>`, `<|eom_id|>`, `<|eot_id|>`).
     eos_ids: tuple[int, ...]
     bos_id: int | None = None
-    add_bos: bool = False
-    chat_template: str | None = None
+    add_bos: bool = False  # whether `encode` puts `bos_id` first by default (Llama does, SmolLM2 does not)
+    chat_template: str | None = None  # jinja2
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "eos_ids", tuple(int(i) for i in self.eos_ids))
@@ -92,22 +86,21 @@ class Tokenizer:
             if token_id is not None and not 0 <= token_id < size:
                 raise UserError(f"special token id {token_id} is outside the tokenizer's {size} ids")
         self._backend = backend
-        self._rules = rules
-        backend_json = _canonical_json(backend.to_str())
+        self.rules = rules
+        # The `tokenizers` JSON alone (what a tokenizer.json file of an export holds).
+        self.backend_json = _canonical_json(backend.to_str())
         # Our own BPE keeps its plain tokenizer.json (and so the sha256 of every existing cache and checkpoint).
-        self._json = backend_json if rules == default else _wrapped_json(backend_json, rules)
-        self._backend_json = backend_json
-        self._sha256 = hashlib.sha256(self._json.encode("utf-8")).hexdigest()
+        self._json = self.backend_json if rules == default else _wrapped_json(self.backend_json, rules)
+        # Equal hashes mean identical token ids for every text.
+        self.sha256 = hashlib.sha256(self._json.encode("utf-8")).hexdigest()
 
     @classmethod
     def train(
         cls, texts: Iterable[str | list[str]], vocab_size: int, *, show_progress: bool | None = None
     ) -> Tokenizer:
         """Train on `texts` (strings or batches of strings); the vocab holds all 256 bytes, so nothing is unknown.
-
-        The progress bars (None: only when stdout is a terminal) are drawn by `tokenizers`, which writes a line
-        break per bar to stdout even where it draws none: blank lines in a log file.
-        """
+        Progress bars only on a terminal by default: `tokenizers` writes a line break per bar even where it draws
+        none (blank lines in a log file)."""
         if vocab_size < MIN_VOCAB_SIZE:
             raise ValueError(
                 f"vocab_size {vocab_size} is below {MIN_VOCAB_SIZE} (256 bytes + special tokens)"
@@ -147,49 +140,32 @@ class Tokenizer:
         atomic_write(path, self._json)
 
     def to_json(self) -> str:
-        """The canonical JSON string (sorted keys, compact); `sha256` is the hash of exactly this string.
-
-        Our own BPE gives its plain tokenizer.json; a tokenizer with its own rules gives the wrapper object
-        that `common.tokens.split_tokenizer_json` takes apart.
-        """
+        """The canonical JSON string (sorted keys, compact) that `sha256` hashes: our own BPE's plain
+        tokenizer.json, or the wrapper object with the rules (`common.tokens.split_tokenizer_json`)."""
         return self._json
-
-    @property
-    def backend_json(self) -> str:
-        """The `tokenizers` JSON alone (what a tokenizer.json file of an export holds)."""
-        return self._backend_json
-
-    @property
-    def rules(self) -> TokenRules:
-        return self._rules
-
-    @property
-    def sha256(self) -> str:
-        """Hex sha256 of `to_json()`: equal hashes mean identical token ids for every text."""
-        return self._sha256
 
     @property
     def eos_id(self) -> int:
         """The first EOS id (`<|endoftext|>` for our BPE): the separator placed between documents."""
-        return self._rules.eos_ids[0]
+        return self.rules.eos_ids[0]
 
     @property
     def eos_ids(self) -> tuple[int, ...]:
         """Every id that ends a text; generation stops at any of them."""
-        return self._rules.eos_ids
+        return self.rules.eos_ids
 
     @property
     def bos_id(self) -> int | None:
-        return self._rules.bos_id
+        return self.rules.bos_id
 
     @property
     def add_bos(self) -> bool:
         """Whether `encode` starts a text with `bos_id` unless told otherwise."""
-        return self._rules.add_bos
+        return self.rules.add_bos
 
     @property
     def chat_template(self) -> str | None:
-        return self._rules.chat_template
+        return self.rules.chat_template
 
     def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
         """The chat `messages` ({"role", "content"} dicts) as text, through the model's chat template."""
@@ -210,11 +186,8 @@ class Tokenizer:
         return self._backend.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
-        """Token ids of `text`, after `bos_id` if `add_bos` (default: the model's rule); a literal special
-        token in the text (`<|endoftext|>`, `<|im_start|>`) becomes its id.
-
-        Pass add_bos=False for text that already holds the BOS token, such as a rendered chat template.
-        """
+        """Token ids of `text`, after `bos_id` if `add_bos` (default: the model's rule; False for text that holds
+        its BOS, such as a rendered chat); a literal special token (`<|endoftext|>`, `<|im_start|>`) is its id."""
         return self._with_bos(self._backend.encode(text, add_special_tokens=False).ids, add_bos)
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
@@ -230,19 +203,17 @@ class Tokenizer:
         ]
 
     def _with_bos(self, ids: list[int], add_bos: bool | None) -> list[int]:
-        add = self._rules.add_bos if add_bos is None else add_bos
-        return [self._rules.bos_id, *ids] if add and self._rules.bos_id is not None else ids
+        add = self.rules.add_bos if add_bos is None else add_bos
+        return [self.rules.bos_id, *ids] if add and self.rules.bos_id is not None else ids
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids`; special tokens are kept so `decode(encode(s)) == s` for every string."""
         return self._backend.decode(list(ids), skip_special_tokens=False)
 
     def token_bytes(self) -> list[bytes]:
-        """The UTF-8 bytes each id stands for (b"" for special tokens), indexed by id.
-
-        Lets callers count bytes of a token stream without decoding it, and stream partial characters.
-        """
-        spec = json.loads(self._backend_json)
+        """The UTF-8 bytes each id stands for (b"" for special tokens), indexed by id: to count the bytes of a
+        token stream without decoding it, and to stream partial characters."""
+        spec = json.loads(self.backend_json)
         added = {token["content"]: token for token in spec.get("added_tokens", [])}
         spell = _byte_level_bytes if "ByteLevel" in json.dumps(spec.get("decoder")) else _sentencepiece_bytes
         table = [b""] * self.vocab_size
@@ -259,7 +230,7 @@ class Tokenizer:
         return (Tokenizer.from_json, (self._json,))
 
     def __repr__(self) -> str:
-        return f"Tokenizer(vocab_size={self.vocab_size}, sha256={self._sha256[:12]}...)"
+        return f"Tokenizer(vocab_size={self.vocab_size}, sha256={self.sha256[:12]}...)"
 
 
 _CHAR_TO_BYTE = {char: byte for byte, char in _byte_to_char().items()}
