@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow.compute as pc
+from datasets import Dataset
 
 from common.errors import UserError
 from data import DataConfigError
@@ -128,6 +130,22 @@ def find_char_cut(doc_lengths: np.ndarray, val_fraction: float) -> CharCut:
         return CharCut(row=len(ends) - 1, offset=int(doc_lengths[-1]))
     start_of_row = int(ends[row]) - int(doc_lengths[row])
     return CharCut(row=row, offset=cut - start_of_row)
+
+
+def document_lengths(docs: Dataset, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """Characters and UTF-8 bytes per document (0 for null), computed in Arrow without Python strings."""
+    chars, sizes = [], []
+    for table in docs.with_format("arrow").iter(batch_size=10_000):
+        chars.append(pc.utf8_length(table[column]).fill_null(0).to_numpy())
+        sizes.append(pc.binary_length(table[column]).fill_null(0).to_numpy())
+    if not chars:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.concatenate(chars).astype(np.int64), np.concatenate(sizes).astype(np.int64)
+
+
+def conversation_lengths(docs: Dataset, column: str) -> tuple[np.ndarray, np.ndarray]:
+    sizes = conversation_sizes(docs[column])
+    return sizes, sizes
 
 
 def conversation_sizes(rows: Sequence[object]) -> np.ndarray:

@@ -11,7 +11,6 @@ found, built and opened here.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -84,20 +83,13 @@ def prepare_data(settings: PrepareSettings, before_tokenizing: Callable[[int], N
     }
     masks = {split: [mask_name(name) for name in files] for split, files in names.items()} if chat else None
     meta = finish_token_folder(building, tokenizer, names, details, masks)
-    _publish(building, final)
-    settings.check_sizes(meta)  # after publishing: the folder is good for another block size
-    return final
-
-
-def _publish(folder: Path, final: Path) -> Path:
-    """Rename a complete `folder` to `final`; if another process (a second node on a shared disk) published it
-    first, keep theirs."""
     try:
-        os.rename(folder, final)
+        building.rename(final)
     except OSError:
-        if not is_complete(final):
+        if not is_complete(final):  # another process (a second node on a shared disk) finished it first
             raise
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(building, ignore_errors=True)
+    settings.check_sizes(meta)  # after publishing: the folder is good for another block size
     return final
 
 

@@ -24,17 +24,18 @@ from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
-import pyarrow.compute as pc
 from datasets import Dataset
 
 from common.files import temp_path_for
 from data import DataConfigError
 from data.documents import (
     CharCut,
+    conversation_lengths,
     conversation_sizes,
+    document_lengths,
     encode_conversations,
     encode_segments,
     find_char_cut,
@@ -83,8 +84,7 @@ class Part:
         )
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     train: list[Part]
     val: list[Part]
     val_source: str
@@ -100,7 +100,7 @@ def plan_parts(
 ) -> Plan:
     """Cut both splits into parts; raises a one-line error for a corpus without text or a too-large hold-out.
     With `chat` the rows are conversations, held out whole: a cut inside one would part its turns."""
-    lengths = _conversation_lengths if chat else document_lengths
+    lengths = conversation_lengths if chat else document_lengths
     train_docs = train_docs.select_columns([column])
     chars, sizes = lengths(train_docs, column)
     if not chars.sum():
@@ -129,22 +129,6 @@ def plan_parts(
     return Plan(train, val, f"the last {val_fraction:g} of the train split's characters")
 
 
-def document_lengths(docs: Dataset, column: str) -> tuple[np.ndarray, np.ndarray]:
-    """Characters and UTF-8 bytes per document (0 for null), computed in Arrow without Python strings."""
-    chars, sizes = [], []
-    for table in docs.with_format("arrow").iter(batch_size=10_000):
-        chars.append(pc.utf8_length(table[column]).fill_null(0).to_numpy())
-        sizes.append(pc.binary_length(table[column]).fill_null(0).to_numpy())
-    if not chars:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    return np.concatenate(chars).astype(np.int64), np.concatenate(sizes).astype(np.int64)
-
-
-def _conversation_lengths(docs: Dataset, column: str) -> tuple[np.ndarray, np.ndarray]:
-    sizes = conversation_sizes(docs[column])
-    return sizes, sizes
-
-
 def _split_parts(
     split: str,
     docs: Dataset,
@@ -156,12 +140,10 @@ def _split_parts(
     last_row: int,
     last_limit: int | None,
 ) -> list[Part]:
-    """Consecutive parts of rows [start, stop) holding about PART_BYTES of text each (at least one row).
-
-    The bounds depend on the whole documents' sizes only (a resumed build finds the same parts); a part's
+    """Consecutive parts of rows [start, stop) holding about PART_BYTES of text each (at least one row). The
+    bounds depend on the whole documents' sizes only (a resumed build finds the same parts); a part's
     `text_bytes` counts the clipped document's share (by characters: exact for ASCII), so a single-document
-    corpus such as tiny Shakespeare is not counted twice.
-    """
+    corpus such as tiny Shakespeare is not counted twice."""
     ends = np.cumsum(sizes[start:stop], dtype=np.int64)
     kept = sizes[start:stop].copy()
     if chars is not None and first_offset:

@@ -88,9 +88,10 @@ class Tokenizer:
         self._backend = backend
         self.rules = rules
         # The `tokenizers` JSON alone (what a tokenizer.json file of an export holds).
-        self.backend_json = _canonical_json(backend.to_str())
+        self.backend_json = _canonical(json.loads(backend.to_str()))
         # Our own BPE keeps its plain tokenizer.json (and so the sha256 of every existing cache and checkpoint).
-        self._json = self.backend_json if rules == default else _wrapped_json(self.backend_json, rules)
+        wrapper = {WRAPPER_KEY: {"rules": asdict(rules), "tokenizer": json.loads(self.backend_json)}}
+        self._json = self.backend_json if rules == default else _canonical(wrapper)
         # Equal hashes mean identical token ids for every text.
         self.sha256 = hashlib.sha256(self._json.encode("utf-8")).hexdigest()
 
@@ -256,11 +257,6 @@ def _sentencepiece_bytes(token: str) -> bytes:
     return token.replace(SENTENCEPIECE_SPACE, " ").encode("utf-8")
 
 
-def _wrapped_json(backend_json: str, rules: TokenRules) -> str:
-    wrapper = {WRAPPER_KEY: {"rules": asdict(rules), "tokenizer": json.loads(backend_json)}}
-    return json.dumps(wrapper, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-
-
-def _canonical_json(text: str) -> str:
+def _canonical(value: object) -> str:
     """Key order and whitespace never change the hash of a tokenizer."""
-    return json.dumps(json.loads(text), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
