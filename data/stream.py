@@ -41,7 +41,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from common.files import StagedFolder
 from data import DataConfigError
-from data.batches import Loader
+from data.batches import Loader, masked_pair
 from data.documents import document_ids
 from data.settings import PrepareSettings
 from data.store import HELDOUT_FILE, VAL_FILE, publish_token_folder, stream_stats, token_dtype, write_meta
@@ -148,8 +148,7 @@ class StreamBatches(IterableDataset):
             # The window's last token starts the next batch, so held is never empty here.
             position = {**held[0][0], "skip": head, "batches": batches}
             windows = np.lib.stride_tricks.sliding_window_view(flat, self.block_size + 1)[:: self.block_size]
-            windows = torch.from_numpy(np.ascontiguousarray(windows))  # (B, T + 1)
-            yield windows[:, :-1], windows[:, 1:], reader, position
+            yield *masked_pair(windows, None), reader, position  # windows: (B, T + 1)
 
     def _chunks(
         self, reader: int, readers: int, state: ReaderState

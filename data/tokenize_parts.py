@@ -30,17 +30,7 @@ import numpy as np
 from datasets import Dataset
 
 from common.files import temp_path_for
-from data import DataConfigError
-from data.documents import (
-    CharCut,
-    conversation_lengths,
-    conversation_sizes,
-    document_lengths,
-    encode_conversations,
-    encode_segments,
-    find_char_cut,
-    segment_batch,
-)
+from data import DataConfigError, documents
 from data.tokenizer import Tokenizer
 
 PART_BYTES = 64 << 20
@@ -74,7 +64,7 @@ class Part:
 
     def read(self, start: int, stop: int, column: str) -> dict[str, list]:
         """Segments of rows [start, stop), clipped at the hold-out cut."""
-        return segment_batch(
+        return documents.segment_batch(
             self.docs[start:stop],
             [row - self.split_start for row in range(start, stop)],
             column=column,
@@ -100,7 +90,7 @@ def plan_parts(
 ) -> Plan:
     """Cut both splits into parts; raises a one-line error for a corpus without text or a too-large hold-out.
     With `chat` the rows are conversations, held out whole: a cut inside one would part its turns."""
-    lengths = conversation_lengths if chat else document_lengths
+    lengths = documents.conversation_lengths if chat else documents.document_lengths
     train_docs = train_docs.select_columns([column])
     chars, sizes = lengths(train_docs, column)
     if not chars.sum():
@@ -113,9 +103,9 @@ def plan_parts(
         train = _split_parts("train", train_docs, sizes, None, 0, len(train_docs), 0, -1, None)
         val = _split_parts("val", val_docs, val_sizes, None, 0, len(val_docs), 0, -1, None)
         return Plan(train, val, "the dataset's validation split")
-    cut = find_char_cut(chars, val_fraction)
+    cut = documents.find_char_cut(chars, val_fraction)
     if chat:
-        cut = CharCut(min(cut.row + (cut.offset > 0), len(train_docs) - 1), 0)
+        cut = documents.CharCut(min(cut.row + (cut.offset > 0), len(train_docs) - 1), 0)
     if cut.row == 0 and cut.offset == 0:
         raise DataConfigError(
             f"data.val_fraction: {val_fraction} holds out all of the text; use a smaller value"
@@ -264,10 +254,10 @@ def _encode_chunk(part: Part, start: int, stop: int) -> tuple[list[tuple[list[in
     if not _shared["chat"]:
         segments = part.read(start, stop, column)
         text_bytes = sum(len(text.encode("utf-8")) for text in segments["text"])
-        return [(ids, None) for ids in encode_segments(tokenizer, segments)], text_bytes
+        return [(ids, None) for ids in documents.encode_segments(tokenizer, segments)], text_bytes
     rows = part.docs[start:stop][column]
-    pieces = encode_conversations(tokenizer, rows, start, part.split_start, part.docs.split)
-    return pieces, int(conversation_sizes(rows).sum())
+    pieces = documents.encode_conversations(tokenizer, rows, start, part.split_start, part.docs.split)
+    return pieces, int(documents.conversation_sizes(rows).sum())
 
 
 def _exit_with_parent(parent_pid: int) -> None:
