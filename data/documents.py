@@ -21,14 +21,16 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow.compute as pc
-from datasets import Dataset
 
 from common.errors import UserError
 from data import DataConfigError
 from data.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # `datasets` takes seconds to import; data.datamodule imports this module (via data.stream)
+    from datasets import Dataset
 
 SEGMENT_CHARS = 1 << 13
 # Python's \s covers every Unicode White_Space character (and a few more), so "\S" here is never whitespace
@@ -134,6 +136,8 @@ def find_char_cut(doc_lengths: np.ndarray, val_fraction: float) -> CharCut:
 
 def document_lengths(docs: Dataset, column: str) -> tuple[np.ndarray, np.ndarray]:
     """Characters and UTF-8 bytes per document (0 for null), computed in Arrow without Python strings."""
+    import pyarrow.compute as pc
+
     chars, sizes = [], []
     for table in docs.with_format("arrow").iter(batch_size=10_000):
         chars.append(pc.utf8_length(table[column]).fill_null(0).to_numpy())
