@@ -139,11 +139,9 @@ class TextDataModule(L.LightningDataModule):
         self._stream_loader: PositionedLoader | None = None
 
     def use_tokenizer(self, tokenizer: Tokenizer) -> None:
-        """Tokenize with a pretrained model's tokenizer instead of training one (train.py's model.init_from).
-
-        The token cache is keyed by its sha256 (rules included); documents are separated by its first EOS id and
-        start with its BOS id when its rule adds one. Call before `setup`.
-        """
+        """Tokenize with a pretrained model's tokenizer instead of training one (train.py's model.init_from);
+        call before `setup`. The cache is keyed by its sha256 (rules included); documents are separated by its
+        first EOS id and start with its BOS id when its rule adds one."""
         if tokenizer.vocab_size > self.vocab_size:
             raise DataConfigError(
                 f"data.vocab_size: {self.vocab_size} is smaller than the pretrained tokenizer's "

@@ -94,11 +94,8 @@ def prepare_data(settings: PrepareSettings, before_tokenizing: Callable[[int], N
 
 
 class TokenParts:
-    """The token stream stored as part files (one per tokenizing job), read as one array without merging them.
-
-    Supports what the batch code needs: len, slices (a window may span two parts), `np.asarray`; it pickles
-    as its file names, so DataLoader workers map the files themselves instead of receiving a copy.
-    """
+    """The token stream stored as part files, read as one array without merging them: len, slices (a window may
+    span two parts), `np.asarray`; it pickles as its file names, so DataLoader workers map the files themselves."""
 
     def __init__(self, files: list[Path], dtype: np.dtype) -> None:
         self.files = [Path(file) for file in files]
@@ -198,10 +195,8 @@ def finish_token_folder(
     details: dict[str, Any],
     masks: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
-    """meta.json for the part files: their names, token/byte/char counts and the bytes per token for val/bpb.
-
-    With assistant `masks` (chat) the counts are of the assistant's tokens, the only ones the loss scores.
-    """
+    """meta.json for the part files: their names, token/byte/char counts and the bytes per token for val/bpb;
+    with assistant `masks` (chat) the counts are of the assistant's tokens, the only ones the loss scores."""
     dtype = token_dtype(tokenizer.vocab_size)
     stats = {}
     for split, names in parts.items():
@@ -258,10 +253,8 @@ def _open_masks(folder: Path, names: list[str]) -> TokenParts:
 
 def sweep_data_cache(cache_dir: Path, say: Callable[[str], None]) -> list[Path]:
     """Remove what killed builds left under `cache_dir/<corpus>/` (staging folders, part temp files); say so.
-
     The cache is shared by runs that may be building right now, so only a temporary whose name says it was
-    made on this host by a process that no longer exists goes (common.files names its owner).
-    """
+    made on this host by a process that no longer exists goes (common.files names its owner)."""
     corpora = [p for p in cache_dir.iterdir() if p.is_dir()] if cache_dir.is_dir() else []
     dead = sorted(temp for corpus in corpora for temp in stale_temp_files(corpus) if owner_has_exited(temp))
     return remove_stale(dead, cache_dir, "data staging folder", say)

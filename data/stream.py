@@ -228,10 +228,8 @@ class PositionedLoader(Loader):
         return max(0, -(-(batches - index) // self.readers_per_rank))
 
     def state(self, trained_batches: int) -> dict[str, Any]:
-        """Every rank's reader positions after `trained_batches`, as the checkpoint keeps them.
-
-        A collective under DDP: Lightning builds the checkpoint dict on every rank.
-        """
+        """Every rank's reader positions after `trained_batches`, as the checkpoint keeps them (a collective
+        under DDP: Lightning builds the checkpoint dict on every rank)."""
         import torch.distributed as dist
 
         mine = self.positions(trained_batches)
