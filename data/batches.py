@@ -10,6 +10,7 @@ import hashlib
 import signal
 from collections.abc import Iterator
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,47 @@ def epoch_order(seed: int, epoch: int, rank: int, windows: int, max_offset: int)
     generator = torch.Generator().manual_seed(epoch_seed(seed, epoch, rank))
     offset = int(torch.randint(0, max_offset + 1, (1,), generator=generator))
     return offset, torch.randperm(windows, generator=generator)
+
+
+class TokenParts:
+    """The token stream stored as part files, read as one array without merging them: len, slices (a window may
+    span two parts), `np.asarray`; it pickles as its file names, so DataLoader workers map the files themselves."""
+
+    def __init__(self, files: list[Path], dtype: np.dtype) -> None:
+        self.files = [Path(file) for file in files]
+        self.dtype = np.dtype(dtype)
+        self._arrays = [
+            np.memmap(file, dtype=self.dtype, mode="r") for file in self.files if file.stat().st_size
+        ]
+        self._ends = np.cumsum([len(array) for array in self._arrays], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return int(self._ends[-1]) if len(self._ends) else 0
+
+    def __getitem__(self, index: slice) -> np.ndarray:
+        if not isinstance(index, slice) or index.step not in (None, 1):
+            raise TypeError("TokenParts supports contiguous slices only")
+        start, stop, _ = index.indices(len(self))
+        pieces = []
+        part = int(np.searchsorted(self._ends, start, side="right"))
+        while start < stop and part < len(self._arrays):
+            part_start = int(self._ends[part]) - len(self._arrays[part])
+            take = min(stop, int(self._ends[part])) - start
+            pieces.append(self._arrays[part][start - part_start : start - part_start + take])
+            start += take
+            part += 1
+        if len(pieces) == 1:
+            return pieces[0]
+        return np.concatenate(pieces) if pieces else np.zeros(0, dtype=self.dtype)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return np.asarray(self[:], dtype=dtype)
+
+    def tolist(self) -> list[int]:
+        return self[:].tolist()
+
+    def __reduce__(self) -> tuple:
+        return (TokenParts, ([str(file) for file in self.files], self.dtype.str))
 
 
 class _MemmapPicklesAsPath:

@@ -18,6 +18,7 @@ separately would differ at their seams for sentencepiece-style tokenizers).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,6 +39,11 @@ SEGMENT_CHARS = 1 << 13
 _SAFE_CUT = re.compile(r"(?<=\S\n)(?=\S)")
 ROLES = ("system", "user", "assistant")
 FIX = "fix or drop that row"
+
+
+def document_digest(text: str) -> str:
+    """Identifies a held-out validation document, so readers can leave it out of training."""
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=8).hexdigest()
 
 
 def split_at_safe_newlines(text: str, max_chars: int = SEGMENT_CHARS) -> list[str]:

@@ -1,23 +1,15 @@
-"""A pretrained model's own tokenizer: from a Hugging Face folder's files, or from a GGUF file's vocabulary; and its
-chat template, rendered as transformers does.
+"""A pretrained model's own tokenizer: from a Hugging Face folder's files, or from a GGUF file's vocabulary.
 
 A Hugging Face folder holds `tokenizer.json` (the `tokenizers` pipeline) and the rules around it:
 `tokenizer_config.json` (BOS/EOS tokens, `add_bos_token`, the chat template, or a `chat_template.jinja` file
 next to it) and `generation_config.json` (the ids generation stops at, often several). A GGUF file stores the
 vocabulary as `tokenizer.ggml.*` arrays; the reader (interop/gguf_file.py) hands them over as a `GGUFVocabulary`.
-
-Chat templates are untrusted text from a model folder, so they run in jinja2's immutable sandbox, with what
-published templates use: `raise_exception`, `strftime_now`, a `tojson` filter that keeps non-ASCII text, loop
-controls, and blocks trimmed as in transformers (trim_blocks, lstrip_blocks).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from functools import lru_cache
 from pathlib import Path
 
 from tokenizers import AddedToken, decoders, models
@@ -176,46 +168,3 @@ def tokenizer_from_gguf(vocab: GGUFVocabulary, source: str) -> Tokenizer:
         add([AddedToken(token, special=kind == GGUF_CONTROL, normalized=False) for token in picked])
     rules = TokenRules((vocab.eos_id,), vocab.bos_id, vocab.add_bos, vocab.chat_template)
     return Tokenizer(backend, rules)
-
-
-def render_chat(template: str, messages: Sequence[dict], add_generation_prompt: bool, **tokens: str) -> str:
-    """The text of `messages` ({"role": ..., "content": ...}) through `template`; `tokens` are bos_token and
-    eos_token. With `add_generation_prompt` the text ends with the opening of an assistant turn."""
-    import jinja2.exceptions
-
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or "role" not in message or "content" not in message:
-            raise UserError(f"chat message {i} must be a dict with 'role' and 'content', got {message!r}")
-    try:
-        return _compiled(template).render(
-            messages=list(messages), add_generation_prompt=add_generation_prompt, **tokens
-        )
-    except jinja2.exceptions.TemplateError as err:
-        raise UserError(f"the model's chat template refused the messages: {first_line(err)}") from err
-
-
-@lru_cache(maxsize=8)
-def _compiled(template: str):
-    import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
-
-    def to_json(value, indent=None, separators=None, sort_keys=False) -> str:
-        return json.dumps(
-            value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
-        )
-
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-    )
-    env.filters["tojson"] = to_json
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    try:
-        return env.from_string(template)
-    except jinja2.exceptions.TemplateSyntaxError as err:
-        raise UserError(
-            f"the model's chat template is not valid jinja2 (line {err.lineno}): {err.message}"
-        ) from err

@@ -1,11 +1,10 @@
-"""The token cache on disk: one folder of flat token part files, tokenizer.json and meta.json; finding or building it.
+"""The data on disk, found, built and opened here: the token cache, or for streaming the tokenizer and validation set.
 
-`meta.json` lists the train and validation part files in order and records what training needs to report bits
+The token cache is one folder of flat token part files, tokenizer.json and meta.json. `meta.json` lists the train and validation part files in order and records what training needs to report bits
 per byte. It is written last, and the folder only gets its final name once complete, so a crashed run never
 leaves a folder a later run would trust. Parts are built in `tokens-<sha>.building/`, which a killed build leaves
 for the next one to finish; its temporary files live next to it, never inside (see data/tokenize_parts.py), so
-what is published holds only whole parts. The streaming folder (data/stream.py) follows the same rules; both are
-found, built and opened here.
+what is published holds only whole parts. The streaming folder follows the same meta.json rules.
 """
 
 from __future__ import annotations
@@ -14,12 +13,16 @@ import json
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from common.files import StagedFolder, owner_has_exited, remove_stale, stale_temp_files
+from data import DataConfigError
+from data.batches import TokenParts
+from data.documents import document_digest, document_ids
 from data.settings import FORMAT_VERSION, PrepareSettings
 from data.tokenizer import Tokenizer
 
@@ -28,6 +31,7 @@ TOKENIZER_FILE = "tokenizer.json"
 VAL_FILE = "val.bin"  # a streaming folder's validation tokens
 HELDOUT_FILE = "heldout.json"  # and the digests of the train documents it holds out
 _STATS_CHUNK = 1 << 24
+_DOCS_PER_BATCH = 256  # validation documents tokenized at once when streaming
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -52,8 +56,6 @@ def prepare_data(settings: PrepareSettings, before_tokenizing: Callable[[int], N
     if found is not None:
         return found
     if settings.source.streaming:
-        from data.stream import build_stream
-
         return build_stream(settings)
     from data.tokenize_parts import mask_name, plan_parts, tokenize_parts, tokenizer_sample
 
@@ -93,47 +95,6 @@ def prepare_data(settings: PrepareSettings, before_tokenizing: Callable[[int], N
     return final
 
 
-class TokenParts:
-    """The token stream stored as part files, read as one array without merging them: len, slices (a window may
-    span two parts), `np.asarray`; it pickles as its file names, so DataLoader workers map the files themselves."""
-
-    def __init__(self, files: list[Path], dtype: np.dtype) -> None:
-        self.files = [Path(file) for file in files]
-        self.dtype = np.dtype(dtype)
-        self._arrays = [
-            np.memmap(file, dtype=self.dtype, mode="r") for file in self.files if file.stat().st_size
-        ]
-        self._ends = np.cumsum([len(array) for array in self._arrays], dtype=np.int64)
-
-    def __len__(self) -> int:
-        return int(self._ends[-1]) if len(self._ends) else 0
-
-    def __getitem__(self, index: slice) -> np.ndarray:
-        if not isinstance(index, slice) or index.step not in (None, 1):
-            raise TypeError("TokenParts supports contiguous slices only")
-        start, stop, _ = index.indices(len(self))
-        pieces = []
-        part = int(np.searchsorted(self._ends, start, side="right"))
-        while start < stop and part < len(self._arrays):
-            part_start = int(self._ends[part]) - len(self._arrays[part])
-            take = min(stop, int(self._ends[part])) - start
-            pieces.append(self._arrays[part][start - part_start : start - part_start + take])
-            start += take
-            part += 1
-        if len(pieces) == 1:
-            return pieces[0]
-        return np.concatenate(pieces) if pieces else np.zeros(0, dtype=self.dtype)
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        return np.asarray(self[:], dtype=dtype)
-
-    def tolist(self) -> list[int]:
-        return self[:].tolist()
-
-    def __reduce__(self) -> tuple:
-        return (TokenParts, ([str(file) for file in self.files], self.dtype.str))
-
-
 def publish_token_folder(staged: StagedFolder, name: str) -> Path:
     """Publish a complete staged folder as `name`; if another process published it first, keep theirs."""
     final = staged.parent / name
@@ -143,6 +104,58 @@ def publish_token_folder(staged: StagedFolder, name: str) -> Path:
         if not is_complete(final):
             raise
     return final  # leaving the with-block deletes our copy
+
+
+def build_stream(settings: PrepareSettings) -> Path:
+    """Build the streaming folder: val.bin, heldout.json, tokenizer.json and (last) meta.json.
+
+    One sequential pass over the head of the stream (no sharding): without a validation split, the first
+    `val_docs` documents are held out (their digests go to heldout.json, and every training reader skips them),
+    and the tokenizer trains on the next `tokenizer_train_docs` documents, so it never sees validation text.
+    With a validation split, its first `val_docs` documents are the validation set and the tokenizer trains on
+    the first `tokenizer_train_docs` training documents.
+    """
+    source = settings.source
+    tokenizer = settings.known_tokenizer()
+    trained_here = tokenizer is None
+    with StagedFolder(settings.make_corpus_dir()) as staged:
+        assert staged.path is not None
+        train_docs, val_docs = source.load()
+        head = source.texts(train_docs)
+        if val_docs is None:
+            validation = list(islice(head, settings.val_docs))
+            heldout = sorted({document_digest(text) for text in validation if text})
+            val_source = f"the first {len(validation)} documents of the train split (left out of training)"
+        else:
+            validation = list(islice(source.texts(val_docs), settings.val_docs))
+            heldout = []
+            val_source = f"the first {len(validation)} documents of the validation split"
+        if not any(validation):
+            raise DataConfigError(
+                f"{source.key}: the corpus has no text in column '{source.text_column}'; point it at real text"
+            )
+        if tokenizer is None:
+            sample = [text for text in islice(head, settings.tokenizer_train_docs) if text]
+            if not sample:
+                raise DataConfigError(
+                    f"data.val_docs: holding out {settings.val_docs} documents leaves none to train the tokenizer "
+                    "or the model on; lower data.val_docs or add a validation split"
+                )
+            tokenizer = Tokenizer.train(sample, settings.vocab_size)
+        val = np.concatenate(
+            [
+                document_ids(validation[start : start + _DOCS_PER_BATCH], tokenizer)
+                for start in range(0, len(validation), _DOCS_PER_BATCH)
+            ]
+        ).astype(token_dtype(tokenizer.vocab_size))
+        val.tofile(staged.path / VAL_FILE)
+        (staged.path / HELDOUT_FILE).write_text(json.dumps(heldout), encoding="utf-8")
+        stats = stream_stats(val, tokenizer.token_bytes())
+        settings.check_sizes(write_meta(staged.path, tokenizer, stats, {"val_source": val_source}))
+        folder = publish_token_folder(staged, settings.folder_name(tokenizer))
+    if trained_here:  # after the folder, so a found tokenizer file always means a complete folder
+        tokenizer.save(settings.trained_tokenizer_file())
+    return folder
 
 
 def is_complete(folder: Path) -> bool:

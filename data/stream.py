@@ -1,10 +1,5 @@
-"""Streaming (`data.streaming: true`): the tokenizer and the validation set are built once, training batches live.
-
-Before step 1, one sequential pass over the head of the stream (no sharding): without a validation split, the
-first `val_docs` documents are held out (their digests go to heldout.json, and every training reader skips
-them), and the tokenizer trains on the next `tokenizer_train_docs` documents, so it never sees validation text.
-With a validation split, its first `val_docs` documents are the validation set and the tokenizer trains on the
-first `tokenizer_train_docs` training documents. They go to `stream-<sha>-val<N>/` (data/settings.py).
+"""Streaming (`data.streaming: true`): training batches tokenized live, after the tokenizer and the validation set
+were built once (`build_stream` in data/store.py).
 
 During training every reader tokenizes its own documents and packs them. A reader is one DataLoader worker of one
 rank, out of world_size * num_workers. The DataLoader takes batches from its workers in turn, worker 0 first, so
@@ -25,81 +20,23 @@ ones the DataLoader prefetched.
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import os
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import islice
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from common.files import StagedFolder
 from data import DataConfigError
 from data.batches import Loader, masked_pair
-from data.documents import document_ids
-from data.settings import PrepareSettings
-from data.store import HELDOUT_FILE, VAL_FILE, publish_token_folder, stream_stats, token_dtype, write_meta
+from data.documents import document_digest, document_ids
 from data.tokenizer import Tokenizer
 
 DOCS_PER_CHUNK = 64
-_DOCS_PER_BATCH = 256
 ReaderState = dict[str, Any]  # {"epoch", "hf" (datasets state or None), "skip" (tokens), "batches"}
-
-
-def build_stream(settings: PrepareSettings) -> Path:
-    """Build the streaming folder: val.bin, heldout.json, tokenizer.json and (last) meta.json."""
-    source = settings.source
-    tokenizer = settings.known_tokenizer()
-    trained_here = tokenizer is None
-    with StagedFolder(settings.make_corpus_dir()) as staged:
-        assert staged.path is not None
-        train_docs, val_docs = source.load()
-        head = source.texts(train_docs)
-        if val_docs is None:
-            validation = list(islice(head, settings.val_docs))
-            heldout = sorted({document_digest(text) for text in validation if text})
-            val_source = f"the first {len(validation)} documents of the train split (left out of training)"
-        else:
-            validation = list(islice(source.texts(val_docs), settings.val_docs))
-            heldout = []
-            val_source = f"the first {len(validation)} documents of the validation split"
-        if not any(validation):
-            raise DataConfigError(
-                f"{source.key}: the corpus has no text in column '{source.text_column}'; point it at real text"
-            )
-        if tokenizer is None:
-            sample = [text for text in islice(head, settings.tokenizer_train_docs) if text]
-            if not sample:
-                raise DataConfigError(
-                    f"data.val_docs: holding out {settings.val_docs} documents leaves none to train the tokenizer "
-                    "or the model on; lower data.val_docs or add a validation split"
-                )
-            tokenizer = Tokenizer.train(sample, settings.vocab_size)
-        val = np.concatenate(
-            [
-                document_ids(validation[start : start + _DOCS_PER_BATCH], tokenizer)
-                for start in range(0, len(validation), _DOCS_PER_BATCH)
-            ]
-        ).astype(token_dtype(tokenizer.vocab_size))
-        val.tofile(staged.path / VAL_FILE)
-        (staged.path / HELDOUT_FILE).write_text(json.dumps(heldout), encoding="utf-8")
-        stats = stream_stats(val, tokenizer.token_bytes())
-        settings.check_sizes(write_meta(staged.path, tokenizer, stats, {"val_source": val_source}))
-        folder = publish_token_folder(staged, settings.folder_name(tokenizer))
-    if trained_here:  # after the folder, so a found tokenizer file always means a complete folder
-        tokenizer.save(settings.trained_tokenizer_file())
-    return folder
-
-
-def document_digest(text: str) -> str:
-    """Identifies a held-out validation document, so readers can leave it out of training."""
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=8).hexdigest()
 
 
 def fresh_state() -> ReaderState:

@@ -6,7 +6,9 @@ BOS id starts one, the chat template. Those are stored next to the tokenizers JS
 string (`to_json`, the copy a checkpoint embeds) and one hash describe everything that decides the ids.
 
 Imports only `tokenizers` and the standard library (jinja2 only when a chat is rendered) so `generate.py` can
-rebuild the tokenizer embedded in a checkpoint without pulling in `datasets` or Lightning.
+rebuild the tokenizer embedded in a checkpoint without pulling in `datasets` or Lightning. Chat templates are
+untrusted text from a model folder, so they run in jinja2's immutable sandbox, with what published templates use
+(`raise_exception`, `strftime_now`, a `tojson` that keeps non-ASCII text, loop controls, trimmed blocks).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import os
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from datetime import datetime
+from functools import lru_cache
 from pathlib import Path
 
 from tokenizers import Tokenizer as BackendTokenizer
@@ -169,13 +173,22 @@ class Tokenizer:
         return self.rules.chat_template
 
     def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
-        """The chat `messages` ({"role", "content"} dicts) as text, through the model's chat template."""
-        from data.pretrained_tokenizer import render_chat
+        """The chat `messages` ({"role", "content"} dicts) as text, through the model's chat template; with
+        `add_generation_prompt` it ends with the opening of an assistant turn, where the model writes."""
+        import jinja2.exceptions
 
         if self.chat_template is None:
             raise UserError("this model's tokenizer has no chat template; prompt it with plain text instead")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or "role" not in message or "content" not in message:
+                raise UserError(f"chat message {i} must be a dict with 'role' and 'content', got {message!r}")
         tokens = {"bos_token": self.token_text(self.bos_id) or "", "eos_token": self.token_text(self.eos_id)}
-        return render_chat(self.chat_template, messages, add_generation_prompt, **tokens)
+        try:
+            return _compiled(self.chat_template).render(
+                messages=list(messages), add_generation_prompt=add_generation_prompt, **tokens
+            )
+        except jinja2.exceptions.TemplateError as err:
+            raise UserError(f"the model's chat template refused the messages: {first_line(err)}") from err
 
     def token_text(self, token_id: int | None) -> str | None:
         """The vocabulary entry of one id (None for None): how config files name a special token."""
@@ -260,3 +273,30 @@ def _sentencepiece_bytes(token: str) -> bytes:
 def _canonical(value: object) -> str:
     """Key order and whitespace never change the hash of a tokenizer."""
     return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+@lru_cache(maxsize=8)
+def _compiled(template: str):
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def to_json(value, indent=None, separators=None, sort_keys=False) -> str:
+        return json.dumps(
+            value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = to_json
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(template)
+    except jinja2.exceptions.TemplateSyntaxError as err:
+        raise UserError(
+            f"the model's chat template is not valid jinja2 (line {err.lineno}): {err.message}"
+        ) from err
