@@ -7,6 +7,7 @@ exactly the batches the uninterrupted run would have drawn, whatever the number 
 from __future__ import annotations
 
 import hashlib
+import os
 import signal
 from collections.abc import Iterator
 from functools import lru_cache
@@ -89,26 +90,15 @@ class TokenParts:
         return (TokenParts, ([str(file) for file in self.files], self.dtype.str))
 
 
-class _MemmapPicklesAsPath:
-    """Send a memory-mapped `tokens` array to DataLoader workers as its path, never as a copy of its contents."""
-
-    tokens: np.ndarray
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        tokens = self.tokens
-        if isinstance(tokens, np.memmap) and tokens.filename is not None:
-            state["tokens"] = ("memmap", str(tokens.filename), tokens.dtype.str, tokens.offset, tokens.shape)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        if isinstance(state["tokens"], tuple):
-            _, path, dtype, offset, shape = state["tokens"]
-            state["tokens"] = np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=shape)
-        self.__dict__.update(state)
+def _by_path(tokens: np.ndarray) -> np.ndarray | TokenParts:
+    """A memory-mapped file goes to DataLoader workers as its path (a TokenParts), never as a copy."""
+    if isinstance(tokens, np.memmap) and tokens.filename is not None and tokens.offset == 0:
+        if tokens.nbytes == os.path.getsize(tokens.filename):  # the whole file, not a slice of it
+            return TokenParts([Path(tokens.filename)], tokens.dtype)
+    return tokens
 
 
-class TrainBatches(_MemmapPicklesAsPath, IterableDataset):
+class TrainBatches(IterableDataset):
     """Shuffled (x, y) windows of rank r's contiguous 1/world_size shard of `tokens`, epoch after epoch.
 
     Each epoch cuts the shard into back-to-back windows of block_size + 1 tokens on a grid shifted by a random
@@ -136,7 +126,7 @@ class TrainBatches(_MemmapPicklesAsPath, IterableDataset):
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
-        self.tokens = tokens
+        self.tokens = _by_path(tokens)
         self.mask = mask  # the assistant's tokens (chat), aligned with `tokens`; None: every target counts
         self.block_size, self.batch_size, self.seed, self.rank = block_size, batch_size, seed, rank
         self.start_batch, self.num_batches = start_batch, num_batches
@@ -175,11 +165,11 @@ class TrainBatches(_MemmapPicklesAsPath, IterableDataset):
             index += num_workers
 
 
-class ValWindows(_MemmapPicklesAsPath, Dataset):
+class ValWindows(Dataset):
     """Consecutive non-overlapping (x, y) windows covering the whole stream; the last partial one is dropped."""
 
     def __init__(self, tokens: np.ndarray, block_size: int, mask: np.ndarray | None = None) -> None:
-        self.tokens, self.mask, self.block_size = tokens, mask, block_size
+        self.tokens, self.mask, self.block_size = _by_path(tokens), mask, block_size
 
     def __len__(self) -> int:
         return (len(self.tokens) - 1) // self.block_size
