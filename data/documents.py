@@ -196,14 +196,14 @@ def encode_conversation(tokenizer: Tokenizer, messages: object, where: str) -> t
 
 
 def encode_conversations(
-    tokenizer: Tokenizer, rows: list, first_row: int, split_start: int, split: object
+    tokenizer: Tokenizer, rows: list, first_row: int, split_start: int, split: str
 ) -> list[tuple[list[int], list[int]]]:
-    """(ids, mask) of rows first_row, ...; packed like text documents: one EOS (not the assistant's, so mask 0)
-    before each conversation but the split's first (row `split_start`)."""
+    """(ids, mask) of rows first_row, ... of `split`; packed like text documents: one EOS (not the assistant's,
+    so mask 0) before each conversation but the split's first (row `split_start`)."""
     pieces = []
     for row, messages in enumerate(rows, first_row):
         ids, mask = encode_conversation(
-            tokenizer, messages, f"data.chat_column: row {row} of the {split or 'train'} split"
+            tokenizer, messages, f"data.chat_column: row {row} of the {split} split"
         )
         first = row == split_start
         pieces.append(([*([] if first else [tokenizer.eos_id]), *ids], [*([] if first else [0]), *mask]))

@@ -256,7 +256,8 @@ def _encode_chunk(part: Part, start: int, stop: int) -> tuple[list[tuple[list[in
         text_bytes = sum(len(text.encode("utf-8")) for text in segments["text"])
         return [(ids, None) for ids in documents.encode_segments(tokenizer, segments)], text_bytes
     rows = part.docs[start:stop][column]
-    pieces = documents.encode_conversations(tokenizer, rows, start, part.split_start, part.docs.split)
+    split = str(part.docs.split or "train")
+    pieces = documents.encode_conversations(tokenizer, rows, start, part.split_start, split)
     return pieces, int(documents.conversation_sizes(rows).sum())
 
 
