@@ -7,9 +7,11 @@ exactly the batches the uninterrupted run would have drawn, whatever the number 
 from __future__ import annotations
 
 import hashlib
+import os
 import signal
 from collections.abc import Iterator
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,26 +49,56 @@ def epoch_order(seed: int, epoch: int, rank: int, windows: int, max_offset: int)
     return offset, torch.randperm(windows, generator=generator)
 
 
-class _MemmapPicklesAsPath:
-    """Send a memory-mapped `tokens` array to DataLoader workers as its path, never as a copy of its contents."""
+class TokenParts:
+    """The token stream stored as part files, read as one array without merging them: len, slices (a window may
+    span two parts), `np.asarray`; it pickles as its file names, so DataLoader workers map the files themselves."""
 
-    tokens: np.ndarray
+    def __init__(self, files: list[Path], dtype: np.dtype) -> None:
+        self.files = [Path(file) for file in files]
+        self.dtype = np.dtype(dtype)
+        self._arrays = [
+            np.memmap(file, dtype=self.dtype, mode="r") for file in self.files if file.stat().st_size
+        ]
+        self._ends = np.cumsum([len(array) for array in self._arrays], dtype=np.int64)
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        tokens = self.tokens
-        if isinstance(tokens, np.memmap) and tokens.filename is not None:
-            state["tokens"] = ("memmap", str(tokens.filename), tokens.dtype.str, tokens.offset, tokens.shape)
-        return state
+    def __len__(self) -> int:
+        return int(self._ends[-1]) if len(self._ends) else 0
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        if isinstance(state["tokens"], tuple):
-            _, path, dtype, offset, shape = state["tokens"]
-            state["tokens"] = np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=shape)
-        self.__dict__.update(state)
+    def __getitem__(self, index: slice) -> np.ndarray:
+        if not isinstance(index, slice) or index.step not in (None, 1):
+            raise TypeError("TokenParts supports contiguous slices only")
+        start, stop, _ = index.indices(len(self))
+        pieces = []
+        part = int(np.searchsorted(self._ends, start, side="right"))
+        while start < stop and part < len(self._arrays):
+            part_start = int(self._ends[part]) - len(self._arrays[part])
+            take = min(stop, int(self._ends[part])) - start
+            pieces.append(self._arrays[part][start - part_start : start - part_start + take])
+            start += take
+            part += 1
+        if len(pieces) == 1:
+            return pieces[0]
+        return np.concatenate(pieces) if pieces else np.zeros(0, dtype=self.dtype)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return np.asarray(self[:], dtype=dtype)
+
+    def tolist(self) -> list[int]:
+        return self[:].tolist()
+
+    def __reduce__(self) -> tuple:
+        return (TokenParts, ([str(file) for file in self.files], self.dtype.str))
 
 
-class TrainBatches(_MemmapPicklesAsPath, IterableDataset):
+def _by_path(tokens: np.ndarray) -> np.ndarray | TokenParts:
+    """A memory-mapped file goes to DataLoader workers as its path (a TokenParts), never as a copy."""
+    if isinstance(tokens, np.memmap) and tokens.filename is not None and tokens.offset == 0:
+        if tokens.nbytes == os.path.getsize(tokens.filename):  # the whole file, not a slice of it
+            return TokenParts([Path(tokens.filename)], tokens.dtype)
+    return tokens
+
+
+class TrainBatches(IterableDataset):
     """Shuffled (x, y) windows of rank r's contiguous 1/world_size shard of `tokens`, epoch after epoch.
 
     Each epoch cuts the shard into back-to-back windows of block_size + 1 tokens on a grid shifted by a random
@@ -94,7 +126,7 @@ class TrainBatches(_MemmapPicklesAsPath, IterableDataset):
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
-        self.tokens = tokens
+        self.tokens = _by_path(tokens)
         self.mask = mask  # the assistant's tokens (chat), aligned with `tokens`; None: every target counts
         self.block_size, self.batch_size, self.seed, self.rank = block_size, batch_size, seed, rank
         self.start_batch, self.num_batches = start_batch, num_batches
@@ -133,11 +165,11 @@ class TrainBatches(_MemmapPicklesAsPath, IterableDataset):
             index += num_workers
 
 
-class ValWindows(_MemmapPicklesAsPath, Dataset):
+class ValWindows(Dataset):
     """Consecutive non-overlapping (x, y) windows covering the whole stream; the last partial one is dropped."""
 
     def __init__(self, tokens: np.ndarray, block_size: int, mask: np.ndarray | None = None) -> None:
-        self.tokens, self.mask, self.block_size = tokens, mask, block_size
+        self.tokens, self.mask, self.block_size = _by_path(tokens), mask, block_size
 
     def __len__(self) -> int:
         return (len(self.tokens) - 1) // self.block_size

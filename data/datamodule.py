@@ -2,13 +2,17 @@
 
 `setup` finds or builds the data (the token cache of data/store.py, or with `streaming` the folder of
 data/stream.py) and opens it; the loaders serve training batches from the position the trainer stands at.
+
+One process per node builds, the others wait on its published folder, never on a process group: Lightning runs
+`setup` on every rank between two process-group barriers, and a barrier gives up after the group's timeout (30
+minutes by default). So local rank 0 builds inside `setup` while the other ranks poll for the folder, and all of
+them reach the next barrier within a poll interval of each other, however long the build took. A build that
+fails leaves a note with its one-line error, so the waiting ranks stop with the same message.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import os
 import sys
 import time
 from pathlib import Path
@@ -17,23 +21,15 @@ from typing import Any
 import lightning as L
 import numpy as np
 
+from common.errors import UserError, first_line
+from common.files import atomic_write
 from data import DataConfigError
 from data.batches import Loader, TrainBatches, ValWindows
-from data.rank_wait import build_or_wait
-from data.settings import PrepareSettings, load_tokenizer_setting
+from data.settings import PrepareSettings, check_numbers, load_tokenizer_setting
 from data.source import CorpusSource, SampleBy
-from data.store import find_tokens, open_token_cache, prepare_tokens, sweep_data_cache
-from data.stream import (
-    LoaderPosition,
-    PositionedLoader,
-    StreamBatches,
-    find_stream,
-    open_stream,
-    prepare_stream,
-    saved_positions,
-    stream_state,
-)
-from data.tokenizer import MIN_VOCAB_SIZE, Tokenizer
+from data.store import find_data, open_data, prepare_data, sweep_data_cache
+from data.stream import PositionedLoader, StreamBatches, saved_positions
+from data.tokenizer import Tokenizer
 
 # The default corpus ships with the package (public domain, 1.1 MB), so the default config trains offline.
 TINY_SHAKESPEARE = Path(__file__).resolve().parent / "corpora" / "tinyshakespeare.txt"
@@ -42,6 +38,8 @@ LARGE_BUILD_BYTES = 1 << 30
 TINY_SHAKESPEARE_URL = (
     "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 )
+POLL_S = 0.2  # how often a waiting rank looks for the folder local rank 0 builds
+WAIT_REPORT_S = 60.0
 
 
 class TextDataModule(L.LightningDataModule):
@@ -133,19 +131,17 @@ class TextDataModule(L.LightningDataModule):
         self.tokenizer: Tokenizer | None = None
         self.train_tokens: np.ndarray | None = None
         self.val_tokens: np.ndarray | None = None
-        self.train_mask: np.ndarray | None = None  # chat: 1 on the assistant's tokens (data/conversations.py)
+        self.train_mask: np.ndarray | None = None  # chat: 1 on the assistant's tokens (data/documents.py)
         self.val_mask: np.ndarray | None = None
         self.heldout: frozenset[str] = frozenset()
         self.meta: dict[str, Any] = {}
         self._stream_state: dict[str, Any] = {}  # from the checkpoint, until the loader takes it over
-        self._position: LoaderPosition | None = None
+        self._stream_loader: PositionedLoader | None = None
 
     def use_tokenizer(self, tokenizer: Tokenizer) -> None:
-        """Tokenize with a pretrained model's tokenizer instead of training one (train.py's model.init_from).
-
-        The token cache is keyed by its sha256 (rules included); documents are separated by its first EOS id and
-        start with its BOS id when its rule adds one. Call before `setup`.
-        """
+        """Tokenize with a pretrained model's tokenizer instead of training one (train.py's model.init_from);
+        call before `setup`. The cache is keyed by its sha256 (rules included); documents are separated by its
+        first EOS id and start with its BOS id when its rule adds one."""
         if tokenizer.vocab_size > self.vocab_size:
             raise DataConfigError(
                 f"data.vocab_size: {self.vocab_size} is smaller than the pretrained tokenizer's "
@@ -159,32 +155,48 @@ class TextDataModule(L.LightningDataModule):
         if self.tokenizer is not None:
             return
         trainer = self.trainer
-        builder = trainer is None or trainer.local_rank == 0
-        if builder:
+        if trainer is None or trainer.local_rank == 0:
             sweep_data_cache(self.settings.cache_dir, lambda line: print(line, file=sys.stderr))
-        streaming = self.source.streaming
-        find, build, open_folder = (
-            (find_stream, prepare_stream, open_stream)
-            if streaming
-            else (find_tokens, prepare_tokens, open_token_cache)
-        )
-        self.folder = build_or_wait(
-            lambda: find(self.settings),
-            lambda: build(self.settings, self._hint),
-            builder=builder,
-            others_wait=trainer is not None and trainer.world_size > 1,
-            failure_note=self.settings.cache_dir / f".failed-{self.settings.corpus_dir().name}",
-            started=self._created,
-            what="the streaming tokenizer and validation set" if streaming else "the token cache",
-        )
-        opened = open_folder(self.folder)
-        self.tokenizer, self.val_tokens, self.meta = opened.tokenizer, opened.val, opened.meta
-        self.train_tokens = getattr(opened, "train", None)  # a TokenCache's; a stream tokenizes as it trains
-        self.train_mask, self.val_mask = (
-            getattr(opened, "train_mask", None),
-            getattr(opened, "val_mask", None),
-        )
-        self.heldout = getattr(opened, "heldout", frozenset())  # a StreamFolder's
+            others_wait = trainer is not None and trainer.world_size > 1
+            self.folder = find_data(self.settings) or self._build(others_wait)
+        else:
+            self.folder = self._wait()
+        opened = open_data(self.folder)
+        self.tokenizer, self.meta, self.heldout = opened.tokenizer, opened.meta, opened.heldout
+        self.train_tokens, self.val_tokens = opened.train, opened.val  # a stream tokenizes as it trains
+        self.train_mask, self.val_mask = opened.train_mask, opened.val_mask
+
+    def _failure_note(self) -> Path:
+        return self.settings.cache_dir / f".failed-{self.settings.corpus_dir().name}"
+
+    def _build(self, others_wait: bool) -> Path:
+        try:
+            return prepare_data(self.settings, self._hint)
+        except BaseException as error:
+            if others_wait:  # the one line the waiting ranks stop with
+                line = (
+                    str(error)
+                    if isinstance(error, UserError)
+                    else f"{type(error).__name__}: {first_line(error)}"
+                )
+                atomic_write(self._failure_note(), line or type(error).__name__)
+            raise
+
+    def _wait(self) -> Path:
+        what = "the streaming tokenizer and validation set" if self.source.streaming else "the token cache"
+        began = last_report = time.monotonic()
+        note = self._failure_note()
+        while (found := find_data(self.settings)) is None:
+            # Only a note written after this module was made belongs to this run.
+            if note.is_file() and note.stat().st_mtime >= self._created - 1:
+                raise DataConfigError(f"{what}: local rank 0 failed: {note.read_text(encoding='utf-8')}")
+            if time.monotonic() - last_report >= WAIT_REPORT_S:
+                last_report = time.monotonic()
+                print(
+                    f"waiting for local rank 0 to build {what} ({last_report - began:.0f} s)", file=sys.stderr
+                )
+            time.sleep(POLL_S)
+        return found
 
     def _hint(self, text_bytes: int) -> None:
         """A DDP run tokenizing a large corpus in setup keeps every other process idle: name the way out."""
@@ -213,48 +225,28 @@ class TextDataModule(L.LightningDataModule):
         self._require_setup()
         assert self.train_tokens is not None
         return TrainBatches(
-            self.train_tokens,
-            self.block_size,
-            self.batch_size,
-            self.seed,
-            rank=rank,
-            world_size=world_size,
-            start_batch=start_batch,
+            self.train_tokens, self.block_size, self.batch_size, self.seed, rank, world_size, start_batch,
             mask=self.train_mask,
-        )
+        )  # fmt: skip
 
     def train_dataloader(self) -> Loader:
         """Resumes where the attached trainer stands (see `_start_batch`)."""
         trainer = self.trainer
         rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         start_batch = self._start_batch()
-        if self.source.streaming:
-            batches = self._stream_batches(rank, world_size, start_batch)
-            loader: Any = functools.partial(PositionedLoader, self._position)
-        else:
-            batches, loader = self.train_batches(start_batch, rank, world_size), Loader
-        return loader(batches, batch_size=None, num_workers=self.num_workers)
-
-    def _stream_batches(self, rank: int, world_size: int, start_batch: int) -> StreamBatches:
+        if not self.source.streaming:
+            batches = self.train_batches(start_batch, rank, world_size)
+            return Loader(batches, batch_size=None, num_workers=self.num_workers)
         self._require_setup()
         assert self.tokenizer is not None
         start = saved_positions(self._stream_state, world_size, self.num_workers)
-        self._position = LoaderPosition(rank, self.num_workers, start, start_batch)
-        if self.num_workers:
-            # Each worker tokenizes on one core; the Rust pool of every worker would oversubscribe the CPU.
-            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        return StreamBatches(
-            self.source.load()[0],
-            self.source.text_column,
-            self.tokenizer,
-            self.heldout,
-            self.block_size,
-            self.batch_size,
-            rank=rank,
-            world_size=world_size,
-            start=start,
-            start_batch=start_batch,
-        )
+        docs, column = self.source.load()[0], self.source.text_column
+        batches = StreamBatches(
+            docs, column, self.tokenizer, self.heldout, self.block_size, self.batch_size, rank, world_size, start,
+            start_batch,
+        )  # fmt: skip
+        self._stream_loader = PositionedLoader(batches, self.num_workers)
+        return self._stream_loader
 
     def _start_batch(self) -> int:
         """The one start-batch rule: a trainer at optimizer step s has trained s * accumulate_grad_batches
@@ -277,10 +269,9 @@ class TextDataModule(L.LightningDataModule):
 
     def state_dict(self) -> dict[str, Any]:
         """The stream position after the last trained batch of every reader of every rank (streaming only)."""
-        if self._position is None or self.trainer is None:
+        if self._stream_loader is None or self.trainer is None:
             return {"stream": self._stream_state} if self._stream_state else {}
-        trained = self._start_batch()
-        return {"stream": stream_state(self._position, trained, self.trainer.world_size, self.num_workers)}
+        return {"stream": self._stream_loader.state(self._start_batch())}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._stream_state = state_dict.get("stream", {})
@@ -294,28 +285,3 @@ class TextDataModule(L.LightningDataModule):
             raise RuntimeError(
                 "TextDataModule: call setup() (or let the Trainer call it) before using the data"
             )
-
-
-# The data keys' number rules: (holds, what it must be).
-_NUMBER_RULES = {
-    "vocab_size": (
-        lambda v: v >= MIN_VOCAB_SIZE,
-        f"must be at least {MIN_VOCAB_SIZE} (256 bytes + <|endoftext|>)",
-    ),
-    "block_size": (lambda v: v > 0, "must be positive"),
-    "batch_size": (lambda v: v > 0, "must be positive"),
-    "num_workers": (lambda v: v >= 0, "must be >= 0"),
-    "val_fraction": (lambda v: 0 < v < 1, "must be between 0 and 1 (exclusive)"),
-    "num_proc": (lambda v: v is None or v > 0, "must be positive or null"),
-    "val_docs": (lambda v: v > 0, "must be positive"),
-    "tokenizer_train_docs": (lambda v: v > 0, "must be positive"),
-}
-
-
-def check_numbers(data: Any) -> None:
-    """The number rules of the data keys, for the init arguments or a parsed `data:` section: train.py checks
-    that before it builds the model, whose vocab_size and block_size follow data's, so the error names the key
-    the user typed."""
-    for key, (holds, rule) in _NUMBER_RULES.items():
-        if not holds(data[key]):
-            raise DataConfigError(f"data.{key}: {rule}, got {data[key]!r}")

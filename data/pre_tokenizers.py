@@ -27,20 +27,15 @@ DIGIT = r"\p{N}"  # Digits(individual_digits=true) splits off every character Un
 
 @dataclass(frozen=True)
 class PreTokenizer:
-    """What decides the ids before the merges, as tokenizer.json states it.
+    """What decides the ids before the merges, as tokenizer.json states it."""
 
-    Args:
-        splits: Regexes, applied in order, each splitting every piece around its matches (`Split`, Isolated).
-        byte_regex: Whether the final ByteLevel step splits with GPT-2's regex itself (`use_regex`).
-        normalizer: The tokenizers normalizer type the model family ships; llama.cpp never normalizes, so text
-            that normalization would change (not in NFC, for NFC) can split differently there.
-        ignore_merges: Whether a piece that is one vocabulary entry is taken whole before any merge (Llama 3).
-    """
-
+    # Regexes, applied in order, each splitting every piece around its matches (`Split`, Isolated).
     splits: tuple[str, ...]
-    byte_regex: bool
+    byte_regex: bool  # whether the final ByteLevel step splits with GPT-2's regex itself (`use_regex`)
+    # The tokenizers normalizer type the model family ships; llama.cpp never normalizes, so text that
+    # normalization would change (not in NFC, for NFC) can split differently there.
     normalizer: str | None = None
-    ignore_merges: bool = False
+    ignore_merges: bool = False  # whether a piece that is one vocabulary entry is taken whole first (Llama 3)
 
 
 # llama.cpp's names for the forms we rebuild exactly.

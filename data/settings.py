@@ -1,4 +1,5 @@
-"""What decides the data a run needs: the corpus, the hold-out and the tokenizer, and the folders named for them.
+"""What decides the data a run needs: the corpus, the hold-out and the tokenizer, the folders named for them, and
+the number rules of the `data.*` keys.
 
 Cache layout (everything for one corpus under one folder keyed by the corpus identity and the hold-out):
 
@@ -17,10 +18,11 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from data import DataConfigError
 from data.source import CorpusSource
-from data.tokenizer import Tokenizer
+from data.tokenizer import MIN_VOCAB_SIZE, Tokenizer
 
 FORMAT_VERSION = 2  # of the token cache; 2: part files listed in meta.json
 # Bump when the tokenizer's training recipe changes, so caches made by the old recipe are not reused.
@@ -67,6 +69,13 @@ class PrepareSettings:
             ) from None
         return folder
 
+    def folder_name(self, tokenizer: Tokenizer) -> str:
+        """Keyed by the tokenizer's sha256 (a retrained tokenizer gets a fresh folder); a stream's also by the
+        size of its hold-out."""
+        if self.source.streaming:
+            return f"stream-{tokenizer.sha256[:16]}-val{self.val_docs}"
+        return f"tokens-{tokenizer.sha256[:16]}"
+
     def trained_tokenizer_file(self) -> Path:
         """Where the tokenizer trained on this corpus is kept, so a second run knows its sha256 without work."""
         streamed = [self.tokenizer_train_docs, self.val_docs] if self.source.streaming else None
@@ -75,9 +84,7 @@ class PrepareSettings:
 
     def known_tokenizer(self) -> Tokenizer | None:
         """The pretrained model's tokenizer, the one from `tokenizer_path`, the one trained here earlier, or None.
-
-        Conversations are rendered with a chat template, so for chat it is one that has a template.
-        """
+        For chat it must have a chat template: conversations are rendered with it."""
         if self.pretrained_tokenizer is not None:
             tokenizer = self.pretrained_tokenizer
         elif self.tokenizer_path is not None:
@@ -99,6 +106,20 @@ class PrepareSettings:
             return max(1, self.num_proc)
         return max(1, min(8, os.cpu_count() or 1, total_bytes // _BYTES_PER_PROCESS))
 
+    def check_sizes(self, meta: dict[str, Any]) -> None:
+        """A folder's meta.json against this run: training tokens left, and validation that fits one window of
+        block_size + 1 tokens (inputs plus shifted targets). A stream's meta has no train counts."""
+        if meta.get("train", {}).get("tokens") == 0:
+            raise DataConfigError(
+                f"data.val_fraction: {self.val_fraction} leaves no training tokens; use a smaller value"
+            )
+        val_tokens, block_size = meta["val"]["tokens"], self.val_block_size
+        if val_tokens < block_size + 1:
+            raise DataConfigError(
+                f"data.block_size: the validation stream has {val_tokens} tokens but block_size={block_size} "
+                f"needs at least {block_size + 1}; lower data.block_size or hold out more text (data.val_fraction)"
+            )
+
 
 def load_tokenizer_setting(path: Path, vocab_size: int) -> Tokenizer:
     """Load `data.tokenizer_path`, with one-line errors for a missing or foreign file and a too-small vocab."""
@@ -118,18 +139,34 @@ def load_tokenizer_setting(path: Path, vocab_size: int) -> Tokenizer:
     return tokenizer
 
 
-def check_val_length(val_tokens: int, block_size: int) -> None:
-    """Validation needs at least one window of block_size + 1 tokens (inputs plus shifted targets)."""
-    if val_tokens < block_size + 1:
-        raise DataConfigError(
-            f"data.block_size: the validation stream has {val_tokens} tokens but block_size={block_size} needs "
-            f"at least {block_size + 1}; lower data.block_size or hold out more text (data.val_fraction)"
-        )
-
-
 def _readable_name(source: CorpusSource) -> str:
     files = source.resolved_data_files()
     first = next(iter(files.values())) if isinstance(files, dict) else files
     first = first[0] if isinstance(first, list) and first else first
     name = f"{source.dataset}-{Path(first).stem}" if isinstance(first, str) else source.dataset
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")[:48]
+
+
+# The data keys' number rules: (holds, what it must be).
+_NUMBER_RULES = {
+    "vocab_size": (
+        lambda v: v >= MIN_VOCAB_SIZE,
+        f"must be at least {MIN_VOCAB_SIZE} (256 bytes + <|endoftext|>)",
+    ),
+    "block_size": (lambda v: v > 0, "must be positive"),
+    "batch_size": (lambda v: v > 0, "must be positive"),
+    "num_workers": (lambda v: v >= 0, "must be >= 0"),
+    "val_fraction": (lambda v: 0 < v < 1, "must be between 0 and 1 (exclusive)"),
+    "num_proc": (lambda v: v is None or v > 0, "must be positive or null"),
+    "val_docs": (lambda v: v > 0, "must be positive"),
+    "tokenizer_train_docs": (lambda v: v > 0, "must be positive"),
+}
+
+
+def check_numbers(data: Any) -> None:
+    """The number rules of the data keys, for the init arguments or a parsed `data:` section: train.py checks
+    that before it builds the model, whose vocab_size and block_size follow data's, so the error names the key
+    the user typed."""
+    for key, (holds, rule) in _NUMBER_RULES.items():
+        if not holds(data[key]):
+            raise DataConfigError(f"data.{key}: {rule}, got {data[key]!r}")

@@ -55,10 +55,6 @@ class CorpusSource:
         return self.chat_column or self.text_column
 
     @property
-    def column_key(self) -> str:
-        return "data.chat_column" if self.chat_column else "data.text_column"
-
-    @property
     def uses_builder(self) -> bool:
         """True for a packaged builder (text/json/...) reading `data_files`; False for a Hub id or folder."""
         return self.dataset in BUILDERS
@@ -181,14 +177,17 @@ class CorpusSource:
             columns = list(next(iter(split), {}).keys())
         if not columns:
             raise DataConfigError(f"{self.key}: the corpus is empty (no rows); point it at a file with text")
+        key = "data.chat_column" if self.chat_column else "data.text_column"
         if self.column not in columns:
             raise DataConfigError(
-                f"{self.column_key}: no column '{self.column}' in the corpus; "
-                f"set {self.column_key} to one of {columns}"
+                f"{key}: no column '{self.column}' in the corpus; set {key} to one of {columns}"
             )
 
     def _load_error(self, error: Exception) -> DataConfigError:
-        if _caused_by(error, UnicodeDecodeError):
+        cause: BaseException | None = error  # datasets wraps what its builders raise
+        while cause is not None and not isinstance(cause, UnicodeDecodeError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
             local = [path for file in _flatten(self.builder_files) for path in _resolve_local(file)]
             bad = next((path for path in local if not _is_utf8(path)), "a data file")
             return DataConfigError(
@@ -221,13 +220,6 @@ class CorpusSource:
         return DataConfigError(
             f"{self.key}: cannot load '{self.dataset}': {type(error).__name__}: {first_line(error)}"
         )
-
-
-def _caused_by(error: BaseException | None, kind: type[BaseException]) -> bool:
-    """Whether `error` or an exception it was raised from (datasets wraps what its builders raise) is a `kind`."""
-    while error is not None and not isinstance(error, kind):
-        error = error.__cause__ or error.__context__
-    return error is not None
 
 
 def _is_utf8(path: str) -> bool:

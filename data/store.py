@@ -1,10 +1,10 @@
-"""The token cache on disk: one folder of flat token part files, tokenizer.json and meta.json; finding or building it.
+"""The data on disk, found, built and opened here: the token cache, or for streaming the tokenizer and validation set.
 
-`meta.json` lists the train and validation part files in order and records what training needs to report bits
+The token cache is one folder of flat token part files, tokenizer.json and meta.json. `meta.json` lists the train and validation part files in order and records what training needs to report bits
 per byte. It is written last, and the folder only gets its final name once complete, so a crashed run never
 leaves a folder a later run would trust. Parts are built in `tokens-<sha>.building/`, which a killed build leaves
 for the next one to finish; its temporary files live next to it, never inside (see data/tokenize_parts.py), so
-what is published holds only whole parts. The streaming folder (data/stream.py) uses the same meta.json rules.
+what is published holds only whole parts. The streaming folder follows the same meta.json rules.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import json
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,17 @@ import numpy as np
 
 from common.files import StagedFolder, owner_has_exited, remove_stale, stale_temp_files
 from data import DataConfigError
-from data.settings import FORMAT_VERSION, PrepareSettings, check_val_length
+from data.batches import TokenParts
+from data.documents import document_digest, document_ids
+from data.settings import FORMAT_VERSION, PrepareSettings
 from data.tokenizer import Tokenizer
 
 META_FILE = "meta.json"
 TOKENIZER_FILE = "tokenizer.json"
+VAL_FILE = "val.bin"  # a streaming folder's validation tokens
+HELDOUT_FILE = "heldout.json"  # and the digests of the train documents it holds out
 _STATS_CHUNK = 1 << 24
+_DOCS_PER_BATCH = 256  # validation documents tokenized at once when streaming
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -33,29 +39,24 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
 
 
-def token_folder_name(tokenizer: Tokenizer) -> str:
-    """Token folders are keyed by the tokenizer's sha256: a retrained tokenizer gets a fresh folder."""
-    return f"tokens-{tokenizer.sha256[:16]}"
-
-
-def find_tokens(settings: PrepareSettings) -> Path | None:
-    """The complete token folder for `settings` (checked against the block size), or None while not built."""
+def find_data(settings: PrepareSettings) -> Path | None:
+    """The complete folder for `settings` (checked against the block size), or None while not built."""
     tokenizer = settings.known_tokenizer()
-    folder = None if tokenizer is None else settings.corpus_dir() / token_folder_name(tokenizer)
+    folder = None if tokenizer is None else settings.corpus_dir() / settings.folder_name(tokenizer)
     if folder is None or not is_complete(folder):
         return None
-    _check_sizes(read_meta(folder), settings)
+    settings.check_sizes(read_meta(folder))
     return folder
 
 
-def prepare_tokens(settings: PrepareSettings, before_tokenizing: Callable[[int], None] | None = None) -> Path:
-    """Return the complete token folder for `settings`, building (or finishing) it first if needed.
-
-    `before_tokenizing` is told how many bytes of text are left to tokenize once that is known.
-    """
-    found = find_tokens(settings)
+def prepare_data(settings: PrepareSettings, before_tokenizing: Callable[[int], None] | None = None) -> Path:
+    """Return the complete folder for `settings` (the token cache, or the streaming one), building or finishing
+    it first if needed. `before_tokenizing` is told how many bytes of text are left to tokenize once known."""
+    found = find_data(settings)
     if found is not None:
         return found
+    if settings.source.streaming:
+        return build_stream(settings)
     from data.tokenize_parts import mask_name, plan_parts, tokenize_parts, tokenizer_sample
 
     corpus_dir = settings.make_corpus_dir()
@@ -68,15 +69,14 @@ def prepare_tokens(settings: PrepareSettings, before_tokenizing: Callable[[int],
         tokenizer = Tokenizer.train(tokenizer_sample(plan.train, source.text_column), settings.vocab_size)
         # Saved before the parts: a resumed build must tokenize with exactly this tokenizer.
         tokenizer.save(settings.trained_tokenizer_file())
-    final = corpus_dir / token_folder_name(tokenizer)
+    final = corpus_dir / settings.folder_name(tokenizer)
     building = final.with_name(final.name + ".building")
     building.mkdir(parents=True, exist_ok=True)
     parts = plan.train + plan.val
     if before_tokenizing is not None:
         before_tokenizing(sum(part.text_bytes for part in parts if not (building / part.name).is_file()))
     procs = settings.num_procs(sum(part.text_bytes for part in parts))
-    dtype = token_dtype(tokenizer.vocab_size)
-    tokenize_parts(parts, tokenizer, source.column, building, dtype, procs, chat)
+    tokenize_parts(parts, tokenizer, source.column, building, token_dtype(tokenizer.vocab_size), procs, chat)
     names = {"train": [part.name for part in plan.train], "val": [part.name for part in plan.val]}
     details = {
         "val_source": plan.val_source,
@@ -91,64 +91,12 @@ def prepare_tokens(settings: PrepareSettings, before_tokenizing: Callable[[int],
         if not is_complete(final):  # another process (a second node on a shared disk) finished it first
             raise
         shutil.rmtree(building, ignore_errors=True)
-    _check_sizes(meta, settings)  # after publishing: the folder is good for another block size
+    settings.check_sizes(meta)  # after publishing: the folder is good for another block size
     return final
 
 
-def _check_sizes(meta: dict[str, Any], settings: PrepareSettings) -> None:
-    if meta["train"]["tokens"] == 0:
-        raise DataConfigError(
-            f"data.val_fraction: {settings.val_fraction} leaves no training tokens; use a smaller value"
-        )
-    check_val_length(meta["val"]["tokens"], settings.val_block_size)
-
-
-class TokenParts:
-    """The token stream stored as part files (one per tokenizing job), read as one array without merging them.
-
-    Supports what the batch code needs: len, slices (a window may span two parts), `np.asarray`; it pickles
-    as its file names, so DataLoader workers map the files themselves instead of receiving a copy.
-    """
-
-    def __init__(self, files: list[Path], dtype: np.dtype) -> None:
-        self.files = [Path(file) for file in files]
-        self.dtype = np.dtype(dtype)
-        self._arrays = [
-            np.memmap(file, dtype=self.dtype, mode="r") for file in self.files if file.stat().st_size
-        ]
-        self._ends = np.cumsum([len(array) for array in self._arrays], dtype=np.int64)
-
-    def __len__(self) -> int:
-        return int(self._ends[-1]) if len(self._ends) else 0
-
-    def __getitem__(self, index: slice) -> np.ndarray:
-        if not isinstance(index, slice) or index.step not in (None, 1):
-            raise TypeError("TokenParts supports contiguous slices only")
-        start, stop, _ = index.indices(len(self))
-        pieces = []
-        part = int(np.searchsorted(self._ends, start, side="right"))
-        while start < stop and part < len(self._arrays):
-            part_start = int(self._ends[part]) - len(self._arrays[part])
-            take = min(stop, int(self._ends[part])) - start
-            pieces.append(self._arrays[part][start - part_start : start - part_start + take])
-            start += take
-            part += 1
-        if len(pieces) == 1:
-            return pieces[0]
-        return np.concatenate(pieces) if pieces else np.zeros(0, dtype=self.dtype)
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        return np.asarray(self[:], dtype=dtype)
-
-    def tolist(self) -> list[int]:
-        return self[:].tolist()
-
-    def __reduce__(self) -> tuple:
-        return (TokenParts, ([str(file) for file in self.files], self.dtype.str))
-
-
 def publish_token_folder(staged: StagedFolder, name: str) -> Path:
-    """Publish a complete token folder as `name`; if another process published it first, keep theirs."""
+    """Publish a complete staged folder as `name`; if another process published it first, keep theirs."""
     final = staged.parent / name
     try:
         return staged.publish(name)
@@ -156,6 +104,58 @@ def publish_token_folder(staged: StagedFolder, name: str) -> Path:
         if not is_complete(final):
             raise
     return final  # leaving the with-block deletes our copy
+
+
+def build_stream(settings: PrepareSettings) -> Path:
+    """Build the streaming folder: val.bin, heldout.json, tokenizer.json and (last) meta.json.
+
+    One sequential pass over the head of the stream (no sharding): without a validation split, the first
+    `val_docs` documents are held out (their digests go to heldout.json, and every training reader skips them),
+    and the tokenizer trains on the next `tokenizer_train_docs` documents, so it never sees validation text.
+    With a validation split, its first `val_docs` documents are the validation set and the tokenizer trains on
+    the first `tokenizer_train_docs` training documents.
+    """
+    source = settings.source
+    tokenizer = settings.known_tokenizer()
+    trained_here = tokenizer is None
+    with StagedFolder(settings.make_corpus_dir()) as staged:
+        assert staged.path is not None
+        train_docs, val_docs = source.load()
+        head = source.texts(train_docs)
+        if val_docs is None:
+            validation = list(islice(head, settings.val_docs))
+            heldout = sorted({document_digest(text) for text in validation if text})
+            val_source = f"the first {len(validation)} documents of the train split (left out of training)"
+        else:
+            validation = list(islice(source.texts(val_docs), settings.val_docs))
+            heldout = []
+            val_source = f"the first {len(validation)} documents of the validation split"
+        if not any(validation):
+            raise DataConfigError(
+                f"{source.key}: the corpus has no text in column '{source.text_column}'; point it at real text"
+            )
+        if tokenizer is None:
+            sample = [text for text in islice(head, settings.tokenizer_train_docs) if text]
+            if not sample:
+                raise DataConfigError(
+                    f"data.val_docs: holding out {settings.val_docs} documents leaves none to train the tokenizer "
+                    "or the model on; lower data.val_docs or add a validation split"
+                )
+            tokenizer = Tokenizer.train(sample, settings.vocab_size)
+        val = np.concatenate(
+            [
+                document_ids(validation[start : start + _DOCS_PER_BATCH], tokenizer)
+                for start in range(0, len(validation), _DOCS_PER_BATCH)
+            ]
+        ).astype(token_dtype(tokenizer.vocab_size))
+        val.tofile(staged.path / VAL_FILE)
+        (staged.path / HELDOUT_FILE).write_text(json.dumps(heldout), encoding="utf-8")
+        stats = stream_stats(val, tokenizer.token_bytes())
+        settings.check_sizes(write_meta(staged.path, tokenizer, stats, {"val_source": val_source}))
+        folder = publish_token_folder(staged, settings.folder_name(tokenizer))
+    if trained_here:  # after the folder, so a found tokenizer file always means a complete folder
+        tokenizer.save(settings.trained_tokenizer_file())
+    return folder
 
 
 def is_complete(folder: Path) -> bool:
@@ -208,10 +208,8 @@ def finish_token_folder(
     details: dict[str, Any],
     masks: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
-    """meta.json for the part files: their names, token/byte/char counts and the bytes per token for val/bpb.
-
-    With assistant `masks` (chat) the counts are of the assistant's tokens, the only ones the loss scores.
-    """
+    """meta.json for the part files: their names, token/byte/char counts and the bytes per token for val/bpb;
+    with assistant `masks` (chat) the counts are of the assistant's tokens, the only ones the loss scores."""
     dtype = token_dtype(tokenizer.vocab_size)
     stats = {}
     for split, names in parts.items():
@@ -226,30 +224,37 @@ def finish_token_folder(
 
 
 @dataclass(frozen=True)
-class TokenCache:
-    """An opened cache folder: memory-mapped token streams, their tokenizer and meta.json; for chat, the
-    assistant masks (one uint8 per token, 1 where the loss counts the token as a target), else None."""
+class DataFolder:
+    """An opened folder: memory-mapped validation tokens, the tokenizer and meta.json; for a token cache the
+    training tokens and for chat the assistant masks (one uint8 per token, 1 where the loss counts the token as
+    a target); for a streaming folder the digests of the held-out documents training skips."""
 
     folder: Path
-    train: TokenParts
-    val: TokenParts
     tokenizer: Tokenizer
     meta: dict[str, Any]
+    val: TokenParts
+    train: TokenParts | None = None
     train_mask: TokenParts | None = None
     val_mask: TokenParts | None = None
+    heldout: frozenset[str] = frozenset()
 
 
-def open_token_cache(folder: Path) -> TokenCache:
-    """Memory-map a complete cache folder read-only."""
+def open_data(folder: Path) -> DataFolder:
+    """Memory-map a complete folder (token cache or streaming) read-only."""
     meta = read_meta(folder)
     dtype = np.dtype(meta["dtype"])
-    masks = meta.get("masks")
-    return TokenCache(
-        folder=folder,
-        train=TokenParts([folder / name for name in meta["parts"]["train"]], dtype),
-        val=TokenParts([folder / name for name in meta["parts"]["val"]], dtype),
-        tokenizer=Tokenizer.from_file(folder / TOKENIZER_FILE),
-        meta=meta,
+    tokenizer = Tokenizer.from_file(folder / TOKENIZER_FILE)
+    if "parts" not in meta:
+        heldout = json.loads((folder / HELDOUT_FILE).read_text(encoding="utf-8"))
+        val = TokenParts([folder / VAL_FILE], dtype)
+        return DataFolder(folder, tokenizer, meta, val, heldout=frozenset(heldout))
+    parts, masks = meta["parts"], meta.get("masks")
+    return DataFolder(
+        folder,
+        tokenizer,
+        meta,
+        val=TokenParts([folder / name for name in parts["val"]], dtype),
+        train=TokenParts([folder / name for name in parts["train"]], dtype),
         train_mask=None if masks is None else _open_masks(folder, masks["train"]),
         val_mask=None if masks is None else _open_masks(folder, masks["val"]),
     )
@@ -261,10 +266,8 @@ def _open_masks(folder: Path, names: list[str]) -> TokenParts:
 
 def sweep_data_cache(cache_dir: Path, say: Callable[[str], None]) -> list[Path]:
     """Remove what killed builds left under `cache_dir/<corpus>/` (staging folders, part temp files); say so.
-
     The cache is shared by runs that may be building right now, so only a temporary whose name says it was
-    made on this host by a process that no longer exists goes (common.files names its owner).
-    """
+    made on this host by a process that no longer exists goes (common.files names its owner)."""
     corpora = [p for p in cache_dir.iterdir() if p.is_dir()] if cache_dir.is_dir() else []
     dead = sorted(temp for corpus in corpora for temp in stale_temp_files(corpus) if owner_has_exited(temp))
     return remove_stale(dead, cache_dir, "data staging folder", say)

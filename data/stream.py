@@ -1,10 +1,5 @@
-"""Streaming (`data.streaming: true`): the tokenizer and the validation set are built once, training batches live.
-
-Before step 1, one sequential pass over the head of the stream (no sharding): without a validation split, the
-first `val_docs` documents are held out (their digests go to heldout.json, and every training reader skips
-them), and the tokenizer trains on the next `tokenizer_train_docs` documents, so it never sees validation text.
-With a validation split, its first `val_docs` documents are the validation set and the tokenizer trains on the
-first `tokenizer_train_docs` training documents. They go to `stream-<sha>-val<N>/` (data/settings.py).
+"""Streaming (`data.streaming: true`): training batches tokenized live, after the tokenizer and the validation set
+were built once (`build_stream` in data/store.py).
 
 During training every reader tokenizes its own documents and packs them. A reader is one DataLoader worker of one
 rank, out of world_size * num_workers. The DataLoader takes batches from its workers in turn, worker 0 first, so
@@ -17,7 +12,7 @@ one `<|endoftext|>`, into one token stream; batch k of the reader is the next ba
 block_size + 1 tokens, back to back (a window's last token starts the next one, as in the token cache).
 
 Exact resume: with each batch the reader sends its position, the `datasets` state before the oldest chunk
-whose tokens it still holds plus how many of that chunk's tokens it has used. `LoaderPosition` keeps these in
+whose tokens it still holds plus how many of that chunk's tokens it has used. `PositionedLoader` keeps these in
 the main process and gives the checkpoint the position after the last batch that was trained on, not the
 ones the DataLoader prefetched.
 """
@@ -25,154 +20,32 @@ ones the DataLoader prefetched.
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
+import os
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import islice
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from common.files import StagedFolder
 from data import DataConfigError
-from data.batches import Loader
-from data.segments import encode_segments, segment_documents
-from data.settings import PrepareSettings, check_val_length
-from data.store import (
-    TOKENIZER_FILE,
-    is_complete,
-    publish_token_folder,
-    read_meta,
-    stream_stats,
-    token_dtype,
-    write_meta,
-)
+from data.batches import Loader, masked_pair
+from data.documents import document_digest, document_ids
 from data.tokenizer import Tokenizer
 
-VAL_FILE = "val.bin"
-HELDOUT_FILE = "heldout.json"
 DOCS_PER_CHUNK = 64
-_DOCS_PER_BATCH = 256
 ReaderState = dict[str, Any]  # {"epoch", "hf" (datasets state or None), "skip" (tokens), "batches"}
-
-
-def stream_folder_name(tokenizer: Tokenizer, settings: PrepareSettings) -> str:
-    """The streaming folder (tokenizer, validation tokens) is keyed by the tokenizer and the hold-out size."""
-    return f"stream-{tokenizer.sha256[:16]}-val{settings.val_docs}"
-
-
-def find_stream(settings: PrepareSettings) -> Path | None:
-    """The complete streaming folder for `settings` (checked against the block size), or None while not built."""
-    tokenizer = settings.known_tokenizer()
-    folder = None if tokenizer is None else settings.corpus_dir() / stream_folder_name(tokenizer, settings)
-    if folder is None or not is_complete(folder):
-        return None
-    check_val_length(read_meta(folder)["val"]["tokens"], settings.val_block_size)
-    return folder
-
-
-def prepare_stream(settings: PrepareSettings, before_tokenizing: Callable[[int], None] | None = None) -> Path:
-    """Return the streaming folder, building it first if needed: tokenizer.json, val.bin, heldout.json, meta.
-
-    (`before_tokenizing` is not called: what streaming tokenizes ahead is small.)
-    """
-    found = find_stream(settings)
-    if found is not None:
-        return found
-    tokenizer = settings.known_tokenizer()
-    trained_here = tokenizer is None
-    with StagedFolder(settings.make_corpus_dir()) as staged:
-        assert staged.path is not None
-        tokenizer, val_tokens = _build_stream_folder(settings, tokenizer, staged.path)
-        check_val_length(val_tokens, settings.val_block_size)
-        folder = publish_token_folder(staged, stream_folder_name(tokenizer, settings))
-    if trained_here:  # after the folder, so a found tokenizer file always means a complete folder
-        tokenizer.save(settings.trained_tokenizer_file())
-    return folder
-
-
-def _build_stream_folder(settings: PrepareSettings, tokenizer: Tokenizer | None, out_dir: Path) -> tuple:
-    """Write val.bin, heldout.json, tokenizer.json and (last) meta.json; returns (tokenizer, val token count)."""
-    source = settings.source
-    train_docs, val_docs = source.load()
-    head = source.texts(train_docs)
-    if val_docs is None:
-        validation = list(islice(head, settings.val_docs))
-        heldout = sorted({document_digest(text) for text in validation if text})
-        val_source = f"the first {len(validation)} documents of the train split (left out of training)"
-    else:
-        validation = list(islice(source.texts(val_docs), settings.val_docs))
-        heldout = []
-        val_source = f"the first {len(validation)} documents of the validation split"
-    if not any(validation):
-        raise DataConfigError(
-            f"{source.key}: the corpus has no text in column '{source.text_column}'; point it at real text"
-        )
-    if tokenizer is None:
-        sample = [text for text in islice(head, settings.tokenizer_train_docs) if text]
-        if not sample:
-            raise DataConfigError(
-                f"data.val_docs: holding out {settings.val_docs} documents leaves none to train the tokenizer or "
-                "the model on; lower data.val_docs or add a validation split"
-            )
-        tokenizer = Tokenizer.train(sample, settings.vocab_size)
-    val = np.concatenate(
-        [
-            document_ids(validation[start : start + _DOCS_PER_BATCH], tokenizer)
-            for start in range(0, len(validation), _DOCS_PER_BATCH)
-        ]
-    ).astype(token_dtype(tokenizer.vocab_size))
-    val.tofile(out_dir / VAL_FILE)
-    (out_dir / HELDOUT_FILE).write_text(json.dumps(heldout), encoding="utf-8")
-    write_meta(out_dir, tokenizer, stream_stats(val, tokenizer.token_bytes()), {"val_source": val_source})
-    return tokenizer, len(val)
-
-
-@dataclass(frozen=True)
-class StreamFolder:
-    """An opened streaming folder: the tokenizer, the memory-mapped validation tokens, the held-out digests."""
-
-    folder: Path
-    val: np.ndarray
-    tokenizer: Tokenizer
-    meta: dict[str, Any]
-    heldout: frozenset[str]
-
-
-def open_stream(folder: Path) -> StreamFolder:
-    meta = read_meta(folder)
-    return StreamFolder(
-        folder=folder,
-        val=np.memmap(folder / VAL_FILE, dtype=np.dtype(meta["dtype"]), mode="r"),
-        tokenizer=Tokenizer.from_file(folder / TOKENIZER_FILE),
-        meta=meta,
-        heldout=frozenset(json.loads((folder / HELDOUT_FILE).read_text(encoding="utf-8"))),
-    )
-
-
-def document_digest(text: str) -> str:
-    """Identifies a held-out validation document, so readers can leave it out of training."""
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=8).hexdigest()
 
 
 def fresh_state() -> ReaderState:
     return {"epoch": 0, "hf": None, "skip": 0, "batches": 0}
 
 
-def document_ids(texts: list[str | None], tokenizer: Tokenizer) -> np.ndarray:
-    """Ids of `texts` as one stream, EOS (and BOS if the tokenizer adds one) before every non-empty document."""
-    pieces = encode_segments(tokenizer, segment_documents(texts, [False] * len(texts)))
-    return np.fromiter((i for piece in pieces for i in piece), dtype=np.int64)
-
-
 @dataclass
 class StreamBatches(IterableDataset):
-    """Endless (x, y, reader, state) batches of this rank's readers; `LoaderPosition` strips the last two."""
+    """Endless (x, y, reader, state) batches of this rank's readers; `PositionedLoader` strips the last two."""
 
     docs: Any
     column: str
@@ -212,8 +85,7 @@ class StreamBatches(IterableDataset):
             # The window's last token starts the next batch, so held is never empty here.
             position = {**held[0][0], "skip": head, "batches": batches}
             windows = np.lib.stride_tricks.sliding_window_view(flat, self.block_size + 1)[:: self.block_size]
-            windows = torch.from_numpy(np.ascontiguousarray(windows))  # (B, T + 1)
-            yield windows[:, :-1], windows[:, 1:], reader, position
+            yield *masked_pair(windows, None), reader, position  # windows: (B, T + 1)
 
     def _chunks(
         self, reader: int, readers: int, state: ReaderState
@@ -247,24 +119,31 @@ class StreamBatches(IterableDataset):
             epoch, hf_state = epoch + 1, None
 
 
-class LoaderPosition:
-    """Main-process record of every reader's position after each of its batches, for `state_dict`.
+class PositionedLoader(Loader):
+    """A DataLoader over `StreamBatches` that yields (x, y) and records, in the main process, every reader's
+    position after each of its batches, for the checkpoint (`state`).
 
     Batch g of the rank came from reader index g % num_workers (see the module docstring), so between
     start_batch and n trained batches reader index j trained on as many of its own as there are such g in
     [start_batch, n); its saved position is the one it sent with the last.
     """
 
-    def __init__(self, rank: int, num_workers: int, start: dict[int, ReaderState], start_batch: int) -> None:
-        self.rank = rank
-        self.num_workers = max(1, num_workers)
-        self.start_batch = start_batch
-        self.readers = [rank * self.num_workers + w for w in range(self.num_workers)]
-        self.start = {reader: start.get(reader, fresh_state()) for reader in self.readers}
+    def __init__(self, batches: StreamBatches, num_workers: int) -> None:
+        self.world_size = batches.world_size
+        self.readers_per_rank = max(1, num_workers)
+        self.start_batch = batches.start_batch
+        self.readers = [batches.rank * self.readers_per_rank + w for w in range(self.readers_per_rank)]
+        self.start = {reader: batches.start.get(reader, fresh_state()) for reader in self.readers}
         self.history: dict[int, deque[ReaderState]] = {reader: deque(maxlen=256) for reader in self.readers}
+        if num_workers:
+            # Each worker tokenizes on one core; the Rust pool of every worker would oversubscribe the CPU.
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        super().__init__(batches, batch_size=None, num_workers=num_workers)
 
-    def record(self, reader: int, state: ReaderState) -> None:
-        self.history[reader].append(state)
+    def __iter__(self):
+        for x, y, reader, state in super().__iter__():
+            self.history[int(reader)].append(state)
+            yield x, y
 
     def positions(self, trained_batches: int) -> dict[int, ReaderState]:
         """Each of this rank's readers' position after `trained_batches` (counted like start_batch)."""
@@ -283,20 +162,20 @@ class LoaderPosition:
 
     def _turns(self, batches: int, index: int) -> int:
         """How many of the batches 0 .. batches - 1 came from reader index `index` (those with g % n == index)."""
-        return max(0, -(-(batches - index) // self.num_workers))
+        return max(0, -(-(batches - index) // self.readers_per_rank))
 
+    def state(self, trained_batches: int) -> dict[str, Any]:
+        """Every rank's reader positions after `trained_batches`, as the checkpoint keeps them (a collective
+        under DDP: Lightning builds the checkpoint dict on every rank)."""
+        import torch.distributed as dist
 
-class PositionedLoader(Loader):
-    """A DataLoader over `StreamBatches` that records each batch's reader position and yields only (x, y)."""
-
-    def __init__(self, position: LoaderPosition, *args: Any, **kwargs: Any) -> None:
-        self.position = position
-        super().__init__(*args, **kwargs)
-
-    def __iter__(self):
-        for x, y, reader, state in super().__iter__():
-            self.position.record(int(reader), state)
-            yield x, y
+        mine = self.positions(trained_batches)
+        parts: list[Any] = [mine]
+        if self.world_size > 1 and dist.is_available() and dist.is_initialized():
+            parts = [None] * self.world_size
+            dist.all_gather_object(parts, mine)
+        readers = {reader: state for part in parts for reader, state in part.items()}
+        return {"world_size": self.world_size, "num_workers": self.num_workers, "readers": readers}
 
 
 def saved_positions(saved: dict[str, Any], world_size: int, num_workers: int) -> dict[int, ReaderState]:
@@ -310,19 +189,3 @@ def saved_positions(saved: dict[str, Any], world_size: int, num_workers: int) ->
             f"--data.num_workers {saved['num_workers']} (now {world_size} x {num_workers})"
         )
     return {int(reader): state for reader, state in saved["readers"].items()}
-
-
-def stream_state(position: LoaderPosition, trained_batches: int, world_size: int, num_workers: int) -> dict:
-    """Every rank's reader positions after `trained_batches`, as the checkpoint keeps them.
-
-    A collective under DDP: Lightning builds the checkpoint dict on every rank.
-    """
-    import torch.distributed as dist
-
-    mine = position.positions(trained_batches)
-    parts: list[Any] = [mine]
-    if world_size > 1 and dist.is_available() and dist.is_initialized():
-        parts = [None] * world_size
-        dist.all_gather_object(parts, mine)
-    readers = {reader: state for part in parts for reader, state in part.items()}
-    return {"world_size": world_size, "num_workers": num_workers, "readers": readers}

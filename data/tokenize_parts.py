@@ -21,19 +21,16 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
-import pyarrow.compute as pc
 from datasets import Dataset
 
 from common.files import temp_path_for
-from data import DataConfigError
-from data.conversations import conversation_sizes, encode_conversation
-from data.segments import CharCut, encode_segments, find_char_cut, segment_batch
+from data import DataConfigError, documents
 from data.tokenizer import Tokenizer
 
 PART_BYTES = 64 << 20
@@ -41,6 +38,7 @@ PART_BYTES = 64 << 20
 # merge statistics at a 32k-50k vocab, small enough to train in a few minutes and bounded memory.
 TOKENIZER_SAMPLE_BYTES = 64 << 20
 _ROWS_PER_READ = 512
+REPORT_EVERY_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -65,10 +63,9 @@ class Part:
         ]
 
     def read(self, start: int, stop: int, column: str) -> dict[str, list]:
-        """Segments of rows [start, stop), clipped at the hold-out cut (see data.segments.segment_batch)."""
-        rows = self.docs[start:stop]
-        return segment_batch(
-            rows,
+        """Segments of rows [start, stop), clipped at the hold-out cut."""
+        return documents.segment_batch(
+            self.docs[start:stop],
             [row - self.split_start for row in range(start, stop)],
             column=column,
             first_offset=self.first_offset,
@@ -77,8 +74,7 @@ class Part:
         )
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     train: list[Part]
     val: list[Part]
     val_source: str
@@ -93,10 +89,8 @@ def plan_parts(
     chat: bool = False,
 ) -> Plan:
     """Cut both splits into parts; raises a one-line error for a corpus without text or a too-large hold-out.
-
-    With `chat` the rows are conversations, held out whole: a cut inside one would part its turns.
-    """
-    lengths = _conversation_lengths if chat else document_lengths
+    With `chat` the rows are conversations, held out whole: a cut inside one would part its turns."""
+    lengths = documents.conversation_lengths if chat else documents.document_lengths
     train_docs = train_docs.select_columns([column])
     chars, sizes = lengths(train_docs, column)
     if not chars.sum():
@@ -109,9 +103,9 @@ def plan_parts(
         train = _split_parts("train", train_docs, sizes, None, 0, len(train_docs), 0, -1, None)
         val = _split_parts("val", val_docs, val_sizes, None, 0, len(val_docs), 0, -1, None)
         return Plan(train, val, "the dataset's validation split")
-    cut = find_char_cut(chars, val_fraction)
+    cut = documents.find_char_cut(chars, val_fraction)
     if chat:
-        cut = CharCut(min(cut.row + (cut.offset > 0), len(train_docs) - 1), 0)
+        cut = documents.CharCut(min(cut.row + (cut.offset > 0), len(train_docs) - 1), 0)
     if cut.row == 0 and cut.offset == 0:
         raise DataConfigError(
             f"data.val_fraction: {val_fraction} holds out all of the text; use a smaller value"
@@ -125,22 +119,6 @@ def plan_parts(
     return Plan(train, val, f"the last {val_fraction:g} of the train split's characters")
 
 
-def document_lengths(docs: Dataset, column: str) -> tuple[np.ndarray, np.ndarray]:
-    """Characters and UTF-8 bytes per document (0 for null), computed in Arrow without Python strings."""
-    chars, sizes = [], []
-    for table in docs.with_format("arrow").iter(batch_size=10_000):
-        chars.append(pc.utf8_length(table[column]).fill_null(0).to_numpy())
-        sizes.append(pc.binary_length(table[column]).fill_null(0).to_numpy())
-    if not chars:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    return np.concatenate(chars).astype(np.int64), np.concatenate(sizes).astype(np.int64)
-
-
-def _conversation_lengths(docs: Dataset, column: str) -> tuple[np.ndarray, np.ndarray]:
-    sizes = conversation_sizes(docs[column])
-    return sizes, sizes
-
-
 def _split_parts(
     split: str,
     docs: Dataset,
@@ -152,12 +130,10 @@ def _split_parts(
     last_row: int,
     last_limit: int | None,
 ) -> list[Part]:
-    """Consecutive parts of rows [start, stop) holding about PART_BYTES of text each (at least one row).
-
-    The bounds depend on the whole documents' sizes only (a resumed build finds the same parts); a part's
+    """Consecutive parts of rows [start, stop) holding about PART_BYTES of text each (at least one row). The
+    bounds depend on the whole documents' sizes only (a resumed build finds the same parts); a part's
     `text_bytes` counts the clipped document's share (by characters: exact for ASCII), so a single-document
-    corpus such as tiny Shakespeare is not counted twice.
-    """
+    corpus such as tiny Shakespeare is not counted twice."""
     ends = np.cumsum(sizes[start:stop], dtype=np.int64)
     kept = sizes[start:stop].copy()
     if chars is not None and first_offset:
@@ -173,19 +149,11 @@ def _split_parts(
     parts = []
     for index, (first, stop_row) in enumerate(itertools.pairwise(bounds)):
         text = int(kept_ends[stop_row - 1]) - (int(kept_ends[first - 1]) if first else 0)
+        last_index = last_row - start if last_row >= 0 else -1
         parts.append(
-            Part(
-                name=f"{split}-{index:05d}.bin",
-                docs=docs,
-                split_start=start,
-                first=start + first,
-                stop=start + stop_row,
-                first_offset=first_offset,
-                last_index=last_row - start if last_row >= 0 else -1,
-                last_limit=last_limit,
-                text_bytes=text,
-            )
-        )
+            Part(f"{split}-{index:05d}.bin", docs, start, start + first, start + stop_row, first_offset, last_index,
+                 last_limit, text)
+        )  # fmt: skip
     return parts
 
 
@@ -205,7 +173,6 @@ def tokenizer_sample(parts: list[Part], column: str) -> Iterator[list[str]]:
             return
 
 
-REPORT_EVERY_S = 2.0
 _shared: dict[str, Any] = {}  # what the forked processes inherit: the byte counter, tokenizer and settings
 
 
@@ -227,27 +194,32 @@ def tokenize_parts(
     todo = [part for part in parts if not (out_dir / part.name).is_file()]
     if not todo:
         return
-    total = sum(part.text_bytes for part in todo)
-    kept = len(parts) - len(todo)
     procs = max(1, min(num_proc, len(todo)))
     context = multiprocessing.get_context("fork" if sys.platform != "win32" else "spawn")
     counter = context.Value("q", 0)
     _shared.update(
         counter=counter, tokenizer=tokenizer, column=column, out_dir=out_dir, dtype=dtype, chat=chat
     )
-    progress = Progress(total, f"tokenizing {len(todo)} parts ({kept} kept from an earlier run)", counter)
+    what = f"tokenizing {len(todo)} parts ({len(parts) - len(todo)} kept from an earlier run)"
+    progress = Progress(sum(part.text_bytes for part in todo), what, counter)
     if procs == 1:
         for part in todo:
             _tokenize_part(part)
             progress.report()
     else:
-        pool = context.Pool(procs, initializer=_exit_with_parent, initargs=(os.getpid(),))
-        with _one_thread_per_process(), pool:
-            result = pool.map_async(_tokenize_part, todo, chunksize=1)
-            while not result.ready():
-                result.wait(REPORT_EVERY_S)
-                progress.report()
-            result.get()  # re-raises a worker's error
+        # One tokenizer thread per process, set before the fork, so the Rust pool does not warn either.
+        set_here = "TOKENIZERS_PARALLELISM" not in os.environ
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        try:
+            with context.Pool(procs, initializer=_exit_with_parent, initargs=(os.getpid(),)) as pool:
+                result = pool.map_async(_tokenize_part, todo, chunksize=1)
+                while not result.ready():
+                    result.wait(REPORT_EVERY_S)
+                    progress.report()
+                result.get()  # re-raises a worker's error
+        finally:
+            if set_here:
+                del os.environ["TOKENIZERS_PARALLELISM"]
     progress.report(final=True)
 
 
@@ -277,23 +249,16 @@ def _tokenize_part(part: Part) -> None:
 
 
 def _encode_chunk(part: Part, start: int, stop: int) -> tuple[list[tuple[list[int], list[int] | None]], int]:
-    """(ids, assistant mask or None) of each document of rows [start, stop), and the bytes of text they hold.
-
-    Conversations are packed like text documents: one EOS (not the assistant's) before each but the first.
-    """
+    """(ids, assistant mask or None) of each document of rows [start, stop), and the bytes of text they hold."""
     tokenizer, column = _shared["tokenizer"], _shared["column"]
     if not _shared["chat"]:
         segments = part.read(start, stop, column)
         text_bytes = sum(len(text.encode("utf-8")) for text in segments["text"])
-        return [(ids, None) for ids in encode_segments(tokenizer, segments)], text_bytes
+        return [(ids, None) for ids in documents.encode_segments(tokenizer, segments)], text_bytes
     rows = part.docs[start:stop][column]
-    pieces = []
-    for row, messages in enumerate(rows, start):
-        where = f"data.chat_column: row {row} of the {part.docs.split or 'train'} split"
-        ids, mask = encode_conversation(tokenizer, messages, where)
-        first = row == part.split_start
-        pieces.append(([*([] if first else [tokenizer.eos_id]), *ids], [*([] if first else [0]), *mask]))
-    return pieces, int(conversation_sizes(rows).sum())
+    split = str(part.docs.split or "train")
+    pieces = documents.encode_conversations(tokenizer, rows, start, part.split_start, split)
+    return pieces, int(documents.conversation_sizes(rows).sum())
 
 
 def _exit_with_parent(parent_pid: int) -> None:
@@ -312,10 +277,8 @@ class Progress:
     """One line every REPORT_EVERY_S: MB done of total, MB/s and ETA (a carriage return on a terminal)."""
 
     def __init__(self, total_bytes: int, what: str, counter: Any) -> None:
-        self.total = max(1, total_bytes)
-        self.counter = counter
-        self.started = time.monotonic()
-        self.last = 0.0
+        self.total, self.counter = max(1, total_bytes), counter
+        self.started, self.last = time.monotonic(), 0.0
         self.tty = sys.stderr.isatty()
         print(f"data: {what}, {total_bytes / 1e6:,.1f} MB of text", file=sys.stderr, flush=True)
 
@@ -326,33 +289,17 @@ class Progress:
         self.last = now
         # The cut document's share is estimated by characters, so the count may pass the total slightly.
         done = self.total if final else min(self.counter.value, self.total)
-        elapsed = max(now - self.started, 1e-9)
-        rate = done / elapsed
-        eta = (self.total - done) / rate if rate else float("inf")
+        rate = done / max(now - self.started, 1e-9)
+        eta = _duration((self.total - done) / rate) if rate else "?"
         line = (
             f"data: {done / 1e6:,.1f}/{self.total / 1e6:,.1f} MB ({100 * done / self.total:.0f}%), "
-            f"{rate / 1e6:.2f} MB/s, ETA {_duration(eta)}"
+            f"{rate / 1e6:.2f} MB/s, ETA {eta}"
         )
         end = "\n" if final or not self.tty else ""
         print(("\r" if self.tty else "") + line, end=end, file=sys.stderr, flush=True)
 
 
 def _duration(seconds: float) -> str:
-    if seconds == float("inf"):
-        return "?"
     minutes, secs = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
-
-
-@contextmanager
-def _one_thread_per_process() -> Iterator[None]:
-    """Forked processes each run one tokenizer thread; set before the fork, so the Rust pool does not warn."""
-    if "TOKENIZERS_PARALLELISM" in os.environ:
-        yield
-        return
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    try:
-        yield
-    finally:
-        del os.environ["TOKENIZERS_PARALLELISM"]

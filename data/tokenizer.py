@@ -6,7 +6,9 @@ BOS id starts one, the chat template. Those are stored next to the tokenizers JS
 string (`to_json`, the copy a checkpoint embeds) and one hash describe everything that decides the ids.
 
 Imports only `tokenizers` and the standard library (jinja2 only when a chat is rendered) so `generate.py` can
-rebuild the tokenizer embedded in a checkpoint without pulling in `datasets` or Lightning.
+rebuild the tokenizer embedded in a checkpoint without pulling in `datasets` or Lightning. Chat templates are
+untrusted text from a model folder, so they run in jinja2's immutable sandbox, with what published templates use
+(`raise_exception`, `strftime_now`, a `tojson` that keeps non-ASCII text, loop controls, trimmed blocks).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import os
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from datetime import datetime
+from functools import lru_cache
 from pathlib import Path
 
 from tokenizers import Tokenizer as BackendTokenizer
@@ -33,20 +37,14 @@ SENTENCEPIECE_SPACE = "\u2581"  # how sentencepiece-style vocabularies (Llama 2)
 
 @dataclass(frozen=True)
 class TokenRules:
-    """How a model uses its special tokens.
+    """How a model uses its special tokens."""
 
-    Args:
-        eos_ids: Ids that end a text; the first also separates training documents. Several models stop at more
-            than one (Llama 3 Instruct: `<|end_of_text|>`, `<|eom_id|>`, `<|eot_id|>`).
-        bos_id: Id of the begin-of-text token, if the model has one.
-        add_bos: Whether `encode` puts `bos_id` first by default (Llama does, SmolLM2 does not).
-        chat_template: The model's jinja2 chat template, if any.
-    """
-
+    # Ids that end a text; the first also separates training documents. Several models stop at more than one
+    # (Llama 3 Instruct: `<|end_of_text|>`, `<|eom_id|>`, `<|eot_id|>`).
     eos_ids: tuple[int, ...]
     bos_id: int | None = None
-    add_bos: bool = False
-    chat_template: str | None = None
+    add_bos: bool = False  # whether `encode` puts `bos_id` first by default (Llama does, SmolLM2 does not)
+    chat_template: str | None = None  # jinja2
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "eos_ids", tuple(int(i) for i in self.eos_ids))
@@ -92,22 +90,22 @@ class Tokenizer:
             if token_id is not None and not 0 <= token_id < size:
                 raise UserError(f"special token id {token_id} is outside the tokenizer's {size} ids")
         self._backend = backend
-        self._rules = rules
-        backend_json = _canonical_json(backend.to_str())
+        self.rules = rules
+        # The `tokenizers` JSON alone (what a tokenizer.json file of an export holds).
+        self.backend_json = _canonical(json.loads(backend.to_str()))
         # Our own BPE keeps its plain tokenizer.json (and so the sha256 of every existing cache and checkpoint).
-        self._json = backend_json if rules == default else _wrapped_json(backend_json, rules)
-        self._backend_json = backend_json
-        self._sha256 = hashlib.sha256(self._json.encode("utf-8")).hexdigest()
+        wrapper = {WRAPPER_KEY: {"rules": asdict(rules), "tokenizer": json.loads(self.backend_json)}}
+        self._json = self.backend_json if rules == default else _canonical(wrapper)
+        # Equal hashes mean identical token ids for every text.
+        self.sha256 = hashlib.sha256(self._json.encode("utf-8")).hexdigest()
 
     @classmethod
     def train(
         cls, texts: Iterable[str | list[str]], vocab_size: int, *, show_progress: bool | None = None
     ) -> Tokenizer:
         """Train on `texts` (strings or batches of strings); the vocab holds all 256 bytes, so nothing is unknown.
-
-        The progress bars (None: only when stdout is a terminal) are drawn by `tokenizers`, which writes a line
-        break per bar to stdout even where it draws none: blank lines in a log file.
-        """
+        Progress bars only on a terminal by default: `tokenizers` writes a line break per bar even where it draws
+        none (blank lines in a log file)."""
         if vocab_size < MIN_VOCAB_SIZE:
             raise ValueError(
                 f"vocab_size {vocab_size} is below {MIN_VOCAB_SIZE} (256 bytes + special tokens)"
@@ -147,58 +145,50 @@ class Tokenizer:
         atomic_write(path, self._json)
 
     def to_json(self) -> str:
-        """The canonical JSON string (sorted keys, compact); `sha256` is the hash of exactly this string.
-
-        Our own BPE gives its plain tokenizer.json; a tokenizer with its own rules gives the wrapper object
-        that `common.tokens.split_tokenizer_json` takes apart.
-        """
+        """The canonical JSON string (sorted keys, compact) that `sha256` hashes: our own BPE's plain
+        tokenizer.json, or the wrapper object with the rules (`common.tokens.split_tokenizer_json`)."""
         return self._json
-
-    @property
-    def backend_json(self) -> str:
-        """The `tokenizers` JSON alone (what a tokenizer.json file of an export holds)."""
-        return self._backend_json
-
-    @property
-    def rules(self) -> TokenRules:
-        return self._rules
-
-    @property
-    def sha256(self) -> str:
-        """Hex sha256 of `to_json()`: equal hashes mean identical token ids for every text."""
-        return self._sha256
 
     @property
     def eos_id(self) -> int:
         """The first EOS id (`<|endoftext|>` for our BPE): the separator placed between documents."""
-        return self._rules.eos_ids[0]
+        return self.rules.eos_ids[0]
 
     @property
     def eos_ids(self) -> tuple[int, ...]:
         """Every id that ends a text; generation stops at any of them."""
-        return self._rules.eos_ids
+        return self.rules.eos_ids
 
     @property
     def bos_id(self) -> int | None:
-        return self._rules.bos_id
+        return self.rules.bos_id
 
     @property
     def add_bos(self) -> bool:
         """Whether `encode` starts a text with `bos_id` unless told otherwise."""
-        return self._rules.add_bos
+        return self.rules.add_bos
 
     @property
     def chat_template(self) -> str | None:
-        return self._rules.chat_template
+        return self.rules.chat_template
 
     def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
-        """The chat `messages` ({"role", "content"} dicts) as text, through the model's chat template."""
-        from data.chat_template import render_chat
+        """The chat `messages` ({"role", "content"} dicts) as text, through the model's chat template; with
+        `add_generation_prompt` it ends with the opening of an assistant turn, where the model writes."""
+        import jinja2.exceptions
 
         if self.chat_template is None:
             raise UserError("this model's tokenizer has no chat template; prompt it with plain text instead")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or "role" not in message or "content" not in message:
+                raise UserError(f"chat message {i} must be a dict with 'role' and 'content', got {message!r}")
         tokens = {"bos_token": self.token_text(self.bos_id) or "", "eos_token": self.token_text(self.eos_id)}
-        return render_chat(self.chat_template, messages, add_generation_prompt, **tokens)
+        try:
+            return _compiled(self.chat_template).render(
+                messages=list(messages), add_generation_prompt=add_generation_prompt, **tokens
+            )
+        except jinja2.exceptions.TemplateError as err:
+            raise UserError(f"the model's chat template refused the messages: {first_line(err)}") from err
 
     def token_text(self, token_id: int | None) -> str | None:
         """The vocabulary entry of one id (None for None): how config files name a special token."""
@@ -210,11 +200,8 @@ class Tokenizer:
         return self._backend.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
-        """Token ids of `text`, after `bos_id` if `add_bos` (default: the model's rule); a literal special
-        token in the text (`<|endoftext|>`, `<|im_start|>`) becomes its id.
-
-        Pass add_bos=False for text that already holds the BOS token, such as a rendered chat template.
-        """
+        """Token ids of `text`, after `bos_id` if `add_bos` (default: the model's rule; False for text that holds
+        its BOS, such as a rendered chat); a literal special token (`<|endoftext|>`, `<|im_start|>`) is its id."""
         return self._with_bos(self._backend.encode(text, add_special_tokens=False).ids, add_bos)
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
@@ -230,19 +217,17 @@ class Tokenizer:
         ]
 
     def _with_bos(self, ids: list[int], add_bos: bool | None) -> list[int]:
-        add = self._rules.add_bos if add_bos is None else add_bos
-        return [self._rules.bos_id, *ids] if add and self._rules.bos_id is not None else ids
+        add = self.rules.add_bos if add_bos is None else add_bos
+        return [self.rules.bos_id, *ids] if add and self.rules.bos_id is not None else ids
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids`; special tokens are kept so `decode(encode(s)) == s` for every string."""
         return self._backend.decode(list(ids), skip_special_tokens=False)
 
     def token_bytes(self) -> list[bytes]:
-        """The UTF-8 bytes each id stands for (b"" for special tokens), indexed by id.
-
-        Lets callers count bytes of a token stream without decoding it, and stream partial characters.
-        """
-        spec = json.loads(self._backend_json)
+        """The UTF-8 bytes each id stands for (b"" for special tokens), indexed by id: to count the bytes of a
+        token stream without decoding it, and to stream partial characters."""
+        spec = json.loads(self.backend_json)
         added = {token["content"]: token for token in spec.get("added_tokens", [])}
         spell = _byte_level_bytes if "ByteLevel" in json.dumps(spec.get("decoder")) else _sentencepiece_bytes
         table = [b""] * self.vocab_size
@@ -259,7 +244,7 @@ class Tokenizer:
         return (Tokenizer.from_json, (self._json,))
 
     def __repr__(self) -> str:
-        return f"Tokenizer(vocab_size={self.vocab_size}, sha256={self._sha256[:12]}...)"
+        return f"Tokenizer(vocab_size={self.vocab_size}, sha256={self.sha256[:12]}...)"
 
 
 _CHAR_TO_BYTE = {char: byte for byte, char in _byte_to_char().items()}
@@ -285,11 +270,33 @@ def _sentencepiece_bytes(token: str) -> bytes:
     return token.replace(SENTENCEPIECE_SPACE, " ").encode("utf-8")
 
 
-def _wrapped_json(backend_json: str, rules: TokenRules) -> str:
-    wrapper = {WRAPPER_KEY: {"rules": asdict(rules), "tokenizer": json.loads(backend_json)}}
-    return json.dumps(wrapper, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-
-
-def _canonical_json(text: str) -> str:
+def _canonical(value: object) -> str:
     """Key order and whitespace never change the hash of a tokenizer."""
-    return json.dumps(json.loads(text), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+@lru_cache(maxsize=8)
+def _compiled(template: str):
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def to_json(value, indent=None, separators=None, sort_keys=False) -> str:
+        return json.dumps(
+            value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = to_json
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(template)
+    except jinja2.exceptions.TemplateSyntaxError as err:
+        raise UserError(
+            f"the model's chat template is not valid jinja2 (line {err.lineno}): {err.message}"
+        ) from err

@@ -145,8 +145,8 @@ MUTATIONS = [
     Mutation(
         "rolled-targets",
         "data/batches.py",
-        "return windows[:, :-1], windows[:, 1:]",
-        "return windows[:, :-1], windows[:, :-1].roll(-1, 1)",
+        "x, y = window[..., :-1], window[..., 1:]",
+        "x, y = window[..., :-1], window[..., :-1].roll(-1, -1)",
         ("tests/data/test_data_batches.py",),
     ),
     Mutation(

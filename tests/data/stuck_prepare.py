@@ -10,11 +10,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import data.documents  # noqa: E402
 import data.prepare  # noqa: E402
 import data.tokenize_parts  # noqa: E402
 
 _main_pid = os.getpid()
-_real_encode = data.tokenize_parts.encode_segments
+_real_encode = data.documents.encode_segments
 
 
 def _stuck_encode(*args, **kwargs):
@@ -26,7 +27,7 @@ def _stuck_encode(*args, **kwargs):
 
 
 data.tokenize_parts.PART_BYTES = 4096  # several parts from a small corpus
-data.tokenize_parts.encode_segments = _stuck_encode
+data.documents.encode_segments = _stuck_encode
 
 if __name__ == "__main__":
     sys.exit(data.prepare.main())

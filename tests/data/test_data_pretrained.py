@@ -15,7 +15,7 @@ from data.tokenizer import Tokenizer, TokenRules
 from tests.interop.conftest import llama2_backend, save_llama
 
 EOS, BOS = 2, 1
-# The second document is long enough to be cut into several segments (data.segments.SEGMENT_CHARS).
+# The second document is long enough to be cut into several segments (data.documents.SEGMENT_CHARS).
 DOCS = ["the cat sat on the mat", "\n".join(["héllo wörld naïve"] * 1500), "don't 🙂 stop"]
 VAL = ["the mat sat", "wörld cat"]
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from data import Tokenizer
-from data.segments import CharCut, find_char_cut, segment_batch, segment_documents, split_at_safe_newlines
+from data.documents import CharCut, find_char_cut, segment_batch, segment_documents, split_at_safe_newlines
 
 # Characters that stress the pre-tokenizer's whitespace rules around newlines.
 _ALPHABET = [
