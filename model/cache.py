@@ -7,8 +7,8 @@ from typing import Protocol
 
 import torch
 
+from .attention import Rope
 from .config import ModelConfig
-from .rope import Rope
 
 
 class Cache(Protocol):

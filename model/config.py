@@ -10,7 +10,7 @@ import torch
 
 from common.errors import UserError
 
-from .rope import Llama3Scaling, Rope
+from .attention import Llama3Scaling, Rope
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """Weight dtypes the command lines (generate.py --dtype, the export's --dtype) accept by name."""
