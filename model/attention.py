@@ -38,10 +38,8 @@ class Llama3Scaling:
 
 @dataclass(frozen=True)
 class Rope:
-    """The rotation a model applies, enough to build its cos/sin tables on any device.
-
-    Frozen and hashable, so a cache can hold it and the tables it builds are shared per (rope, device).
-    """
+    """The rotation a model applies, enough to build its cos/sin tables on any device. Frozen and hashable, so
+    a cache can hold it and its tables are shared per (rope, device)."""
 
     head_dim: int
     theta: float
@@ -50,28 +48,13 @@ class Rope:
     def tables(
         self, start: int, length: int, device: torch.device | str | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin (length, head_dim) for absolute positions start..start+length-1, in float32."""
-        return rope_tables(self.head_dim, start, length, self.theta, device, self.llama3)
+        """cos and sin (length, head_dim) for absolute positions start..start+length-1, in float32.
 
-
-def inverse_frequencies(head_dim: int, theta: float, llama3: Llama3Scaling | None = None) -> torch.Tensor:
-    """The D/2 rotation speeds theta^(-2i/D) (radians per position), rescaled by Llama 3's rule if given."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    return inv_freq if llama3 is None else llama3.rescale(inv_freq)
-
-
-@lru_cache(maxsize=32)
-def _tables(
-    head_dim: int, length: int, theta: float, device: torch.device, llama3: Llama3Scaling | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    # Plain float32 tensors, not module buffers, so `model.to(torch.bfloat16)` cannot round the angles. Built
-    # outside inference mode because inference tensors cannot be saved for a later backward pass.
-    with torch.inference_mode(False), torch.no_grad():
-        inv_freq = inverse_frequencies(head_dim, theta, llama3).to(device)
-        angles = torch.outer(torch.arange(length, device=device, dtype=torch.float32), inv_freq)  # (T, D/2)
-        # Rotate-half pairs dimension i with i + D/2, so each frequency appears twice, once per half.
-        angles = torch.cat([angles, angles], dim=-1)  # (T, D)
-        return angles.cos(), angles.sin()
+        Tables are cached per device for lengths rounded up to a power of two, so a decode step only slices.
+        """
+        size = 1 << (start + length - 1).bit_length()  # a power of two >= start + length: few distinct tables
+        cos, sin = _tables(self, size, torch.device(device or "cpu"))
+        return cos[start : start + length], sin[start : start + length]
 
 
 def rope_tables(
@@ -82,13 +65,26 @@ def rope_tables(
     device: torch.device | str | None = None,
     llama3: Llama3Scaling | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables (length, head_dim) for absolute positions start..start+length-1, in float32.
+    """`Rope(head_dim, theta, llama3).tables(start, length, device)`."""
+    return Rope(head_dim, float(theta), llama3).tables(start, length, device)
 
-    Tables are cached per device for lengths rounded up to a power of two, so a decode step only slices.
-    """
-    size = 1 << (start + length - 1).bit_length()  # a power of two >= start + length: few distinct tables
-    cos, sin = _tables(head_dim, size, float(theta), torch.device(device or "cpu"), llama3)
-    return cos[start : start + length], sin[start : start + length]
+
+def inverse_frequencies(head_dim: int, theta: float, llama3: Llama3Scaling | None = None) -> torch.Tensor:
+    """The D/2 rotation speeds theta^(-2i/D) (radians per position), rescaled by Llama 3's rule if given."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    return inv_freq if llama3 is None else llama3.rescale(inv_freq)
+
+
+@lru_cache(maxsize=32)
+def _tables(rope: Rope, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    # Plain float32 tensors, not module buffers, so `model.to(torch.bfloat16)` cannot round the angles. Built
+    # outside inference mode because inference tensors cannot be saved for a later backward pass.
+    with torch.inference_mode(False), torch.no_grad():
+        inv_freq = inverse_frequencies(rope.head_dim, rope.theta, rope.llama3).to(device)
+        angles = torch.outer(torch.arange(length, device=device, dtype=torch.float32), inv_freq)  # (T, D/2)
+        # Rotate-half pairs dimension i with i + D/2, so each frequency appears twice, once per half.
+        angles = torch.cat([angles, angles], dim=-1)  # (T, D)
+        return angles.cos(), angles.sin()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -2,16 +2,13 @@
 K-quants' sub-blocks: Q4_K, Q5_K of 32, Q6_K of 16; interop/gguf_blocks.py).
 
 Weight j of block b is `scale[b] * code[j] + minimum[b]`, computed in float32: the very value the `gguf`
-package's dequantisation gives (and so the weights transformers runs). A 4-bit weight takes 6 bits with its
-block's float32 scale and minimum, against 32 for float32: SmolLM2-135M's matrices (its output layer
-included) shrink from 540 MB to 111 MB, and a decode step, which reads every weight once, reads that much less
-(`python -m benchmarks.decode_vs_hf --configs smollm2`). The codes are packed into int32 words (eight 4-bit or
-four 8-bit codes) laid out (block, word, output): a one-row product is then a sum over blocks and words that
-reads each word once and is vectorised across outputs. On the CPU that product is the C++ kernel of
-model/row_kernel.cpp (`row_product_op`, below: integer multiply-adds against the row rounded to 16 bits per
-block), eagerly and inside the compiled decode step; where it cannot run, the same sum written in torch (which Inductor fuses when
-compiled). More rows (a prefill, several samples, a speculative check) dequantise the whole matrix at every
-call and keep the matrix product.
+package's dequantisation gives. A 4-bit weight takes 6 bits with its block's float32 scale and minimum:
+SmolLM2-135M's matrices shrink from 540 MB to 111 MB, and a decode step, which reads every weight once, reads
+that much less (`python -m benchmarks.decode_vs_hf --configs smollm2`). The codes are packed into int32 words
+laid out (block, word, output), so a one-row product is a sum over blocks and words that reads each word once,
+vectorised across outputs: on the CPU the C++ kernel of model/row_kernel.cpp (`row_product_op`, below), eagerly
+and in the compiled step; where it cannot run, the same sum in torch (which Inductor fuses). More rows (a
+prefill, several samples, a speculative check) dequantise the whole matrix and keep the matrix product.
 """
 
 from __future__ import annotations
