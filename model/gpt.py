@@ -161,35 +161,22 @@ class GPT(nn.Module):
                 nn.init.normal_(proj.weight, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
 
     def forward(
-        self, idx: torch.Tensor, cache: Cache | None = None, *, last_only: bool = False
+        self,
+        idx: torch.Tensor,
+        cache: Cache | None = None,
+        *,
+        last_only: bool = False,
+        probs_out: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Logits (B, T, V) for token ids idx (B, T) placed after the tokens the cache holds.
+        """Logits (B, T, V) for token ids idx (B, T) placed after the tokens the cache holds: the one walk
+        through the blocks.
 
         `last_only=True` returns the last position's logits only, (B, 1, V): a prefill that just picks the
         next token skips the LM head on every other position (a quarter of a 512-token prefill at V=32000).
         The cache is a `KVCache` or the static-shape cache of the compiled decode step
         (model/static_decode.py): either one hands the blocks the RoPE rows and the mask of its position.
+        `probs_out` switches attention to the explicit path, which appends its probabilities there.
         """
-        return self._forward(idx, cache, None, last_only)
-
-    @torch.no_grad()
-    def attention_maps(self, idx: torch.Tensor) -> torch.Tensor:
-        """Softmax probabilities (L, B, H, T, T) of every layer and head, from the explicit path.
-
-        Call it in eval mode if dropout is on; it never touches a cache.
-        """
-        probs: list[torch.Tensor] = []
-        self._forward(idx, None, probs, last_only=True)
-        return torch.stack(probs)
-
-    def _forward(
-        self,
-        idx: torch.Tensor,
-        cache: Cache | None,
-        probs_out: list[torch.Tensor] | None,
-        last_only: bool,
-    ) -> torch.Tensor:
-        """The one walk through the blocks; `probs_out` switches attention to the explicit path."""
         t = idx.shape[1]
         if cache is None:
             if t > self.config.block_size:
@@ -208,6 +195,16 @@ class GPT(nn.Module):
         if last_only:
             x = x[:, -1:]
         return self.lm_head(self.norm(x))  # (B, T, V), or (B, 1, V) with last_only
+
+    @torch.no_grad()
+    def attention_maps(self, idx: torch.Tensor) -> torch.Tensor:
+        """Softmax probabilities (L, B, H, T, T) of every layer and head, from the explicit path.
+
+        Call it in eval mode if dropout is on; it never touches a cache.
+        """
+        probs: list[torch.Tensor] = []
+        self.forward(idx, last_only=True, probs_out=probs)
+        return torch.stack(probs)
 
     @torch.no_grad()
     def first_non_finite(self, idx: torch.Tensor) -> str | None:
