@@ -5,8 +5,8 @@ function that is called while ONE token is decoded after the prefill, plus gener
 starts it (it is on the path by construction: `run` calls `generate`). The token goes through what `generate`
 runs: `Context`, `sample_step` and `decode` (model/sampling.py) with its stop rule, and the stream callback
 (generation/text.py `TextStream`). The tokenizer is a stand-in defined here: decoding ids to text is
-data/'s subject, not how a token is computed. Not counted: the prefill, building the model and cache, and
-torch's own files.
+data/'s subject (data/tokenizer.py would be one more file), not how a token is computed. Not counted: the
+prefill, building the model and cache, torch and the standard library.
 
 - plain: eager decoding from a `KVCache`.
 - compiled 4-bit: every linear layer a Q4_1-style `QuantizedLinear`, decoded by `StaticDecoder(compile=False)`:
