@@ -106,13 +106,10 @@ class QuantizedLinear(nn.Module):
         kernel = self._row_kernel(x)
         if kernel is not None:
             return kernel(x, self.words, self.scale, self.minimum, self.bits)
-        groups = x.float().reshape(-1, self.bits, 32 // self.bits)  # (nb, bits, k): the inputs of each word
-        per_word = sum(
-            self.code(i) * groups[:, :, i, None] for i in range(32 // self.bits)
-        )  # (nb, bits, out)
-        per_block = per_word.view(-1, self.block * self.bits // 32, self.out_features).sum(
-            1
-        )  # words of a block
+        k = 32 // self.bits  # inputs per word
+        groups = x.float().reshape(-1, self.bits, k)  # (nb, bits, k): the inputs of each word
+        per_word = sum(self.code(i) * groups[:, :, i, None] for i in range(k))  # (nb, bits, out)
+        per_block = per_word.view(-1, self.block // k, self.out_features).sum(1)  # the words of each block
         y = (self.scale * per_block).sum(0)  # (out,)
         if self.minimum is not None:
             y = y + (self.minimum * groups.reshape(-1, self.block).sum(1)[:, None]).sum(0)
