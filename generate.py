@@ -4,14 +4,13 @@
     python generate.py --checkpoint HuggingFaceTB/SmolLM2-135M-Instruct --chat
 
 --checkpoint takes any model name interop resolves (our .ckpt or run directory, a Hugging Face folder or Hub
-id, a .gguf file). The command line only: decoding is model/, chat, text and speed reports generation/, pictures
-inspection/. No Lightning, no wandb, so it starts fast. A user mistake prints one line and exits 2.
+id, a .gguf file). The command line only: decoding is model/, text, chat and speed reports generation/,
+pictures inspection/. No Lightning or wandb, so it starts fast. A user mistake prints one line and exits 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
 import torch
@@ -20,25 +19,21 @@ from common.errors import UserError, run_command
 from common.threads import apply_thread_count
 from generation.chat import Conversation, run_chat
 from generation.model_defaults import model_sampler
-from generation.speed import report_decode_speed, report_speculative_speed, speculative_run
+from generation.speed import report_decode_speed, report_speculative_speed, seeded, speculative_run
 from generation.text import TextStream, encode_prompt, print_samples
 from interop import load
 from interop.gguf_blocks import KEPT_TYPES
-from model import generate
 from model.config import DTYPES
 from model.quantized import QuantizedLinear
-from model.sampling import NonFiniteLogits, Sampler
+from model.sampling import NonFiniteLogits, Sampler, generate
 from model.speculative import DraftModel, PromptLookup, check_draft
 from model.static_decode import static_decoder
 
-# Flags that make no sense with --chat (its turns come from stdin, one reply at a time from the cache).
 CHAT_CONFLICTS = ("prompt", "prompt_file", "draft", "prompt_lookup", "benchmark", "compile", "no_cache",
                   "attention_map", "attention_html", "explain_attention", "num_samples")  # fmt: skip
 
 
-class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows "(default: X)" where there is a default to show (not for switches and unset options)."""
-
+class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):  # not for switches and unset options
     def _get_help_string(self, action: argparse.Action) -> str | None:
         if action.default is None or action.default is False or action.required:
             return action.help
@@ -166,10 +161,11 @@ def note_kept_blocks(model: torch.nn.Module, args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> None:
     sampler = check_args(args)
-    if args.attention_map or args.attention_html:  # before a long load or generation, not after
-        from inspection.writers import check_outputs
+    looks = args.attention_map or args.attention_html or args.explain_attention is not None
+    if looks:
+        from inspection import writers  # Pillow and numpy, only when a picture or table is asked for
 
-        check_outputs(args)
+        writers.check_outputs(args)  # before a long load or generation, not after
     device = pick_device(args.device)
     apply_thread_count(args.threads, torch.set_num_threads)  # busy cores make torch's own threads wait
     auto = torch.bfloat16 if device.type == "cuda" and not args.keep_quantized else torch.float32
@@ -181,14 +177,11 @@ def run(args: argparse.Namespace) -> None:
     if args.chat and tokenizer.chat_template is None:  # before any note about sampling
         raise UserError(f"--chat: {args.checkpoint} has no chat template (tokenizer_config.json or the GGUF's "
                         "tokenizer.chat_template); drop --chat and pass --prompt")  # fmt: skip
-    folder = loaded.source.hf_folder
-    sampler = model_sampler(sampler, folder, args.explicit)
-    sampler = dataclasses.replace(sampler, generator=torch.Generator(device=device).manual_seed(args.seed))
+    sampler = model_sampler(sampler, loaded.source.hf_folder, args.explicit)
+    sampler = seeded(sampler, args.seed, device)
     if args.chat:
         return run_chat(Conversation(model, tokenizer, sampler), sys.stdin, args.max_new_tokens)
-    if args.attention_map or args.attention_html or args.explain_attention is not None:
-        from inspection import writers  # Pillow and numpy, only when a picture or table is asked for
-
+    if looks:
         writers.check_layer_and_head(model.config, args.layer, args.head)  # before anything is generated
     if args.explain_attention is not None:
         return writers.explain_attention(model, tokenizer, args.explain_attention, args.layer or 0, args.head)
@@ -196,8 +189,14 @@ def run(args: argparse.Namespace) -> None:
     prompt = encode_prompt(tokenizer, prompt_text, model.config.block_size, device)
     eos_id = None if args.ignore_eos else tokenizer.eos_ids
     echo = "" if args.no_echo else prompt_text
-    if args.draft or args.prompt_lookup:
-        return run_speculative(model, loaded, tokenizer, prompt, args, sampler, eos_id, echo)
+    if args.draft or args.prompt_lookup:  # speculative decoding
+        make_drafter = drafter_factory(loaded, args, prompt.device)
+        if args.benchmark:
+            return report_speculative_speed(model, prompt, args.max_new_tokens, make_drafter, sampler, args.seed,
+                                            k=args.draft_k)  # fmt: skip
+        print(echo, end="", flush=True)
+        return speculative_run(model, prompt, args.max_new_tokens, make_drafter(), k=args.draft_k, sampler=sampler,
+                               eos_id=eos_id, on_token=TextStream(tokenizer))  # fmt: skip
     batch = prompt.expand(args.num_samples, -1).contiguous()
     if args.benchmark:
         report_decode_speed(model, batch, args.max_new_tokens, sampler, args.seed, compile=args.compile,
@@ -222,24 +221,16 @@ def run(args: argparse.Namespace) -> None:
         writers.write_attention_html(model, tokenizer, out[:1], args.attention_html, prompt.shape[1])
 
 
-def run_speculative(model, loaded, tokenizer, prompt, args, sampler: Sampler, eos_id, echo: str) -> None:
-    """Speculative decoding; prints the acceptance rate, and with --benchmark the speed-up over plain decoding."""
-    make_drafter, device, dtype = PromptLookup, prompt.device, next(model.parameters()).dtype
-    # Read once; each run gets a fresh drafter. It must share the target's tokenizer and vocabulary.
-    if args.draft:
-        draft = load(args.draft, device=device, dtype=dtype)
-        try:
-            check_draft(loaded.model, draft.model, tokenizer.sha256, draft.tokenizer.sha256)
-        except UserError as err:
-            raise UserError(f"--draft {args.draft}: {err}") from None
-        make_drafter = lambda: DraftModel(draft.model)  # noqa: E731
-    if args.benchmark:
-        report_speculative_speed(model, prompt, args.max_new_tokens, make_drafter, sampler, args.seed,
-                                 k=args.draft_k)  # fmt: skip
-        return
-    print(echo, end="", flush=True)
-    speculative_run(model, prompt, args.max_new_tokens, make_drafter(), k=args.draft_k, sampler=sampler,
-                    eos_id=eos_id, on_token=TextStream(tokenizer))  # fmt: skip
+def drafter_factory(loaded, args: argparse.Namespace, device: torch.device):
+    """A maker of fresh drafters: n-gram lookup, or the --draft model (read once; the target's tokenizer)."""
+    if not args.draft:
+        return PromptLookup
+    draft = load(args.draft, device=device, dtype=next(loaded.model.parameters()).dtype)
+    try:
+        check_draft(loaded.model, draft.model, loaded.tokenizer.sha256, draft.tokenizer.sha256)
+    except UserError as err:
+        raise UserError(f"--draft {args.draft}: {err}") from None
+    return lambda: DraftModel(draft.model)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,9 +243,7 @@ def run_naming_the_model(args: argparse.Namespace) -> None:
     try:
         run(args)
     except NonFiniteLogits as err:
-        raise UserError(
-            f"{args.checkpoint}: {err}; its weights are broken (a NaN or inf in a tensor)"
-        ) from None
+        raise UserError(f"{args.checkpoint}: {err}; its weights are broken (a NaN or inf in a tensor)") from None  # fmt: skip
 
 
 if __name__ == "__main__":

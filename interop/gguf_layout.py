@@ -23,9 +23,9 @@ from data.pretrained_tokenizer import (
     GGUFVocabulary,
 )
 from data.tokenizer import Tokenizer
+from model.attention import inverse_frequencies
 from model.config import ModelConfig
 from model.gpt import GPT
-from model.rope import inverse_frequencies
 
 from .hf_config import hf_model_type
 from .names import INTERLEAVED, to_format

@@ -1,17 +1,99 @@
-"""Causal grouped-query self-attention: the fused SDPA kernel, and an explicit path that shows its work."""
+"""The computations of causal attention, with no parameters: RoPE (rotate-half, the Llama / Hugging Face
+convention, with Llama 3's scaling), the fused-kernel path, the one-query paths of decoding, and the explicit
+path that shows its work. The layer holding the projections is `CausalSelfAttention` in model/gpt.py."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from .cache import Cache
-from .config import ModelConfig
-from .norm import RMSNorm
-from .rope import apply_rope
+
+@dataclass(frozen=True)
+class Llama3Scaling:
+    """Llama 3's RoPE rescaling: the low frequencies slowed down by `factor`, the high ones kept.
+
+    A frequency's wavelength (2 pi / frequency, in positions) is compared with the context the model was first
+    trained at: longer than original_context / low_freq_factor, it turned less than once there and is divided
+    by `factor`; shorter than original_context / high_freq_factor, it is kept; in between, the two are blended.
+    """
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_context: int
+
+    def rescale(self, inv_freq: torch.Tensor) -> torch.Tensor:
+        wavelen = 2 * math.pi / inv_freq
+        # 0 where the wavelength is long (fully slowed), 1 where it is short (kept), linear in 1/wavelength.
+        kept = (self.original_context / wavelen - self.low_freq_factor) / (
+            self.high_freq_factor - self.low_freq_factor
+        )
+        kept = kept.clamp(0.0, 1.0)
+        return (1 - kept) * inv_freq / self.factor + kept * inv_freq
+
+
+@dataclass(frozen=True)
+class Rope:
+    """The rotation a model applies, enough to build its cos/sin tables on any device. Frozen and hashable, so
+    a cache can hold it and its tables are shared per (rope, device)."""
+
+    head_dim: int
+    theta: float
+    llama3: Llama3Scaling | None = None
+
+    def tables(
+        self, start: int, length: int, device: torch.device | str | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin (length, head_dim) for absolute positions start..start+length-1, in float32.
+
+        Tables are cached per device for lengths rounded up to a power of two, so a decode step only slices.
+        """
+        size = 1 << (start + length - 1).bit_length()  # a power of two >= start + length: few distinct tables
+        cos, sin = _tables(self, size, torch.device(device or "cpu"))
+        return cos[start : start + length], sin[start : start + length]
+
+
+def rope_tables(
+    head_dim: int,
+    start: int,
+    length: int,
+    theta: float,
+    device: torch.device | str | None = None,
+    llama3: Llama3Scaling | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`Rope(head_dim, theta, llama3).tables(start, length, device)`."""
+    return Rope(head_dim, float(theta), llama3).tables(start, length, device)
+
+
+def inverse_frequencies(head_dim: int, theta: float, llama3: Llama3Scaling | None = None) -> torch.Tensor:
+    """The D/2 rotation speeds theta^(-2i/D) (radians per position), rescaled by Llama 3's rule if given."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    return inv_freq if llama3 is None else llama3.rescale(inv_freq)
+
+
+@lru_cache(maxsize=32)
+def _tables(rope: Rope, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    # Plain float32 tensors, not module buffers, so `model.to(torch.bfloat16)` cannot round the angles. Built
+    # outside inference mode because inference tensors cannot be saved for a later backward pass.
+    with torch.inference_mode(False), torch.no_grad():
+        inv_freq = inverse_frequencies(rope.head_dim, rope.theta, rope.llama3).to(device)
+        angles = torch.outer(torch.arange(length, device=device, dtype=torch.float32), inv_freq)  # (T, D/2)
+        # Rotate-half pairs dimension i with i + D/2, so each frequency appears twice, once per half.
+        angles = torch.cat([angles, angles], dim=-1)  # (T, D)
+        return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (B, H, T, D) by tables already made for its positions, cos/sin (T, D)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    # The product runs in float32 so bf16 activations do not lose the small-angle precision.
+    out = x.float() * cos + rotated.float() * sin
+    return out.to(x.dtype)
 
 
 def causal_mask(t: int, s: int, device: torch.device | None = None) -> torch.Tensor:
@@ -97,58 +179,3 @@ def explicit_attention(
     probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
     v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)  # (B, H, S, D)
     return (probs @ v.float()).to(q.dtype), probs
-
-
-class CausalSelfAttention(nn.Module):
-    """Fused QKV projection (biased for Qwen2), per-head q/k RMSNorm (Qwen3), RoPE, causal GQA attention and
-    the output projection."""
-
-    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
-        self.qkv = nn.Linear(
-            config.n_embd, (config.n_head + 2 * config.n_kv_head) * config.head_dim, bias=config.qkv_bias
-        )
-        # One gain per head dimension, shared by every head and position: it bounds the attention logits.
-        self.q_norm = RMSNorm(config.head_dim, config.norm_eps) if config.qk_norm else None
-        self.k_norm = RMSNorm(config.head_dim, config.norm_eps) if config.qk_norm else None
-        self.proj = nn.Linear(config.n_head * config.head_dim, config.n_embd, bias=False)
-
-    def project(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries (B, H, T, D) and keys/values (B, Hkv, T, D) of x (B, T, C), RoPE applied to q and k."""
-        b, t, _ = x.shape
-        h, hkv = self.n_head, self.n_kv_head
-        qkv = self.qkv(x).view(b, t, h + 2 * hkv, self.head_dim).transpose(1, 2)  # (B, H + 2 Hkv, T, D)
-        qk = qkv[:, : h + hkv]
-        if self.q_norm is not None and self.k_norm is not None:  # Qwen3 normalises before rotating
-            qk = torch.cat([self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])], dim=1)
-        qk = apply_rope(qk, cos, sin)  # q and k rotated in one call: fewer ops per decode step
-        return qk[:, :h], qk[:, h:], qkv[:, h + hkv :]  # (B, H, T, D), (B, Hkv, T, D), (B, Hkv, T, D)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        cache: Cache | None = None,
-        probs_out: list[torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        """x (B, T, C) -> (B, T, C). With `probs_out`, the explicit path runs and appends its probabilities."""
-        q, k, v = self.project(x, cos, sin)
-        visible = None
-        if cache is not None:
-            k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, D)
-            visible = cache.visible
-        if probs_out is None and cache is not None and cache.reductions:
-            y = one_query_attention(q, k, v, visible)
-        elif probs_out is None:
-            y = sdpa_attention(q, k, v, visible)
-        else:
-            y, probs = explicit_attention(q, k, v)
-            probs_out.append(probs)
-        b, _, t, _ = y.shape
-        y = y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim)  # (B, T, H * D)
-        return self.proj(y)

@@ -7,8 +7,8 @@ from typing import Protocol
 
 import torch
 
+from .attention import Rope
 from .config import ModelConfig
-from .rope import Rope
 
 
 class Cache(Protocol):
@@ -31,10 +31,9 @@ class Cache(Protocol):
 class KVCache:
     """Keys and values of every layer for the tokens seen so far, and where the next tokens go.
 
-    Only the n_kv_head heads are stored, so GQA/MQA shrink the cache by n_head / n_kv_head. A forward asks
-    the cache for the RoPE rows of its T new tokens (`rope_rows`) and the mask its keys need (`visible`);
-    each attention layer writes its slice at [pos, pos + T) and reads [0, pos + T); the model calls
-    `advance` once after the last layer. The cache is a plain object: it never appears in a state_dict.
+    Only the n_kv_head heads are stored (GQA/MQA shrink the cache by n_head / n_kv_head). Each attention layer
+    writes its slice at [pos, pos + T) and reads [0, pos + T); the model calls `advance` after the last layer.
+    A plain object: it never appears in a state_dict.
     """
 
     k: torch.Tensor  # (L, B, Hkv, max_len, D)
@@ -62,11 +61,8 @@ class KVCache:
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, batch_size: int, length: int | None = None) -> KVCache:
-        """The cache of `model` on its device and in its dtype for `length` tokens (None: its block_size).
-
-        A request that fits its context never slides its window, so it never writes past `length`: a short
-        request reads a short cache.
-        """
+        """The cache of `model` on its device and in its dtype for `length` tokens (None: its block_size): a
+        request that fits its context never slides its window, so a short request reads a short cache."""
         param, config = next(model.parameters()), model.config
         max_len = min(config.block_size, length or config.block_size)
         return cls.allocate(config, batch_size, max_len, device=param.device, dtype=param.dtype)
@@ -111,11 +107,7 @@ class KVCache:
         self.pos += n_tokens
 
     def rollback(self, pos: int) -> None:
-        """Forget the positions from `pos` on, zeroing them, as if those tokens had never been fed.
-
-        Speculative decoding calls it after the target rejects draft tokens; the zeros make the buffers equal
-        to those of a fresh prefill of the kept tokens.
-        """
+        """Forget the positions from `pos` on (rejected drafts), zeroed as if those tokens had never been fed."""
         if not 0 <= pos <= self.pos:
             raise ValueError(f"KVCache.rollback position must be in 0..{self.pos}, got {pos}")
         self.k[:, :, :, pos : self.pos] = 0

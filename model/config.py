@@ -10,7 +10,7 @@ import torch
 
 from common.errors import UserError
 
-from .rope import Llama3Scaling, Rope
+from .attention import Llama3Scaling, Rope
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """Weight dtypes the command lines (generate.py --dtype, the export's --dtype) accept by name."""
@@ -100,13 +100,10 @@ class ModelConfig:
         for name in ("rope_theta", "norm_eps", "init_std"):
             if getattr(self, name) <= 0:
                 raise UserError(f"model.{name} must be positive, got {getattr(self, name)!r}")
-        self._check_rope_scaling()
-
-    def _check_rope_scaling(self) -> None:
         if self.rope_type not in ("default", "llama3"):
             raise UserError(f"model.rope_type must be 'default' or 'llama3', got {self.rope_type!r}")
         if self.rope_type == "default":
-            return
+            return  # the checks below are llama3's scaling
         for name in ("rope_factor", "rope_low_freq_factor", "rope_original_context"):
             if getattr(self, name) <= 0:
                 raise UserError(

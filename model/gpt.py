@@ -1,16 +1,128 @@
-"""The decoder-only transformer: embeddings, a stack of blocks, the final norm and the LM head."""
+"""The decoder-only transformer and its modules: RMSNorm, the attention layer, the SwiGLU MLP, the pre-norm
+block, and the GPT (embeddings, the blocks, the final norm and the LM head). The attention math and RoPE are
+in model/attention.py."""
 
 from __future__ import annotations
 
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from .attention import apply_rope, explicit_attention, one_query_attention, sdpa_attention
 from .cache import Cache
 from .config import ModelConfig
-from .layers import Block
-from .norm import RMSNorm
+
+
+class RMSNorm(nn.Module):
+    """Scale by the reciprocal root-mean-square of the features; no mean subtraction, no bias."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # float32: the same numbers as below in one call (a decode step is made of small ops, 2 norms a layer).
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        # Normalise in float32 and round before the scale (as Hugging Face Llama does) so bf16 runs and
+        # exported models agree.
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        return self.weight * normed
+
+
+class CausalSelfAttention(nn.Module):
+    """Fused QKV projection (biased for Qwen2), per-head q/k RMSNorm (Qwen3), RoPE, causal GQA attention and
+    the output projection."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        self.qkv = nn.Linear(
+            config.n_embd, (config.n_head + 2 * config.n_kv_head) * config.head_dim, bias=config.qkv_bias
+        )
+        # One gain per head dimension, shared by every head and position: it bounds the attention logits.
+        self.q_norm = RMSNorm(config.head_dim, config.norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.norm_eps) if config.qk_norm else None
+        self.proj = nn.Linear(config.n_head * config.head_dim, config.n_embd, bias=False)
+
+    def project(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries (B, H, T, D) and keys/values (B, Hkv, T, D) of x (B, T, C), RoPE applied to q and k."""
+        b, t, _ = x.shape
+        h, hkv = self.n_head, self.n_kv_head
+        qkv = self.qkv(x).view(b, t, h + 2 * hkv, self.head_dim).transpose(1, 2)  # (B, H + 2 Hkv, T, D)
+        qk = qkv[:, : h + hkv]
+        if self.q_norm is not None and self.k_norm is not None:  # Qwen3 normalises before rotating
+            qk = torch.cat([self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])], dim=1)
+        qk = apply_rope(qk, cos, sin)  # q and k rotated in one call: fewer ops per decode step
+        return qk[:, :h], qk[:, h:], qkv[:, h + hkv :]  # (B, H, T, D), (B, Hkv, T, D), (B, Hkv, T, D)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: Cache | None = None,
+        probs_out: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C). With `probs_out`, the explicit path runs and appends its probabilities."""
+        q, k, v = self.project(x, cos, sin)
+        visible = None
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, D)
+            visible = cache.visible
+        if probs_out is None and cache is not None and cache.reductions:
+            y = one_query_attention(q, k, v, visible)
+        elif probs_out is None:
+            y = sdpa_attention(q, k, v, visible)
+        else:
+            y, probs = explicit_attention(q, k, v)
+            probs_out.append(probs)
+        b, _, t, _ = y.shape
+        y = y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim)  # (B, T, H * D)
+        return self.proj(y)
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x)), with gate and up fused into one matmul."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up = nn.Linear(config.n_embd, 2 * config.hidden_dim, bias=False)
+        self.down = nn.Linear(config.hidden_dim, config.n_embd, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    """x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.mlp_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.mlp = SwiGLU(config)
+        # Identity when p == 0 spares two no-op calls per block in every decode step.
+        self.dropout = nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: Cache | None = None,
+        probs_out: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        x = x + self.dropout(self.attn(self.attn_norm(x), cos, sin, cache, probs_out))
+        return x + self.dropout(self.mlp(self.mlp_norm(x)))
 
 
 class GPT(nn.Module):
@@ -19,6 +131,7 @@ class GPT(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
+        self.rope = config.rope  # built once: a forward without a cache reads its tables
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.dropout = nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
@@ -48,35 +161,22 @@ class GPT(nn.Module):
                 nn.init.normal_(proj.weight, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
 
     def forward(
-        self, idx: torch.Tensor, cache: Cache | None = None, *, last_only: bool = False
+        self,
+        idx: torch.Tensor,
+        cache: Cache | None = None,
+        *,
+        last_only: bool = False,
+        probs_out: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Logits (B, T, V) for token ids idx (B, T) placed after the tokens the cache holds.
+        """Logits (B, T, V) for token ids idx (B, T) placed after the tokens the cache holds: the one walk
+        through the blocks.
 
         `last_only=True` returns the last position's logits only, (B, 1, V): a prefill that just picks the
         next token skips the LM head on every other position (a quarter of a 512-token prefill at V=32000).
         The cache is a `KVCache` or the static-shape cache of the compiled decode step
         (model/static_decode.py): either one hands the blocks the RoPE rows and the mask of its position.
+        `probs_out` switches attention to the explicit path, which appends its probabilities there.
         """
-        return self._forward(idx, cache, None, last_only)
-
-    @torch.no_grad()
-    def attention_maps(self, idx: torch.Tensor) -> torch.Tensor:
-        """Softmax probabilities (L, B, H, T, T) of every layer and head, from the explicit path.
-
-        Call it in eval mode if dropout is on; it never touches a cache.
-        """
-        probs: list[torch.Tensor] = []
-        self._forward(idx, None, probs, last_only=True)
-        return torch.stack(probs)
-
-    def _forward(
-        self,
-        idx: torch.Tensor,
-        cache: Cache | None,
-        probs_out: list[torch.Tensor] | None,
-        last_only: bool,
-    ) -> torch.Tensor:
-        """The one walk through the blocks; `probs_out` switches attention to the explicit path."""
         t = idx.shape[1]
         if cache is None:
             if t > self.config.block_size:
@@ -84,7 +184,7 @@ class GPT(nn.Module):
                     f"sequence of {t} tokens exceeds block_size {self.config.block_size}; "
                     "crop the input or use generate(), which slides the context"
                 )
-            cos, sin = self.config.rope.tables(0, t, idx.device)  # (T, D)
+            cos, sin = self.rope.tables(0, t, idx.device)  # (T, D)
         else:
             cos, sin = cache.rope_rows(t)  # (T, D) at the cache's position
         x = self.dropout(self.wte(idx))  # (B, T, C)
@@ -95,6 +195,16 @@ class GPT(nn.Module):
         if last_only:
             x = x[:, -1:]
         return self.lm_head(self.norm(x))  # (B, T, V), or (B, 1, V) with last_only
+
+    @torch.no_grad()
+    def attention_maps(self, idx: torch.Tensor) -> torch.Tensor:
+        """Softmax probabilities (L, B, H, T, T) of every layer and head, from the explicit path.
+
+        Call it in eval mode if dropout is on; it never touches a cache.
+        """
+        probs: list[torch.Tensor] = []
+        self.forward(idx, last_only=True, probs_out=probs)
+        return torch.stack(probs)
 
     @torch.no_grad()
     def first_non_finite(self, idx: torch.Tensor) -> str | None:

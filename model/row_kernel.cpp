@@ -13,7 +13,7 @@
 // Threads split the outputs (at::parallel_for: torch's intra-op pool, so never more threads than torch uses),
 // each streaming its columns block by block.
 //
-// Compiled for AVX2 + FMA only (flags given by model/row_kernel.py, which checks the CPU at run time first).
+// Compiled for AVX2 + FMA only (flags given by model/quantized.py, which checks the CPU at run time first).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>

@@ -1,8 +1,6 @@
-"""Autoregressive decoding: how a token is picked (`Sampler`) and the one decode loop (`decode`: prefill,
-step, pick, stop) that plain, compiled, speculative (model/speculative.py) and chat (generation/chat.py)
-decoding share, with its one stop rule (`Stop`) and its one window rule (`context_start`, kept by `Context`),
-so they agree token for token wherever they should. `generate` is the plain and compiled use of it.
-"""
+"""Autoregressive decoding: how a token is picked (`Sampler`) and the one decode loop (`decode`) that plain,
+compiled, speculative (model/speculative.py) and chat (generation/chat.py) decoding share, with its one stop
+rule (`Stop`) and window rule (`context_start`, kept by `Context`). `generate` is its plain and compiled use."""
 
 from __future__ import annotations
 
@@ -29,8 +27,7 @@ NOT_FINITE = "the model's output is not finite (NaN or infinite logits)"
 class Sampler:
     """How a token is picked from logits: greedy when temperature == 0, else drawn from a filtered softmax.
 
-    The filters apply in this order: repetition penalty (on the raw logits), temperature, then top-k, top-p
-    (nucleus) and min-p; `generator` makes the draws reproducible.
+    Filters apply in order: repetition penalty (raw logits), temperature, top-k, top-p (nucleus), min-p.
     """
 
     temperature: float = 1.0
@@ -75,23 +72,17 @@ class Sampler:
         if self.greedy and (seen is None or self.repetition_penalty == 1.0):
             return logits.argmax(dim=-1)  # no softmax needed, the common greedy case stays one kernel
         probs = self.probs(logits, seen)
-        if self.greedy:
-            return probs.argmax(dim=-1)
-        try:
-            return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
-        except RuntimeError:  # checked only now: a check at every step would wait for the device each time
-            if torch.isfinite(logits).all():
-                raise
-            raise NonFiniteLogits(NOT_FINITE) from None
+        return probs.argmax(dim=-1) if self.greedy else self._multinomial(probs, logits).squeeze(-1)
 
     def draw(self, probs: torch.Tensor) -> int:
         """One token id from a distribution (V,) made by `probs` (the argmax when greedy)."""
-        if self.greedy:
-            return int(probs.argmax())
+        return int(probs.argmax() if self.greedy else self._multinomial(probs, probs))
+
+    def _multinomial(self, probs: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
         try:
-            return int(torch.multinomial(probs, 1, generator=self.generator))
-        except RuntimeError:
-            if torch.isfinite(probs).all():
+            return torch.multinomial(probs, 1, generator=self.generator)
+        except RuntimeError:  # `source` checked only now: a check at every step would wait for the device
+            if torch.isfinite(source).all():
                 raise
             raise NonFiniteLogits(NOT_FINITE) from None
 
@@ -133,11 +124,10 @@ def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -
 def context_start(start: int, length: int, block_size: int) -> int:
     """First token of the window the model sees, given the previous window start and the sequence length.
 
-    The window grows until it holds block_size tokens; when the next token would not fit, the window jumps
-    forward so that the most recent block_size // 2 tokens remain (at least one, for block_size 1) and are
-    re-encoded from position 0. Jumping by half (instead of by one) lets the cached path re-prefill once per
-    block_size / 2 tokens. Every decoder (plain, no cache, compiled, speculative and its draft model) follows
-    this one rule, so they agree at every length.
+    The window grows to block_size tokens; when the next token would not fit, it jumps forward to keep the
+    most recent block_size // 2 (at least one), re-encoded from position 0: jumping by half, not by one, lets
+    the cached path re-prefill once per block_size / 2 tokens. Every decoder follows this one rule, so they
+    agree at every length.
     """
     if length - start <= block_size:
         return start
@@ -147,9 +137,8 @@ def context_start(start: int, length: int, block_size: int) -> int:
 class Stop:
     """The one stop rule: a row ends at its first stop id, then repeats the first of the ids.
 
-    `eos_id` is one stop id or several (models such as Llama 3 end a turn with more than one); decoding ends
-    when every row has stopped. `apply` takes the new columns of one step (B, n): one for plain decoding,
-    several for a speculative round.
+    `eos_id` is one stop id or several (Llama 3 ends a turn with more than one); decoding ends when every row
+    has stopped. `apply` takes the new columns of one step (B, n): one, or several for a speculative round.
     """
 
     def __init__(self, eos_id: int | Collection[int] | None, batch_size: int, device: torch.device) -> None:
@@ -176,13 +165,11 @@ class Stop:
 class Context:
     """A model's view of a growing sequence (B, n): the KV cache of its current window, fed only what it lacks.
 
-    Plain, compiled, speculative and chat decoding all ask it for the logits after a sequence; it follows the
-    window rule (`context_start`), re-encoding the window's recent half from position 0 when it jumps, and
-    feeds the tokens after the cached ones: one token through `step` (the eager forward, or the compiled
-    static step of model/static_decode.py), several through the eager forward. Without a cache it runs the
-    whole window every time (the reference the cached paths are tested against). The cache never keeps a
-    token at or after the first one whose logits are asked (speculative decoding's rejected drafts go so);
-    `keep(n)` forgets the cached tokens from the n-th on, for a caller that rewrote them (a re-rendered chat).
+    Every decoder asks it for the logits after a sequence. It follows the window rule (`context_start`) and
+    feeds the tokens after the cached ones: one token through `step` (the compiled static step of
+    model/static_decode.py) if given, else the eager forward. Without a cache it runs the whole window every
+    time (the reference). The cache never keeps a token at or after the first one whose logits are asked
+    (rejected drafts go so); `keep(n)` forgets those from the n-th on (a re-rendered chat).
     """
 
     def __init__(self, model: torch.nn.Module, cache: KVCache | None, step=None) -> None:
@@ -253,9 +240,8 @@ def decode(
 def sample_step(context: Context, sampler: Sampler) -> Callable[[torch.Tensor, int], torch.Tensor]:
     """The plain step of `decode`: one token per row, picked by `sampler` from the context's logits.
 
-    The first logits are checked once: broken weights (a NaN in a tensor) are broken from the first token, and
-    greedy picking would otherwise turn NaN logits into token ids in silence. Later steps cost no check (a
-    sampled draw still fails loudly, in `Sampler.next_token`).
+    Only the first logits are checked: broken weights are broken from the first token, and greedy picking
+    would turn NaN logits into token ids in silence (a sampled draw fails loudly at any step).
     """
     first = True
 
@@ -290,10 +276,9 @@ def generate(
     such as Llama 3 end a turn with more than one); a row that emits one then repeats the first, and decoding
     stops when every row has. `on_token` receives each new column (B,) as soon as it is chosen.
 
-    How the model runs: from a KV cache, prefilled once, one single-token forward per new token; with
-    `use_cache=False` the whole window is recomputed every step (the reference the cache is tested against);
-    `compile=True` decodes with the static-shape step of model/static_decode.py compiled by inductor (a string
-    names another `torch.compile` backend): the same tokens, one graph for every position.
+    How the model runs: from a KV cache, one single-token forward per new token; `use_cache=False` recomputes
+    the window every step (the reference); `compile=True` decodes with the static-shape step of
+    model/static_decode.py compiled by inductor (a string names another backend): the same tokens.
     """
     if sampler is not None and sampling:
         raise TypeError(f"pass a Sampler or its fields, not both (got sampler and {sorted(sampling)})")

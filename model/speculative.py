@@ -1,16 +1,15 @@
 """Exact speculative decoding: a cheap drafter proposes tokens, the target checks them all in one forward.
 
-Each round the target is fed its last accepted token plus up to k drafted ones (a chunked prefill, so the
-bottom-right aligned causal mask of model/attention.py), which gives its next-token distribution after every prefix at
-once. Drafted tokens are kept while the target agrees, the first disagreement is replaced by the target's own
-choice, and the cache is rolled back past the rejected tokens. Greedy output is token-identical to plain greedy
-decoding; with sampling the accept/reject rule (accept d with probability min(1, p(d) / q(d)), else sample from
-the normalised max(p - q, 0)) leaves the output distributed exactly as the target's.
+Each round the target is fed its last accepted token plus up to k drafted ones (a chunked prefill), which gives
+its next-token distribution after every prefix at once. Drafts are kept while the target agrees, the first
+disagreement is replaced by the target's own choice, and the cache is rolled back past the rejected tokens.
+Greedy output is token-identical to plain greedy decoding; with sampling the accept/reject rule (accept d with
+probability min(1, p(d) / q(d)), else sample from the normalised max(p - q, 0)) leaves the output distributed
+exactly as the target's.
 
-A round is one step of the decode loop of plain decoding (model/sampling.py `decode`, with its stop rule),
-tokens are picked by the same `Sampler`, and the target and a draft model each read through a `Context`, which
-follows the window rule of `generate` (`context_start`) at every length, so the target sees the same context
-as in plain decoding: a round never drafts past the end of the current window.
+A round is one step of plain decoding's loop (model/sampling.py `decode`, with its stop rule and `Sampler`),
+and the target and a draft model each read through a `Context`, so the target sees the same window as in plain
+decoding: a round never drafts past the end of the current window.
 """
 
 from __future__ import annotations

@@ -1,18 +1,15 @@
 """A static-shape decode step: one graph for every position, so it can be compiled once.
 
-The eager path (`GPT.forward` with a `KVCache`) slices the cache to `[:pos + T]`, so every step has a new key
-length and a compiled graph would be rebuilt (or made dynamic) as the position moves. Here the same forward runs
-over a `StaticCache`, whose position is a tensor: a step writes its key/value at `pos` with `index_copy_`,
-selects its RoPE rows at `pos`, and attends over the whole fixed-length buffer with a mask that hides the
-positions after `pos`. Shapes never change, so `torch.compile(fullgraph=True)` builds one graph, and on CUDA
-`mode="reduce-overhead"` replays it as a CUDA graph.
+The eager path slices the `KVCache` to `[:pos + T]`, so every step has a new key length. Here the same forward
+runs over a `StaticCache`, whose position is a tensor: a step writes its key/value at `pos`, selects its RoPE
+rows there, and attends over the whole buffer with a mask hiding the positions after `pos`. Shapes never
+change, so `torch.compile(fullgraph=True)` builds one graph (on CUDA, replayed as a CUDA graph). Prefill stays
+eager, into the `KVCache` whose buffers the static cache shares.
 
-Prefill stays eager (`GPT.forward` into the `KVCache` whose buffers the static cache shares); only the one-token
-step is compiled. On the CPU the step asks for reductions: its one-query attention (`one_query_attention`,
-model/attention.py, chosen by the static cache's `reductions` flag) and its one-row linear layers
-(`OneRowLinears`) are written as products and sums that Inductor fuses into reductions reading each weight or
-cached key once on every thread; torch's matrix-vector product reads a weight that does not fit in cache at
-about the bandwidth of one core (`python -m benchmarks.decode_vs_hf` measures it).
+On the CPU the step asks for reductions: its one-query attention (`one_query_attention`, model/attention.py)
+and its one-row linear layers (`OneRowLinears`) are written as products and sums that Inductor fuses into
+reductions reading each weight or cached key once on every thread; torch's matrix-vector product reads a
+weight that does not fit in cache at about one core's bandwidth (`python -m benchmarks.decode_vs_hf`).
 """
 
 from __future__ import annotations
@@ -28,12 +25,8 @@ from .gpt import GPT
 
 
 class StaticCache:
-    """The buffers of a `KVCache` seen at a tensor position, one token per forward.
-
-    `rope_rows` selects the RoPE rows at `pos`, `update` writes the new key/value (B, Hkv, 1, D) there and
-    returns the whole buffers (B, Hkv, max_len, D), and `visible` is the bool mask (1, 1, 1, max_len) of the
-    positions written so far. `StaticDecoder` sets `pos` before each step.
-    """
+    """The buffers of a `KVCache` seen at a tensor position `pos` (set by `StaticDecoder` before each step),
+    one token per forward: `update` returns the whole buffers (B, Hkv, max_len, D), `visible` masks them."""
 
     def __init__(self, cache: KVCache, reductions: bool = False) -> None:
         device = cache.k.device
@@ -91,34 +84,18 @@ def decode_step(model: GPT, token: torch.Tensor, cache: StaticCache) -> torch.Te
 
 
 class StaticDecoder:
-    """Runs the model's forward over a `StaticCache` of a `KVCache`, compiled or eager; eager prefill fills
-    the same buffers.
+    """Runs the model's forward over a `StaticCache` of the caller's `KVCache` (written in place by prefill
+    and every step), eagerly or compiled with `backend` ("aot_eager" only traces: quick, for tests); inductor
+    on CUDA replays CUDA graphs ("reduce-overhead")."""
 
-    Args:
-        model: the GPT, in eval mode.
-        cache: the caller's cache; its buffers are written in place by prefill and by every step.
-        compile: wrap the step in `torch.compile(fullgraph=True, dynamic=False)`.
-        backend: the compile backend; "inductor" generates kernels, "aot_eager" only traces (quick, for tests).
-        mode: the compile mode; None picks "reduce-overhead" (CUDA graphs) on CUDA with inductor.
-    """
-
-    def __init__(
-        self,
-        model: GPT,
-        cache: KVCache,
-        compile: bool = True,
-        backend: str = "inductor",
-        mode: str | None = None,
-    ) -> None:
+    def __init__(self, model: GPT, cache: KVCache, compile: bool = True, backend: str = "inductor") -> None:
         self.model, self.cache = model, cache
         self.key: tuple = ()
-        on_cpu = cache.k.device.type == "cpu"
-        self.static = StaticCache(cache, reductions=compile and on_cpu)
         self.on_cuda = cache.k.device.type == "cuda"
+        self.static = StaticCache(cache, reductions=compile and cache.k.device.type == "cpu")
         self.step = decode_step
         if compile:
-            if mode is None and backend == "inductor" and self.on_cuda:
-                mode = "reduce-overhead"
+            mode = "reduce-overhead" if backend == "inductor" and self.on_cuda else None
             # A static address lets the CUDA graph keep pointing at the caller's buffers across replays.
             torch._dynamo.mark_static_address(cache.k)
             torch._dynamo.mark_static_address(cache.v)
@@ -174,11 +151,8 @@ def static_decoder(
     """The compiled decoder of `model` for this batch size, dtype and device, kept by the model between calls.
 
     Its cache holds `static_cache_length(length)` positions (`length`: prompt + new tokens; None: block_size).
-    Reusing it keeps one cache and one compiled graph: a second `generate` call that fits neither recompiles
-    nor allocates. A longer request, or a new batch size, dtype, device or backend, replaces it (and compiles
-    once more for a shape not seen yet: `dynamic=False` keeps each graph static rather than making the cache
-    length symbolic). The model holds it, so it lives and goes with the model; dynamo's `recompile_limit` of
-    graphs per function is raised to 64 for it.
+    A second `generate` call that fits neither recompiles nor allocates. A longer request, or a new batch size,
+    dtype, device or backend, replaces it (and compiles once more for a shape not seen yet).
     """
     param = next(model.parameters())
     decoder = getattr(model, "static_decoder", None)  # a plain attribute: not a submodule, not in state_dict

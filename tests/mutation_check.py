@@ -95,7 +95,7 @@ MUTATIONS = [
     ),
     Mutation(
         "maps-path-skips-mlp",
-        "model/layers.py",
+        "model/gpt.py",
         "return x + self.dropout(self.mlp(",
         "return x if probs_out is not None else x + self.dropout(self.mlp(",
         (f"{ATTENTION}::test_attention_maps_are_the_models_own",),
@@ -189,7 +189,7 @@ MUTATIONS = [
     ),
     Mutation(
         "rope-rotate-half-sign",
-        "model/rope.py",
+        "model/attention.py",
         "torch.cat([-x[..., half:], x[..., :half]]",
         "torch.cat([x[..., half:], -x[..., :half]]",
         (HF_LOGITS,),

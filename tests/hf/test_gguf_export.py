@@ -16,7 +16,7 @@ from data.pretrained_tokenizer import GGUF_CONTROL, GGUF_NORMAL, GGUF_UNUSED
 from data.tokenizer import Tokenizer
 from interop.export_gguf import export_gguf, main
 from interop.names import from_interleaved_rope, to_interleaved_rope
-from model.rope import apply_rope, rope_tables
+from model.attention import apply_rope, rope_tables
 from tests.hf.test_hf_export_cli import write_checkpoint
 
 gguf = pytest.importorskip("gguf", reason='the GGUF export needs pip install -e ".[gguf]"')

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from model import GPT, ModelConfig
-from model.attention import CausalSelfAttention, explicit_attention, sdpa_attention
-from model.rope import rope_tables
+from model.attention import explicit_attention, rope_tables, sdpa_attention
+from model.gpt import CausalSelfAttention
 
 
 def qkv(t, s, h=8, hkv=2, d=16, seed=0):

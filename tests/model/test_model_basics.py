@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT, ModelConfig
-from model.layers import RMSNorm
+from model.gpt import RMSNorm
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "model"
 

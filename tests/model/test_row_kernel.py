@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import row_kernel
+from model import quantized as row_kernel
 from model.quantized import QuantizedLinear
 from tests.conftest import ROOT
 
@@ -142,7 +142,7 @@ def test_without_the_kernel_the_float_path_runs_after_one_note(monkeypatch, caps
 
 
 LOAD_AND_RUN = (
-    "import torch; from model import row_kernel; "
+    "import torch; from model import quantized as row_kernel; "
     "op = row_kernel.row_product_op(); assert op is not None; "
     "print(op(torch.ones(1, 32), torch.zeros(1, 4, 8, dtype=torch.int32), torch.ones(1, 8), None, 4).sum().item())"
 )
