@@ -1,7 +1,7 @@
 """`TextDataModule`: joins the data stages for Lightning: source -> tokenize -> store or stream -> batches.
 
-`setup` finds or builds the data (the token cache of data/store.py, or with `streaming` the folder of
-data/stream.py) and opens it; the loaders serve training batches from the position the trainer stands at.
+`setup` finds or builds the data (data/store.py: the token cache, or with `streaming` the tokenizer and
+validation folder that data/stream.py starts from) and opens it; the loaders serve training batches from the position the trainer stands at.
 
 One process per node builds, the others wait on its published folder, never on a process group: Lightning runs
 `setup` on every rank between two process-group barriers, and a barrier gives up after the group's timeout (30

@@ -47,7 +47,7 @@ class CorpusSource:
     text_column: str = "text"
     text_sample_by: SampleBy = "document"
     streaming: bool = False
-    chat_column: str | None = None  # conversations instead of text (data/conversations.py)
+    chat_column: str | None = None  # conversations instead of text (data/documents.py)
 
     @property
     def column(self) -> str:
