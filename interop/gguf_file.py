@@ -24,6 +24,17 @@ from .source import PretrainedError
 _MISSING = object()
 # llama.cpp's architectures our block computes exactly, named as config.json's model_type names them.
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
+# The GGUF keys the reader and interop/export_gguf.py share: `<architecture>.<key>` -> the config.json key it
+# holds, and the GGUFVocabulary field -> its `tokenizer.*` key.
+HYPERPARAMETERS = {"vocab_size": "vocab_size", "context_length": "max_position_embeddings",
+                   "block_count": "num_hidden_layers", "embedding_length": "hidden_size",
+                   "feed_forward_length": "intermediate_size", "attention.head_count": "num_attention_heads",
+                   "attention.head_count_kv": "num_key_value_heads", "attention.key_length": "head_dim",
+                   "attention.layer_norm_rms_epsilon": "rms_norm_eps", "rope.freq_base": "rope_theta"}  # fmt: skip
+VOCABULARY = {"model": "tokenizer.ggml.model", "pre": "tokenizer.ggml.pre", "tokens": "tokenizer.ggml.tokens",
+              "token_types": "tokenizer.ggml.token_type", "merges": "tokenizer.ggml.merges",
+              "eos_id": "tokenizer.ggml.eos_token_id", "bos_id": "tokenizer.ggml.bos_token_id",
+              "add_bos": "tokenizer.ggml.add_bos_token", "chat_template": "tokenizer.chat_template"}  # fmt: skip
 
 
 def import_gguf() -> ModuleType:
@@ -74,29 +85,26 @@ class GGUFFile:
         """The Hugging Face config.json this file's `<architecture>.*` metadata describes."""
         arch = self.architecture
         heads = self.field(f"{arch}.attention.head_count")
+        defaults = {"vocab_size": len(self.field(VOCABULARY["tokens"])), "attention.head_count_kv": heads,
+                    "attention.key_length": None, "attention.layer_norm_rms_epsilon": 1e-5,
+                    "rope.freq_base": 10000.0}  # fmt: skip
         config = {
+            name: self.field(f"{arch}.{key}", defaults.get(key, _MISSING))
+            for key, name in HYPERPARAMETERS.items()
+        }
+        config |= {
             "model_type": arch,
-            "vocab_size": self.field(f"{arch}.vocab_size", len(self.field("tokenizer.ggml.tokens"))),
-            "max_position_embeddings": self.field(f"{arch}.context_length"),
-            "num_hidden_layers": self.field(f"{arch}.block_count"),
-            "num_attention_heads": heads,
-            "num_key_value_heads": self.field(f"{arch}.attention.head_count_kv", heads),
-            "hidden_size": self.field(f"{arch}.embedding_length"),
-            "intermediate_size": self.field(f"{arch}.feed_forward_length"),
-            "rms_norm_eps": _as_written(self.field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-            "rope_theta": _as_written(self.field(f"{arch}.rope.freq_base", 10000.0)),
+            "rms_norm_eps": _as_written(config["rms_norm_eps"]),
+            "rope_theta": _as_written(config["rope_theta"]),
             "tie_word_embeddings": "output.weight" not in self._tensors(),
             "hidden_act": "silu",
         }
-        head_dim = self.field(f"{arch}.attention.key_length", None)
-        if head_dim is not None:
-            config["head_dim"] = head_dim
         scaling = self.field(f"{arch}.rope.scaling.type", "none")
         if scaling != "none":  # interop.hf_config decides whether it can run it
             factor = self.field(f"{arch}.rope.scaling.factor", 1.0)
             config["rope_scaling"] = {"rope_type": scaling, "factor": factor}
         rotary = self.field(f"{arch}.rope.dimension_count", None)
-        if rotary is not None and rotary != (head_dim or config["hidden_size"] // heads):
+        if rotary is not None and rotary != (config["head_dim"] or config["hidden_size"] // heads):
             raise PretrainedError(
                 f"{self.path}: {arch}.rope.dimension_count={rotary} (partial RoPE) is not supported"
             )
@@ -148,15 +156,14 @@ class GGUFFile:
 
     def vocabulary(self) -> GGUFVocabulary:
         """The `tokenizer.ggml.*` vocabulary and the chat template."""
-        tokens = list(self.field("tokenizer.ggml.tokens"))
+        types = [1] * len(self.field(VOCABULARY["tokens"]))  # a file without types: every token normal
+        defaults = {
+            "pre": "default",
+            "token_types": types,
+            "bos_id": None,
+            "add_bos": False,
+            "chat_template": None,
+        }
         return GGUFVocabulary(
-            model=self.field("tokenizer.ggml.model"),
-            pre=self.field("tokenizer.ggml.pre", "default"),
-            tokens=tokens,
-            token_types=list(self.field("tokenizer.ggml.token_type", [1] * len(tokens))),
-            merges=list(self.field("tokenizer.ggml.merges")),
-            eos_id=self.field("tokenizer.ggml.eos_token_id"),
-            bos_id=self.field("tokenizer.ggml.bos_token_id", None),
-            add_bos=bool(self.field("tokenizer.ggml.add_bos_token", False)),
-            chat_template=self.field("tokenizer.chat_template", None),
+            **{name: self.field(key, defaults.get(name, _MISSING)) for name, key in VOCABULARY.items()}
         )
