@@ -13,12 +13,14 @@ from types import ModuleType
 import numpy as np
 import torch
 
-from data.pretrained_tokenizer import GGUFVocabulary
+from data.pretrained_tokenizer import GGUFVocabulary, tokenizer_from_gguf
+from data.tokenizer import Tokenizer
 from model.config import ModelConfig
+from model.gpt import GPT
 
-from .gguf_blocks import Blocks, read_blocks, stacked
+from .gguf_blocks import Blocks, keep_blocks, linear_weights, read_blocks, stacked
 from .hf_config import model_config_from_hf
-from .names import INTERLEAVED, check_stored, from_format, from_interleaved_rope
+from .names import INTERLEAVED, check_stored, from_format, from_interleaved_rope, own_tensors
 from .source import PretrainedError
 
 _MISSING = object()
@@ -114,28 +116,30 @@ class GGUFFile:
         """Our ModelConfig of this file; anything we cannot run is one line naming the file."""
         return model_config_from_hf(self.hf_config(), str(self.path))
 
-    def state_dict(self, config: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Our tensors of `state` (their shapes checked first), dequantised to float32."""
+    def load(self, keep_quantized: bool = False) -> tuple[GPT, Tokenizer]:
+        """Our GPT of this file and its tokenizer (read first: a vocabulary we cannot run is refused before any
+        weight is read). The weights, their shapes checked, are dequantised to float32; with `keep_quantized`, a
+        linear layer whose stored parts are all of KEPT_TYPES keeps their block codes (interop.gguf_blocks)."""
+        tokenizer = self.tokenizer()
+        config = self.model_config()
+        model = GPT(config)
         tensors = self._tensors()
         shapes = {name: tuple(int(n) for n in reversed(t.shape)) for name, t in tensors.items()}
+        state = own_tensors(model.state_dict(), config)
         check_stored(shapes, config, state, "gguf", f"{self.path}:")
-        rotate = from_interleaved_rope if self.architecture in INTERLEAVED else None
-        return from_format(state, config, "gguf", lambda n: self._float(tensors.get(n)), torch.cat, rotate)
-
-    def blocks(self, config: ModelConfig, names: list[str]) -> dict[str, Blocks]:
-        """Our linear weights `names` whose stored parts are all Q4_0 / Q4_1 / Q8_0, as block codes in
-        rotate-half row order (interop.gguf_blocks)."""
-        tensors = self._tensors()
-
-        def take(name: str) -> Blocks | None:
-            tensor = tensors.get(name)
-            return read_blocks(tensor.data, tensor.tensor_type.name) if tensor is not None else None
-
-        def rotate(matrix: Blocks, heads: int) -> Blocks:
-            return matrix.rows(lambda rows: from_interleaved_rope(rows, heads))
-
         interleaved = self.architecture in INTERLEAVED
-        return from_format(names, config, "gguf", take, stacked, rotate if interleaved else None)
+        rotate = from_interleaved_rope if interleaved else None
+        state = from_format(state, config, "gguf", lambda n: self._float(tensors.get(n)), torch.cat, rotate)
+        if config.tie_embeddings:
+            state["lm_head.weight"] = state["wte.weight"]
+        model.load_state_dict(state)
+        if keep_quantized:
+            rotate = _rotate_blocks if interleaved else None
+            blocks = from_format(
+                linear_weights(model), config, "gguf", lambda n: _blocks(tensors.get(n)), stacked, rotate
+            )
+            keep_blocks(model, blocks)
+        return model, tokenizer
 
     def _float(self, tensor) -> torch.Tensor | None:
         if tensor is None:
@@ -154,16 +158,22 @@ class GGUFFile:
     def _tensors(self) -> dict:
         return {tensor.name: tensor for tensor in self._reader.tensors}
 
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer of the `tokenizer.ggml.*` vocabulary (data/pretrained_tokenizer.py)."""
+        return tokenizer_from_gguf(self.vocabulary(), str(self.path))
+
     def vocabulary(self) -> GGUFVocabulary:
         """The `tokenizer.ggml.*` vocabulary and the chat template."""
         types = [1] * len(self.field(VOCABULARY["tokens"]))  # a file without types: every token normal
-        defaults = {
-            "pre": "default",
-            "token_types": types,
-            "bos_id": None,
-            "add_bos": False,
-            "chat_template": None,
-        }
+        defaults = dict(pre="default", token_types=types, bos_id=None, add_bos=False, chat_template=None)
         return GGUFVocabulary(
             **{name: self.field(key, defaults.get(name, _MISSING)) for name, key in VOCABULARY.items()}
         )
+
+
+def _rotate_blocks(matrix: Blocks, heads: int) -> Blocks:
+    return matrix.rows(lambda rows: from_interleaved_rope(rows, heads))
+
+
+def _blocks(tensor) -> Blocks | None:
+    return None if tensor is None else read_blocks(tensor.data, tensor.tensor_type.name)
