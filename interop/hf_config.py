@@ -104,29 +104,20 @@ def check_supported(hf: dict, source: str = "config.json") -> None:
 def feature_checks(hf: dict, model_type: str) -> list[tuple[str, bool, str]]:
     """(config.json key, supported?, what is supported) for every feature outside our block."""
     head_dim = hf.get("head_dim")  # an integer or null (check_types)
-    uses_window_flag = "use_sliding_window" in hf  # Qwen: the window size is only read when the flag is on
+    # Qwen reads the window size only when use_sliding_window is on.
+    no_window = "use_sliding_window" in hf or hf.get("sliding_window") is None
+    full_layers = all(kind == "full_attention" for kind in hf.get("layer_types") or [])
+    rope = "only default or complete llama3 RoPE"
     return [
         # Llama's and Qwen3's attention_bias also biases o_proj, which our block has no place for.
         ("attention_bias", not hf.get("attention_bias"), "only unbiased attention (Qwen2's q/k/v biases)"),
         ("mlp_bias", not hf.get("mlp_bias", False), "MLP biases are not supported"),
         ("hidden_act", hf.get("hidden_act", "silu") == "silu", "only 'silu' (SwiGLU) is supported"),
         ("use_sliding_window", not hf.get("use_sliding_window", False), "only full attention (false)"),
-        (
-            "sliding_window",
-            uses_window_flag or hf.get("sliding_window") is None,
-            "sliding windows are not supported, only null",
-        ),
-        (
-            "layer_types",
-            all(kind == "full_attention" for kind in hf.get("layer_types") or []),
-            "only 'full_attention' layers are supported",
-        ),
-        ("rope_scaling", _is_supported_rope(hf.get("rope_scaling")), "only default or complete llama3 RoPE"),
-        (
-            "rope_parameters",
-            _is_supported_rope(hf.get("rope_parameters")),
-            "only default or complete llama3 RoPE",
-        ),
+        ("sliding_window", no_window, "sliding windows are not supported, only null"),
+        ("layer_types", full_layers, "only 'full_attention' layers are supported"),
+        ("rope_scaling", _is_supported_rope(hf.get("rope_scaling")), rope),
+        ("rope_parameters", _is_supported_rope(hf.get("rope_parameters")), rope),
         ("head_dim", head_dim is None or (head_dim > 0 and head_dim % 2 == 0), "it must be positive, even"),
     ]
 
@@ -163,14 +154,6 @@ def hf_model_type(config: ModelConfig) -> str:
     return "qwen3" if config.qk_norm else "qwen2" if config.qkv_bias else "llama"
 
 
-def hf_rope_parameters(config: ModelConfig) -> dict:
-    """`rope_parameters` as transformers 5 reads it."""
-    if config.rope_type == "default":
-        return {"rope_type": "default", "rope_theta": config.rope_theta}
-    scaling = {key: getattr(config, ours) for key, ours in LLAMA3.items()}
-    return {"rope_type": "llama3", "rope_theta": config.rope_theta} | scaling
-
-
 def hf_config_dict(config: ModelConfig, dtype: torch.dtype, bos_id: int | None, eos_id: int | None) -> dict:
     """The config.json of the Hugging Face architecture that computes what `config` computes.
 
@@ -179,7 +162,9 @@ def hf_config_dict(config: ModelConfig, dtype: torch.dtype, bos_id: int | None, 
     """
     model_type = hf_model_type(config)
     dtype_name = str(dtype).removeprefix("torch.")
-    rope = hf_rope_parameters(config)
+    rope = {"rope_type": config.rope_type, "rope_theta": config.rope_theta}
+    if config.rope_type == "llama3":
+        rope |= {key: getattr(config, ours) for key, ours in LLAMA3.items()}
     scaling = None if config.rope_type == "default" else {k: v for k, v in rope.items() if k != "rope_theta"}
     fields = {
         "architectures": [ARCHITECTURES[model_type]],
