@@ -41,7 +41,7 @@ from model.gpt import GPT
 from model.rope import inverse_frequencies
 
 from .gguf_file import HYPERPARAMETERS, VOCABULARY, import_gguf
-from .hf_config import hf_config_dict, hf_model_type
+from .hf_folder import hf_config_dict, hf_model_type
 from .load import load
 from .names import INTERLEAVED, to_format
 

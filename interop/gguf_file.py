@@ -2,7 +2,7 @@
 
 Tensors are dequantised to float32 with the `gguf` package (`gguf.quants.dequantize`, every type it handles) and
 named ours through interop/names.py, `llama`'s q/k rows (adjacent RoPE pairs) put back in rotate-half order; the
-config is written as a Hugging Face config.json dict and read by interop/hf_config.py, as a folder's would be.
+config is written as a Hugging Face config.json dict and read by interop/hf_folder.py, as a folder's would be.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from model.config import ModelConfig
 from model.gpt import GPT
 
 from .gguf_blocks import Blocks, keep_blocks, linear_weights, read_blocks, stacked
-from .hf_config import model_config_from_hf
+from .hf_folder import model_config_from_hf
 from .names import INTERLEAVED, check_stored, from_format, from_interleaved_rope, own_tensors
 from .source import PretrainedError
 
@@ -102,7 +102,7 @@ class GGUFFile:
             "hidden_act": "silu",
         }
         scaling = self.field(f"{arch}.rope.scaling.type", "none")
-        if scaling != "none":  # interop.hf_config decides whether it can run it
+        if scaling != "none":  # interop.hf_folder decides whether it can run it
             factor = self.field(f"{arch}.rope.scaling.factor", 1.0)
             config["rope_scaling"] = {"rope_type": scaling, "factor": factor}
         rotary = self.field(f"{arch}.rope.dimension_count", None)
