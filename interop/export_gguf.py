@@ -46,12 +46,8 @@ from .load import load
 from .names import INTERLEAVED, to_format
 
 GGUFDtype = Literal["f32", "f16", "bf16", "q8_0"]
-FILE_TYPES = {
-    "f32": "ALL_F32",
-    "f16": "MOSTLY_F16",
-    "bf16": "MOSTLY_BF16",
-    "q8_0": "MOSTLY_Q8_0",
-}  # gguf.LlamaFileType
+# Each --dtype's gguf.LlamaFileType.
+FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0"}
 GGUF_DTYPES: tuple[GGUFDtype, ...] = tuple(FILE_TYPES)  # type: ignore[assignment]
 Q8_0_BLOCK = 32  # q8_0 quantises rows in blocks of 32 values
 # How a metadata value of each Python type is written (llama.cpp reads counts and ids as uint32).
