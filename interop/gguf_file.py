@@ -83,8 +83,9 @@ class GGUFFile:
             return default
         return field.contents()
 
-    def hf_config(self) -> dict:
-        """The Hugging Face config.json this file's `<architecture>.*` metadata describes."""
+    def model_config(self) -> ModelConfig:
+        """Our ModelConfig of the Hugging Face config.json this file's `<architecture>.*` metadata describes;
+        anything we cannot run is one line naming the file."""
         arch = self.architecture
         heads = self.field(f"{arch}.attention.head_count")
         defaults = {"vocab_size": len(self.field(VOCABULARY["tokens"])), "attention.head_count_kv": heads,
@@ -110,11 +111,7 @@ class GGUFFile:
             raise PretrainedError(
                 f"{self.path}: {arch}.rope.dimension_count={rotary} (partial RoPE) is not supported"
             )
-        return config
-
-    def model_config(self) -> ModelConfig:
-        """Our ModelConfig of this file; anything we cannot run is one line naming the file."""
-        return model_config_from_hf(self.hf_config(), str(self.path))
+        return model_config_from_hf(config, str(self.path))
 
     def load(self, keep_quantized: bool = False) -> tuple[GPT, Tokenizer]:
         """Our GPT of this file and its tokenizer (read first: a vocabulary we cannot run is refused before any
@@ -159,16 +156,13 @@ class GGUFFile:
         return {tensor.name: tensor for tensor in self._reader.tensors}
 
     def tokenizer(self) -> Tokenizer:
-        """The tokenizer of the `tokenizer.ggml.*` vocabulary (data/pretrained_tokenizer.py)."""
-        return tokenizer_from_gguf(self.vocabulary(), str(self.path))
-
-    def vocabulary(self) -> GGUFVocabulary:
-        """The `tokenizer.ggml.*` vocabulary and the chat template."""
+        """The tokenizer of the `tokenizer.ggml.*` vocabulary and chat template (data/pretrained_tokenizer.py)."""
         types = [1] * len(self.field(VOCABULARY["tokens"]))  # a file without types: every token normal
         defaults = dict(pre="default", token_types=types, bos_id=None, add_bos=False, chat_template=None)
-        return GGUFVocabulary(
+        vocab = GGUFVocabulary(
             **{name: self.field(key, defaults.get(name, _MISSING)) for name, key in VOCABULARY.items()}
         )
+        return tokenizer_from_gguf(vocab, str(self.path))
 
 
 def _rotate_blocks(matrix: Blocks, heads: int) -> Blocks:

@@ -72,18 +72,16 @@ def model_config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
         qkv_bias=model_type == "qwen2",  # Qwen2 always biases q, k and v (and never o)
         qk_norm=model_type == "qwen3",
         rope_type="llama3" if llama3 else "default",
-        **(llama3_fields(rope) if llama3 else {}),
     )
+    if llama3:
+        fields |= {
+            ours: (int if ours == "rope_original_context" else float)(rope[key])
+            for key, ours in LLAMA3.items()
+        }
     try:
         return ModelConfig(**fields)
     except ValueError as err:  # ModelConfig's own check of the values
         raise ModelFileError(f"{source}: {err}") from err
-
-
-def llama3_fields(rope: dict) -> dict:
-    return {
-        ours: (int if ours == "rope_original_context" else float)(rope[key]) for key, ours in LLAMA3.items()
-    }
 
 
 def check_supported(hf: dict, source: str = "config.json") -> None:
@@ -108,19 +106,13 @@ def check_supported(hf: dict, source: str = "config.json") -> None:
             raise ModelFileError(
                 f"{source} lacks '{field}'; it is required for a {ARCHITECTURES[model_type]}"
             )
-    for field, ok, why in feature_checks(hf, model_type):
-        if not ok:
-            raise ModelFileError(f"{source}: unsupported field {field}={hf.get(field)!r}: {why}")
-
-
-def feature_checks(hf: dict, model_type: str) -> list[tuple[str, bool, str]]:
-    """(config.json key, supported?, what is supported) for every feature outside our block."""
+    # (config.json key, supported?, what is supported) for every feature outside our block
     head_dim = hf.get("head_dim")  # an integer or null (check_types)
     # Qwen reads the window size only when use_sliding_window is on.
     no_window = "use_sliding_window" in hf or hf.get("sliding_window") is None
     full_layers = all(kind == "full_attention" for kind in hf.get("layer_types") or [])
     rope = "only default or complete llama3 RoPE"
-    return [
+    checks = [
         # Llama's and Qwen3's attention_bias also biases o_proj, which our block has no place for.
         ("attention_bias", not hf.get("attention_bias"), "only unbiased attention (Qwen2's q/k/v biases)"),
         ("mlp_bias", not hf.get("mlp_bias", False), "MLP biases are not supported"),
@@ -132,6 +124,9 @@ def feature_checks(hf: dict, model_type: str) -> list[tuple[str, bool, str]]:
         ("rope_parameters", _is_supported_rope(hf.get("rope_parameters")), rope),
         ("head_dim", head_dim is None or (head_dim > 0 and head_dim % 2 == 0), "it must be positive, even"),
     ]
+    for field, ok, why in checks:
+        if not ok:
+            raise ModelFileError(f"{source}: unsupported field {field}={hf.get(field)!r}: {why}")
 
 
 def _is_supported_rope(params: dict | None) -> bool:
