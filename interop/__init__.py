@@ -6,8 +6,8 @@ of every format are one table (interop/names.py).
 """
 
 from .hf_folder import load_hf
-from .load import Loaded, load, read_config, read_tokenizer, resolve
-from .source import PretrainedError, Source
+from .load import Loaded, load, read_config, read_tokenizer
+from .source import PretrainedError, Source, resolve
 
 __all__ = [
     "Loaded",

@@ -2,10 +2,14 @@
 
     python -m interop.export_gguf --checkpoint runs/x --out x.gguf [--dtype f32|f16|bf16|q8_0] [--force]
 
---checkpoint is any model name `interop` resolves. Only a byte-level BPE (`gpt2`) vocabulary is written, with
-the pre-tokenizer llama.cpp knows it by (`gpt-2` for our own BPE; `smollm`, `qwen2`, `llama-bpe` for those
-models' tokenizers: data/pre_tokenizers.py); another (a sentencepiece-style tokenizer with byte fallback, an
-unknown split) is refused with one line naming it.
+--checkpoint is any model name `interop` resolves. The architecture follows the options: `llama` by default
+(with Llama 3's RoPE scaling as its `rope_freqs` tensor), `qwen2` for q/k/v biases, `qwen3` for per-head q/k
+RMSNorm; other combinations are refused in one line. Tensor names and the q/k rows `llama` interleaves are
+interop/names.py's table; the metadata keys are the reader's (interop/gguf_file.py).
+
+Only a byte-level BPE (`gpt2`) vocabulary is written, with the pre-tokenizer llama.cpp knows it by (`gpt-2` for
+our own BPE; `smollm`, `qwen2`, `llama-bpe` for those models' tokenizers: data/pre_tokenizers.py); another (a
+sentencepiece-style tokenizer with byte fallback, an unknown split) is refused with one line naming it.
 
 Needs the optional `gguf` package: pip install -e ".[gguf]". The file is written under a temporary name in
 the same folder and renamed into place, so an interrupted export never leaves a partial file at `--out`.
@@ -14,31 +18,40 @@ the same folder and renamed into place, so an interrupted export never leaves a 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Literal
 
 import torch
 
 from common.errors import UserError, run_command
 from common.files import atomic_path, refuse_existing
+from data import pre_tokenizers
+from data.pretrained_tokenizer import (
+    GGUF_CONTROL,
+    GGUF_NORMAL,
+    GGUF_UNUSED,
+    GGUF_USER_DEFINED,
+    GGUFVocabulary,
+)
 from data.tokenizer import Tokenizer
+from model.config import ModelConfig
 from model.gpt import GPT
+from model.attention import inverse_frequencies
 
-from .gguf_file import import_gguf
-from .gguf_layout import gguf_architecture, gguf_tensors, gguf_vocab, hyperparameters
+from .gguf_file import HYPERPARAMETERS, VOCABULARY, import_gguf
+from .hf_folder import hf_config_dict, hf_model_type
 from .load import load
+from .names import INTERLEAVED, to_format
 
 GGUFDtype = Literal["f32", "f16", "bf16", "q8_0"]
-FILE_TYPES = {
-    "f32": "ALL_F32",
-    "f16": "MOSTLY_F16",
-    "bf16": "MOSTLY_BF16",
-    "q8_0": "MOSTLY_Q8_0",
-}  # gguf.LlamaFileType
+# Each --dtype's gguf.LlamaFileType.
+FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0"}
 GGUF_DTYPES: tuple[GGUFDtype, ...] = tuple(FILE_TYPES)  # type: ignore[assignment]
 Q8_0_BLOCK = 32  # q8_0 quantises rows in blocks of 32 values
+# How a metadata value of each Python type is written (llama.cpp reads counts and ids as uint32).
+ADD = {bool: "add_bool", int: "add_uint32", float: "add_float32", str: "add_string", list: "add_array"}
 
 
 def export_gguf(
@@ -50,8 +63,6 @@ def export_gguf(
     tokenizer_name: str = "the tokenizer",
 ) -> Path:
     """Write `model` and its tokenizer as a llama.cpp GGUF file at `out` and return its path.
-
-    The architecture is `llama`, or `qwen2` / `qwen3` for the Qwen options (interop/gguf_layout.py).
 
     Norm weights stay float32 whatever `dtype` is (llama.cpp keeps 1-D tensors in f32); with q8_0, a matrix
     whose rows are not a multiple of 32 falls back to f16. An existing `out` is replaced only with `force`.
@@ -79,34 +90,30 @@ def export_gguf(
     return out
 
 
-def write_metadata(gguf: ModuleType, writer, model: GPT, vocab, dtype: GGUFDtype, name: str) -> None:
+def write_metadata(gguf, writer, model: GPT, vocab: GGUFVocabulary, dtype: GGUFDtype, name: str) -> None:
     """Architecture hyperparameters and the `gpt2` tokenizer with its pre-tokenizer, keyed as llama.cpp reads them."""
-    writer.add_name(name)
-    writer.add_file_type(int(getattr(gguf.LlamaFileType, FILE_TYPES[dtype])))
-    for key, value in hyperparameters(model).items():
-        full_key = f"{gguf_architecture(model.config)}.{key}"
-        if isinstance(value, float):
-            writer.add_float32(full_key, value)
-        else:
-            writer.add_uint32(full_key, value)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(vocab.pre)
-    writer.add_token_list(vocab.tokens)
-    writer.add_token_types(vocab.token_types)
-    writer.add_token_merges(vocab.merges)
+    c = model.config
+    architecture = gguf_architecture(c)
+    hf = hf_config_dict(c, torch.float32, None, None)
+    values = {f"{architecture}.{key}": hf[hf_key] for key, hf_key in HYPERPARAMETERS.items()}
+    values |= {
+        f"{architecture}.attention.value_length": c.head_dim,
+        f"{architecture}.rope.dimension_count": c.head_dim,
+        f"{architecture}.rope.freq_base": float(c.rope_theta),
+        f"{architecture}.attention.layer_norm_rms_epsilon": float(c.norm_eps),
+        "general.name": name,
+        "general.file_type": int(getattr(gguf.LlamaFileType, FILE_TYPES[dtype])),
+        "general.quantization_version": gguf.GGML_QUANT_VERSION,
+        "tokenizer.ggml.add_eos_token": False,
+        "tokenizer.ggml.add_space_prefix": False,
+    }
     # The tokenizer's own rule (data/tokenizer.py): our BPE has no BOS, and llama.cpp must not prepend one.
-    if vocab.bos_id is not None:
-        writer.add_bos_token_id(vocab.bos_id)
-    writer.add_eos_token_id(vocab.eos_id)
-    writer.add_add_bos_token(vocab.add_bos)
-    writer.add_add_eos_token(False)
-    writer.add_add_space_prefix(False)
-    if vocab.chat_template is not None:
-        writer.add_chat_template(vocab.chat_template)
-    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    values |= {VOCABULARY[field]: value for field, value in vars(vocab).items() if value is not None}
+    for key, value in values.items():
+        getattr(writer, ADD[type(value)])(key, value)
 
 
-def encode_tensor(gguf: ModuleType, tensor: torch.Tensor, dtype: GGUFDtype):
+def encode_tensor(gguf, tensor: torch.Tensor, dtype: GGUFDtype):
     """(numpy data, raw ggml type or None) of one float32 tensor in the export dtype."""
     array = tensor.numpy()
     if dtype == "f32" or array.ndim == 1:
@@ -115,6 +122,85 @@ def encode_tensor(gguf: ModuleType, tensor: torch.Tensor, dtype: GGUFDtype):
         return array.astype("float16"), None
     qtype = gguf.GGMLQuantizationType.BF16 if dtype == "bf16" else gguf.GGMLQuantizationType.Q8_0
     return gguf.quants.quantize(array, qtype), qtype
+
+
+def gguf_architecture(config: ModelConfig) -> str:
+    """The llama.cpp architecture that computes what `config` computes, or a one-line UserError."""
+    if config.rope_type == "llama3" and (config.qkv_bias or config.qk_norm):
+        raise UserError(
+            "rope_type llama3 is written for llama.cpp's llama architecture only, not with model.qkv_bias "
+            "or model.qk_norm"
+        )
+    return hf_model_type(config)  # llama.cpp names these three as config.json's model_type does
+
+
+def gguf_tensors(model: GPT) -> dict[str, torch.Tensor]:
+    """Our weights under llama.cpp names, float32 copies on the CPU, q and k rows in the architecture's RoPE layout.
+
+    A tied output projection is left out: llama.cpp uses token_embd.weight when output.weight is absent.
+    """
+    c = model.config
+    tensors = to_format(model.state_dict(), c, "gguf", interleave=gguf_architecture(c) in INTERLEAVED)
+    if c.rope_type == "llama3":
+        tensors["rope_freqs.weight"] = llama3_freq_factors(c)
+    return {name: t.to("cpu", torch.float32, copy=True).contiguous() for name, t in tensors.items()}
+
+
+def llama3_freq_factors(config: ModelConfig) -> torch.Tensor:
+    """llama.cpp's `rope_freqs` (D/2,): the number each plain RoPE frequency is divided by under llama3."""
+    rope = config.rope
+    plain = inverse_frequencies(rope.head_dim, rope.theta)
+    return plain / inverse_frequencies(rope.head_dim, rope.theta, rope.llama3)
+
+
+def gguf_vocab(tokenizer: Tokenizer, vocab_size: int, source: str = "the tokenizer") -> GGUFVocabulary:
+    """A byte-level BPE tokenizer and its rules as a `gpt2` GGUF vocabulary of exactly `vocab_size` rows.
+
+    The pre-tokenizer is named as llama.cpp knows it (data/pre_tokenizers.py: `gpt-2` for our own BPE).
+    Rows past the tokenizer's size (a model may hold a larger embedding) become unused padding tokens, as
+    llama.cpp needs one token per embedding row. Anything llama.cpp would split or merge differently is a
+    UserError naming `source`, so no file tokenizes differently from us.
+    """
+    spec = json.loads(tokenizer.backend_json)
+    check_byte_level_bpe(spec, source)
+    pre = pre_tokenizers.llamacpp_name(spec, source)
+    vocab: dict[str, int] = dict(spec["model"]["vocab"])
+    added = {token["content"]: token for token in spec.get("added_tokens", [])}
+    vocab |= {content: int(token["id"]) for content, token in added.items()}
+    if len(set(vocab.values())) != len(vocab) or max(vocab.values()) >= vocab_size:
+        raise UserError(
+            f"tokenizer ids do not fit the model's vocab_size={vocab_size}; the checkpoint is inconsistent"
+        )
+    tokens = [f"[PAD{i}]" for i in range(vocab_size)]
+    types = [GGUF_UNUSED] * vocab_size
+    for content, token_id in vocab.items():
+        tokens[token_id] = content
+        special = content in added and added[content].get("special", False)
+        types[token_id] = GGUF_CONTROL if special else GGUF_USER_DEFINED if content in added else GGUF_NORMAL
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"].get("merges", [])]
+    rules = tokenizer.rules
+    return GGUFVocabulary("gpt2", pre, tokens, types, merges, rules.eos_ids[0], rules.bos_id,
+                          rules.add_bos, rules.chat_template)  # fmt: skip
+
+
+def check_byte_level_bpe(spec: dict, source: str) -> None:
+    """Raise a one-line UserError unless tokenizer.json's model merges as llama.cpp's `gpt2` BPE does."""
+    model = spec.get("model") or {}
+    checks = [
+        ("model.type", model.get("type") == "BPE", "only BPE tokenizers are supported"),
+        ("model.byte_fallback", not model.get("byte_fallback"), "byte fallback is not byte-level BPE"),
+        ("model.dropout", model.get("dropout") in (None, 0.0), "BPE dropout makes tokenization random"),
+        ("model.continuing_subword_prefix", not model.get("continuing_subword_prefix"), "llama.cpp has none"),
+        ("model.end_of_word_suffix", not model.get("end_of_word_suffix"), "llama.cpp has no suffix"),
+    ]
+    for token in spec.get("added_tokens", []):  # llama.cpp matches an added token exactly where it stands
+        for flag in ("lstrip", "rstrip", "single_word"):
+            checks.append(
+                (f"added_tokens {token['content']!r} {flag}", not token.get(flag), "llama.cpp ignores it")
+            )
+    for field, ok, why in checks:
+        if not ok:
+            raise UserError(f"{source}: tokenizer.json field {field} cannot be written for llama.cpp: {why}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

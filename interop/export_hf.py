@@ -27,8 +27,7 @@ from data.tokenizer import Tokenizer
 from model.config import DTYPES
 from model.gpt import GPT
 
-from .hf_config import hf_config_dict
-from .hf_folder import WEIGHTS_NAME, to_hf_state_dict
+from .hf_folder import WEIGHTS_NAME, hf_config_dict, to_hf_state_dict
 from .load import load
 
 

@@ -1,4 +1,4 @@
-"""A GGUF file's Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K matrices as block codes, for `model.quantized.QuantizedLinear`.
+"""A GGUF file's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices as block codes, for `model.quantized.QuantizedLinear`.
 
 `interop.load(..., keep_quantized=True)` replaces each linear layer whose weight the file stores in one of
 these types by a `QuantizedLinear` of the same codes, so the float32 copy is dropped. The byte layouts are
@@ -31,18 +31,6 @@ import torch
 from model import GPT
 from model.quantized import BLOCK, QuantizedLinear
 
-BLOCK_BYTES = {
-    "Q4_0": 18,
-    "Q4_1": 20,
-    "Q5_0": 22,
-    "Q5_1": 24,
-    "Q8_0": 34,
-    "Q4_K": 144,
-    "Q5_K": 176,
-    "Q6_K": 210,
-}
-KEPT_TYPES = tuple(BLOCK_BYTES)  # what keep_quantized keeps, as user messages name them
-
 
 class Blocks(NamedTuple):
     """One matrix: codes (out, in), scale and minimum (out, in / block; minimum None for Q8_0 and Q6_K), bits,
@@ -62,11 +50,10 @@ class Blocks(NamedTuple):
 
 def read_blocks(data: np.ndarray, type_name: str) -> Blocks | None:
     """The blocks of a GGUF tensor's raw bytes (rows, bytes per row), or None for a type kept as float."""
-    if type_name not in BLOCK_BYTES:
+    if type_name not in READERS:
         return None
-    rows = data.shape[0]
-    raw = torch.from_numpy(np.ascontiguousarray(data).reshape(rows, -1, BLOCK_BYTES[type_name]).copy())
-    return READERS[type_name](raw)  # raw: (rows, blocks, bytes)
+    block_bytes, reader = READERS[type_name]
+    return reader(torch.from_numpy(np.ascontiguousarray(data).reshape(data.shape[0], -1, block_bytes).copy()))
 
 
 def _half(raw: torch.Tensor) -> torch.Tensor:
@@ -96,7 +83,7 @@ def _bits(packed: torch.Tensor) -> torch.Tensor:
 def _q4_0_or_1(raw: torch.Tensor) -> Blocks:
     rows, scale = raw.shape[0], _half(raw[..., 0:2])[..., 0]
     codes = _nibbles_32(raw).reshape(rows, -1)
-    if raw.shape[-1] == BLOCK_BYTES["Q4_0"]:
+    if raw.shape[-1] == READERS["Q4_0"][0]:
         minimum = -8 * scale  # d * (q - 8) == d * q - 8 d, both exact in float32
     else:
         minimum = _half(raw[..., 2:4])[..., 0]
@@ -107,20 +94,9 @@ def _q5_0_or_1(raw: torch.Tensor) -> Blocks:
     """The 32 fifth bits lie in the 4 bytes before the nibbles; Q5_0's code q - 16 is signed, without minimum."""
     rows, scale = raw.shape[0], _half(raw[..., 0:2])[..., 0]
     codes = (_nibbles_32(raw) | (_bits(raw[..., -20:-16]) << 4)).to(torch.int8).reshape(rows, -1)
-    if raw.shape[-1] == BLOCK_BYTES["Q5_0"]:
+    if raw.shape[-1] == READERS["Q5_0"][0]:
         return Blocks(codes - 16, scale, None, 8)
     return Blocks(codes, scale, _half(raw[..., 2:4])[..., 0], 8)
-
-
-def _k_scales(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q4_K / Q5_K: (rows, nb, 8) float32 sub-block scales `d * sc` and minima `-(dmin * m)`. The 12 bytes hold
-    sc 0-3 and m 0-3 in the low 6 bits of bytes 0-3 and 4-7; sc 4-7 and m 4-7 in the low and high nibbles of
-    bytes 8-11, their top two bits in the top two bits of bytes 0-3 and 4-7."""
-    packed = raw[..., 4:16].to(torch.int32)
-    low, high, mixed = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
-    sc = torch.cat([low & 63, (mixed & 15) | ((low >> 6) << 4)], dim=-1)
-    m = torch.cat([high & 63, (mixed >> 4) | ((high >> 6) << 4)], dim=-1)
-    return _half(raw[..., 0:2]) * sc.float(), -(_half(raw[..., 2:4]) * m.float())
 
 
 def _nibbles(packed: torch.Tensor) -> torch.Tensor:
@@ -129,24 +105,29 @@ def _nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.cat([chunks & 15, chunks >> 4], dim=3).reshape(*packed.shape[:2], 256)
 
 
-def _q4_k(raw: torch.Tensor) -> Blocks:
-    scale, minimum = _k_scales(raw)
+def _k_quant(raw: torch.Tensor, codes: torch.Tensor, bits: int) -> Blocks:
+    """Q4_K / Q5_K `codes` (rows, nb, 256) with their sub-block scales `d * sc` and minima `-(dmin * m)`. The 12
+    bytes hold sc 0-3 and m 0-3 in the low 6 bits of bytes 0-3 and 4-7; sc 4-7 and m 4-7 in the low and high
+    nibbles of bytes 8-11, their top two bits in the top two bits of bytes 0-3 and 4-7."""
+    packed = raw[..., 4:16].to(torch.int32)
+    low, high, mixed = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    sc = torch.cat([low & 63, (mixed & 15) | ((low >> 6) << 4)], dim=-1)
+    m = torch.cat([high & 63, (mixed >> 4) | ((high >> 6) << 4)], dim=-1)
+    scale, minimum = _half(raw[..., 0:2]) * sc.float(), -(_half(raw[..., 2:4]) * m.float())
     rows = raw.shape[0]
-    return Blocks(
-        _nibbles(raw[..., 16:]).reshape(rows, -1), scale.reshape(rows, -1), minimum.reshape(rows, -1), 4
-    )
+    return Blocks(codes.reshape(rows, -1), scale.reshape(rows, -1), minimum.reshape(rows, -1), bits)
+
+
+def _q4_k(raw: torch.Tensor) -> Blocks:
+    return _k_quant(raw, _nibbles(raw[..., 16:]), 4)
 
 
 def _q5_k(raw: torch.Tensor) -> Blocks:
-    scale, minimum = _k_scales(raw)
     rows, nb = raw.shape[:2]
-    fifth = (
-        _bits(raw[..., 16:48]).reshape(rows, nb, 32, 8).transpose(-1, -2)
-    )  # (rows, nb, sub-block s, weight l)
+    # (rows, nb, sub-block s, weight l): bit s of byte l
+    fifth = _bits(raw[..., 16:48]).reshape(rows, nb, 32, 8).transpose(-1, -2)
     codes = _nibbles(raw[..., 48:]) | (fifth.reshape(rows, nb, 256) << 4)
-    return Blocks(
-        codes.to(torch.int8).reshape(rows, -1), scale.reshape(rows, -1), minimum.reshape(rows, -1), 8
-    )
+    return _k_quant(raw, codes.to(torch.int8), 8)
 
 
 def _q6_k(raw: torch.Tensor) -> Blocks:
@@ -162,16 +143,18 @@ def _q6_k(raw: torch.Tensor) -> Blocks:
     return Blocks(codes, (_half(raw[..., 208:210]) * sc).reshape(rows, -1), None, 8, 16)
 
 
+# Each kept type's bytes per block and the reader of its raw blocks (rows, blocks, bytes).
 READERS = {
-    "Q4_0": _q4_0_or_1,
-    "Q4_1": _q4_0_or_1,
-    "Q5_0": _q5_0_or_1,
-    "Q5_1": _q5_0_or_1,
-    "Q8_0": _q8_0,
-    "Q4_K": _q4_k,
-    "Q5_K": _q5_k,
-    "Q6_K": _q6_k,
+    "Q4_0": (18, _q4_0_or_1),
+    "Q4_1": (20, _q4_0_or_1),
+    "Q5_0": (22, _q5_0_or_1),
+    "Q5_1": (24, _q5_0_or_1),
+    "Q8_0": (34, _q8_0),
+    "Q4_K": (144, _q4_k),
+    "Q5_K": (176, _q5_k),
+    "Q6_K": (210, _q6_k),
 }
+KEPT_TYPES = tuple(READERS)  # what keep_quantized keeps, as user messages name them
 
 
 def _widened(matrix: Blocks, bits: int, block: int, with_minimum: bool) -> Blocks:

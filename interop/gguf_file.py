@@ -2,7 +2,7 @@
 
 Tensors are dequantised to float32 with the `gguf` package (`gguf.quants.dequantize`, every type it handles) and
 named ours through interop/names.py, `llama`'s q/k rows (adjacent RoPE pairs) put back in rotate-half order; the
-config is written as a Hugging Face config.json dict and read by interop/hf_config.py, as a folder's would be.
+config is written as a Hugging Face config.json dict and read by interop/hf_folder.py, as a folder's would be.
 """
 
 from __future__ import annotations
@@ -13,17 +13,30 @@ from types import ModuleType
 import numpy as np
 import torch
 
-from data.pretrained_tokenizer import GGUFVocabulary
+from data.pretrained_tokenizer import GGUFVocabulary, tokenizer_from_gguf
+from data.tokenizer import Tokenizer
 from model.config import ModelConfig
+from model.gpt import GPT
 
-from .gguf_blocks import Blocks, read_blocks, stacked
-from .hf_config import model_config_from_hf
-from .names import INTERLEAVED, check_stored, from_format, from_interleaved_rope
+from .gguf_blocks import Blocks, keep_blocks, linear_weights, read_blocks, stacked
+from .hf_folder import model_config_from_hf
+from .names import INTERLEAVED, check_stored, from_format, from_interleaved_rope, own_tensors
 from .source import PretrainedError
 
 _MISSING = object()
 # llama.cpp's architectures our block computes exactly, named as config.json's model_type names them.
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
+# The GGUF keys the reader and interop/export_gguf.py share: `<architecture>.<key>` -> the config.json key it
+# holds, and the GGUFVocabulary field -> its `tokenizer.*` key.
+HYPERPARAMETERS = {"vocab_size": "vocab_size", "context_length": "max_position_embeddings",
+                   "block_count": "num_hidden_layers", "embedding_length": "hidden_size",
+                   "feed_forward_length": "intermediate_size", "attention.head_count": "num_attention_heads",
+                   "attention.head_count_kv": "num_key_value_heads", "attention.key_length": "head_dim",
+                   "attention.layer_norm_rms_epsilon": "rms_norm_eps", "rope.freq_base": "rope_theta"}  # fmt: skip
+VOCABULARY = {"model": "tokenizer.ggml.model", "pre": "tokenizer.ggml.pre", "tokens": "tokenizer.ggml.tokens",
+              "token_types": "tokenizer.ggml.token_type", "merges": "tokenizer.ggml.merges",
+              "eos_id": "tokenizer.ggml.eos_token_id", "bos_id": "tokenizer.ggml.bos_token_id",
+              "add_bos": "tokenizer.ggml.add_bos_token", "chat_template": "tokenizer.chat_template"}  # fmt: skip
 
 
 def import_gguf() -> ModuleType:
@@ -70,64 +83,60 @@ class GGUFFile:
             return default
         return field.contents()
 
-    def hf_config(self) -> dict:
-        """The Hugging Face config.json this file's `<architecture>.*` metadata describes."""
+    def model_config(self) -> ModelConfig:
+        """Our ModelConfig of the Hugging Face config.json this file's `<architecture>.*` metadata describes;
+        anything we cannot run is one line naming the file."""
         arch = self.architecture
         heads = self.field(f"{arch}.attention.head_count")
+        defaults = {"vocab_size": len(self.field(VOCABULARY["tokens"])), "attention.head_count_kv": heads,
+                    "attention.key_length": None, "attention.layer_norm_rms_epsilon": 1e-5,
+                    "rope.freq_base": 10000.0}  # fmt: skip
         config = {
+            name: self.field(f"{arch}.{key}", defaults.get(key, _MISSING))
+            for key, name in HYPERPARAMETERS.items()
+        }
+        config |= {
             "model_type": arch,
-            "vocab_size": self.field(f"{arch}.vocab_size", len(self.field("tokenizer.ggml.tokens"))),
-            "max_position_embeddings": self.field(f"{arch}.context_length"),
-            "num_hidden_layers": self.field(f"{arch}.block_count"),
-            "num_attention_heads": heads,
-            "num_key_value_heads": self.field(f"{arch}.attention.head_count_kv", heads),
-            "hidden_size": self.field(f"{arch}.embedding_length"),
-            "intermediate_size": self.field(f"{arch}.feed_forward_length"),
-            "rms_norm_eps": _as_written(self.field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-            "rope_theta": _as_written(self.field(f"{arch}.rope.freq_base", 10000.0)),
+            "rms_norm_eps": _as_written(config["rms_norm_eps"]),
+            "rope_theta": _as_written(config["rope_theta"]),
             "tie_word_embeddings": "output.weight" not in self._tensors(),
             "hidden_act": "silu",
         }
-        head_dim = self.field(f"{arch}.attention.key_length", None)
-        if head_dim is not None:
-            config["head_dim"] = head_dim
         scaling = self.field(f"{arch}.rope.scaling.type", "none")
-        if scaling != "none":  # interop.hf_config decides whether it can run it
+        if scaling != "none":  # interop.hf_folder decides whether it can run it
             factor = self.field(f"{arch}.rope.scaling.factor", 1.0)
             config["rope_scaling"] = {"rope_type": scaling, "factor": factor}
         rotary = self.field(f"{arch}.rope.dimension_count", None)
-        if rotary is not None and rotary != (head_dim or config["hidden_size"] // heads):
+        if rotary is not None and rotary != (config["head_dim"] or config["hidden_size"] // heads):
             raise PretrainedError(
                 f"{self.path}: {arch}.rope.dimension_count={rotary} (partial RoPE) is not supported"
             )
-        return config
+        return model_config_from_hf(config, str(self.path))
 
-    def model_config(self) -> ModelConfig:
-        """Our ModelConfig of this file; anything we cannot run is one line naming the file."""
-        return model_config_from_hf(self.hf_config(), str(self.path))
-
-    def state_dict(self, config: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Our tensors of `state` (their shapes checked first), dequantised to float32."""
+    def load(self, keep_quantized: bool = False) -> tuple[GPT, Tokenizer]:
+        """Our GPT of this file and its tokenizer (read first: a vocabulary we cannot run is refused before any
+        weight is read). The weights, their shapes checked, are dequantised to float32; with `keep_quantized`, a
+        linear layer whose stored parts are all of KEPT_TYPES keeps their block codes (interop.gguf_blocks)."""
+        tokenizer = self.tokenizer()
+        config = self.model_config()
+        model = GPT(config)
         tensors = self._tensors()
         shapes = {name: tuple(int(n) for n in reversed(t.shape)) for name, t in tensors.items()}
+        state = own_tensors(model.state_dict(), config)
         check_stored(shapes, config, state, "gguf", f"{self.path}:")
-        rotate = from_interleaved_rope if self.architecture in INTERLEAVED else None
-        return from_format(state, config, "gguf", lambda n: self._float(tensors.get(n)), torch.cat, rotate)
-
-    def blocks(self, config: ModelConfig, names: list[str]) -> dict[str, Blocks]:
-        """Our linear weights `names` whose stored parts are all Q4_0 / Q4_1 / Q8_0, as block codes in
-        rotate-half row order (interop.gguf_blocks)."""
-        tensors = self._tensors()
-
-        def take(name: str) -> Blocks | None:
-            tensor = tensors.get(name)
-            return read_blocks(tensor.data, tensor.tensor_type.name) if tensor is not None else None
-
-        def rotate(matrix: Blocks, heads: int) -> Blocks:
-            return matrix.rows(lambda rows: from_interleaved_rope(rows, heads))
-
         interleaved = self.architecture in INTERLEAVED
-        return from_format(names, config, "gguf", take, stacked, rotate if interleaved else None)
+        rotate = from_interleaved_rope if interleaved else None
+        state = from_format(state, config, "gguf", lambda n: self._float(tensors.get(n)), torch.cat, rotate)
+        if config.tie_embeddings:
+            state["lm_head.weight"] = state["wte.weight"]
+        model.load_state_dict(state)
+        if keep_quantized:
+            rotate = _rotate_blocks if interleaved else None
+            blocks = from_format(
+                linear_weights(model), config, "gguf", lambda n: _blocks(tensors.get(n)), stacked, rotate
+            )
+            keep_blocks(model, blocks)
+        return model, tokenizer
 
     def _float(self, tensor) -> torch.Tensor | None:
         if tensor is None:
@@ -146,17 +155,19 @@ class GGUFFile:
     def _tensors(self) -> dict:
         return {tensor.name: tensor for tensor in self._reader.tensors}
 
-    def vocabulary(self) -> GGUFVocabulary:
-        """The `tokenizer.ggml.*` vocabulary and the chat template."""
-        tokens = list(self.field("tokenizer.ggml.tokens"))
-        return GGUFVocabulary(
-            model=self.field("tokenizer.ggml.model"),
-            pre=self.field("tokenizer.ggml.pre", "default"),
-            tokens=tokens,
-            token_types=list(self.field("tokenizer.ggml.token_type", [1] * len(tokens))),
-            merges=list(self.field("tokenizer.ggml.merges")),
-            eos_id=self.field("tokenizer.ggml.eos_token_id"),
-            bos_id=self.field("tokenizer.ggml.bos_token_id", None),
-            add_bos=bool(self.field("tokenizer.ggml.add_bos_token", False)),
-            chat_template=self.field("tokenizer.chat_template", None),
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer of the `tokenizer.ggml.*` vocabulary and chat template (data/pretrained_tokenizer.py)."""
+        types = [1] * len(self.field(VOCABULARY["tokens"]))  # a file without types: every token normal
+        defaults = dict(pre="default", token_types=types, bos_id=None, add_bos=False, chat_template=None)
+        vocab = GGUFVocabulary(
+            **{name: self.field(key, defaults.get(name, _MISSING)) for name, key in VOCABULARY.items()}
         )
+        return tokenizer_from_gguf(vocab, str(self.path))
+
+
+def _rotate_blocks(matrix: Blocks, heads: int) -> Blocks:
+    return matrix.rows(lambda rows: from_interleaved_rope(rows, heads))
+
+
+def _blocks(tensor) -> Blocks | None:
+    return None if tensor is None else read_blocks(tensor.data, tensor.tensor_type.name)

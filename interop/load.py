@@ -16,17 +16,15 @@ from pathlib import Path
 import torch
 
 from checkpoints.format import META_KEY, load_checkpoint, read_checkpoint
-from data.pretrained_tokenizer import tokenizer_from_gguf, tokenizer_from_hf_folder
+from data.pretrained_tokenizer import tokenizer_from_hf_folder
 from data.tokenizer import Tokenizer
 from model.config import ModelConfig
 from model.gpt import GPT
 
-from .gguf_blocks import KEPT_TYPES, keep_blocks, linear_weights
+from .gguf_blocks import KEPT_TYPES
 from .gguf_file import GGUFFile
 from .hf_folder import load_hf, read_hf_config
-from .hub import download_snapshot
-from .names import own_tensors
-from .source import DESCRIPTIONS, PretrainedError, Source, classify
+from .source import DESCRIPTIONS, PretrainedError, Source, resolve
 
 
 @dataclass
@@ -47,14 +45,6 @@ class Reader:
     model: Callable[[Path, bool], tuple[GPT, Tokenizer]]
 
 
-def resolve(name: str | Path, revision: str | None = None) -> Source:
-    """The source behind `name`, a Hub id downloaded (or found in the cache) first."""
-    kind, path = classify(name, revision)
-    if kind == "hub":
-        path = download_snapshot(str(name), revision)
-    return Source(kind, path, str(name), revision)
-
-
 def load(
     name: str | Path,
     revision: str | None = None,
@@ -64,9 +54,8 @@ def load(
 ) -> Loaded:
     """Our GPT and tokenizer for any model name (see interop.source); `dtype` None keeps the stored one.
 
-    `keep_quantized` (a .gguf file, float32): matrices stored as Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or a K-quant
-    (Q4_K, Q5_K, Q6_K) stay in their blocks
-    (model.quantized.QuantizedLinear): the same weights, ~5x smaller, read directly by the compiled step.
+    `keep_quantized` (a .gguf file, float32): matrices stored as one of KEPT_TYPES (Q4_0 ... Q6_K) stay in their
+    blocks (model.quantized.QuantizedLinear): the same weights, ~5x smaller, read directly by the compiled step.
     """
     if keep_quantized and dtype not in (None, torch.float32):
         raise PretrainedError(f"keep_quantized computes in float32; drop the dtype {dtype} or keep_quantized")
@@ -106,20 +95,6 @@ def _checkpoint_model(path: Path, keep_quantized: bool) -> tuple[GPT, Tokenizer]
     return checkpoint.model, Tokenizer.from_json(checkpoint.tokenizer_json)
 
 
-def _gguf_model(path: Path, keep_quantized: bool) -> tuple[GPT, Tokenizer]:
-    file = GGUFFile(path)
-    tokenizer = tokenizer_from_gguf(file.vocabulary(), str(path))
-    config = file.model_config()
-    model = GPT(config)
-    state = file.state_dict(config, own_tensors(model.state_dict(), config))
-    if config.tie_embeddings:
-        state["lm_head.weight"] = state["wte.weight"]
-    model.load_state_dict(state)
-    if keep_quantized:
-        keep_blocks(model, file.blocks(config, linear_weights(model)))
-    return model, tokenizer
-
-
 READERS = {
     "checkpoint": Reader(
         lambda path: ModelConfig(**read_checkpoint(path)[0][META_KEY]["model_config"]),
@@ -133,7 +108,7 @@ READERS = {
     ),
     "gguf": Reader(
         lambda path: GGUFFile(path).model_config(),
-        lambda path: tokenizer_from_gguf(GGUFFile(path).vocabulary(), str(path)),
-        _gguf_model,
+        lambda path: GGUFFile(path).tokenizer(),
+        lambda path, keep_quantized: GGUFFile(path).load(keep_quantized),
     ),
 }

@@ -79,14 +79,6 @@ def row(name: str) -> tuple[tuple[Part, ...], str]:
     return TABLE[_BLOCK_INDEX.sub("blocks.{i}.", name)], index
 
 
-def part_rows(parts: tuple[Part, ...], config: ModelConfig) -> list[int] | None:
-    """The row counts of stacked parts, or None for a tensor stored whole."""
-    if len(parts) == 1:
-        return None
-    sizes = {"q": config.n_head * config.head_dim, "kv": config.n_kv_head * config.head_dim}
-    return [(sizes | {"mlp": config.hidden_dim})[p.rows] for p in parts]
-
-
 def own_tensors(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """Our tensors that other formats store: a tied lm_head is the embedding, so it is left out."""
     return {k: v for k, v in state.items() if not (k == "lm_head.weight" and config.tie_embeddings)}
@@ -96,11 +88,15 @@ def to_format(
     state: dict[str, torch.Tensor], config: ModelConfig, fmt: Format, interleave: bool = False
 ) -> dict[str, torch.Tensor]:
     """Our tensors under `fmt`'s names (views: fused layers split); `interleave` puts q/k rows in GGUF llama order."""
+    sizes = {
+        "q": config.n_head * config.head_dim,
+        "kv": config.n_kv_head * config.head_dim,
+        "mlp": config.hidden_dim,
+    }
     out = {}
     for name, tensor in own_tensors(state, config).items():
         parts, i = row(name)
-        sizes = part_rows(parts, config)
-        pieces = [tensor] if sizes is None else tensor.split(sizes)
+        pieces = [tensor] if len(parts) == 1 else tensor.split([sizes[p.rows] for p in parts])
         for part, piece in zip(parts, pieces, strict=True):
             if interleave and part.rope:
                 piece = to_interleaved_rope(piece, piece.shape[0] // config.head_dim)

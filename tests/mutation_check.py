@@ -158,7 +158,7 @@ MUTATIONS = [
     ),
     Mutation(
         "export-rms-norm-eps-10x-smaller",
-        "interop/hf_config.py",
+        "interop/hf_folder.py",
         '"rms_norm_eps": config.norm_eps,',
         '"rms_norm_eps": config.norm_eps / 10,',
         (HF_LOGITS,),

@@ -11,9 +11,8 @@ import torch
 
 from common.errors import UserError
 from interop import load_hf
-from interop.export_gguf import export_gguf
+from interop.export_gguf import export_gguf, llama3_freq_factors
 from interop.export_hf import export_hf
-from interop.gguf_layout import llama3_freq_factors
 from model import generate
 
 SHAPE = dict(

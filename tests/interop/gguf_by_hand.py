@@ -9,8 +9,7 @@ def write_gguf(path: Path, model, tokenizer, store=None, architecture: str | Non
     """A GGUF of `model` written by hand: `store(name, array)` gives each tensor's (data, raw ggml type or None)."""
     import gguf
 
-    from interop.export_gguf import write_metadata
-    from interop.gguf_layout import gguf_architecture, gguf_tensors, gguf_vocab
+    from interop.export_gguf import gguf_architecture, gguf_tensors, gguf_vocab, write_metadata
 
     writer = gguf.GGUFWriter(path, architecture or gguf_architecture(model.config))
     write_metadata(gguf, writer, model, gguf_vocab(tokenizer, model.config.vocab_size), "f32", "x")
