@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.smollm2 import required_smollm2
+from benchmarks.external import required_smollm2
 from common.errors import UserError, run_command
 from inspection.attention_stats import STATISTICS
 from inspection.explorer import probe_attention

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.external import required_smollm2
 from benchmarks.shakespeare_budget import TimeBudget, add_out_flag, build, kept_checkpoint, run_root
-from benchmarks.smollm2 import required_smollm2
 from common.errors import run_command
 from data.datamodule import TextDataModule
 from model import generate

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import benchmarks
 from benchmarks.llamacpp import built_probe
 from benchmarks.smollm2 import smollm2_gguf
+
+import benchmarks
 from tests.conftest import ROOT, TEST_ENV
 
 SMOKED_ELSEWHERE = {"device_check": "tests/benchmarks/test_device_check.py"}
