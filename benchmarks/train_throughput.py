@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from benchmarks.device_check import StepLog
+from benchmarks.lightning_checks import StepLog
 from data.batches import TrainBatches
 from training import LitGPT
 from training.host_allocator import retain_freed_memory

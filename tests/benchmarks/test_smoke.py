@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from benchmarks.llamacpp import built_probe
-from benchmarks.smollm2 import smollm2_gguf
+from benchmarks.external import built_probe, smollm2_gguf
 
 import benchmarks
 from tests.conftest import ROOT, TEST_ENV
