@@ -71,9 +71,9 @@ def bench_batches(args: argparse.Namespace) -> None:
     print(
         f"batch throughput, {torch.get_num_threads()} threads, prompt {args.prompt_len}, {args.new_tokens} new"
     )
+    paths = {"cached": {}} | ({} if args.no_compile else {"compiled": {"compile": True}})
     for batch in args.batches:
         prompt = torch.randint(0, SMALL_1024.vocab_size, (batch, args.prompt_len), device=args.device)
-        paths = {"cached": {}} | ({} if args.no_compile else {"compiled": {"compile": True}})
         tps = compare_paths(model, prompt, args.new_tokens, args.repeats, paths)
         print(
             f"batch {batch:>3}: " + ", ".join(f"{name} {value:9.1f} tokens/s" for name, value in tps.items())
