@@ -59,8 +59,8 @@ def worker_main(args: argparse.Namespace) -> None:
         callbacks=[ModelCheckpoint(dirpath=checkpoints, save_last=True, every_n_train_steps=1, save_top_k=0,
                                    enable_version_counter=False), LastCheckpoint()],
     )  # fmt: skip
-    sizes, loading = {"vocab_size": 384, "block_size": 32}, {"batch_size": 8, "num_workers": args.workers}
-    data = TextDataModule(data_files=args.corpus, cache_dir=args.cache, **sizes, **loading)
+    sizes = {"vocab_size": 384, "block_size": 32}
+    data = TextDataModule(data_files=str(CORPUS), cache_dir=args.cache, batch_size=8, **sizes)
     torch.manual_seed(0)  # the same initial weights in every segment
     shape = {"n_layer": args.n_layer, "n_head": 4, "n_kv_head": 2, "n_embd": args.n_embd}
     module = LitGPT(**sizes, **shape, warmup_steps=2, learning_rate=3e-3)
@@ -69,9 +69,9 @@ def worker_main(args: argparse.Namespace) -> None:
 
 
 def worker_command(args: argparse.Namespace, run_dir: Path, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "benchmarks.checkpoint_chaos", "--worker", "--run_dir", str(run_dir), "--corpus",
-            str(args.corpus), "--cache", str(args.cache), "--steps", str(args.steps), "--n_embd", str(args.n_embd),
-            "--n_layer", str(args.n_layer), *flags]  # fmt: skip
+    return [sys.executable, "-m", "benchmarks.checkpoint_chaos", "--worker", "--run_dir", str(run_dir), "--cache",
+            args.cache, "--steps", str(args.steps), "--n_embd", str(args.n_embd), "--n_layer", str(args.n_layer),
+            *flags]  # fmt: skip
 
 
 def newest_step(checkpoints: Path) -> int:
@@ -118,9 +118,10 @@ def chaos(args: argparse.Namespace, work: Path, env: dict) -> None:
     outputs.append(final.stdout + final.stderr)
     straight = work / "straight"
     subprocess.run(worker_command(args, straight), env=env, check=True, capture_output=True, cwd=ROOT)
-    same = final.returncode == 0 and _same(
-        torch.load(run_dir / "final.pt"), torch.load(straight / "final.pt")
-    )
+    same = final.returncode == 0
+    if same:
+        ours, theirs = torch.load(run_dir / "final.pt"), torch.load(straight / "final.pt")
+        same = ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     # Start k + 1 tells whether kill k was survived.
     survived = sum(resumed_cleanly(text) for text in outputs[1:])
     left = [p for p in run_dir.rglob("*") if ".partial-" in p.name]
@@ -136,12 +137,6 @@ def chaos(args: argparse.Namespace, work: Path, env: dict) -> None:
     )
 
 
-def _same(a: dict, b: dict) -> bool:
-    import torch
-
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
 def stall(args: argparse.Namespace, work: Path) -> None:
     """Median ms the training thread is blocked per save, sync vs async, for a ~100M-parameter model (at the
     default --stall_n_embd)."""
@@ -152,11 +147,8 @@ def stall(args: argparse.Namespace, work: Path) -> None:
     from model.gpt import GPT
 
     torch.manual_seed(0)
-    model = GPT(
-        ModelConfig(
-            vocab_size=16384, block_size=64, n_layer=12, n_head=12, n_kv_head=4, n_embd=args.stall_n_embd
-        )
-    )
+    shape = {"n_layer": 12, "n_head": 12, "n_kv_head": 4, "n_embd": args.stall_n_embd}
+    model = GPT(ModelConfig(vocab_size=16384, block_size=64, **shape))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tokens = torch.randint(0, 16384, (1, 64))
 
@@ -173,9 +165,10 @@ def stall(args: argparse.Namespace, work: Path) -> None:
     for round_ in range(args.stall_rounds):
         for mode, io in ios.items():
             for save in range(2):  # the second async save may wait for the first: that wait is stall too
+                state = [optimizer.state_dict()]
                 checkpoint = {
                     "state_dict": model.state_dict(),
-                    "optimizer_states": [optimizer.state_dict()],
+                    "optimizer_states": state,
                     "global_step": round_ * 2 + save,
                 }
                 start = time.perf_counter()
@@ -217,11 +210,9 @@ def main() -> int:
     # worker mode (internal)
     add("--worker", action="store_true", help=argparse.SUPPRESS)
     add("--run_dir", help=argparse.SUPPRESS)
-    add("--corpus", default=str(CORPUS), help=argparse.SUPPRESS)
     add("--cache", default=None, help=argparse.SUPPRESS)
     add("--resume", action="store_true", help=argparse.SUPPRESS)
     add("--async", dest="async_save", action="store_true", help=argparse.SUPPRESS)
-    add("--workers", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker_main(args)
