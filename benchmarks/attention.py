@@ -5,7 +5,7 @@ Run from the repository root:
     python -m benchmarks.attention                      # B=1, H=8, D=64, MHA, T = 512 .. 4096
     python -m benchmarks.attention --n_kv_head 2        # GQA
 
-Each measurement runs in a fresh Python process (`--case`), so one path's freed memory can never hide another
+Each measurement runs in a fresh Python process, so one path's freed memory can never hide another
 path's allocations and every row starts from the same state.
 
 Peak memory is the growth of the process's resident set (what the OS actually had to provide), because
@@ -20,12 +20,12 @@ which can under-report a path whose peak stays below the import-time peak. Time 
 from __future__ import annotations
 
 import argparse
-import json
+import multiprocessing
 import resource
 import statistics
-import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -96,15 +96,10 @@ def measure(
 
 
 def measure_in_child(path: str, t: int, args: argparse.Namespace) -> dict[str, float]:
-    """Run `measure` in a fresh interpreter and parse the JSON line it prints."""
-    shape = {"n_head": args.n_head, "n_kv_head": args.n_kv_head, "head_dim": args.head_dim}
-    case = {"path": path, "t": t, **shape, "repeats": args.repeats, "threads": args.threads}
-    root = Path(__file__).resolve().parents[1]
-    cmd = [sys.executable, "-m", "benchmarks.attention", "--case", json.dumps(case)]
-    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"benchmark case {case} failed:\n{done.stderr}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """Run `measure` in a fresh interpreter (spawned, not forked: nothing of this process carries over)."""
+    shape = (args.n_head, args.n_kv_head, args.head_dim)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
+        return child.submit(measure, path, t, *shape, args.repeats, args.threads).result()
 
 
 def print_table(rows: list[dict], args: argparse.Namespace) -> None:
@@ -140,11 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     add("--repeats", type=int, default=5, help="timed calls per case after a warm-up; median")
     add("--flash_max_t", type=int, default=4096, help="longest T for the slow flash reference")
     add("--threads", type=int, default=0, help="torch threads per case; 0 keeps torch's default")
-    add("--case", help=argparse.SUPPRESS)  # internal: the JSON of one case, run in a child
     args = parser.parse_args(argv)
-    if args.case:
-        print(json.dumps(measure(**json.loads(args.case))))
-        return
     rows = []
     for t in args.seq_lens:
         row = {"t": t, "scores_bytes": args.n_head * t * t * 4}
