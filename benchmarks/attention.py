@@ -8,13 +8,11 @@ Run from the repository root:
 Each measurement runs in a fresh Python process, so one path's freed memory can never hide another
 path's allocations and every row starts from the same state.
 
-Peak memory is the growth of the process's resident set (what the OS actually had to provide), because
-torch's CPU allocations are invisible to `tracemalloc`. Inside the child: build the inputs, run the path once
-on a tiny input so one-time library set-up (thread pools, kernel dispatch) is not billed to it, reset the
-kernel's high-water mark (`echo 5 > /proc/self/clear_refs`), read the current RSS, run the path once, and
-report VmHWM - RSS. Where the reset is unavailable (not Linux), the fallback is the growth of ru_maxrss,
-which can under-report a path whose peak stays below the import-time peak. Time is the median of
-`--repeats` runs after that first (warm-up) run. Everything is fp32 on the CPU, causal, under no_grad.
+Peak memory is the growth of the resident set (torch's CPU allocations are invisible to `tracemalloc`): after
+a warm-up call on a tiny input (thread pools, kernel dispatch), the kernel's high-water mark is reset
+(`echo 5 > /proc/self/clear_refs`) and VmHWM - VmRSS is read around one call. Without the reset (not Linux),
+the growth of ru_maxrss, which under-reports a peak below the import-time one. Time is the median of
+`--repeats` further calls. Everything is fp32 on the CPU, causal, under no_grad.
 """
 
 from __future__ import annotations

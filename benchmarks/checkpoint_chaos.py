@@ -3,19 +3,17 @@
     python -m benchmarks.checkpoint_chaos                  # 20 kills (seed 0), then the save stall of a ~100M model
     python -m benchmarks.checkpoint_chaos --kills 5 --stall_rounds 0   # a quick look, no stall measurement
 
-Chaos part: a worker (this module with --worker: a Lightning run of a small GPT on the shipped tiny Shakespeare,
-a checkpoint every step through the CheckpointIO train.py installs, half of the segments with async saving) is
-started with `--ckpt_path last` semantics (sweep, then choose_resume_checkpoint), SIGKILLed at a random moment
-after its first new checkpoint, and started again, M times; then it runs to the end. TMPDIR points at a fresh
-folder on /dev/shm (another filesystem than the run directory where available). Printed: kills survived / M
-(the next start resumed with no fallback warning and no error), temp files the sweeps removed, bytes left
-behind at the end (temporary files in the run directory plus anything in TMPDIR), and whether the final weights
-equal those of an uninterrupted run of the same settings, bit for bit.
+Chaos part: a worker (this module with --worker: a Lightning run of a small GPT on tiny Shakespeare, a
+checkpoint every step through train.py's CheckpointIO, every other segment saving asynchronously) starts with
+`--ckpt_path last` semantics, is SIGKILLed at a random moment after its first new checkpoint and started
+again, M times; then it runs to the end. TMPDIR is a fresh folder on /dev/shm where available (another
+filesystem than the run's). Printed: kills survived / M (the next start resumed with no fallback warning and
+no error), temp files the sweeps removed, bytes left behind (temp files in the run directory plus anything in
+TMPDIR), and whether the final weights equal an uninterrupted run's, bit for bit.
 
-Stall part: a ~100M-parameter GPT (12 layers, 768 wide, vocab 16384) with AdamW state, as Lightning would save
-it; each round times how long `save_checkpoint` blocks the calling (training) thread, sync and async rounds
-interleaved, with a training step between saves (so the async writer competes with real work, and an async save
-waits for the previous one if it is still writing). Prints the median ms per save of each and their ratio.
+Stall part: a ~100M-parameter GPT with AdamW state; how long `save_checkpoint` blocks the training thread, sync
+and async rounds interleaved with a training step between saves (an async save waits for the previous one if it
+is still writing). Prints the median ms per save of each and their ratio.
 """
 
 from __future__ import annotations

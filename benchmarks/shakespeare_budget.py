@@ -4,15 +4,13 @@
     python -m benchmarks.shakespeare_budget --budget_s 25 --target_nats_per_char 1.88   # time to a loss
 
 Accepts train.py's overrides (`--config`, `--model.*`, `--data.*`, `--trainer.*`); the run folder is temporary
-unless --out names where to keep it. Data preparation (tokenizer
-training, tokenization) happens before the clock starts, as nanoGPT's prepare.py does. The learning-rate
-schedule runs on elapsed training time (see TimeBudget): warmup in steps, then the decay ends with the budget.
-With --target_nats_per_char the whole validation text is scored every --eval_every_s seconds of training (the
-clock pauses meanwhile) and the first time at or below the target is printed.
+unless --out names where to keep it. Data preparation happens before the clock starts, as nanoGPT's prepare.py
+does. The learning-rate schedule runs on elapsed training time (TimeBudget). With --target_nats_per_char the
+whole validation text is scored every --eval_every_s seconds of training (off the clock) and the first time at
+or below the target is printed.
 
-Validation is the last 10% of the text by characters (the classic nanoGPT split). Every validation token after
-the first is scored with non-overlapping windows of block_size; nats per character = total nats / characters
-those tokens cover, which compares directly with a character-level model's loss.
+Validation is the last 10% of the text by characters (nanoGPT's split), scored in non-overlapping windows of
+block_size; nats per character (total nats / characters covered) compares directly with a character-level model.
 """
 
 from __future__ import annotations

@@ -3,20 +3,17 @@
     python -m benchmarks.train_throughput --threads 2                     # 150 steps, 7 rounds of each
     python -m benchmarks.train_throughput --steps 12 --warmup 3 --repeats 1 --threads 1   # a quick look
 
-Both sides train the same model (by default the shape of configs/shakespeare.yaml: 3 layers, 4/2 heads, 128
-wide, SwiGLU hidden 256, vocab 1024, block 64, batch 8) from the same initialisation
-on the same batches: `data.TrainBatches` over a random token stream through `DataLoader(batch_size=None)`, on the
-CPU. The bare loop does per step what LitGPT + Trainer do: `LitGPT.loss`, backward, `clip_grad_norm_(1.0)`,
-the optimizer of `LitGPT.make_optimizer`, LambdaLR over `lr_multiplier`, zero_grad. Lightning's own extra
-per-step work (metric logging, LitGPT's finite-loss check, hooks) is what the comparison measures.
+Both sides train the same model (by default configs/shakespeare.yaml's shape) from the same initialisation on
+the same batches (`data.TrainBatches` over a random token stream), on the CPU. The bare loop does per step what
+LitGPT + Trainer do: `LitGPT.loss`, backward, `clip_grad_norm_(1.0)`, `LitGPT.make_optimizer`'s optimizer,
+LambdaLR over `lr_multiplier`, zero_grad; what the comparison measures is Lightning's own extra per-step work
+(metric logging, LitGPT's finite-loss check, hooks).
 
-Time is counted from the end of step --warmup to the end of the last step (Trainer setup and the first,
-slower steps are left out), at the same point on both sides: after the scheduler step, where Lightning calls
-on_train_batch_end. Rounds alternate Lightning and bare so machine noise hits both alike. The speed of a whole
-run on these shared machines moves by 10-20% from one run to the next, on either side, so the overhead is the
-median over rounds of each round's own (bare - lightning) / bare tokens/s, the two runs of a round being
-adjacent in time; target under 5%. The losses of the two sides should agree at
-every step (same init, same batches, same updates): the first step's and the largest difference are printed.
+Time runs from the end of step --warmup to the end of the last step, at the same point on both sides (after
+the scheduler step, where Lightning calls on_train_batch_end). Rounds alternate the sides; since a whole run's
+speed moves by 10-20% between runs on a shared machine, the overhead is the median of each round's own
+(bare - lightning) / bare tokens/s; target under 5%. The losses should agree at every step (same init, batches
+and updates): the first step's and the largest difference are printed.
 """
 
 from __future__ import annotations
