@@ -13,7 +13,7 @@ Checks, in order:
    moves): tokens/s and MFU after the compile steps, peak memory against training/memory.py's estimate, the
    attention ops the profiler saw in one compiled step (FAIL if any is not flash/cuDNN), the loss falling.
 3. decode: `model.generate` with the KV cache on the trained weights in bf16, greedy (and `compile=True` when
-   generate offers it): tokens/s at batch 1.
+   generate offers it): decode tokens/s at batch 1, the prefill not counted.
 4. resume: a smaller model trained straight for 6 steps, and again stopped at step 3 and resumed from the
    checkpoint: losses and final weights must be equal (deterministic algorithms on).
 """
@@ -31,9 +31,9 @@ import torch
 import yaml
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from benchmarks.decode import compare_paths
 from benchmarks.lightning_checks import Row, Settings, check_resume, check_training, passed
-from generation.timing import alternate_medians, wall_seconds
-from model import GPT, generate
+from model import GPT
 from model.attention import explicit_attention, sdpa_attention
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,20 +88,14 @@ def check_sdpa(device: str, shape: tuple[int, int, int, int, int], attention=sdp
 
 
 def check_decode(settings: Settings, trained: GPT, prompt: torch.Tensor) -> list[Row]:
-    """tokens/s of cached greedy decoding at batch 1 in bf16 (median of 3 after a warm-up)."""
+    """Decode tokens/s of cached greedy decoding at batch 1 in bf16 (median of 3 after a warm-up, which compiles)."""
     model = GPT(trained.config)
     model.load_state_dict(trained.state_dict())
     model = model.to(settings.device, torch.bfloat16).eval()
     variants = {"decode tokens/s": {}, "decode tokens/s (compile=True)": {"compile": True}}
-
-    def decode(extra: dict) -> None:
-        with torch.inference_mode():
-            generate(model, prompt, settings.decode_tokens, temperature=0.0, **extra)
-
-    runs = {name: wall_seconds(lambda extra=extra: decode(extra)) for name, extra in variants.items()}
-    seconds = alternate_medians(runs, 3)  # after a warm-up round, which compiles
-    detail = f"prompt {prompt.shape[1]}, {settings.decode_tokens} new, batch 1, bf16, KV cache"
-    return [Row(name, "INFO", f"{settings.decode_tokens / s:,.0f}", detail) for name, s in seconds.items()]
+    tokens_per_s = compare_paths(model, prompt, settings.decode_tokens, 3, variants)
+    detail = f"prompt {prompt.shape[1]}, {settings.decode_tokens} new, batch 1, bf16, KV cache, prefill not counted"
+    return [Row(name, "INFO", f"{value:,.0f}", detail) for name, value in tokens_per_s.items()]
 
 
 def print_table(rows: list[Row]) -> None:
