@@ -88,12 +88,6 @@ def run_bare(module: LitGPT, tokens: np.ndarray, args: argparse.Namespace) -> tu
     return times, losses
 
 
-def tokens_per_s(times: list[float], args: argparse.Namespace) -> float:
-    """Steady-state throughput: the steps after the first `warmup` ones."""
-    measured = args.steps - args.warmup
-    return measured * args.batch_size * args.block_size / (times[-1] - times[args.warmup - 1])
-
-
 def quiet_lightning() -> None:
     # Lightning's banner ("GPU available", ...) and its advice to add DataLoader workers would bury the table;
     # both sides read batches in the main process, so the advice does not change the comparison.
@@ -102,10 +96,6 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=".*no `val_dataloader`.*")  # validation is off on purpose
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # Lightning's own deprecation, not ours
-
-
-def page_faults() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def measure(args: argparse.Namespace) -> dict[str, list[tuple[float, list[float], float]]]:
@@ -125,10 +115,11 @@ def measure(args: argparse.Namespace) -> dict[str, list[tuple[float, list[float]
         for side in order:
             module.load_state_dict(initial)
             module.zero_grad(set_to_none=True)  # a Lightning run ends with the last step's gradients in place
-            faults_before = page_faults()
+            faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             times, losses = runners[side](module, tokens, args)
-            faults = (page_faults() - faults_before) / args.steps
-            results[side].append((tokens_per_s(times, args), losses, faults))
+            faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before) / args.steps
+            tokens = (args.steps - args.warmup) * args.batch_size * args.block_size  # after the warm-up steps
+            results[side].append((tokens / (times[-1] - times[args.warmup - 1]), losses, faults))
             print(f"round {round_index + 1} {side:9s} {results[side][-1][0]:9.0f} tokens/s, {faults:6.0f} page "
                   "faults/step", flush=True)  # fmt: skip
     return results
