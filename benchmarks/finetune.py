@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.external import required_smollm2
-from benchmarks.shakespeare_budget import TimeBudget, add_out_flag, build, kept_checkpoint, run_root
+from benchmarks.shakespeare_budget import TimeBudget, add_out_flag, budget_run, kept_checkpoint
 from common.errors import run_command
 from data.datamodule import TextDataModule
 from model import generate
@@ -88,15 +88,13 @@ def main() -> None:
         *overrides,
     ]
     overrides += ["--checkpoint.every_n_train_steps", "100000"]
-    with run_root(args.out) as root:
-        recipe, name = (SFT_RECIPE, "sft") if args.sft else (RECIPE, "finetune")
-        fine_tune(build(recipe, overrides, root, f"{name}-{args.budget_s:.0f}s"), args)
+    recipe, name = (SFT_RECIPE, "sft") if args.sft else (RECIPE, "finetune")
+    with budget_run(recipe, overrides, args.out, f"{name}-{args.budget_s:.0f}s") as cli:
+        fine_tune(cli, args)
 
 
 def fine_tune(cli, args: argparse.Namespace) -> None:
     data, module, trainer = cli.datamodule, cli.model, cli.trainer
-    data.prepare_data()
-    data.setup("fit")
     module.load_pretrained_weights()  # the fit then starts from these weights (it loads them only once)
     key, unit, target = (
         ("nats_per_token", "nats/assistant token", SFT_TARGET_GAIN) if args.sft
