@@ -129,13 +129,16 @@ def bench_config(
     }
     for side, gguf in llamacpp.items():
         for n in (new_tokens, 1):
-            runs[(side, n)] = lambda gguf=gguf, n=n, key=(side, n): probe_seconds(
-                probe, gguf, prompt, n, outputs, key
-            )
+            runs[(side, n)] = probe_seconds(probe, gguf, prompt, n, outputs, (side, n))
     # The read bandwidth is measured in every round, between the decoding runs, and the best round counts: a
     # reading swings by 2x on a shared machine, and a dip would flatter the MBU.
     readings: list[float] = []
-    runs["read"] = lambda: readings.append(read_bandwidth(torch.device("cpu"))) or readings[-1]
+
+    def read_round() -> float:
+        readings.append(read_bandwidth(torch.device("cpu")))
+        return readings[-1]
+
+    runs["read"] = read_round
     with torch.inference_mode():
         seconds = alternate_medians(runs, args.repeats)
     names, bandwidth = [*sides(1), *llamacpp], max(readings)
@@ -167,11 +170,16 @@ def bench_config(
     return all(same[side] for side in sides(1))
 
 
-def probe_seconds(probe: Path, gguf: Path, prompt: torch.Tensor, n: int, outputs: dict, key: tuple) -> float:
-    """The seconds llama.cpp's probe reports for its prompt pass and n - 1 steps; its tokens go to outputs[key]."""
-    ids, prefill_s, decode_s = run_probe(probe, gguf, prompt[0].tolist(), n, torch.get_num_threads())
-    outputs[key] = torch.cat([prompt, torch.tensor([ids])], dim=1)
-    return prefill_s + decode_s
+def probe_seconds(probe: Path, gguf: Path, prompt: torch.Tensor, n: int, outputs: dict, key: tuple):
+    """A run for `alternate_medians`: the seconds llama.cpp's probe reports for its prompt pass and n - 1 steps
+    (model loading left out); its tokens go to outputs[key]."""
+
+    def run() -> float:
+        ids, prefill_s, decode_s = run_probe(probe, gguf, prompt[0].tolist(), n, torch.get_num_threads())
+        outputs[key] = torch.cat([prompt, torch.tensor([ids])], dim=1)
+        return prefill_s + decode_s
+
+    return run
 
 
 def run_config(name: str, args: argparse.Namespace) -> bool:
