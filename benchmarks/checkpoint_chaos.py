@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ROOT / "data" / "corpora" / "tinyshakespeare.txt"
 
 
 def worker_main(args: argparse.Namespace) -> None:
@@ -42,7 +41,7 @@ def worker_main(args: argparse.Namespace) -> None:
 
     from checkpoints.run_lock import own_run_dir
     from checkpoints.settings import checkpoint_io, resolve_ckpt_path
-    from data.datamodule import TextDataModule
+    from data.datamodule import TINY_SHAKESPEARE, TextDataModule
     from training import LastCheckpoint, LitGPT
 
     run_dir = Path(args.run_dir)
@@ -58,7 +57,7 @@ def worker_main(args: argparse.Namespace) -> None:
                                    enable_version_counter=False), LastCheckpoint()],
     )  # fmt: skip
     sizes = {"vocab_size": 384, "block_size": 32}
-    data = TextDataModule(data_files=str(CORPUS), cache_dir=args.cache, batch_size=8, **sizes)
+    data = TextDataModule(data_files=str(TINY_SHAKESPEARE), cache_dir=args.cache, batch_size=8, **sizes)
     torch.manual_seed(0)  # the same initial weights in every segment
     shape = {"n_layer": args.n_layer, "n_head": 4, "n_kv_head": 2, "n_embd": args.n_embd}
     module = LitGPT(**sizes, **shape, warmup_steps=2, learning_rate=3e-3)

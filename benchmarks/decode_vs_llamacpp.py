@@ -29,6 +29,7 @@ import torch
 from benchmarks.decode import DECODE_CONFIGS, bytes_per_token
 from benchmarks.external import build_probe, required_smollm2, run_probe
 from common.errors import run_command
+from data.datamodule import TINY_SHAKESPEARE
 from data.tokenizer import Tokenizer
 from generation.speed import timed_decode
 from generation.timing import alternate_medians
@@ -36,7 +37,6 @@ from interop.export_gguf import export_gguf
 from model import GPT, ModelConfig, generate
 from model.static_decode import static_decoder
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {name: DECODE_CONFIGS[name] for name in ("small", "large")}  # the same models as decode_vs_hf
 
 
@@ -52,7 +52,7 @@ def pairs(name: str, folder: Path) -> list[tuple[str, GPT, Path]]:
         torch.manual_seed(0)
         model = GPT(CONFIGS[name]).eval()
         # A real byte-level BPE, as the GGUF export needs one; the benchmark itself feeds token ids.
-        text = (REPO_ROOT / "data" / "corpora" / "tinyshakespeare.txt").read_text(encoding="utf-8")[:300_000]
+        text = TINY_SHAKESPEARE.read_text(encoding="utf-8")[:300_000]
         docs = [text[i : i + 2000] for i in range(0, len(text), 2000)]
         tokenizer = Tokenizer.train(docs, model.config.vocab_size, show_progress=False)
         return [(name, model, export_gguf(model, tokenizer, folder / f"{name}.gguf"))]

@@ -41,7 +41,6 @@ import lightning as L
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-WORDS_SOURCE = ROOT / "data" / "corpora" / "tinyshakespeare.txt"
 SHARD_MB = 128
 BASE_WORDS = 4_000_000  # ~22 MB of text that documents are cut from
 BATCH_DOCS = 512  # documents per encode call, as data/tokenize_parts.py reads them
@@ -72,7 +71,9 @@ def write_corpus(folder: Path, size_mb: float, seed: int = 0) -> list[Path]:
     Documents are slices of varied length (log-normal, median ~2 KB) of one long text of random words in
     their Shakespeare frequencies, so writing 1 GB takes seconds, not minutes.
     """
-    words = WORDS_SOURCE.read_text(encoding="utf-8").split()
+    from data.datamodule import TINY_SHAKESPEARE  # imported once the fresh HF caches are set (main)
+
+    words = TINY_SHAKESPEARE.read_text(encoding="utf-8").split()
     pool = words + ["\n\n"] * (len(words) // 60)  # paragraph breaks
     rng = np.random.default_rng(seed)
     base = " ".join(operator.itemgetter(*rng.integers(0, len(pool), size=BASE_WORDS))(pool))
