@@ -31,25 +31,21 @@ import torch
 from model.attention import explicit_attention, sdpa_attention
 from model.flash_reference import flash_attention
 
-PATHS = ("sdpa", "explicit", "flash")
+# The attention callable of each path, taking (q, k, v).
+PATHS = {
+    "sdpa": sdpa_attention,
+    "explicit": lambda q, k, v: explicit_attention(q, k, v)[
+        0
+    ],  # its probabilities stay alive until it returns
+    "flash": lambda q, k, v: flash_attention(q, k, v, block_size_q=128, block_size_k=128),
+}
 MIB = 2**20
 
 
-def attention_fn(path: str):
-    """The attention callable for a path name, taking (q, k, v)."""
-    if path == "sdpa":
-        return sdpa_attention
-    if path == "explicit":
-        return lambda q, k, v: explicit_attention(q, k, v)[0]  # its probabilities stay alive until it returns
-    return lambda q, k, v: flash_attention(q, k, v, block_size_q=128, block_size_k=128)
-
-
 def random_qkv(t: int, n_head: int, n_kv_head: int, head_dim: int) -> tuple[torch.Tensor, ...]:
+    """q (1, H, T, D), k and v (1, Hkv, T, D)."""
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(1, n_head, t, head_dim, generator=g)  # (B, H, T, D)
-    k = torch.randn(1, n_kv_head, t, head_dim, generator=g)  # (B, Hkv, S, D)
-    v = torch.randn(1, n_kv_head, t, head_dim, generator=g)  # (B, Hkv, S, D)
-    return q, k, v
+    return tuple(torch.randn(1, heads, t, head_dim, generator=g) for heads in (n_head, n_kv_head, n_kv_head))
 
 
 def _status_bytes(field: str) -> int:
@@ -71,7 +67,7 @@ def measure(
     path: str, t: int, n_head: int, n_kv_head: int, head_dim: int, repeats: int, threads: int
 ) -> dict[str, float]:
     """Peak extra resident memory of one call and the median time of `repeats` calls (runs in the child)."""
-    fn = attention_fn(path)
+    fn = PATHS[path]
     if threads > 0:
         torch.set_num_threads(threads)
     with torch.no_grad():
