@@ -11,7 +11,7 @@ filesystem than the run's). Printed: kills survived / M (the next start resumed 
 no error), temp files the sweeps removed, bytes left behind (temp files in the run directory plus anything in
 TMPDIR), and whether the final weights equal an uninterrupted run's, bit for bit.
 
-Stall part: a ~100M-parameter GPT with AdamW state; how long `save_checkpoint` blocks the training thread, sync
+Stall part: a ~100M-parameter GPT (12 layers, 768 wide) with AdamW state; how long `save_checkpoint` blocks the training thread, sync
 and async rounds interleaved with a training step between saves (an async save waits for the previous one if it
 is still writing). Prints the median ms per save of each and their ratio.
 """
@@ -162,10 +162,9 @@ def stall(args: argparse.Namespace, work: Path) -> None:
     for round_ in range(args.stall_rounds):
         for mode, io in ios.items():
             for save in range(2):  # the second async save may wait for the first: that wait is stall too
-                state = [optimizer.state_dict()]
                 checkpoint = {
                     "state_dict": model.state_dict(),
-                    "optimizer_states": state,
+                    "optimizer_states": [optimizer.state_dict()],
                     "global_step": round_ * 2 + save,
                 }
                 start = time.perf_counter()
