@@ -11,7 +11,7 @@ file, twice: loaded as float32 against llama.cpp on our f32 export of it, and wi
 (`keep_quantized`) against llama.cpp on the shipped file itself. Batch 1, fp32 activations and KV cache on both
 sides, CPU, the same thread count. Decode and prefill are measured apart, as llama-bench's tg and pp tests are:
 decode tokens/s after a --prompt_len prompt, and the prefill of a --prefill_len prompt alone. llama.cpp runs in
-our probe (benchmarks/external.py), which times its prompt pass and decode steps itself; our side is timed the
+our probe (tools/llamacpp/probe.cpp), which times its prompt pass and decode steps itself; our side is timed the
 same way (the first new token ends the prefill: generation.speed.timed_decode). The sides alternate within every
 round and medians are taken (generation/timing.py). Ours is the eager step, `generate`'s default path, and with
 --compile the compiled step next to it; on the kept blocks both call the C++ one-row kernel (model/row_kernel.py).
