@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from benchmarks.external import built_probe, smollm2_gguf
 
 import benchmarks
+from benchmarks.external import built_probe, smollm2_gguf
 from tests.conftest import ROOT, TEST_ENV
 
 SMOKED_ELSEWHERE = {"device_check": "tests/benchmarks/test_device_check.py"}
