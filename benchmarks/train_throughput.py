@@ -118,8 +118,10 @@ def measure(args: argparse.Namespace) -> dict[str, list[tuple[float, list[float]
             faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             times, losses = runners[side](module, tokens, args)
             faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before) / args.steps
-            tokens = (args.steps - args.warmup) * args.batch_size * args.block_size  # after the warm-up steps
-            results[side].append((tokens / (times[-1] - times[args.warmup - 1]), losses, faults))
+            timed = (
+                (args.steps - args.warmup) * args.batch_size * args.block_size
+            )  # tokens after the warm-up steps
+            results[side].append((timed / (times[-1] - times[args.warmup - 1]), losses, faults))
             print(f"round {round_index + 1} {side:9s} {results[side][-1][0]:9.0f} tokens/s, {faults:6.0f} page "
                   "faults/step", flush=True)  # fmt: skip
     return results
