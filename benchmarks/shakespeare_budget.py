@@ -4,15 +4,13 @@
     python -m benchmarks.shakespeare_budget --budget_s 25 --target_nats_per_char 1.88   # time to a loss
 
 Accepts train.py's overrides (`--config`, `--model.*`, `--data.*`, `--trainer.*`); the run folder is temporary
-unless --out names where to keep it. Data preparation (tokenizer
-training, tokenization) happens before the clock starts, as nanoGPT's prepare.py does. The learning-rate
-schedule runs on elapsed training time (see TimeBudget): warmup in steps, then the decay ends with the budget.
-With --target_nats_per_char the whole validation text is scored every --eval_every_s seconds of training (the
-clock pauses meanwhile) and the first time at or below the target is printed.
+unless --out names where to keep it. Data preparation happens before the clock starts, as nanoGPT's prepare.py
+does. The learning-rate schedule runs on elapsed training time (TimeBudget). With --target_nats_per_char the
+whole validation text is scored every --eval_every_s seconds of training (off the clock) and the first time at
+or below the target is printed.
 
-Validation is the last 10% of the text by characters (the classic nanoGPT split). Every validation token after
-the first is scored with non-overlapping windows of block_size; nats per character = total nats / characters
-those tokens cover, which compares directly with a character-level model's loss.
+Validation is the last 10% of the text by characters (nanoGPT's split), scored in non-overlapping windows of
+block_size; nats per character (total nats / characters covered) compares directly with a character-level model.
 """
 
 from __future__ import annotations
@@ -86,14 +84,6 @@ QUIET = ["--trainer.logger", "false", "--trainer.limit_val_batches", "0", "--sam
          "--attention_maps.every_n_steps", "0", "--trainer.enable_progress_bar", "false"]  # fmt: skip
 
 
-def build(recipe: Path, overrides: list[str], root: str, run_name: str) -> GPTCLI:
-    """train.py's CLI on `recipe` with the user's overrides, quiet, its run folder `root`/`run_name`-<time>."""
-    run_name = f"{run_name}-{time.strftime('%Y%m%d-%H%M%S')}"  # a kept run never meets an earlier one
-    where = ["--trainer.default_root_dir", root, "--run_name", run_name]
-    args = ["--config", str(recipe), *overrides, *QUIET, *where]
-    return GPTCLI(LitGPT, TextDataModule, run=False, args=args, save_config_kwargs={"overwrite": True})
-
-
 def add_out_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", type=Path, default=None,
@@ -101,10 +91,19 @@ def add_out_flag(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def run_root(out: Path | None):
-    """Where the run folder goes: under `out`, kept, or in a temporary folder removed at the end (a fine-tune's
-    checkpoint is 1.6 GB)."""
-    return contextlib.nullcontext(str(out)) if out else tempfile.TemporaryDirectory(prefix="budget-run-")
+@contextlib.contextmanager
+def budget_run(recipe: Path, overrides: list[str], out: Path | None, run_name: str):
+    """train.py's CLI on `recipe` with the user's overrides, quiet, its data prepared; the run folder goes under
+    `out`, kept, or into a temporary folder removed at the end (a fine-tune's checkpoint is 1.6 GB)."""
+    root = contextlib.nullcontext(str(out)) if out else tempfile.TemporaryDirectory(prefix="budget-run-")
+    with root as folder:
+        run_name = f"{run_name}-{time.strftime('%Y%m%d-%H%M%S')}"  # a kept run never meets an earlier one
+        where = ["--trainer.default_root_dir", folder, "--run_name", run_name]
+        args = ["--config", str(recipe), *overrides, *QUIET, *where]
+        cli = GPTCLI(LitGPT, TextDataModule, run=False, args=args, save_config_kwargs={"overwrite": True})
+        cli.datamodule.prepare_data()
+        cli.datamodule.setup("fit")
+        yield cli
 
 
 def kept_checkpoint(trainer, out: Path | None) -> str:
@@ -127,14 +126,12 @@ def main() -> None:
     args, overrides = parser.parse_known_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    with run_root(args.out) as root:
-        train_and_score(build(RECIPE, overrides, root, f"budget-{args.budget_s:.0f}s"), args)
+    with budget_run(RECIPE, overrides, args.out, f"budget-{args.budget_s:.0f}s") as cli:
+        train_and_score(cli, args)
 
 
 def train_and_score(cli: GPTCLI, args: argparse.Namespace) -> None:
     data, module, trainer = cli.datamodule, cli.model, cli.trainer
-    data.prepare_data()
-    data.setup("fit")
 
     def evaluate(model) -> float:
         return score_validation(model, data.tokenizer, data.val_tokens, data.block_size)["nats_per_char"]

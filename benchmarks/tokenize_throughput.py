@@ -2,8 +2,7 @@
 
     python -m benchmarks.tokenize_throughput [--size_mb 1000] [--repeats 1] [--vocab_size 32768] [--part a|b|both]
 
-(Not named tokenize.py: a file of that name in benchmarks/ would shadow the standard library's `tokenize` for
-every `python benchmarks/<script>.py`, breaking tracebacks and `inspect.getsource`.)
+(Not named tokenize.py: that would shadow the standard library's `tokenize` for `python benchmarks/<script>.py`.)
 
 The corpus: `--size_mb` of JSON-lines shards in a temporary folder, documents of log-normally varied length
 (median ~2 KB, a long tail to ~100 KB) drawn from tiny Shakespeare's words. One BPE tokenizer is trained on its
@@ -35,13 +34,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import lightning as L
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-WORDS_SOURCE = ROOT / "data" / "corpora" / "tinyshakespeare.txt"
 SHARD_MB = 128
 BASE_WORDS = 4_000_000  # ~22 MB of text that documents are cut from
 BATCH_DOCS = 512  # documents per encode call, as data/tokenize_parts.py reads them
@@ -63,7 +62,6 @@ def parse_args() -> argparse.Namespace:
         help="every step at its smallest, for the tests: num_proc 1 only, a 2-layer model of 128-token blocks, "
         "the loader read for 1 s",
     )
-    add("--raw_worker", nargs=3, metavar=("PROCS", "TOKENIZER", "FILES_JSON"), help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
@@ -73,7 +71,9 @@ def write_corpus(folder: Path, size_mb: float, seed: int = 0) -> list[Path]:
     Documents are slices of varied length (log-normal, median ~2 KB) of one long text of random words in
     their Shakespeare frequencies, so writing 1 GB takes seconds, not minutes.
     """
-    words = WORDS_SOURCE.read_text(encoding="utf-8").split()
+    from data.datamodule import TINY_SHAKESPEARE  # imported once the fresh HF caches are set (main)
+
+    words = TINY_SHAKESPEARE.read_text(encoding="utf-8").split()
     pool = words + ["\n\n"] * (len(words) // 60)  # paragraph breaks
     rng = np.random.default_rng(seed)
     base = " ".join(operator.itemgetter(*rng.integers(0, len(pool), size=BASE_WORDS))(pool))
@@ -98,49 +98,35 @@ def read_documents(files: list[str]) -> list[str]:
     return [json.loads(line)["text"] for file in files for line in open(file, encoding="utf-8")]
 
 
-def _encode_share(bounds: tuple[int, int]) -> int:
+def _encode_share(bounds: tuple[int, int]) -> None:
     docs, backend = _shared["docs"], _shared["backend"]
-    tokens = 0
     for start in range(bounds[0], bounds[1], BATCH_DOCS):
-        encoded = backend.encode_batch_fast(
-            docs[start : min(bounds[1], start + BATCH_DOCS)], add_special_tokens=False
-        )
-        tokens += sum(len(encoding.ids) for encoding in encoded)
-    return tokens
+        backend.encode_batch_fast(docs[start : min(bounds[1], start + BATCH_DOCS)], add_special_tokens=False)
 
 
-def raw_worker(procs: int, tokenizer_file: str, files_json: str) -> None:
-    """The limit: raw encode_batch_fast of every document in `procs` processes (1: in this one); prints JSON."""
+def raw_rate(procs: int, tokenizer_file: str, files: list[str]) -> tuple[float, float]:
+    """The limit: (MB/s, MB of text) of raw encode_batch_fast of every document in `procs` processes."""
     from tokenizers import Tokenizer as Backend
 
-    docs = read_documents(json.loads(files_json))
+    docs = read_documents(files)
     sizes = np.cumsum([len(doc.encode("utf-8")) for doc in docs])
     # Contiguous shares of equal text, like the parts of the prepare command.
     cuts = [0, *(int(np.searchsorted(sizes, sizes[-1] * k / procs)) for k in range(1, procs)), len(docs)]
     _shared.update(docs=docs, backend=Backend.from_file(tokenizer_file))
     start = time.perf_counter()
     if procs == 1:
-        tokens = _encode_share((0, len(docs)))
+        _encode_share((0, len(docs)))
     else:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per process, as the prepare command runs
         with multiprocessing.get_context("fork").Pool(procs) as pool:
-            tokens = sum(pool.map(_encode_share, list(zip(cuts[:-1], cuts[1:], strict=True))))
-    print(json.dumps({"seconds": time.perf_counter() - start, "bytes": int(sizes[-1]), "tokens": tokens}))
+            pool.map(_encode_share, list(zip(cuts[:-1], cuts[1:], strict=True)))
+    return sizes[-1] / 1e6 / (time.perf_counter() - start), sizes[-1] / 1e6
 
 
 def run_raw(procs: int, tokenizer: Path, files: list[str]) -> tuple[float, float]:
-    """(MB/s, MB of text) of the raw baseline (its own process, so no tokenizer thread pool is inherited)."""
-    args = [
-        sys.executable,
-        "-m",
-        "benchmarks.tokenize_throughput",
-        "--raw_worker",
-        str(procs),
-        str(tokenizer),
-    ]
-    out = subprocess.run([*args, json.dumps(files)], cwd=ROOT, capture_output=True, text=True, check=True)
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    return result["bytes"] / 1e6 / result["seconds"], result["bytes"] / 1e6
+    """raw_rate in a fresh process of its own, so no tokenizer thread pool is inherited."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(raw_rate, procs, str(tokenizer), files).result()
 
 
 def data_flags(files: list[str], tokenizer: Path, cache: Path, vocab_size: int) -> list[str]:
@@ -200,10 +186,6 @@ class StepClock(L.Callback):
             print(f"{CLOCK} {trainer.global_step} {time.time():.3f}", flush=True)
 
 
-STREAM_MODEL = ["--model.n_embd", "192", "--model.compile", "false"]
-STREAM_DATA = ["--data.batch_size", "4", "--data.num_workers", "2"]
-
-
 def held_out_docs(files: list[str]) -> int:
     """data.val_docs for this corpus: its default 1000, or a quarter of the first shard's documents when it holds
     fewer; the held-out documents come first, so the first streaming reader would have none left to train on."""
@@ -217,8 +199,8 @@ def stream_block_size(args: argparse.Namespace) -> int:
 def run_fit(flags: list[str], run_dir: Path) -> tuple[float, float, float]:
     """Seconds from launch to step 1's batch in hand and to its end, and the median step time after it."""
     args = [
-        sys.executable, "train.py", "fit", "--config", "configs/gpt2-small.yaml", *flags, *STREAM_MODEL,
-        *STREAM_DATA, "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto",
+        sys.executable, "train.py", "fit", "--config", "configs/gpt2-small.yaml", *flags, "--model.n_embd", "192",
+        "--model.compile", "false", "--data.batch_size", "4", "--data.num_workers", "2", "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto",
         "--trainer.precision", "32-true", "--trainer.accumulate_grad_batches", "1",
         "--trainer.max_steps", str(FIT_STEPS), "--trainer.limit_val_batches", "0", "--trainer.logger", "false",
         "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(run_dir),
@@ -284,10 +266,6 @@ def measure_streaming(files: list[str], tokenizer: Path, folder: Path, args: arg
 
 def main() -> None:
     args = parse_args()
-    if args.raw_worker:
-        procs, tokenizer_file, files_json = args.raw_worker
-        raw_worker(int(procs), tokenizer_file, files_json)
-        return
     with tempfile.TemporaryDirectory(prefix="tokenize-bench-") as folder_name:
         folder = Path(folder_name)
         # Fresh Hugging Face caches, so nothing an earlier run converted is found; offline like the tests.

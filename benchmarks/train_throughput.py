@@ -3,20 +3,17 @@
     python -m benchmarks.train_throughput --threads 2                     # 150 steps, 7 rounds of each
     python -m benchmarks.train_throughput --steps 12 --warmup 3 --repeats 1 --threads 1   # a quick look
 
-Both sides train the same model (by default the shape of configs/shakespeare.yaml: 3 layers, 4/2 heads, 128
-wide, SwiGLU hidden 256, vocab 1024, block 64, batch 8) from the same initialisation
-on the same batches: `data.TrainBatches` over a random token stream through `DataLoader(batch_size=None)`, on the
-CPU. The bare loop does per step what LitGPT + Trainer do: `LitGPT.loss`, backward, `clip_grad_norm_(1.0)`,
-the optimizer of `LitGPT.make_optimizer`, LambdaLR over `lr_multiplier`, zero_grad. Lightning's own extra
-per-step work (metric logging, LitGPT's finite-loss check, hooks) is what the comparison measures.
+Both sides train the same model (by default configs/shakespeare.yaml's shape) from the same initialisation on
+the same batches (`data.TrainBatches` over a random token stream), on the CPU. The bare loop does per step what
+LitGPT + Trainer do: `LitGPT.loss`, backward, `clip_grad_norm_(1.0)`, `LitGPT.make_optimizer`'s optimizer,
+LambdaLR over `lr_multiplier`, zero_grad; what the comparison measures is Lightning's own extra per-step work
+(metric logging, LitGPT's finite-loss check, hooks).
 
-Time is counted from the end of step --warmup to the end of the last step (Trainer setup and the first,
-slower steps are left out), at the same point on both sides: after the scheduler step, where Lightning calls
-on_train_batch_end. Rounds alternate Lightning and bare so machine noise hits both alike. The speed of a whole
-run on these shared machines moves by 10-20% from one run to the next, on either side, so the overhead is the
-median over rounds of each round's own (bare - lightning) / bare tokens/s, the two runs of a round being
-adjacent in time; target under 5%. The losses of the two sides should agree at
-every step (same init, same batches, same updates): the first step's and the largest difference are printed.
+Time runs from the end of step --warmup to the end of the last step, at the same point on both sides (after
+the scheduler step, where Lightning calls on_train_batch_end). Rounds alternate the sides; since a whole run's
+speed moves by 10-20% between runs on a shared machine, the overhead is the median of each round's own
+(bare - lightning) / bare tokens/s; target under 5%. The losses should agree at every step (same init, batches
+and updates): the first step's and the largest difference are printed.
 """
 
 from __future__ import annotations
@@ -33,7 +30,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from benchmarks.device_check import StepLog
+from benchmarks.lightning_checks import StepLog
 from data.batches import TrainBatches
 from training import LitGPT
 from training.host_allocator import retain_freed_memory
@@ -91,12 +88,6 @@ def run_bare(module: LitGPT, tokens: np.ndarray, args: argparse.Namespace) -> tu
     return times, losses
 
 
-def tokens_per_s(times: list[float], args: argparse.Namespace) -> float:
-    """Steady-state throughput: the steps after the first `warmup` ones."""
-    measured = args.steps - args.warmup
-    return measured * args.batch_size * args.block_size / (times[-1] - times[args.warmup - 1])
-
-
 def quiet_lightning() -> None:
     # Lightning's banner ("GPU available", ...) and its advice to add DataLoader workers would bury the table;
     # both sides read batches in the main process, so the advice does not change the comparison.
@@ -105,10 +96,6 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=".*no `val_dataloader`.*")  # validation is off on purpose
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # Lightning's own deprecation, not ours
-
-
-def page_faults() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def measure(args: argparse.Namespace) -> dict[str, list[tuple[float, list[float], float]]]:
@@ -128,10 +115,13 @@ def measure(args: argparse.Namespace) -> dict[str, list[tuple[float, list[float]
         for side in order:
             module.load_state_dict(initial)
             module.zero_grad(set_to_none=True)  # a Lightning run ends with the last step's gradients in place
-            faults_before = page_faults()
+            faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             times, losses = runners[side](module, tokens, args)
-            faults = (page_faults() - faults_before) / args.steps
-            results[side].append((tokens_per_s(times, args), losses, faults))
+            faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before) / args.steps
+            timed = (
+                (args.steps - args.warmup) * args.batch_size * args.block_size
+            )  # tokens after the warm-up steps
+            results[side].append((timed / (times[-1] - times[args.warmup - 1]), losses, faults))
             print(f"round {round_index + 1} {side:9s} {results[side][-1][0]:9.0f} tokens/s, {faults:6.0f} page "
                   "faults/step", flush=True)  # fmt: skip
     return results

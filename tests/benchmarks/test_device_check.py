@@ -6,7 +6,8 @@ import pytest
 import torch.nn.functional as F
 
 from benchmarks import device_check
-from benchmarks.device_check import Row, check_sdpa, exit_code, fused_attention_ops
+from benchmarks.device_check import check_sdpa, exit_code
+from benchmarks.lightning_checks import Row, fused_attention_ops
 
 CHECKS = ("sdpa fused for training", "train attention kernels", "train loss falls", "resume exact")
 

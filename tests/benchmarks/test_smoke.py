@@ -21,8 +21,7 @@ import pytest
 import torch
 
 import benchmarks
-from benchmarks.llamacpp import built_probe
-from benchmarks.smollm2 import smollm2_gguf
+from benchmarks.external import built_probe, smollm2_gguf
 from tests.conftest import ROOT, TEST_ENV
 
 SMOKED_ELSEWHERE = {"device_check": "tests/benchmarks/test_device_check.py"}

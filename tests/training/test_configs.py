@@ -22,7 +22,7 @@ import pytest
 import torch
 import yaml
 
-from benchmarks.smollm2 import GGUF_NAME, smollm2_gguf
+from benchmarks.external import GGUF_NAME, smollm2_gguf
 
 pytestmark = pytest.mark.slow  # train.py runs in subprocesses here
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks.shapes import GPT2_SMALL
+from benchmarks.decode import GPT2_SMALL
 from data.datamodule import TextDataModule
 from model import GPT, ModelConfig
 from training import LitGPT, ThroughputMonitor

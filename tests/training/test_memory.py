@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmarks.shapes import GPT2_SMALL
+from benchmarks.decode import GPT2_SMALL
 from model import GPT, KVCache, ModelConfig
 from training.fit_report import fit_report
 from training.memory import (

