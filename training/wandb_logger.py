@@ -1,27 +1,30 @@
-"""The project's WandbLogger: no deprecated `anonymous` setting, the offline notice once the run exists, and
-train/* and val/* history that survives kill -9 (carried in every checkpoint, re-logged by the resume where it
-was lost)."""
+"""The project's wandb logging: online or offline without ever prompting for a login, one wandb run per run
+directory (its id kept in the run directory and in every checkpoint), the offline notice once the run exists, and
+train/* and val/* history that survives kill -9 (training/wandb_history.py re-logs what a killed segment lost)."""
 
 from __future__ import annotations
 
+import netrc
 import os
+import secrets
 import shutil
+import string
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
 import lightning as L
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
+from checkpoints.format import read_checkpoint
 from checkpoints.run_dir import RunDir
-
-from .wandb_history import held_rows
-from .wandb_setup import record_wandb_run_id
+from common.files import atomic_write
 
 TRAIN_PREFIX = "train/"
 KEPT_PREFIXES = (TRAIN_PREFIX, "val/")  # the scalar curves a resume gives back; media are not carried
-# In the checkpoint: [[step, {key: value}], ...] of every row with a KEPT_PREFIXES key (the name predates val/*).
-HISTORY_KEY = "train_history"
+RUN_LOGGER = "training.wandb_logger.RunWandbLogger"  # as config.yaml records it: keep this module path
+WANDB_ID_KEY = "wandb_run_id"  # in the checkpoint: so a resume without the run directory logs to the same run
 
 
 class RunWandbLogger(WandbLogger):
@@ -102,6 +105,8 @@ class RunWandbLogger(WandbLogger):
         return (step, "val/") not in self._held_rows()
 
     def _held_rows(self) -> set[tuple[int, str]]:
+        from .wandb_history import held_rows  # not at the top: wandb_history's callbacks import this module
+
         if self._held is None:
             self._held = held_rows(Path(self._save_dir), KEPT_PREFIXES) if self._save_dir else set()
         return self._held
@@ -201,36 +206,75 @@ def _restore_links(folder: Path, links: dict[str, str]) -> None:
             (folder / name).symlink_to(target)
 
 
-class TrainHistoryInCheckpoint(L.Callback):
-    """Carry the run's train/* rows in every checkpoint, so a resume after kill -9 can log again what the killed
-    segment had not written (a few floats per logged step)."""
-
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        for logger in run_loggers(trainer):
-            rows = {**logger.train_rows, **_row_not_logged_yet(trainer, logger)}
-            checkpoint[HISTORY_KEY] = [[step, row] for step, row in sorted(rows.items())]
-
-    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        step = checkpoint[
-            "global_step"
-        ]  # rows past it belong to the abandoned branch: this run logs them anew
-        for logger in run_loggers(trainer):
-            logger.restore_train_rows([row for row in checkpoint.get(HISTORY_KEY, []) if row[0] <= step])
-
-
 def run_loggers(trainer: L.Trainer) -> list[RunWandbLogger]:
     """The trainer's loggers of this class (the one the CLI adds to every run)."""
     return [logger for logger in trainer.loggers if isinstance(logger, RunWandbLogger)]
 
 
-def _row_not_logged_yet(trainer: L.Trainer, logger: RunWandbLogger) -> dict[int, dict]:
-    """{step: row} of this step's train/* values when the save comes before Lightning logs them (ModelCheckpoint
-    saves in on_train_batch_end; the row goes to the loggers right after), else {}: the resume starts after
-    this step, so only the checkpoint can give its row back."""
-    step, every = trainer.global_step, trainer.log_every_n_steps
-    # Only a logging step's values are its own: on other steps Lightning may still hold an earlier one.
-    if step in logger.train_rows or not trainer.training or every <= 0 or step % every:
-        return {}
-    logged = trainer._logger_connector.metrics["log"]
-    row = {key: float(value) for key, value in logged.items() if key.startswith(TRAIN_PREFIX)}
-    return {step: {**row, "epoch": float(trainer.current_epoch)}} if row else {}
+def is_run_logger(logger) -> bool:
+    """True for the wandb logger this CLI adds to every run (as a resumed run's config.yaml records it)."""
+    get = getattr(logger, "get", None)
+    return callable(get) and get("class_path") == RUN_LOGGER
+
+
+def run_logger(run_dir: Path, project: str, name: str, ckpt_path: str | None) -> dict:
+    """The `trainer.logger` entry of a run: one wandb run across preemptions and resumes."""
+    run_id = wandb_run_id(run_dir, stored_wandb_id(ckpt_path))
+    # No mkdir and no message here: both wait until the wandb run is created (see RunWandbLogger).
+    where = {"save_dir": str(run_dir), "project": project, "name": name, "offline": wandb_offline()}
+    return {"class_path": RUN_LOGGER, "init_args": {**where, "id": run_id, "resume": "allow"}}
+
+
+def wandb_offline() -> bool:
+    """Offline when WANDB_MODE says so, or when it is unset and no API key is in the environment or in the
+    netrc file `wandb login` writes."""
+    mode = os.environ.get("WANDB_MODE")
+    if mode:
+        return mode in ("offline", "dryrun", "disabled")
+    if os.environ.get("WANDB_API_KEY"):
+        return False
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    path = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    try:
+        return not (path.is_file() and netrc.netrc(path).authenticators(host) is not None)
+    except (netrc.NetrcParseError, OSError):
+        return True
+
+
+def wandb_run_id(run_dir: Path, fallback: str | None = None) -> str:
+    """The wandb run id of `run_dir` (its `wandb_run_id` file), so every resume logs to the same run.
+
+    Without the file: `fallback` (the id stored in the checkpoint being resumed) or a new id. Nothing is written
+    here: `record_wandb_run_id` does that once the wandb run exists, so a run that fails before it starts leaves
+    no folder behind.
+    """
+    path = RunDir(run_dir).wandb_id_file
+    stored = path.read_text(encoding="utf-8").strip() if path.is_file() else ""
+    if stored:
+        return stored
+    if fallback is None:  # the shape of wandb's own ids: 8 lowercase letters and digits
+        fallback = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    return fallback
+
+
+def record_wandb_run_id(run_dir: Path, run_id: str) -> None:
+    """Keep `run_id` in `run_dir/wandb_run_id` (once) for the resumes to come."""
+    path = RunDir(run_dir).wandb_id_file
+    if not path.is_file():
+        atomic_write(path, run_id + "\n")
+
+
+class WandbIdInCheckpoint(L.Callback):
+    """Store the wandb run id in every checkpoint."""
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger) and logger.version:
+                checkpoint[WANDB_ID_KEY] = str(logger.version)
+
+
+def stored_wandb_id(ckpt_path: str | None) -> str | None:
+    """The wandb run id saved in the checkpoint at `ckpt_path` (None without one)."""
+    if not ckpt_path or not Path(ckpt_path).exists():  # a file, or a sharded checkpoint folder
+        return None
+    return read_checkpoint(ckpt_path)[0].get(WANDB_ID_KEY)
