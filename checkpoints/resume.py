@@ -3,7 +3,7 @@
 A run directory holds `config.yaml` (the fully resolved config, written when the run's training starts) and
 `checkpoints/`. Resuming from the directory reads that config first, so no override given to the first run has
 to be repeated; anything else on the command line applies on top of it. The checkpoint is the newest resumable
-one (checkpoints.choice), for `--ckpt_path last` too.
+one (checkpoints.run_dir), for `--ckpt_path last` too.
 
 The checks run before any file or wandb run is touched: a text file, a truncated file or another project's
 checkpoint is one line (CheckpointError), and so is a config whose model sizes do not fit the checkpoint's
@@ -22,9 +22,16 @@ import torch
 from common.errors import UserError
 from model import GPT, ModelConfig
 
-from .choice import CheckpointError, Wording, checkpoint_step, choose_checkpoint
 from .format import META_KEY, loaded_from, read_checkpoint, sharded_contents
-from .run_dir import LAST_NAME, RunDir, is_sharded_checkpoint
+from .run_dir import (
+    LAST_NAME,
+    CheckpointError,
+    RunDir,
+    Wording,
+    checkpoint_step,
+    choose_checkpoint,
+    is_sharded_checkpoint,
+)
 
 CKPT_FLAG = "--ckpt_path"
 # What Lightning needs to continue a run exactly; a checkpoint without them is not resumable.

@@ -1,5 +1,4 @@
-"""LightningCLI wiring: one directory per run, linked data/model keys, wandb logger, default callbacks, and what
-`train.py` shows a user (help sections in a useful order, refused flags, no known noise)."""
+"""LightningCLI wiring: one directory per run, linked data/model keys, wandb logger, default callbacks, config.yaml."""
 
 from __future__ import annotations
 
@@ -10,8 +9,10 @@ import shutil
 import sys
 from pathlib import Path
 
+import torch
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from checkpoints.resume import (
     check_readable,
@@ -26,6 +27,7 @@ from checkpoints.save_on_stop import GracefulCtrlC, LastCheckpoint
 from checkpoints.settings import GPTCheckpoint, resolve_ckpt_path, with_checkpoint_io
 from common.errors import UserError
 from common.files import atomic_write, refuse_unwritable_folder
+from common.threads import apply_thread_count
 from data.datamodule import check_numbers
 
 from .attention_maps import AttentionMaps
@@ -189,7 +191,7 @@ class GPTCLI(LightningCLI):
             refuse_to_overwrite(run_dir)
         check_readable(config.get("ckpt_path"))  # with run=False, _parse_ckpt_path did not run
         if self.subcommand is not None:  # with run=False (benchmarks) the caller sets the threads itself
-            _apply_threads(config.get("threads"))
+            rank_zero_info(apply_thread_count(config.get("threads"), torch.set_num_threads)[1])
         config.trainer.default_root_dir = str(run_dir)
         config.checkpoint.dirpath = str(RunDir(run_dir).checkpoints)
         if self.subcommand == "fit":
@@ -262,12 +264,11 @@ class RunConfig(SaveConfigCallback):
 def retain_freed_memory() -> bool:
     """Keep freed host memory in the process, so a CPU training step stops paying page faults; True if applied.
 
-    A step allocates and frees the same tensors every time. glibc's malloc serves blocks above a moving threshold
-    with fresh mmaps and hands freed memory at the top of its heap back to the kernel, so each step faults the same
-    pages in again (hundreds per step: `python -m benchmarks.train_throughput`), most of Lightning's measured
-    overhead. Fixing the mmap threshold at glibc's 64-bit maximum (32 MiB) and keeping 256 MiB before trimming
-    makes the heap keep what it has, as PyTorch's caching allocator does on a GPU; resident memory stays at its
-    peak. A no-op off glibc or when the user tuned malloc already.
+    glibc's malloc serves blocks above a moving threshold with fresh mmaps and hands freed memory at the top of
+    its heap back to the kernel, so each step faults the same activations' pages in again (hundreds per step:
+    `python -m benchmarks.train_throughput`), most of Lightning's measured overhead. Fixing the mmap threshold at
+    glibc's 64-bit maximum (32 MiB) and trimming only past 256 MiB keeps them, as PyTorch's caching allocator does
+    on a GPU; resident memory stays at its peak. A no-op off glibc or when the user tuned malloc already.
     """
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
@@ -290,16 +291,6 @@ def _explicit_keys(parser, args: list[str]):
         return None
     with skip_apply_links():
         return parser.parse_args(args, defaults=False)
-
-
-def _apply_threads(requested: int | None) -> None:
-    import torch
-    from lightning.pytorch.utilities.rank_zero import rank_zero_info
-
-    from common.threads import apply_thread_count
-
-    _, line = apply_thread_count(requested, torch.set_num_threads)
-    rank_zero_info(line)
 
 
 def _refuse_unusable_run(parsed) -> None:
