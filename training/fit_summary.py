@@ -11,6 +11,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from common.errors import UserError
@@ -83,16 +84,12 @@ class FitReport(L.Callback):
             return
         device = pl_module.device
         memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-        shards = trainer.world_size if _shards_parameters(trainer.strategy) else 1
+        shards = (
+            trainer.world_size if isinstance(trainer.strategy, (FSDPStrategy, ModelParallelStrategy)) else 1
+        )
         precision, peak = str(trainer.precision), device_peak_flops(device)
         lines = fit_report(config, batch_size, seq_len, precision, shards, memory, peak)
         rank_zero_info("Run size (estimate):\n  " + "\n  ".join(lines))
-
-
-def _shards_parameters(strategy) -> bool:
-    from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
-
-    return isinstance(strategy, (FSDPStrategy, ModelParallelStrategy))
 
 
 class FitSummary(L.Callback):
@@ -113,7 +110,10 @@ class FitSummary(L.Callback):
         scores = _score(trainer, pl_module, self.max_tokens)
         if not trainer.is_global_zero:
             return
-        lines = [f"finished step {trainer.global_step}/{trainer.max_steps}" + _val_loss(trainer)]
+        lines = [f"finished step {trainer.global_step}/{trainer.max_steps}"]
+        val_loss = trainer.callback_metrics.get("val/loss")
+        if val_loss is not None:
+            lines[0] += f" | val/loss {float(val_loss):.4f} (nats/token, {trainer.limit_val_batches} batches)"
         if scores is not None:
             lines.append(
                 f"validation text ({scores['covered']}: {scores['chars']:,} characters, {scores['tokens']:,} "
@@ -127,17 +127,12 @@ class FitSummary(L.Callback):
         run = shlex.quote(str(Path(trainer.default_root_dir)))
         if getattr(trainer.datamodule, "val_mask", None) is not None:  # fine-tuned on conversations
             lines.append(f"chat with it: python generate.py --checkpoint {run} --chat")
-        else:
-            prompt = shlex.quote(_sample_prompt(trainer))
+        else:  # the first non-blank prompt of the samples table (the run's own example), else a generic one
+            samples = [c for c in trainer.callbacks if isinstance(c, SampleGenerations)]
+            prompts = [prompt for callback in samples for prompt in callback.prompts if prompt.strip()]
+            prompt = shlex.quote(prompts[0] if prompts else DEFAULT_PROMPT)
             lines.append(f"sample from it: python generate.py --checkpoint {run} --prompt {prompt}")
         print("\n".join(lines), flush=True)
-
-
-def _val_loss(trainer: L.Trainer) -> str:
-    value = trainer.callback_metrics.get("val/loss")
-    if value is None:
-        return ""
-    return f" | val/loss {float(value):.4f} (nats/token, {trainer.limit_val_batches} batches)"
 
 
 def _score(trainer: L.Trainer, pl_module: L.LightningModule, max_tokens: int) -> dict | None:
@@ -179,13 +174,3 @@ def _tenths() -> Callable[[int, int], None]:
             print(f"  scored {done:,} of {total:,} windows", file=sys.stderr, flush=True)
 
     return report
-
-
-def _sample_prompt(trainer: L.Trainer) -> str:
-    """The first non-blank prompt of the samples table (the run's own example), else a generic one."""
-    for callback in trainer.callbacks:
-        if isinstance(callback, SampleGenerations):
-            prompts = [prompt for prompt in callback.prompts if prompt.strip()]
-            if prompts:
-                return prompts[0]
-    return DEFAULT_PROMPT

@@ -28,14 +28,11 @@ WANDB_ID_KEY = "wandb_run_id"  # in the checkpoint: so a resume without the run 
 
 
 class RunWandbLogger(WandbLogger):
-    """A WandbLogger that says how to upload an offline run when, and only when, the run is created.
+    """A WandbLogger that says how to upload an offline run when, and only when, the run is created (after the
+    data is prepared: a run that fails on its data prints no "upload later" line and leaves no run folder).
 
-    Lightning creates the wandb run after the data is prepared, so a run that fails on its data prints no
-    "upload later" line and leaves no run folder behind.
-
-    The CLI sets these arguments for each run (training/cli.py); they are named here rather than passed on as
-    **kwargs because jsonargparse would then read WandbLogger's signature, whose annotations import wandb, and
-    wandb's import makes two temp folders before the run's own TMPDIR is in place (see `_settings`).
+    The CLI sets these arguments for each run; they are named here rather than passed on as **kwargs because
+    jsonargparse would then read WandbLogger's signature, whose annotations import wandb (see `experiment`).
 
     Args:
         save_dir: The run directory; wandb's files go in its wandb/ folder.
@@ -69,12 +66,9 @@ class RunWandbLogger(WandbLogger):
         self._held: set[tuple[int, str]] | None = None  # what the segment files hold, read once per resume
 
     def follow(self, trainer) -> None:
-        """Log every point at `trainer.global_step`: the 1-based count of finished optimizer steps that the
-        console shows (`step 3500/3500`), for Lightning's own metrics as for the callbacks' images and tables.
-
-        Lightning logs training and validation metrics at the 0-based index of the step (3499 for the last),
-        so without this the train/loss of step 3500 would sit one step left of the samples logged after it.
-        """
+        """Log every point at `trainer.global_step`, the count of finished optimizer steps the console shows
+        (`step 3500/3500`). Lightning logs its metrics at the 0-based index of the step (3499 for the last), one
+        step left of the samples and images the callbacks log after it."""
         self._trainer = trainer
 
     @rank_zero_only
@@ -156,7 +150,16 @@ class RunWandbLogger(WandbLogger):
         """The wandb run, created on first use; an offline run then prints its `wandb sync` command."""
         created = self._experiment is None
         if created and rank_zero_only.rank == 0 and "settings" not in self._wandb_init:
-            self._wandb_init["settings"] = self._settings()
+            # Imported only now: importing wandb makes two temp folders (media, artifacts) that only its exit
+            # handler removes, so it waits for the writer's own TMPDIR (checkpoints/run_lock.py), which the next
+            # start empties after a kill -9.
+            import wandb
+
+            # Offline, our one line says where the run is and how to upload it: wandb's banner and footer would
+            # repeat it (the footer with a relative path, in ANSI colours even in a log file). Online, wandb
+            # keeps the lines that give the run's URL.
+            silent, colors = bool(self._offline), sys.stderr.isatty()
+            self._wandb_init["settings"] = wandb.Settings(silent=silent, quiet=True, show_colors=colors)
         if created and self._save_dir:
             Path(self._save_dir).mkdir(parents=True, exist_ok=True)  # wandb warns about a missing folder
             self._links_before = _links(RunDir(Path(self._save_dir)).wandb)
@@ -170,18 +173,6 @@ class RunWandbLogger(WandbLogger):
             # (its setup hook does so first) has nothing to upload, and its segment is removed.
             self._sync_hint = f"wandb: no credentials (or WANDB_MODE=offline): logging offline. Upload later with: wandb sync {folder}"
         return run
-
-    def _settings(self):
-        """wandb's settings for this run, made when the run is: importing wandb makes two temp folders (media,
-        artifacts) that only its exit handler removes, so it waits until the writer's own TMPDIR is in place
-        (checkpoints/run_lock.py), which the next start empties after a kill -9."""
-        import wandb
-
-        # Offline, our one line says where the run is and how to upload it: wandb's banner and footer would
-        # repeat it (the footer with a relative path, in ANSI colours even in a log file). Online, wandb keeps
-        # the lines that give the run's URL.
-        offline = bool(self._offline)
-        return wandb.Settings(silent=offline, quiet=True, show_colors=sys.stderr.isatty())
 
 
 def _kept(key: str) -> str | None:
