@@ -20,8 +20,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from checkpoints.run_dir import RunDir
 
-from .wandb_logger import TRAIN_PREFIX, RunWandbLogger, run_loggers
-
+TRAIN_PREFIX = "train/"
+KEPT_PREFIXES = (TRAIN_PREFIX, "val/")  # the scalar curves a resume gives back; media are not carried
 # In the checkpoint: [[step, {key: value}], ...] of every row with a KEPT_PREFIXES key (the name predates val/*).
 HISTORY_KEY = "train_history"
 _BLOCK, _HEADER = 32768, 7
@@ -61,9 +61,7 @@ def held_rows(run_dir: Path, prefixes: tuple[str, ...]) -> set[tuple[int, str]]:
     """(`trainer/global_step`, prefix) for each row a segment of the run holds with a key of one of `prefixes`."""
     return {
         (row["trainer/global_step"], prefix)
-        for path in sorted(
-            RunDir(run_dir).wandb.glob("*run-*/run-*.wandb")
-        )  # each segment's file, oldest first
+        for path in sorted(RunDir(run_dir).wandb.glob("*run-*/run-*.wandb"))  # each segment's, oldest first
         for row in history_rows(path)
         if "trainer/global_step" in row
         for prefix in prefixes
@@ -71,12 +69,76 @@ def held_rows(run_dir: Path, prefixes: tuple[str, ...]) -> set[tuple[int, str]]:
     }
 
 
+class KeptHistory:
+    """The train/* and val/* rows a WandbLogger logged, by step, to carry in checkpoints (TrainHistoryInCheckpoint)
+    and re-log what a killed segment had not written (mixed into RunWandbLogger)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.train_rows: dict[int, dict] = {}  # step -> the train/* and val/* values logged there
+        self._restored = False  # rows came from a checkpoint: re-log those no segment file holds
+        self._held: set[tuple[int, str]] | None = None  # what the segment files hold, read once per resume
+
+    def keep_rows(self, step: int, metrics: dict) -> None:
+        """Before logging `metrics` at `step`: re-log the rows a killed segment lost, then keep these."""
+        if self._restored:
+            self._relog_lost()
+        if any(key.startswith(KEPT_PREFIXES) for key in metrics):
+            self.train_rows.setdefault(step, {}).update(
+                {key: float(value) for key, value in metrics.items() if _kept(key) or key == "epoch"}
+            )
+
+    def restore_train_rows(self, rows: list) -> None:
+        """Take the train/* rows a checkpoint carried; the first metrics of this segment re-log the lost ones."""
+        self.train_rows = {int(step): dict(row) for step, row in rows}
+        self._restored = bool(self.train_rows)
+        self._held = None
+
+    def lacks_val_row(self, step: int) -> bool:
+        """Whether neither the resumed checkpoint's rows nor a segment file holds a val/* value at `step`."""
+        if any(key.startswith("val/") for key in self.train_rows.get(step, {})):
+            return False
+        return (step, "val/") not in self._held_rows()
+
+    def _held_rows(self) -> set[tuple[int, str]]:
+        if self._held is None:
+            self._held = held_rows(Path(self._save_dir), KEPT_PREFIXES) if self._save_dir else set()
+        return self._held
+
+    def _relog_lost(self) -> None:
+        # A killed segment's file ends at its last whole block: the rows after it were never written. They are
+        # logged again here, at their own steps, before this segment logs anything newer.
+        self._restored = False
+        held, self._held = self._held_rows(), None
+        lost = 0
+        for step, row in sorted(self.train_rows.items()):
+            missing = {key for key in row if _kept(key) and (step, _kept(key)) not in held}
+            if missing:
+                lost += 1
+                super().log_metrics(
+                    {key: v for key, v in row.items() if key in missing or key == "epoch"}, step
+                )
+        if lost:
+            rank_zero_info(
+                f"wandb: re-logged the train/* and val/* rows of {lost} step(s) a killed run had not written"
+            )
+
+
+def _kept(key: str) -> str | None:
+    """The one of KEPT_PREFIXES that `key` starts with, or None."""
+    return next((prefix for prefix in KEPT_PREFIXES if key.startswith(prefix)), None)
+
+
+def _history_loggers(trainer: L.Trainer) -> list[KeptHistory]:
+    return [logger for logger in trainer.loggers if isinstance(logger, KeptHistory)]
+
+
 class TrainHistoryInCheckpoint(L.Callback):
     """Carry the run's train/* rows in every checkpoint, so a resume after kill -9 can log again what the killed
     segment had not written (a few floats per logged step)."""
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        for logger in run_loggers(trainer):
+        for logger in _history_loggers(trainer):
             rows = {**logger.train_rows, **_row_not_logged_yet(trainer, logger)}
             checkpoint[HISTORY_KEY] = [[step, row] for step, row in sorted(rows.items())]
 
@@ -84,11 +146,11 @@ class TrainHistoryInCheckpoint(L.Callback):
         step = checkpoint[
             "global_step"
         ]  # rows past it belong to the abandoned branch: this run logs them anew
-        for logger in run_loggers(trainer):
+        for logger in _history_loggers(trainer):
             logger.restore_train_rows([row for row in checkpoint.get(HISTORY_KEY, []) if row[0] <= step])
 
 
-def _row_not_logged_yet(trainer: L.Trainer, logger: RunWandbLogger) -> dict[int, dict]:
+def _row_not_logged_yet(trainer: L.Trainer, logger: KeptHistory) -> dict[int, dict]:
     """{step: row} of this step's train/* values when the save comes before Lightning logs them (ModelCheckpoint
     saves in on_train_batch_end; the row goes to the loggers right after), else {}: the resume starts after
     this step, so only the checkpoint can give its row back."""
@@ -121,7 +183,9 @@ class ValidateSkippedStep(L.Callback):
         if step is None:
             return
         # Rank 0 reads the segment files; every rank must take the same decision (the validation syncs them).
-        lacks = trainer.is_global_zero and any(logger.lacks_val_row(step) for logger in run_loggers(trainer))
+        lacks = trainer.is_global_zero and any(
+            logger.lacks_val_row(step) for logger in _history_loggers(trainer)
+        )
         if not trainer.strategy.broadcast(lacks, src=0):
             return
         # Lightning's own rule says whether the step was due a validation: on such a restart it fast-forwards

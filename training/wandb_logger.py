@@ -1,6 +1,6 @@
 """The project's wandb logging: online or offline without ever prompting for a login, one wandb run per run
 directory (its id kept in the run directory and in every checkpoint), the offline notice once the run exists, and
-train/* and val/* history that survives kill -9 (training/wandb_history.py re-logs what a killed segment lost)."""
+train/* and val/* history that survives kill -9 (KeptHistory, training/wandb_history.py)."""
 
 from __future__ import annotations
 
@@ -21,13 +21,13 @@ from checkpoints.format import read_checkpoint
 from checkpoints.run_dir import RunDir
 from common.files import atomic_write
 
-TRAIN_PREFIX = "train/"
-KEPT_PREFIXES = (TRAIN_PREFIX, "val/")  # the scalar curves a resume gives back; media are not carried
+from .wandb_history import KeptHistory
+
 RUN_LOGGER = "training.wandb_logger.RunWandbLogger"  # as config.yaml records it: keep this module path
 WANDB_ID_KEY = "wandb_run_id"  # in the checkpoint: so a resume without the run directory logs to the same run
 
 
-class RunWandbLogger(WandbLogger):
+class RunWandbLogger(KeptHistory, WandbLogger):
     """A WandbLogger that says how to upload an offline run when, and only when, the run is created (after the
     data is prepared: a run that fails on its data prints no "upload later" line and leaves no run folder).
 
@@ -61,9 +61,6 @@ class RunWandbLogger(WandbLogger):
         self._trainer = None
         self._finished = False
         self._sync_hint: str | None = None  # printed with the first metrics (see experiment)
-        self.train_rows: dict[int, dict] = {}  # step -> the train/* and val/* values logged there
-        self._restored = False  # rows came from a checkpoint: re-log those no segment file holds
-        self._held: set[tuple[int, str]] | None = None  # what the segment files hold, read once per resume
 
     def follow(self, trainer) -> None:
         """Log every point at `trainer.global_step`, the count of finished optimizer steps the console shows
@@ -78,50 +75,8 @@ class RunWandbLogger(WandbLogger):
             self._sync_hint = None
         if self._trainer is not None and self._trainer.state.fn == "fit":
             step = self._trainer.global_step
-            if self._restored:
-                self._relog_lost()
-            if any(key.startswith(KEPT_PREFIXES) for key in metrics):
-                self.train_rows.setdefault(step, {}).update(
-                    {key: float(value) for key, value in metrics.items() if _kept(key) or key == "epoch"}
-                )
+            self.keep_rows(step, metrics)
         super().log_metrics(metrics, step)
-
-    def restore_train_rows(self, rows: list) -> None:
-        """Take the train/* rows a checkpoint carried; the first metrics of this segment re-log the lost ones."""
-        self.train_rows = {int(step): dict(row) for step, row in rows}
-        self._restored = bool(self.train_rows)
-        self._held = None
-
-    def lacks_val_row(self, step: int) -> bool:
-        """Whether neither the resumed checkpoint's rows nor a segment file holds a val/* value at `step`."""
-        if any(key.startswith("val/") for key in self.train_rows.get(step, {})):
-            return False
-        return (step, "val/") not in self._held_rows()
-
-    def _held_rows(self) -> set[tuple[int, str]]:
-        from .wandb_history import held_rows  # not at the top: wandb_history's callbacks import this module
-
-        if self._held is None:
-            self._held = held_rows(Path(self._save_dir), KEPT_PREFIXES) if self._save_dir else set()
-        return self._held
-
-    def _relog_lost(self) -> None:
-        # A killed segment's file ends at its last whole block: the rows after it were never written. They are
-        # logged again here, at their own steps, before this segment logs anything newer.
-        self._restored = False
-        held, self._held = self._held_rows(), None
-        lost = 0
-        for step, row in sorted(self.train_rows.items()):
-            missing = {key for key in row if _kept(key) and (step, _kept(key)) not in held}
-            if missing:
-                lost += 1
-                super().log_metrics(
-                    {key: v for key, v in row.items() if key in missing or key == "epoch"}, step
-                )
-        if lost:
-            rank_zero_info(
-                f"wandb: re-logged the train/* and val/* rows of {lost} step(s) a killed run had not written"
-            )
 
     def finalize(self, status: str) -> None:
         """Finish the wandb run here: wandb's own finish at exit ignores the settings above."""
@@ -173,11 +128,6 @@ class RunWandbLogger(WandbLogger):
             # (its setup hook does so first) has nothing to upload, and its segment is removed.
             self._sync_hint = f"wandb: no credentials (or WANDB_MODE=offline): logging offline. Upload later with: wandb sync {folder}"
         return run
-
-
-def _kept(key: str) -> str | None:
-    """The one of KEPT_PREFIXES that `key` starts with, or None."""
-    return next((prefix for prefix in KEPT_PREFIXES if key.startswith(prefix)), None)
 
 
 def _links(folder: Path) -> dict[str, str]:
