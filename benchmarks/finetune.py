@@ -11,7 +11,7 @@ held-out-style question through the chat template before and after.
 Trains configs/finetune-smollm2.yaml (train.py's overrides are accepted; the run folder, with its 1.6 GB
 checkpoint, is temporary unless --out names where to keep it) for --budget_s seconds of training,
 the learning-rate schedule laid over the budget as benchmarks/shakespeare_budget.py does. Both scores use the
-same text and method (training/val_score.py): the first --val_chars characters of the validation split (the
+same text and method (training/fit_summary.py): the first --val_chars characters of the validation split (the
 last 10% of tiny Shakespeare), in non-overlapping windows of data.block_size, as nats per character.
 """
 
@@ -30,8 +30,7 @@ from common.errors import run_command
 from data.datamodule import TextDataModule
 from model import generate
 from training import LitGPT
-from training.fit_summary import FitSummary
-from training.val_score import score_validation
+from training.fit_summary import FitSummary, score_validation
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 RECIPE = CONFIGS / "finetune-smollm2.yaml"

@@ -1,33 +1,100 @@
 """What a fit prints: before the first step the run's cost, so a config that cannot fit says so early
-(FitReport); after the last, the final validation loss, the whole-text score, and how to sample (FitSummary)."""
+(FitReport); after the last, the final validation loss, the whole-text score, and how to sample (FitSummary).
+
+The score a run is compared by is nats per character (and bits per byte) over the whole validation text:
+`val/loss` during training is nats per token over `trainer.limit_val_batches` random windows, which cannot be
+compared across tokenizers or with a character-level model. `score_validation` scores every validation token
+after the first with non-overlapping windows of block_size (the last one shorter); nats per character = total
+nats / the characters those tokens decode to.
+"""
 
 from __future__ import annotations
 
+import math
 import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import torch
+import torch.nn.functional as F
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from common.errors import UserError
+from data.batches import IGNORE_INDEX
 from model import ModelConfig
 
 from .flops import device_peak_flops, training_flops_per_token
 from .lit_gpt import runs_on_this_rank
 from .memory import estimate_training_memory
 from .samples import SampleGenerations
-from .val_score import score_validation
 
 # Scoring is a forward pass over the validation text, after the last step; only its first `score_tokens` are
 # scored. This default covers the whole validation text of the shipped from-scratch configs; on the CPU a 135 M
 # model scores about 130 tokens/s, so a fine-tune bounds it lower (configs/finetune-smollm2.yaml).
 MAX_SCORED_TOKENS = 131_072
 DEFAULT_PROMPT = "Once upon a time"
+# float32 logits held at once: windows x block_size x vocabulary x 4 bytes. A fixed 64 windows of gpt2-small
+# (1024 x 50304) would be 13 GB, twice that with the softmax, at the end of a long run.
+LOGITS_BUDGET_BYTES = 256 * 2**20
+
+
+def windows_per_batch(block_size: int, vocab_size: int) -> int:
+    """How many windows of logits fit LOGITS_BUDGET_BYTES (at least one)."""
+    return max(1, LOGITS_BUDGET_BYTES // (block_size * vocab_size * 4))
+
+
+@torch.no_grad()
+def score_validation(
+    model,
+    tokenizer,
+    tokens,
+    block_size: int,
+    batch_size: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    mask=None,
+) -> dict[str, float]:
+    """Total nats over every token of `tokens` (an array, or what np.asarray reads: the token cache's parts) but
+    the first: per token, per character, per byte. With `mask` (chat: 1 on the assistant's tokens, aligned with
+    `tokens`) only the masked tokens count, as targets and as characters.
+
+    `batch_size` windows per forward; None: as many as `windows_per_batch` allows. `progress(done, total)`
+    is called after each forward with the windows scored so far.
+    """
+    device = next(model.parameters()).device
+    batch_size = batch_size or windows_per_batch(block_size, model.config.vocab_size)
+    ids = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
+    keep = torch.ones(len(ids), dtype=torch.bool) if mask is None else torch.from_numpy(np.asarray(mask) != 0)
+    targets = ids.masked_fill(~keep, IGNORE_INDEX)
+    full = (len(ids) - 1) // block_size
+    x = ids[: full * block_size].view(full, block_size)
+    y = targets[1 : full * block_size + 1].view(full, block_size)
+    nats = 0.0
+    for start in range(0, full, batch_size):
+        logits = model(x[start : start + batch_size].to(device)).flatten(0, 1).float()
+        target = y[start : start + batch_size].flatten().to(device)
+        nats += F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum").item()
+        if progress is not None:
+            progress(min(start + batch_size, full), full)
+    tail = ids[full * block_size :].to(device)
+    if len(tail) > 1:
+        tail_targets = targets[full * block_size + 1 :].to(device)
+        nats += F.cross_entropy(
+            model(tail[None, :-1])[0].float(), tail_targets, ignore_index=IGNORE_INDEX, reduction="sum"
+        ).item()
+    count = int(keep[1:].sum())
+    text = tokenizer.decode(ids[1:][keep[1:]].tolist())
+    return {
+        "nats_per_token": nats / max(1, count),
+        "nats_per_char": nats / max(1, len(text)),
+        "bpb": nats / math.log(2) / max(1, len(text.encode("utf-8"))),
+        "chars": len(text),
+        "tokens": count,
+    }
 
 
 def _size(n: float) -> str:
