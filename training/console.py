@@ -95,12 +95,6 @@ def silence_known_noise() -> None:
         disable_progress_bar()
 
 
-def _metrics_text(metrics: dict) -> str:
-    shown = {key: value for key, value in metrics.items() if key != "v_num"}
-    return " ".join(f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
-                    for key, value in shown.items())  # fmt: skip
-
-
 class StepProgressBar(RichProgressBar):
     """Lightning's rich bar, counting optimizer steps out of trainer.max_steps."""
 
@@ -136,18 +130,15 @@ class LineProgress(ProgressBar):
     def disable(self) -> None:
         self._enabled = False
 
-    def interval(self, trainer: L.Trainer) -> int:
-        """Steps between two lines: trainer.log_every_n_steps, stretched so a run prints ~LINES_PER_RUN."""
-        return max(trainer.log_every_n_steps, trainer.max_steps // LINES_PER_RUN, 1)
-
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start_time, self._start_step = time.monotonic(), trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step, total = trainer.global_step, trainer.max_steps
+        every = max(trainer.log_every_n_steps, total // LINES_PER_RUN, 1)  # stretched for a long run
         # The last step's line waits for on_train_end: a validation after that step would come after it, and
         # the line would show the previous val/loss.
-        if self._enabled and step % self.interval(trainer) == 0 and step != total:
+        if self._enabled and step % every == 0 and step != total:
             self._print_line(trainer, pl_module)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -161,7 +152,11 @@ class LineProgress(ProgressBar):
         line = f"step {step}/{total}" if total > 0 else f"step {step}"
         if total > 0 and done > 0:
             line += f" | {_clock(elapsed)} elapsed, ~{_clock(elapsed / done * (total - step))} left"
-        metrics = _metrics_text(self.get_metrics(trainer, pl_module))
+        metrics = " ".join(
+            f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
+            for key, value in self.get_metrics(trainer, pl_module).items()
+            if key != "v_num"  # the logger's run id
+        )
         busy = busy_note(torch.get_num_threads())
         print(" | ".join(part for part in (line, metrics, busy) if part), flush=True)
 

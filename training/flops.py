@@ -53,14 +53,9 @@ def matmul_params(config: ModelConfig) -> int:
     return config.n_layer * (attention + mlp) + c * config.vocab_size
 
 
-def attention_flops_per_token(config: ModelConfig, seq_len: int) -> int:
-    """Training FLOPs per token of the attention matmuls over `seq_len` keys (12 * L * H * D * T)."""
-    return 12 * config.n_layer * config.n_head * config.head_dim * seq_len
-
-
 def training_flops_per_token(config: ModelConfig, seq_len: int) -> int:
-    """Forward + backward FLOPs per token at context `seq_len`: 6 N + the attention term."""
-    return 6 * matmul_params(config) + attention_flops_per_token(config, seq_len)
+    """Forward + backward FLOPs per token at context `seq_len`: 6 N + the attention term 12 * L * H * D * T."""
+    return 6 * matmul_params(config) + 12 * config.n_layer * config.n_head * config.head_dim * seq_len
 
 
 def peak_bf16_flops(device_name: str) -> float | None:
