@@ -91,13 +91,8 @@ class GracefulCtrlC(L.Callback):
         self.checkpoint: Path | None = None
         self.run_dir: Path | None = None
         self._trainer: L.Trainer | None = None
-        self._training = False
+        self.training_started = False  # True once the training loop has started (on_train_start)
         self._previous = None
-
-    @property
-    def training_started(self) -> bool:
-        """True once the training loop has started (Lightning's on_train_start)."""
-        return self._training
 
     def install(self, trainer: L.Trainer) -> None:
         """Handle SIGINT for the duration of `trainer.fit` (signals can only be set from the main thread)."""
@@ -112,7 +107,7 @@ class GracefulCtrlC(L.Callback):
             self._previous = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._training = True
+        self.training_started = True
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
@@ -135,7 +130,7 @@ class GracefulCtrlC(L.Callback):
         )
 
     def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
-        if self.pressed or not self._training or self._trainer is None:
+        if self.pressed or not self.training_started or self._trainer is None:
             signal.signal(signal.SIGINT, signal.SIG_DFL)  # a third Ctrl-C gets Python's default
             when = "again: stopped at once" if self.pressed else "before training started: nothing to save"
             print(f"interrupted (Ctrl-C) {when}", file=sys.stderr, flush=True)

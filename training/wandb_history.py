@@ -2,7 +2,7 @@
 
 wandb writes its `.wandb` file in blocks, so a kill -9 loses the last rows. Every checkpoint carries the rows
 (TrainHistoryInCheckpoint); a resume reads which rows the segment files hold (`held_rows`) and re-logs the others
-(RunWandbLogger), and runs again the validation Lightning skips at the resumed step when no segment holds its
+(KeptHistory, mixed into RunWandbLogger), and runs again the validation Lightning skips at the resumed step when no segment holds its
 values (ValidateSkippedStep). The file is a LevelDB-style log: 32 KiB blocks of records with a 7-byte header
 (crc32, length, type) holding protobuf `Record`s, after a 7-byte W&B header; a killed writer leaves a partial
 record at the end, which is skipped.
