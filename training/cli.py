@@ -100,10 +100,9 @@ class GPTCLI(LightningCLI):
         args, self.resumed_from_run_dir = expand_run_dir_resume(args)
         self.config = parser.parse_args(args)
         _refuse_unusable_run(self.config)  # before Lightning seeds and says so
+        # init_from refuses the model keys the user set: read those without the defaults.
         prefix = f"{self.config.get('subcommand')}." if self.config.get("subcommand") else ""
-        if self.config.get(
-            f"{prefix}model.init_from"
-        ):  # init_from refuses keys the user set against the model
+        if self.config.get(f"{prefix}model.init_from"):
             self.explicit_config = _explicit_keys(parser, args)
 
     def _parse_ckpt_path(self) -> None:
@@ -183,10 +182,9 @@ class GPTCLI(LightningCLI):
             explicit = explicit.get(self.subcommand)
         self.pretrained = apply_init_from(config, explicit)  # before anything is written
         check_numbers(config.data)  # before the model, whose vocab_size and block_size follow data's
-        files = config.get("config") or []
-        run_dir = Path(config.trainer.default_root_dir) / (
-            config.run_name or (Path(str(files[-1])).stem if files else "default")
-        )
+        files = config.get("config") or []  # the run is named after the last config file by default
+        name = config.run_name or (Path(str(files[-1])).stem if files else "default")
+        run_dir = Path(config.trainer.default_root_dir) / name
         if self.subcommand in ("fit", None) and not config.get("ckpt_path"):
             refuse_to_overwrite(run_dir)
         check_readable(config.get("ckpt_path"))  # with run=False, _parse_ckpt_path did not run
@@ -207,7 +205,6 @@ class GPTCLI(LightningCLI):
         elif ours:
             # A resumed run's saved config names the logger of the folder it was saved in: rebuilt for this
             # run directory, so a copied or moved run logs where it now is.
-            name = config.run_name or run_dir.name
             config.trainer.logger = run_logger(run_dir, config.wandb_project, name, config.get("ckpt_path"))
         extra = [ThroughputMonitor(), LastCheckpoint(), self.ctrl_c, WandbIdInCheckpoint()]
         extra += [TrainHistoryInCheckpoint(), ValidateSkippedStep(), FitReport()]
