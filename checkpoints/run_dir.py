@@ -141,7 +141,7 @@ def checkpoint_step(path: Path) -> int | None:
 
 def resume_candidates(checkpoint_dir: Path) -> list[Path]:
     """Checkpoints in `checkpoint_dir`, newest first: step files by step, then a `last.ckpt` that is not one of
-    them, then sharded checkpoint folders.
+    them, then sharded checkpoint folders (a sharded strategy writes no step files).
 
     `last.ckpt` is normally a hard link to the newest step file; it is listed on its own only when it is a
     separate file (a run from before step files, or a copy), and then after the step files, since a kill
@@ -151,20 +151,12 @@ def resume_candidates(checkpoint_dir: Path) -> list[Path]:
     last = checkpoint_dir / LAST_NAME
     if last.is_file() and not any(last.samefile(p) for p in steps):
         steps.append(last)
-    return steps + sharded_folders(checkpoint_dir)
-
-
-def sharded_folders(checkpoint_dir: Path) -> list[Path]:
-    """The sharded checkpoint folders of a run (a sharded strategy writes no step files), newest step first.
-
-    Lightning rewrites a sharded `last.ckpt` in place, so at equal steps the step-named folder comes first.
-    """
-    if not checkpoint_dir.is_dir():
-        return []
-    folders = [path for path in checkpoint_dir.iterdir() if is_sharded_checkpoint(path)]
-    return sorted(
-        folders, key=lambda path: (checkpoint_step(path) or -1, path.name != LAST_NAME), reverse=True
+    sharded = (
+        [p for p in checkpoint_dir.iterdir() if is_sharded_checkpoint(p)] if checkpoint_dir.is_dir() else []
     )
+    # Lightning rewrites a sharded `last.ckpt` in place, so at equal steps the step-named folder comes first.
+    sharded.sort(key=lambda path: (checkpoint_step(path) or -1, path.name != LAST_NAME), reverse=True)
+    return steps + sharded
 
 
 def choose_checkpoint(
