@@ -17,17 +17,18 @@ def fit() -> int | None:
     from jsonargparse import ArgumentError
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+    from checkpoints.resume import RunAlreadyFinished
+    from checkpoints.save_on_stop import GracefulCtrlC
     from data.datamodule import TextDataModule
     from training import LitGPT
-    from training.cli import GPTCLI, RunAlreadyFinished
-    from training.ctrl_c import GracefulCtrlC
+    from training.cli import GPTCLI
 
     ctrl_c = GracefulCtrlC()
     try:
         # exit_on_error=False turns jsonargparse's usage dump into an exception we print as one line.
         GPTCLI(LitGPT, TextDataModule, save_config_kwargs={"overwrite": True}, parser_kwargs={"exit_on_error": False},
                ctrl_c=ctrl_c)  # fmt: skip
-    except SIGTERMException:  # also raised for the first Ctrl-C (see training/ctrl_c.py)
+    except SIGTERMException:  # also raised for the first Ctrl-C (see checkpoints/save_on_stop.py)
         print(ctrl_c.stop_message(), file=sys.stderr)
         return EXIT_INTERRUPTED if ctrl_c.pressed else EXIT_TERMINATED
     except RunAlreadyFinished as done:

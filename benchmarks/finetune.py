@@ -6,7 +6,7 @@
 
 Trains configs/finetune-smollm2.yaml (train.py's overrides are accepted; the run folder, with its 1.6 GB
 checkpoint, is temporary unless --out names where to keep it) for --budget_s seconds, the schedule laid over
-the budget as in benchmarks/shakespeare_budget.py. Both scores (training/val_score.py) are nats per character
+the budget as in benchmarks/shakespeare_budget.py. Both scores (training/fit_summary.py) are nats per character
 of the first --val_chars characters of the validation split, in non-overlapping windows of data.block_size.
 With --sft the recipe is configs/sft-smollm2.yaml (the shipped conversations, run from the repository root),
 the score nats per assistant token over every held-out conversation, with one greedy reply to a question
@@ -28,8 +28,7 @@ from common.errors import run_command
 from data.datamodule import TextDataModule
 from model import generate
 from training import LitGPT
-from training.fit_summary import FitSummary
-from training.val_score import score_validation
+from training.fit_summary import FitSummary, score_validation
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 RECIPE = CONFIGS / "finetune-smollm2.yaml"

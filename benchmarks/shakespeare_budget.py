@@ -28,7 +28,7 @@ from data.datamodule import TextDataModule
 from model import generate
 from training import LitGPT
 from training.cli import GPTCLI
-from training.val_score import score_validation
+from training.fit_summary import score_validation
 
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "shakespeare.yaml"  # found from any directory
 

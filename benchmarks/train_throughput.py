@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader
 from benchmarks.lightning_checks import StepLog
 from data.batches import TrainBatches
 from training import LitGPT
-from training.host_allocator import retain_freed_memory
+from training.cli import retain_freed_memory
 from training.schedule import lr_multiplier
 
 # The optimizer and schedule of configs/shakespeare.yaml; the model shape comes from the arguments.

@@ -1,18 +1,15 @@
 """Checkpoints that survive `kill -9`: step-named files written atomically, `last.ckpt` a hard link to the newest.
 
 Every save Lightning asks for as `<dir>/last.ckpt` is written as `<dir>/step-<global step>.ckpt` under a
-temporary name in `<dir>` itself (never the system temp directory, which is often another filesystem, where
-the final move would be a copy), flushed and fsynced, renamed into place, and the folder fsynced. Only then is
-`last.ckpt` re-pointed at it, and step files beyond the newest `keep_last` are removed.
+temporary name in `<dir>` itself (the system temp directory is often another filesystem, where the final move
+would be a copy), flushed and fsynced, renamed into place, and the folder fsynced. Only then is `last.ckpt`
+re-pointed at it, and step files beyond the newest `keep_last` are removed.
 
-Why a hard link for `last.ckpt` (not a copy or a symlink): a link costs no bytes and no write time, and is made
-atomically (link to a temporary name, then `os.replace`), so `last.ckpt` always names a complete file. Unlike a
-symlink, it is an ordinary file to every tool: `generate.py`, `scp`, `cp` without `-a`, and copying a run
-directory elsewhere keep working, and removing an old step file never leaves `last.ckpt` dangling. Where the
-filesystem refuses hard links, `last.ckpt` falls back to a durable copy made the same atomic way.
-
-A kill at any moment therefore leaves the previous checkpoints whole; what it may leave is a temporary file,
-which the next writer of the run removes once it holds the run's lock (`checkpoints.run_lock.own_run_dir`).
+A hard link costs no bytes or write time, is made atomically (link to a temporary name, then `os.replace`), and
+unlike a symlink is an ordinary file to every tool (`generate.py`, `scp`, `cp`, a copied run directory) that never
+dangles when an old step file goes. Where the filesystem refuses hard links, it is a durable copy made the same way.
+A kill at any moment leaves the previous checkpoints whole, at most with a temporary file that the next writer
+removes once it holds the run's lock (`checkpoints.run_lock.own_run_dir`).
 """
 
 from __future__ import annotations
@@ -63,7 +60,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
     ) -> None:
-        """Write `checkpoint`; a save to `last.ckpt` becomes a step file plus an atomic re-link of `last.ckpt`."""
+        """A save to `last.ckpt` becomes a step file plus an atomic re-link of `last.ckpt`."""
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
         path = Path(path)
@@ -82,8 +79,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 raise
             raise CheckpointSaveError(f"{disk} (earlier checkpoints are intact)") from err
 
-    def remove_checkpoint(self, path: str | Path) -> None:
-        """Remove a checkpoint file (ModelCheckpoint calls this for top-k files it drops)."""
+    def remove_checkpoint(self, path: str | Path) -> None:  # ModelCheckpoint's call for top-k files it drops
         Path(path).unlink(missing_ok=True)
 
     def _write(self, checkpoint: dict[str, Any], path: Path) -> None:

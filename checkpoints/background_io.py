@@ -1,13 +1,10 @@
 """Saving checkpoints on a background thread, with the same guarantees as the synchronous save.
 
-The training thread only snapshots the tensors (a copy in memory, so the next optimizer step cannot change what
-is being written) and hands the snapshot to one writer thread, which runs `AtomicCheckpointIO` unchanged: the
-same temporary file, fsyncs, rename and `last.ckpt` link, in the same order. At most one save is in flight: a
-new save first waits for the previous one, so memory holds at most one extra copy and files appear in step
-order. A failed save raises on the training thread at the next save, removal, load or at teardown.
-
-Lightning's own `AsyncCheckpointIO` queues without bound and runs removals outside the queue, which is why
-this small class exists.
+The training thread only snapshots the tensors (so the next optimizer step cannot change what is being written)
+and hands the snapshot to one writer thread running `AtomicCheckpointIO` unchanged. At most one save is in flight
+(a new save first waits for the previous one), so memory holds at most one extra copy and files appear in step
+order; a failed save raises on the training thread at the next save, removal, load or at teardown. Lightning's
+own `AsyncCheckpointIO` queues without bound and runs removals outside the queue.
 """
 
 from __future__ import annotations
@@ -54,13 +51,11 @@ class BackgroundCheckpointIO(CheckpointIO):
     def load_checkpoint(
         self, path: str | Path, map_location: Any = None, weights_only: bool | None = None
     ) -> dict:
-        """Load after any save in flight has finished."""
         self.wait()
         return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
 
     def remove_checkpoint(self, path: str | Path) -> None:
-        """Remove in order with the saves."""
-        self.wait()
+        self.wait()  # in order with the saves
         self.inner.remove_checkpoint(path)
 
     def teardown(self) -> None:

@@ -1,17 +1,12 @@
 """The checkpoint format: what training writes into a checkpoint and how it is read back.
 
 A checkpoint is a Lightning checkpoint dict whose `state_dict` holds the GPT weights under STATE_PREFIX (the
-LightningModule keeps the GPT as its `model` attribute) and whose META_KEY entry holds plain-typed metadata
-built by `checkpoint_metadata`:
-`{"format": FORMAT_VERSION, "model_config": dict, "tokenizer_json": str, "tokenizer_sha256": str, "data": dict,
-"skipped_batches": int}`.
-Everything is plain types and tensors, so `torch.load(path, weights_only=True)` reads it without Lightning.
-
-A sharded strategy (FSDP2 through Lightning's ModelParallelStrategy) writes a folder instead: the weights as a
-torch.distributed.checkpoint (one file per rank, keys `state_dict.<name>`) and everything else in SHARDED_META.
-`load_checkpoint` reads both kinds in one process. A run directory (or its checkpoints/ folder) means its newest
-readable checkpoint (checkpoints.choice). Only torch, the standard library, common/ and model/: generate.py and
-interop import this without Lightning.
+LightningModule's `model`) and whose META_KEY entry holds the plain-typed `checkpoint_metadata`, so
+`torch.load(path, weights_only=True)` reads it without Lightning. A sharded strategy (FSDP2) writes a folder
+instead: the weights as a torch.distributed.checkpoint (one file per rank, keys `state_dict.<name>`) and the rest
+in SHARDED_META; `load_checkpoint` reads both in one process. A run directory (or its checkpoints/ folder) means
+its newest readable checkpoint (checkpoints.run_dir). Only torch, the standard library, common/ and model/:
+generate.py and interop import this without Lightning.
 """
 
 from __future__ import annotations
@@ -30,13 +25,15 @@ from common.errors import first_line
 from model.config import ModelConfig
 from model.gpt import GPT
 
-from .choice import CheckpointError, Wording, choose_checkpoint
 from .run_dir import (
     LAST_NAME,
     SHARDED_INDEX,
     SHARDED_META,
+    CheckpointError,
     RunDir,
+    Wording,
     checkpoint_dict_file,
+    choose_checkpoint,
     is_sharded_checkpoint,
 )
 
@@ -91,10 +88,8 @@ def plain(value: Any) -> Any:
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict, Path]:
-    """The raw checkpoint dict (weights_only) and its resolved path, with its metadata checked (one-line errors).
-
-    For a sharded folder the dict is SHARDED_META's: everything but the weights (see `load_checkpoint`).
-    """
+    """The raw checkpoint dict (weights_only; a sharded folder's SHARDED_META) and its resolved path, with its
+    metadata checked (one-line errors)."""
     path, ckpt = _resolve(path)
     return (read_checkpoint_file(path) if ckpt is None else ckpt), path
 
@@ -130,8 +125,7 @@ def _readable(path: Path) -> dict:
 
 
 def read_checkpoint_file(path: Path) -> dict:
-    """The dict of one checkpoint file or sharded folder, its zip checksums and metadata checked (one-line
-    CheckpointErrors)."""
+    """The dict of one checkpoint file or sharded folder, its zip checksums and metadata checked."""
     file = checkpoint_dict_file(path)
     try:
         ckpt = torch.load(file, map_location="cpu", weights_only=True)
@@ -173,8 +167,8 @@ def _unreadable(file: Path, err: Exception) -> CheckpointError:
 
 
 def _check_checksums(file: Path) -> None:
-    """Refuse a file whose zip members fail their CRC-32: torch.load does not check them, so flipped bytes in
-    the weights would load silently. About 50 ms per 100 MB (the file was just read: it is in the page cache)."""
+    """Refuse a file whose zip members fail their CRC-32, which torch.load does not check: flipped bytes in the
+    weights would load silently. About 50 ms per 100 MB (the file was just read: it is in the page cache)."""
     if not zipfile.is_zipfile(file):  # the legacy pickle format (just read by torch.load): no checksums
         return
     try:
@@ -229,10 +223,8 @@ def loaded_from(ckpt: dict, path: Path, map_location: str | torch.device = "cpu"
 
 
 def sharded_contents(path: Path) -> set[str]:
-    """The state groups a sharded folder holds ("state_dict", "optimizer_0", ...), without reading tensors.
-
-    Its index and every shard file the index names must be there; otherwise one CheckpointError line.
-    """
+    """The state groups a sharded folder holds ("state_dict", "optimizer_0", ...), without reading tensors; its
+    index and every shard file the index names must be there (else one CheckpointError line)."""
     from torch.distributed.checkpoint import FileSystemReader
 
     if not (path / SHARDED_INDEX).is_file():

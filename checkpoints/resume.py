@@ -1,22 +1,37 @@
-"""Resuming: which checkpoint can continue a run, and `python train.py fit --ckpt_path runs/<run>`.
+"""Resuming: `--ckpt_path` checked right after parsing, which checkpoint can continue a run, `--ckpt_path runs/<run>`.
 
 A run directory holds `config.yaml` (the fully resolved config, written when the run's training starts) and
-`checkpoints/`. Resuming from the directory reads that config first, so no override given to the first run
-(data.data_files, model sizes, ...) has to be repeated; anything else on the command line is applied on top
-of it, as usual. The checkpoint is the newest resumable one (checkpoints.choice), for `--ckpt_path last` too.
+`checkpoints/`. Resuming from the directory reads that config first, so no override given to the first run has
+to be repeated; anything else on the command line applies on top of it. The checkpoint is the newest resumable
+one (checkpoints.run_dir), for `--ckpt_path last` too.
+
+The checks run before any file or wandb run is touched: a text file, a truncated file or another project's
+checkpoint is one line (CheckpointError), and so is a config whose model sizes do not fit the checkpoint's
+weights, which would otherwise fail later with a long traceback, after config.yaml was rewritten.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from common.errors import UserError
+import torch
 
-from .choice import CheckpointError, Wording, choose_checkpoint
-from .format import loaded_from, read_checkpoint, sharded_contents
-from .run_dir import RunDir, is_sharded_checkpoint
+from common.errors import UserError
+from model import GPT, ModelConfig
+
+from .format import META_KEY, loaded_from, read_checkpoint, sharded_contents
+from .run_dir import (
+    LAST_NAME,
+    CheckpointError,
+    RunDir,
+    Wording,
+    checkpoint_step,
+    choose_checkpoint,
+    is_sharded_checkpoint,
+)
 
 CKPT_FLAG = "--ckpt_path"
 # What Lightning needs to continue a run exactly; a checkpoint without them is not resumable.
@@ -27,16 +42,25 @@ RESUMING = Wording(
     none="no checkpoint in {folder} can resume training (newest {name}: {reason}; {count} checked); pass a "
     "good file with --ckpt_path or start a new run with --run_name",
 )
+# Values of --ckpt_path that Lightning resolves itself (or that checkpoints.settings resolves later).
+SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
+MODEL_FIELDS = tuple(field.name for field in dataclasses.fields(ModelConfig))
+# Model fields that the data module owns (see training/cli.py's link_arguments).
+DATA_FIELDS = ("vocab_size", "block_size")
+
+
+class RunAlreadyFinished(Exception):
+    """Resuming a run whose checkpoint already reached trainer.max_steps: nothing to train (exit 0)."""
 
 
 def check_resumable(path: Path) -> None:
     """Raise CheckpointError unless `path` is intact, ours, and holds what resuming needs.
 
-    A file's zip CRCs are checked (checkpoints.format) and its weights loaded. A sharded folder's weights and
-    optimizer states stay in its shard files, unread: the index must name both and every shard file must be there.
+    A file's zip CRCs are checked and its weights loaded. A sharded folder's weights and optimizer states stay
+    unread in its shard files: the index must name both and every shard file must be there.
     """
     sharded = is_sharded_checkpoint(path)
-    if sharded:  # the index must name the weights and optimizer states kept in the shard files
+    if sharded:
         held = sharded_contents(path)
         not_in_shards = [key for key in ("state_dict", "optimizer_0") if key not in held]
         needed = [key for key in RESUME_KEYS if key not in ("state_dict", "optimizer_states")]
@@ -53,8 +77,8 @@ def check_resumable(path: Path) -> None:
 def choose_resume_checkpoint(checkpoint_dir: str | Path, warn: Callable[[str], None] = print) -> Path | None:
     """The newest resumable checkpoint in `checkpoint_dir`, or None when the folder holds no checkpoint.
 
-    When a newer checkpoint fails `check_resumable`, `warn` gets one line naming it and the file used instead.
-    When none is resumable, raises NoGoodCheckpointError (one line) and touches nothing.
+    `warn` gets one line for each newer checkpoint that fails `check_resumable`; when none is resumable,
+    NoGoodCheckpointError (one line), and nothing is touched.
     """
     chosen = choose_checkpoint(Path(checkpoint_dir), check_resumable, RESUMING, warn)
     return None if chosen is None else chosen[0]
@@ -104,3 +128,73 @@ def _ckpt_path_argument(args: list[str]) -> tuple[tuple[int, int], Path | None]:
         if arg.startswith(CKPT_FLAG + "="):
             return (index, index + 1), Path(arg.split("=", 1)[1])
     return (0, 0), None
+
+
+def is_checkpoint_file_path(ckpt_path: str | None) -> bool:
+    """True for a --ckpt_path naming a local file or folder (not 'last', a URL, or nothing)."""
+    return bool(ckpt_path) and ckpt_path not in SPECIAL_CKPT_PATHS and "://" not in ckpt_path
+
+
+def check_readable(ckpt_path: str | None) -> None:
+    """One line (CheckpointError, exit 2) unless `ckpt_path` is a readable checkpoint written by train.py."""
+    if is_checkpoint_file_path(ckpt_path):
+        read_checkpoint(ckpt_path)
+
+
+def refuse_size_change(config, ckpt_path: str | None, subcommand: str) -> None:
+    """Raise UserError when the parsed config builds a model whose weights cannot load `ckpt_path`."""
+    if not is_checkpoint_file_path(ckpt_path):
+        return
+    stored = read_checkpoint(ckpt_path)[0][META_KEY]["model_config"]
+    model, data = config.get("model") or {}, config.get("data") or {}
+    requested = {**stored, **{name: model.get(name) for name in MODEL_FIELDS if model.get(name) is not None}}
+    requested.update({name: data.get(name) for name in DATA_FIELDS if data.get(name) is not None})
+    if _weight_shapes(stored) == _weight_shapes(requested):
+        return
+    changed = ", ".join(
+        f"{name}={requested[name]!r} (checkpoint: {stored.get(name)!r})"
+        for name in MODEL_FIELDS
+        if requested.get(name) != stored.get(name)
+    )
+    if subcommand == "fit":
+        fix = "a run's model sizes are fixed: drop the override, or start a new run with --run_name"
+    else:
+        fix = f"pass the config it was trained with (--config {_run_config(ckpt_path)})"
+    raise UserError(f"--ckpt_path {ckpt_path}: the config asks {changed}; {fix}")
+
+
+def _weight_shapes(fields: dict) -> dict[str, tuple[int, ...]]:
+    with torch.device("meta"):  # shapes only: no memory and no initialisation cost
+        model = GPT(ModelConfig(**{k: v for k, v in fields.items() if k in MODEL_FIELDS}))
+    return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+
+
+def _run_config(ckpt_path: str) -> str:
+    """The config.yaml of the run a checkpoint belongs to (runs/<run>/checkpoints/x.ckpt), or a placeholder."""
+    for run in (RunDir(ckpt_path), RunDir.of_checkpoint(ckpt_path)):
+        if run.config.is_file():
+            return str(run.config)
+    return str(RunDir(Path("runs") / "<run>").config)
+
+
+def refuse_to_overwrite(run_dir: Path) -> None:
+    """A fresh fit into a folder that already holds checkpoints: say how to resume it instead."""
+    if any(RunDir(run_dir).checkpoints.glob("*.ckpt")):
+        raise UserError(
+            f"{run_dir} already holds checkpoints; resume it with `python train.py fit --ckpt_path {run_dir}` "
+            "or start a new run with --run_name"
+        )
+
+
+def refuse_finished_run(trainer, ckpt_path: str | None) -> None:
+    """RunAlreadyFinished when the checkpoint resumed already reached trainer.max_steps."""
+    if not ckpt_path or trainer.max_steps < 0:
+        return
+    if ckpt_path == "last" and trainer.checkpoint_callback is not None:
+        ckpt_path = str(Path(trainer.checkpoint_callback.dirpath) / LAST_NAME)
+    step = checkpoint_step(Path(ckpt_path)) if Path(ckpt_path).exists() else None
+    if step is not None and step >= trainer.max_steps:
+        raise RunAlreadyFinished(
+            f"{ckpt_path} is at step {step}, already trainer.max_steps={trainer.max_steps}: nothing to train "
+            "(raise --trainer.max_steps to train further)"
+        )

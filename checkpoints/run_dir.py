@@ -1,4 +1,5 @@
-"""Where things are on disk: the parts of a run directory and the names inside its checkpoints folder.
+"""Where things are on disk (the parts of a run directory, the names in its checkpoints folder), and which
+checkpoint a folder means: the newest one that is whole, with a warning line for each newer bad one.
 
     runs/<run>/
         config.yaml          the fully resolved config, written when training starts (training/run_config.py)
@@ -12,7 +13,9 @@
     run: emptied at each start and removed at its end.
 
 A sharded strategy (FSDP2) writes each checkpoint as a folder: the weight shards, their index SHARDED_INDEX,
-and everything else in SHARDED_META. Standard library only: generate.py reads this without Lightning.
+and everything else in SHARDED_META. One rule for every reader: generate.py, the exports and interop read the
+newest readable checkpoint (checkpoints.format), `fit --ckpt_path last` or `--ckpt_path <run dir>` the newest
+resumable one (checkpoints.resume); only the check differs. No Lightning: generate.py reads this.
 """
 
 from __future__ import annotations
@@ -20,13 +23,20 @@ from __future__ import annotations
 import hashlib
 import re
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple, TypeVar
+
+import torch
+
+from common.errors import UserError, first_line
 
 LAST_NAME = "last.ckpt"
 STEP_FILE = re.compile(r"^step-(\d+)\.ckpt$")
 SHARDED_META = "meta.pt"  # Lightning's name for the non-tensor part of a sharded checkpoint folder
 SHARDED_INDEX = ".metadata"  # torch.distributed.checkpoint's index of a sharded folder: which file holds what
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -102,3 +112,74 @@ def is_sharded_checkpoint(path: Path) -> bool:
 def checkpoint_dict_file(path: Path) -> Path:
     """The file `torch.load` reads for a checkpoint: the file itself, or a sharded folder's SHARDED_META."""
     return path / SHARDED_META if is_sharded_checkpoint(path) else path
+
+
+class CheckpointError(UserError):
+    """A checkpoint that is missing, truncated or not one of ours; the message is one line naming the file."""
+
+
+class NoGoodCheckpointError(CheckpointError):
+    """Every checkpoint in the folder is unreadable or incomplete."""
+
+
+class Wording(NamedTuple):
+    """How the warnings and the error of one use of `choose_checkpoint` read."""
+
+    bad: str  # after the path of a checkpoint that failed: "cannot be resumed"
+    using: str  # before the name of the one used instead: "resuming from"
+    none: str  # the error when none passes; fields {folder}, {newest} (path), {name}, {reason}, {count}
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The global step a checkpoint file or sharded folder holds, read without loading its tensors into memory."""
+    try:
+        file = checkpoint_dict_file(path)
+        return int(torch.load(file, map_location="cpu", weights_only=True, mmap=True)["global_step"])
+    except Exception:  # an unreadable checkpoint is reported by the real load, with its own message
+        return None
+
+
+def resume_candidates(checkpoint_dir: Path) -> list[Path]:
+    """Checkpoints in `checkpoint_dir`, newest first: step files by step, then a `last.ckpt` that is not one of
+    them, then sharded checkpoint folders (a sharded strategy writes no step files).
+
+    `last.ckpt` is normally a hard link to the newest step file; it is listed on its own only when it is a
+    separate file (a run from before step files, or a copy), and then after the step files, since a kill
+    between writing a step file and re-linking `last.ckpt` leaves `last.ckpt` one save behind.
+    """
+    steps = list(reversed(step_files(checkpoint_dir).values()))
+    last = checkpoint_dir / LAST_NAME
+    if last.is_file() and not any(last.samefile(p) for p in steps):
+        steps.append(last)
+    sharded = (
+        [p for p in checkpoint_dir.iterdir() if is_sharded_checkpoint(p)] if checkpoint_dir.is_dir() else []
+    )
+    # Lightning rewrites a sharded `last.ckpt` in place, so at equal steps the step-named folder comes first.
+    sharded.sort(key=lambda path: (checkpoint_step(path) or -1, path.name != LAST_NAME), reverse=True)
+    return steps + sharded
+
+
+def choose_checkpoint(
+    checkpoint_dir: Path, check: Callable[[Path], T], wording: Wording, warn: Callable[[str], None]
+) -> tuple[Path, T] | None:
+    """The newest checkpoint in `checkpoint_dir` that `check` accepts, with what `check` returned for it.
+
+    None when the folder holds no checkpoint. When a newer one fails `check` (a CheckpointError),
+    `warn` gets one line naming it and the one used instead; when none passes, NoGoodCheckpointError (one line).
+    """
+    candidates = resume_candidates(checkpoint_dir)
+    if not candidates:
+        return None
+    bad: list[tuple[Path, str]] = []
+    for path in candidates:
+        try:
+            result = check(path)
+        except CheckpointError as err:
+            bad.append((path, first_line(err).removeprefix(f"{path}: ")))
+            continue
+        for bad_path, reason in bad:
+            warn(f"warning: {bad_path} {wording.bad} ({reason}); {wording.using} {path.name} instead")
+        return path, result
+    newest, reason = bad[0]
+    fields = {"folder": checkpoint_dir, "newest": newest, "name": newest.name, "reason": reason}
+    raise NoGoodCheckpointError(wording.none.format(**fields, count=len(bad)))

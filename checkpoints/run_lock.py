@@ -2,16 +2,10 @@
 
 Two `fit`s on one run directory would mix their checkpoints, config.yaml and wandb segments, and the start-up
 sweep of one would delete the temporary file the other is saving. So the process that writes a run (global rank
-0: it sweeps, saves and re-links last.ckpt; the other ranks of a DDP run are its partners, not rivals) holds
-`fcntl.flock` on RunDir.lock for as long as it trains, and the sweep runs only once the lock is held.
-
-A lock is released by the kernel when its holder exits however it exits, kill -9 included, so no stale-lock
-rule (pid checks, timeouts) is needed; the file itself stays, holding the last owner's pid for the message.
-On Linux NFS, flock is emulated with a byte-range lock the server enforces, so the rule holds across a cluster's
-nodes. `validate` only reads checkpoints (renamed into place whole), so it takes no lock.
-
-The writer also gets the run's own temp folder (RunDir.temp): what a killed writer left there is removed under
-the lock at the next start, where in the system temp folder nothing could tell whose it was.
+0; the other ranks of a DDP run are its partners) holds `fcntl.flock` on RunDir.lock while it trains, and sweeps
+only once it holds it. The kernel releases the lock however its holder exits, kill -9 included, so no stale-lock
+rule is needed; the file stays, naming the last owner for the message. On Linux NFS, flock is a byte-range lock
+the server enforces, so this holds across a cluster's nodes. `validate` only reads checkpoints: it takes no lock.
 """
 
 from __future__ import annotations
@@ -78,13 +72,12 @@ class RunDirLock:
     def use_run_temp(self, say: Callable[[str], None]) -> None:
         """Point the temp folder of this process and its children at RunDir.temp, emptied first.
 
-        wandb (a temporary folder per table logged, its media folders) and multiprocessing (`pymp-*`) clean up
-        at exit, which a killed process never reaches; in the system temp folder nothing could later tell whose
-        they were. Under the run's lock, whatever is in the run's own temp folder is a dead writer's.
+        wandb (a folder per table logged, its media) and multiprocessing (`pymp-*`) clean up at exit, which a
+        killed process never reaches; in the system temp folder nothing could tell whose they were. Under the
+        run's lock, whatever is in the run's own temp folder is a dead writer's.
         """
-        temp = self.temp = (
-            self.run_dir.temp
-        )  # kept: RunDir.temp follows tempfile.gettempdir(), switched below
+        # Kept: RunDir.temp follows tempfile.gettempdir(), switched below.
+        temp = self.temp = self.run_dir.temp
         if temp.exists():
             left = sum(1 for _ in temp.iterdir())
             shutil.rmtree(temp, ignore_errors=True)
@@ -123,11 +116,8 @@ class RunDirLock:
 
 def own_run_dir(run_dir: str | Path, say: Callable[[str], None] | None = None) -> RunDirLock:
     """Become the one writer of `run_dir`: lock it, remove the temporary checkpoint files killed writers left in
-    it, and give this process (and its children) the run's own temp folder. (The data cache, shared by runs
-    preparing data right now, is swept by data.store.sweep_data_cache.)
-
-    Call it on the writing process only, before anything saves; `release` undoes all three.
-    """
+    it, and give this process (and its children) the run's own temp folder. Call it on the writing process only,
+    before anything saves; `release` undoes all three."""
     lock = RunDirLock(run_dir).acquire()
     say = say or (lambda line: print(line, file=sys.stderr))
     checkpoints = RunDir(run_dir).checkpoints

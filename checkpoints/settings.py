@@ -1,4 +1,4 @@
-"""The checkpoint settings of train.py: the `checkpoint.*` keys, the CheckpointIO they select, start-up checks."""
+"""The checkpoint settings of train.py: the `checkpoint.*` keys, the CheckpointIO they select, the resume choice."""
 
 from __future__ import annotations
 
@@ -15,12 +15,6 @@ from .atomic_io import AtomicCheckpointIO
 from .background_io import BackgroundCheckpointIO
 from .resume import choose_resume_checkpoint
 
-# Where our CheckpointIOs lived before this package: the config.yaml of an older run still names them.
-FORMER_CLASS_PATHS = {
-    "training.checkpoint_io.AtomicCheckpointIO",
-    "training.async_checkpoint_io.BackgroundCheckpointIO",
-}
-
 
 class GPTCheckpoint(ModelCheckpoint):
     """ModelCheckpoint plus the two settings of the CheckpointIO that train.py installs.
@@ -36,37 +30,29 @@ class GPTCheckpoint(ModelCheckpoint):
         self.async_save = async_save
 
 
-def checkpoint_io_class(async_save: bool) -> type[CheckpointIO]:
-    """The one choice of CheckpointIO: atomic step files, written in the background with `async_save`."""
-    return BackgroundCheckpointIO if async_save else AtomicCheckpointIO
-
-
 def checkpoint_io(keep_last: int = 2, async_save: bool = False) -> CheckpointIO:
-    """An instance of the CheckpointIO for these settings (for a Trainer built in code, as the benchmarks do)."""
-    return checkpoint_io_class(async_save)(keep_last=keep_last)
-
-
-def checkpoint_io_config(keep_last: int, async_save: bool) -> dict:
-    """The same CheckpointIO as a `trainer.plugins` entry the CLI instantiates."""
-    return {"class_path": _class_path(checkpoint_io_class(async_save)), "init_args": {"keep_last": keep_last}}
-
-
-def _class_path(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
+    """The CheckpointIO for these settings (for a Trainer built in code, as the benchmarks do)."""
+    return (BackgroundCheckpointIO if async_save else AtomicCheckpointIO)(keep_last=keep_last)
 
 
 def with_checkpoint_io(plugins: Any, keep_last: int, async_save: bool) -> list:
     """`trainer.plugins` with our CheckpointIO for these settings (replacing ours from a saved config.yaml)."""
     plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
-    ours = {_class_path(checkpoint_io_class(flag)) for flag in (False, True)} | FORMER_CLASS_PATHS
-    plugins = [p for p in plugins if str(getattr(p, "class_path", None) or _get(p, "class_path")) not in ours]
-    if any("CheckpointIO" in str(getattr(p, "class_path", None) or _get(p, "class_path")) for p in plugins):
+    paths = {
+        cls: f"{cls.__module__}.{cls.__qualname__}" for cls in (AtomicCheckpointIO, BackgroundCheckpointIO)
+    }
+
+    def class_path(entry: Any) -> str:
+        return str(
+            getattr(entry, "class_path", None)
+            or (entry.get("class_path") if isinstance(entry, dict) else None)
+        )
+
+    plugins = [p for p in plugins if class_path(p) not in paths.values()]
+    if any("CheckpointIO" in class_path(p) for p in plugins):
         return plugins  # the config chose another CheckpointIO on purpose
-    return [*plugins, checkpoint_io_config(keep_last, async_save)]
-
-
-def _get(entry: Any, key: str) -> Any:
-    return entry.get(key) if isinstance(entry, dict) else None
+    ours = paths[BackgroundCheckpointIO if async_save else AtomicCheckpointIO]
+    return [*plugins, {"class_path": ours, "init_args": {"keep_last": keep_last}}]
 
 
 def resolve_ckpt_path(

@@ -2,9 +2,9 @@
 
 from checkpoints.save_on_stop import LastCheckpoint
 from training.attention_maps import AttentionMaps
+from training.flops import ThroughputMonitor
 from training.lit_gpt import LitGPT, NonFiniteLossError
 from training.samples import SampleGenerations
-from training.throughput import ThroughputMonitor
 
 __all__ = [
     "AttentionMaps",

@@ -14,7 +14,7 @@ from inspection.attention_stats import STATISTICS
 from inspection.explorer import build_explorer, probe_attention, write_explorer
 from inspection.phase_change import Formation, PhaseChangeDetector
 
-from .sharding import runs_on_this_rank
+from .lit_gpt import runs_on_this_rank
 
 DEFAULT_PROBE = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak."
 

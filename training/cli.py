@@ -1,39 +1,43 @@
-"""LightningCLI wiring: one directory per run, linked data/model keys, wandb logger, default callbacks."""
+"""LightningCLI wiring: one directory per run, linked data/model keys, wandb logger, default callbacks, config.yaml."""
 
 from __future__ import annotations
 
+import ctypes
+import os
+import platform
 import shutil
 import sys
 from pathlib import Path
 
-from lightning.pytorch.cli import LightningCLI
+import torch
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from checkpoints.checks import check_readable, refuse_size_change
-from checkpoints.choice import checkpoint_step
-from checkpoints.resume import expand_run_dir_resume
-from checkpoints.run_dir import LAST_NAME, RunDir
+from checkpoints.resume import (
+    check_readable,
+    expand_run_dir_resume,
+    refuse_finished_run,
+    refuse_size_change,
+    refuse_to_overwrite,
+)
+from checkpoints.run_dir import RunDir
 from checkpoints.run_lock import RunDirBusyError, own_run_dir
-from checkpoints.save_on_stop import LastCheckpoint
+from checkpoints.save_on_stop import GracefulCtrlC, LastCheckpoint
 from checkpoints.settings import GPTCheckpoint, resolve_ckpt_path, with_checkpoint_io
-from checkpoints.wandb_id import WandbIdInCheckpoint, stored_wandb_id
 from common.errors import UserError
-from common.files import refuse_unwritable_folder
+from common.files import atomic_write, refuse_unwritable_folder
+from common.threads import apply_thread_count
 from data.datamodule import check_numbers
 
 from .attention_maps import AttentionMaps
-from .cli_help import order_help_sections, refuse_optimizer_flags, silence_known_noise
-from .ctrl_c import GracefulCtrlC
-from .fit_report import FitReport
-from .fit_summary import MAX_SCORED_TOKENS, FitSummary
-from .host_allocator import retain_freed_memory
+from .console import order_help_sections, progress_for_output, silence_known_noise
+from .fit_summary import MAX_SCORED_TOKENS, FitReport, FitSummary
+from .flops import ThroughputMonitor
 from .init_from import Pretrained, apply_init_from
-from .progress import progress_for_output
-from .run_config import RunConfig
 from .samples import SampleGenerations
-from .skipped_validation import ValidateSkippedStep
-from .throughput import ThroughputMonitor
-from .wandb_logger import TrainHistoryInCheckpoint, run_loggers
-from .wandb_setup import wandb_offline, wandb_run_id
+from .wandb_history import TrainHistoryInCheckpoint, ValidateSkippedStep
+from .wandb_logger import WandbIdInCheckpoint, is_run_logger, run_logger, run_loggers
 
 TRAINER_DEFAULTS = {
     "trainer.max_steps": 5000,
@@ -44,16 +48,18 @@ TRAINER_DEFAULTS = {
     "trainer.gradient_clip_val": 1.0,
     "trainer.log_every_n_steps": 10,
     "trainer.default_root_dir": "runs",
-    "trainer.enable_model_summary": False,  # the run size report (training/fit_report.py) says more, and right
+    "trainer.enable_model_summary": False,  # the run size report (FitReport) says more, and right
     "checkpoint.save_last": True,
     "checkpoint.every_n_train_steps": 500,
     "checkpoint.save_top_k": 0,
     "checkpoint.enable_version_counter": False,  # last.ckpt is re-linked in place, never last-v1.ckpt
 }
-
-
-class RunAlreadyFinished(Exception):
-    """Resuming a run whose checkpoint already reached trainer.max_steps: nothing to train (exit 0)."""
+REFUSED_FLAGS = {
+    "--optimizer": "model.learning_rate, model.weight_decay, model.beta1 and model.beta2 set AdamW",
+    "--lr_scheduler": "model.schedule, model.warmup_steps, model.min_lr_ratio and model.decay_fraction set the schedule",
+}
+# Sections logged to wandb: what shapes the run. (The logger's own settings and callbacks are not useful there.)
+WANDB_SECTIONS = ("model", "data", "trainer", "checkpoint", "samples", "attention_maps", "seed_everything")
 
 
 class GPTCLI(LightningCLI):
@@ -85,11 +91,18 @@ class GPTCLI(LightningCLI):
             super().parse_arguments(parser, args)
             return
         args = list(sys.argv[1:] if args is None else args)
-        refuse_optimizer_flags(args)
+        for arg in args:  # they would silently replace LitGPT's AdamW and schedule
+            flag = next((f for f in REFUSED_FLAGS if arg == f or arg.startswith((f + ".", f + "="))), None)
+            if flag:
+                raise UserError(
+                    f"{flag} is not supported: {REFUSED_FLAGS[flag]} (see: python train.py fit --help)"
+                )
         args, self.resumed_from_run_dir = expand_run_dir_resume(args)
         self.config = parser.parse_args(args)
         _refuse_unusable_run(self.config)  # before Lightning seeds and says so
-        if _init_from(self.config):  # init_from refuses keys the user set against the model: those set
+        # init_from refuses the model keys the user set: read those without the defaults.
+        prefix = f"{self.config.get('subcommand')}." if self.config.get("subcommand") else ""
+        if self.config.get(f"{prefix}model.init_from"):
             self.explicit_config = _explicit_keys(parser, args)
 
     def _parse_ckpt_path(self) -> None:
@@ -103,7 +116,7 @@ class GPTCLI(LightningCLI):
 
     def fit(self, model, datamodule=None, ckpt_path=None, **kwargs) -> None:
         """trainer.fit with Ctrl-C handled gracefully, after checking the resumed run is not already done."""
-        _refuse_finished_run(self.trainer, ckpt_path)
+        refuse_finished_run(self.trainer, ckpt_path)
         if ckpt_path:  # a resume restores our checkpoint, never the init_from weights
             model.pretrained_pending = False
         run_dir = Path(self.trainer.default_root_dir)
@@ -169,30 +182,30 @@ class GPTCLI(LightningCLI):
             explicit = explicit.get(self.subcommand)
         self.pretrained = apply_init_from(config, explicit)  # before anything is written
         check_numbers(config.data)  # before the model, whose vocab_size and block_size follow data's
-        run_dir = Path(config.trainer.default_root_dir) / (config.run_name or _config_stem(config))
+        files = config.get("config") or []  # the run is named after the last config file by default
+        name = config.run_name or (Path(str(files[-1])).stem if files else "default")
+        run_dir = Path(config.trainer.default_root_dir) / name
         if self.subcommand in ("fit", None) and not config.get("ckpt_path"):
-            _refuse_to_overwrite(run_dir)
+            refuse_to_overwrite(run_dir)
         check_readable(config.get("ckpt_path"))  # with run=False, _parse_ckpt_path did not run
         if self.subcommand is not None:  # with run=False (benchmarks) the caller sets the threads itself
-            _apply_threads(config.get("threads"))
+            rank_zero_info(apply_thread_count(config.get("threads"), torch.set_num_threads)[1])
         config.trainer.default_root_dir = str(run_dir)
         config.checkpoint.dirpath = str(RunDir(run_dir).checkpoints)
         if self.subcommand == "fit":
             config.ckpt_path = resolve_ckpt_path(RunDir(run_dir).checkpoints, config.get("ckpt_path"))
         refuse_size_change(config, config.get("ckpt_path"), self.subcommand or "fit")
+        ours = config.trainer.logger in (None, True) or is_run_logger(config.trainer.logger)
         if self.subcommand not in ("fit", None):
             # validate prints its results; it writes nothing into the training run's folder
             # (no config.yaml, no wandb segment under the run's id) unless a logger is asked for explicitly.
             self.save_config_callback = None
-            if config.trainer.logger in (None, True) or _is_run_logger(config.trainer.logger):
+            if ours:
                 config.trainer.logger = False
-        # A resumed run's saved config names the wandb logger of the folder it was saved in: rebuild it for
-        # this run directory, so a copied or moved run logs where it now is.
-        if config.trainer.logger in (None, True) or _is_run_logger(config.trainer.logger):
-            run_id = wandb_run_id(run_dir, stored_wandb_id(config.get("ckpt_path")))
-            config.trainer.logger = _wandb_logger(
-                run_dir, config.wandb_project, config.run_name or run_dir.name, run_id
-            )
+        elif ours:
+            # A resumed run's saved config names the logger of the folder it was saved in: rebuilt for this
+            # run directory, so a copied or moved run logs where it now is.
+            config.trainer.logger = run_logger(run_dir, config.wandb_project, name, config.get("ckpt_path"))
         extra = [ThroughputMonitor(), LastCheckpoint(), self.ctrl_c, WandbIdInCheckpoint()]
         extra += [TrainHistoryInCheckpoint(), ValidateSkippedStep(), FitReport()]
         # A ProgressBar callback while enable_progress_bar is False is an error in Lightning.
@@ -211,9 +224,60 @@ class GPTCLI(LightningCLI):
             self.datamodule.use_tokenizer(self.pretrained.tokenizer)
 
 
-def _init_from(config) -> bool:
-    prefix = f"{config.get('subcommand')}." if config.get("subcommand") else ""
-    return bool(config.get(f"{prefix}model.init_from"))
+class RunConfig(SaveConfigCallback):
+    """config.yaml in the run folder at the start of training; the same config in the wandb run's config.
+
+    Lightning's SaveConfigCallback writes config.yaml in `setup`, before the checkpoint is restored: a resume
+    that then fails (weights of another size, a bad optimizer value) would already have rewritten the run's
+    config. Here it is written at `on_train_start`, after every check and the restore passed, atomically. Only
+    `fit` installs this callback: `validate` writes nothing into a run folder.
+    """
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        """Nothing yet: see on_train_start."""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if self.already_saved:
+            return
+        if trainer.is_global_zero:
+            atomic_write(
+                RunDir(trainer.default_root_dir).config, self.parser.dump(self.config, skip_none=False)
+            )
+            self.save_config(trainer, pl_module, "fit")
+        self.already_saved = True
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        config = self.config.as_dict()
+        shown = {key: config[key] for key in WANDB_SECTIONS if key in config}
+        if isinstance(shown.get("trainer"), dict):
+            skipped = ("logger", "callbacks", "plugins")
+            shown["trainer"] = {k: v for k, v in shown["trainer"].items() if k not in skipped}
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                # allow_val_change: a resume with --trainer.max_steps 7000 updates the value the run started with.
+                logger.experiment.config.update(shown, allow_val_change=True)
+
+
+def retain_freed_memory() -> bool:
+    """Keep freed host memory in the process, so a CPU training step stops paying page faults; True if applied.
+
+    glibc's malloc serves blocks above a moving threshold with fresh mmaps and hands freed memory at the top of
+    its heap back to the kernel, so each step faults the same activations' pages in again (hundreds per step:
+    `python -m benchmarks.train_throughput`), most of Lightning's measured overhead. Fixing the mmap threshold at
+    glibc's 64-bit maximum (32 MiB) and trimming only past 256 MiB keeps them, as PyTorch's caching allocator does
+    on a GPU; resident memory stays at its peak. A no-op off glibc or when the user tuned malloc already.
+    """
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    if any(
+        name in os.environ for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+    ):
+        return False
+    libc = ctypes.CDLL("libc.so.6")
+    m_trim_threshold, m_mmap_threshold = -1, -3  # mallopt parameter numbers from glibc's malloc.h
+    return bool(libc.mallopt(m_mmap_threshold, 32 * 2**20)) and bool(
+        libc.mallopt(m_trim_threshold, 256 * 2**20)
+    )
 
 
 def _explicit_keys(parser, args: list[str]):
@@ -224,21 +288,6 @@ def _explicit_keys(parser, args: list[str]):
         return None
     with skip_apply_links():
         return parser.parse_args(args, defaults=False)
-
-
-def _apply_threads(requested: int | None) -> None:
-    import torch
-    from lightning.pytorch.utilities.rank_zero import rank_zero_info
-
-    from common.threads import apply_thread_count
-
-    _, line = apply_thread_count(requested, torch.set_num_threads)
-    rank_zero_info(line)
-
-
-def _config_stem(config) -> str:
-    files = config.get("config") or []
-    return Path(str(files[-1])).stem if files else "default"
 
 
 def _refuse_unusable_run(parsed) -> None:
@@ -256,40 +305,3 @@ def _refuse_unusable_run(parsed) -> None:
         refuse_unwritable_folder(cache, "--data.cache_dir")
     if subcommand in ("fit", None):
         refuse_unwritable_folder(Path(config.trainer.default_root_dir), "--trainer.default_root_dir")
-
-
-def _refuse_to_overwrite(run_dir: Path) -> None:
-    if any(RunDir(run_dir).checkpoints.glob("*.ckpt")):
-        raise UserError(
-            f"{run_dir} already holds checkpoints; resume it with `python train.py fit --ckpt_path {run_dir}` "
-            "or start a new run with --run_name"
-        )
-
-
-def _refuse_finished_run(trainer, ckpt_path: str | None) -> None:
-    if not ckpt_path or trainer.max_steps < 0:
-        return
-    if ckpt_path == "last" and trainer.checkpoint_callback is not None:
-        ckpt_path = str(Path(trainer.checkpoint_callback.dirpath) / LAST_NAME)
-    step = checkpoint_step(Path(ckpt_path)) if Path(ckpt_path).exists() else None
-    if step is not None and step >= trainer.max_steps:
-        raise RunAlreadyFinished(
-            f"{ckpt_path} is at step {step}, already trainer.max_steps={trainer.max_steps}: nothing to train "
-            "(raise --trainer.max_steps to train further)"
-        )
-
-
-RUN_LOGGER = "training.wandb_logger.RunWandbLogger"
-
-
-def _is_run_logger(logger) -> bool:
-    """True for the wandb logger this CLI adds to every run (as a resumed run's config.yaml records it)."""
-    get = getattr(logger, "get", None)
-    return callable(get) and get("class_path") == RUN_LOGGER
-
-
-def _wandb_logger(run_dir: Path, project: str, name: str, run_id: str) -> dict:
-    # No mkdir and no message here: both wait until the wandb run is created (see RunWandbLogger).
-    where = {"save_dir": str(run_dir), "project": project, "name": name, "offline": wandb_offline()}
-    # One wandb run across preemptions and resumes.
-    return {"class_path": RUN_LOGGER, "init_args": {**where, "id": run_id, "resume": "allow"}}

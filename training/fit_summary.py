@@ -1,26 +1,162 @@
-"""The last lines of a finished fit: the final validation loss, the whole-text score, and how to sample."""
+"""What a fit prints: before the first step the run's cost, so a config that cannot fit says so early
+(FitReport); after the last, the final validation loss, the whole-text score, and how to sample (FitSummary).
+
+The score a run is compared by is nats per character (and bits per byte) over the whole validation text:
+`val/loss` during training is nats per token over `trainer.limit_val_batches` random windows, which cannot be
+compared across tokenizers or with a character-level model. `score_validation` scores every validation token
+after the first with non-overlapping windows of block_size (the last one shorter); nats per character = total
+nats / the characters those tokens decode to.
+"""
 
 from __future__ import annotations
 
+import math
 import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from common.errors import UserError
+from data.batches import IGNORE_INDEX
+from model import ModelConfig
 
+from .flops import device_peak_flops, training_flops_per_token
+from .lit_gpt import runs_on_this_rank
+from .memory import estimate_training_memory
 from .samples import SampleGenerations
-from .sharding import runs_on_this_rank
-from .val_score import score_validation
 
 # Scoring is a forward pass over the validation text, after the last step; only its first `score_tokens` are
 # scored. This default covers the whole validation text of the shipped from-scratch configs; on the CPU a 135 M
 # model scores about 130 tokens/s, so a fine-tune bounds it lower (configs/finetune-smollm2.yaml).
 MAX_SCORED_TOKENS = 131_072
 DEFAULT_PROMPT = "Once upon a time"
+# float32 logits held at once: windows x block_size x vocabulary x 4 bytes. A fixed 64 windows of gpt2-small
+# (1024 x 50304) would be 13 GB, twice that with the softmax, at the end of a long run.
+LOGITS_BUDGET_BYTES = 256 * 2**20
+
+
+def windows_per_batch(block_size: int, vocab_size: int) -> int:
+    """How many windows of logits fit LOGITS_BUDGET_BYTES (at least one)."""
+    return max(1, LOGITS_BUDGET_BYTES // (block_size * vocab_size * 4))
+
+
+@torch.no_grad()
+def score_validation(
+    model,
+    tokenizer,
+    tokens,
+    block_size: int,
+    batch_size: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    mask=None,
+) -> dict[str, float]:
+    """Total nats over every token of `tokens` (an array, or what np.asarray reads: the token cache's parts) but
+    the first: per token, per character, per byte. With `mask` (chat: 1 on the assistant's tokens, aligned with
+    `tokens`) only the masked tokens count, as targets and as characters.
+
+    `batch_size` windows per forward; None: as many as `windows_per_batch` allows. `progress(done, total)`
+    is called after each forward with the windows scored so far.
+    """
+    device = next(model.parameters()).device
+    batch_size = batch_size or windows_per_batch(block_size, model.config.vocab_size)
+    ids = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
+    keep = torch.ones(len(ids), dtype=torch.bool) if mask is None else torch.from_numpy(np.asarray(mask) != 0)
+    targets = ids.masked_fill(~keep, IGNORE_INDEX)
+    full = (len(ids) - 1) // block_size
+    x = ids[: full * block_size].view(full, block_size)
+    y = targets[1 : full * block_size + 1].view(full, block_size)
+    nats = 0.0
+    for start in range(0, full, batch_size):
+        logits = model(x[start : start + batch_size].to(device)).flatten(0, 1).float()
+        target = y[start : start + batch_size].flatten().to(device)
+        nats += F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum").item()
+        if progress is not None:
+            progress(min(start + batch_size, full), full)
+    tail = ids[full * block_size :].to(device)
+    if len(tail) > 1:
+        tail_targets = targets[full * block_size + 1 :].to(device)
+        nats += F.cross_entropy(
+            model(tail[None, :-1])[0].float(), tail_targets, ignore_index=IGNORE_INDEX, reduction="sum"
+        ).item()
+    count = int(keep[1:].sum())
+    text = tokenizer.decode(ids[1:][keep[1:]].tolist())
+    return {
+        "nats_per_token": nats / max(1, count),
+        "nats_per_char": nats / max(1, len(text)),
+        "bpb": nats / math.log(2) / max(1, len(text.encode("utf-8"))),
+        "chars": len(text),
+        "tokens": count,
+    }
+
+
+def _size(n: float) -> str:
+    """Bytes in the largest binary unit that keeps the number at or above 1 (GiB at most)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def fit_report(
+    config: ModelConfig,
+    batch_size: int,
+    seq_len: int,
+    precision: str,
+    shards: int = 1,
+    device_bytes: int | None = None,
+    peak_flops: float | None = None,
+) -> list[str]:
+    """The lines of the report: parameters, per-device memory by kind, KV cache per token, FLOPs per token."""
+    est = estimate_training_memory(config, batch_size, seq_len, precision, shards)
+    sharded = f", sharded {shards} ways" if shards > 1 else ""
+    lines = [
+        f"parameters: {est.parameters:,} ({est.parameters / 1e6:.1f} M)",
+        f"weights + grads: {_size(est.weight_bytes + est.grad_bytes)}{sharded} ({precision})",
+        f"AdamW state: {_size(est.optimizer_bytes)}{sharded}",
+        f"activations: {_size(est.activation_bytes)} for a micro-batch of {batch_size} x {seq_len} tokens "
+        "(eager estimate; transient buffers come on top)",
+        f"total per device: {_size(est.total_bytes)}",
+        f"KV cache: {est.kv_cache_bytes_per_token:,} bytes per token "
+        # The model's context, not the training length: a fine-tune trains 256 tokens of an 8192 context.
+        f"({_size(est.kv_cache_bytes_per_token * config.block_size)} per {config.block_size:,}-token sequence)",
+    ]
+    flops = training_flops_per_token(config, seq_len)
+    line = f"training FLOPs per token: {flops / 1e6:.1f} M (6N + attention)"
+    if peak_flops:
+        line += f"; at 100% MFU {peak_flops / flops:,.0f} tokens/s per device"
+    lines.append(line)
+    if device_bytes is not None:
+        verdict = "fits" if est.total_bytes < device_bytes else "DOES NOT FIT: lower data.batch_size or shard"
+        lines.append(f"device memory: {_size(device_bytes)}: {verdict}")
+    return lines
+
+
+class FitReport(L.Callback):
+    """Prints `fit_report` on rank 0 when fit starts (weights sharded across ranks under FSDP)."""
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        datamodule = trainer.datamodule
+        batch_size = getattr(datamodule, "batch_size", None)
+        config = pl_module.model.config
+        seq_len = getattr(datamodule, "block_size", config.block_size)
+        if batch_size is None:
+            return
+        device = pl_module.device
+        memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+        shards = (
+            trainer.world_size if isinstance(trainer.strategy, (FSDPStrategy, ModelParallelStrategy)) else 1
+        )
+        precision, peak = str(trainer.precision), device_peak_flops(device)
+        lines = fit_report(config, batch_size, seq_len, precision, shards, memory, peak)
+        rank_zero_info("Run size (estimate):\n  " + "\n  ".join(lines))
 
 
 class FitSummary(L.Callback):
@@ -41,7 +177,10 @@ class FitSummary(L.Callback):
         scores = _score(trainer, pl_module, self.max_tokens)
         if not trainer.is_global_zero:
             return
-        lines = [f"finished step {trainer.global_step}/{trainer.max_steps}" + _val_loss(trainer)]
+        lines = [f"finished step {trainer.global_step}/{trainer.max_steps}"]
+        val_loss = trainer.callback_metrics.get("val/loss")
+        if val_loss is not None:
+            lines[0] += f" | val/loss {float(val_loss):.4f} (nats/token, {trainer.limit_val_batches} batches)"
         if scores is not None:
             lines.append(
                 f"validation text ({scores['covered']}: {scores['chars']:,} characters, {scores['tokens']:,} "
@@ -55,17 +194,12 @@ class FitSummary(L.Callback):
         run = shlex.quote(str(Path(trainer.default_root_dir)))
         if getattr(trainer.datamodule, "val_mask", None) is not None:  # fine-tuned on conversations
             lines.append(f"chat with it: python generate.py --checkpoint {run} --chat")
-        else:
-            prompt = shlex.quote(_sample_prompt(trainer))
+        else:  # the first non-blank prompt of the samples table (the run's own example), else a generic one
+            samples = [c for c in trainer.callbacks if isinstance(c, SampleGenerations)]
+            prompts = [prompt for callback in samples for prompt in callback.prompts if prompt.strip()]
+            prompt = shlex.quote(prompts[0] if prompts else DEFAULT_PROMPT)
             lines.append(f"sample from it: python generate.py --checkpoint {run} --prompt {prompt}")
         print("\n".join(lines), flush=True)
-
-
-def _val_loss(trainer: L.Trainer) -> str:
-    value = trainer.callback_metrics.get("val/loss")
-    if value is None:
-        return ""
-    return f" | val/loss {float(value):.4f} (nats/token, {trainer.limit_val_batches} batches)"
 
 
 def _score(trainer: L.Trainer, pl_module: L.LightningModule, max_tokens: int) -> dict | None:
@@ -107,13 +241,3 @@ def _tenths() -> Callable[[int, int], None]:
             print(f"  scored {done:,} of {total:,} windows", file=sys.stderr, flush=True)
 
     return report
-
-
-def _sample_prompt(trainer: L.Trainer) -> str:
-    """The first non-blank prompt of the samples table (the run's own example), else a generic one."""
-    for callback in trainer.callbacks:
-        if isinstance(callback, SampleGenerations):
-            prompts = [prompt for prompt in callback.prompts if prompt.strip()]
-            if prompts:
-                return prompts[0]
-    return DEFAULT_PROMPT

@@ -1,4 +1,4 @@
-"""Training FLOPs per token and the bf16 peak of known GPUs: what `train/mfu` divides.
+"""Training FLOPs per token, the bf16 peak of known GPUs, and the callback that logs tokens/s and `train/mfu`.
 
 Convention (PaLM appendix B; also nanoGPT, nanochat and torchtitan, so MFU figures compare):
     training FLOPs per token = 6 * N + 12 * L * H * D * T
@@ -15,7 +15,9 @@ Convention (PaLM appendix B; also nanoGPT, nanochat and torchtitan, so MFU figur
 from __future__ import annotations
 
 import re
+import time
 
+import lightning as L
 import torch
 
 from model import ModelConfig
@@ -51,14 +53,9 @@ def matmul_params(config: ModelConfig) -> int:
     return config.n_layer * (attention + mlp) + c * config.vocab_size
 
 
-def attention_flops_per_token(config: ModelConfig, seq_len: int) -> int:
-    """Training FLOPs per token of the attention matmuls over `seq_len` keys (12 * L * H * D * T)."""
-    return 12 * config.n_layer * config.n_head * config.head_dim * seq_len
-
-
 def training_flops_per_token(config: ModelConfig, seq_len: int) -> int:
-    """Forward + backward FLOPs per token at context `seq_len`: 6 N + the attention term."""
-    return 6 * matmul_params(config) + attention_flops_per_token(config, seq_len)
+    """Forward + backward FLOPs per token at context `seq_len`: 6 N + the attention term 12 * L * H * D * T."""
+    return 6 * matmul_params(config) + 12 * config.n_layer * config.n_head * config.head_dim * seq_len
 
 
 def peak_bf16_flops(device_name: str) -> float | None:
@@ -81,3 +78,38 @@ def device_peak_flops(device: torch.device) -> float | None:
 def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float, world_size: int = 1) -> float:
     """Model FLOPs utilisation: achieved model FLOP/s over the peak of all `world_size` devices."""
     return tokens_per_s * flops_per_token / (peak_flops * world_size)
+
+
+class ThroughputMonitor(L.Callback):
+    """Logs `train/tokens_per_s` (all ranks together) and `train/mfu`, averaged over the steps between two
+    logging points (trainer.log_every_n_steps).
+
+    Args:
+        peak_flops: Peak FLOP/s of one device for MFU; None looks the GPU up in
+            PEAK_BF16_FLOPS (no MFU on CPU or on GPUs missing from the table).
+    """
+
+    def __init__(self, peak_flops: float | None = None) -> None:
+        self.peak_flops = peak_flops
+        self._start: float | None = None
+        self._tokens = 0
+        self._logged_step = -1
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        now = time.perf_counter()
+        if self._start is None:  # the first batch pays for warm-up and compilation: not measured
+            self._start = now
+            return
+        self._tokens += batch[0].numel() * trainer.world_size
+        step = trainer.global_step
+        # With gradient accumulation several batches end on one step: log once, at the last of them.
+        if step % trainer.log_every_n_steps or step == self._logged_step or not self._tokens:
+            return
+        self._logged_step = step
+        tokens_per_s = self._tokens / (now - self._start)
+        pl_module.log("train/tokens_per_s", tokens_per_s, prog_bar=True)
+        peak = self.peak_flops or device_peak_flops(pl_module.device)
+        if peak:
+            flops = training_flops_per_token(pl_module.model.config, batch[0].shape[1])
+            pl_module.log("train/mfu", mfu(tokens_per_s, flops, peak, trainer.world_size))
+        self._start, self._tokens = now, 0

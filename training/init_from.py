@@ -33,12 +33,6 @@ class Pretrained:
     tokenizer: Tokenizer
 
 
-def read_pretrained(name: str, revision: str | None = None) -> Pretrained:
-    """The config and tokenizer of any model name interop resolves; weights are not read."""
-    source, config = read_config(name, revision)
-    return Pretrained(source, config, read_tokenizer(source.path))
-
-
 def apply_init_from(config, explicit) -> Pretrained | None:
     """Check a parsed fit/validate config against its model.init_from and fill the model keys from it.
 
@@ -53,7 +47,8 @@ def apply_init_from(config, explicit) -> Pretrained | None:
                 "model.init_revision is set without model.init_from; name the model to start from"
             )
         return None
-    pretrained = read_pretrained(str(name), model.get("init_revision"))
+    source, pretrained_config = read_config(str(name), model.get("init_revision"))  # weights are not read
+    pretrained = Pretrained(source, pretrained_config, read_tokenizer(source.path))
     fields = dataclasses.asdict(pretrained.config)
     given_model = dict((explicit or {}).get("model") or {})
     given_data = dict((explicit or {}).get("data") or {})

@@ -18,36 +18,13 @@ from data.batches import IGNORE_INDEX
 from model import GPT, ModelConfig
 
 from .schedule import Schedule, adamw_param_groups, lr_multiplier, schedule_change_note
-from .sharding import shard_model
 
 MAX_STEPS_KEY = "max_steps"  # in the checkpoint: what the schedule was laid over when it was saved
 
 
 class NonFiniteLossError(UserError):
-    """Training produced a NaN or infinite loss under the `raise` policy: one line naming the keys to change.
-
-    A diverged run is fixed in the config (a lower learning rate, or the `skip` policy), so it is a user error
-    (exit code 2), not a bug.
-    """
-
-
-def check_optimizer_values(
-    learning_rate: float, min_lr_ratio: float, weight_decay: float, beta1: float, beta2: float,
-    warmup_steps: int, decay_fraction: float,
-) -> None:  # fmt: skip
-    """One line naming the key, before anything is written, instead of AdamW's traceback at the first step."""
-    checks = [
-        ("learning_rate", learning_rate, learning_rate > 0, "a positive number such as 3e-3"),
-        ("min_lr_ratio", min_lr_ratio, 0 <= min_lr_ratio <= 1, "in [0, 1]"),
-        ("weight_decay", weight_decay, weight_decay >= 0, ">= 0"),
-        ("beta1", beta1, 0 <= beta1 < 1, "in [0, 1)"),
-        ("beta2", beta2, 0 <= beta2 < 1, "in [0, 1)"),
-        ("warmup_steps", warmup_steps, warmup_steps >= 0, ">= 0"),
-        ("decay_fraction", decay_fraction, 0 < decay_fraction <= 1, "in (0, 1]"),
-    ]
-    for name, value, ok, expected in checks:
-        if not ok:
-            raise UserError(f"model.{name} must be {expected}, got {value!r} (--model.{name})")
+    """A NaN or infinite loss under the `raise` policy: fixed in the config (a lower learning rate, or the `skip`
+    policy), so a user error (exit code 2) naming the keys to change, not a bug."""
 
 
 class LitGPT(L.LightningModule):
@@ -90,9 +67,18 @@ class LitGPT(L.LightningModule):
         **model_config: Any,
     ) -> None:
         super().__init__()
-        check_optimizer_values(
-            learning_rate, min_lr_ratio, weight_decay, beta1, beta2, warmup_steps, decay_fraction
-        )
+        # One line naming the key, before anything is written, instead of AdamW's traceback at the first step.
+        for name, value, ok, expected in (
+            ("learning_rate", learning_rate, learning_rate > 0, "a positive number such as 3e-3"),
+            ("min_lr_ratio", min_lr_ratio, 0 <= min_lr_ratio <= 1, "in [0, 1]"),
+            ("weight_decay", weight_decay, weight_decay >= 0, ">= 0"),
+            ("beta1", beta1, 0 <= beta1 < 1, "in [0, 1)"),
+            ("beta2", beta2, 0 <= beta2 < 1, "in [0, 1)"),
+            ("warmup_steps", warmup_steps, warmup_steps >= 0, ">= 0"),
+            ("decay_fraction", decay_fraction, 0 < decay_fraction <= 1, "in (0, 1]"),
+        ):
+            if not ok:
+                raise UserError(f"model.{name} must be {expected}, got {value!r} (--model.{name})")
         # With init_from, block_size is the pretrained context and data.block_size the (shorter) training window;
         # Lightning refuses to log two values under one key, and the checkpoint's model_config keeps the context.
         self.save_hyperparameters(ignore=["block_size"] if init_from else None)
@@ -264,3 +250,33 @@ class LitGPT(L.LightningModule):
         )  # fmt: skip
         if note:
             print(note, file=sys.stderr, flush=True)
+
+
+def shard_model(model: torch.nn.Module, device_mesh) -> None:
+    """FSDP2 (`fully_shard`) under Lightning's ModelParallelStrategy (see README "On a GPU / cluster"): each block
+    on its own (its weights gathered just before it runs and freed after), then the root (embedding, final norm,
+    head), over the mesh's data-parallel dimension. Lightning's `fsdp` strategy (FSDP1) refuses CPU accelerators,
+    so this is the sharded path the CPU tests can prove."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
+
+    if isinstance(model, FSDPModule):  # Lightning calls configure_model again for validate/test
+        return
+    if device_mesh["tensor_parallel"].size() != 1:
+        raise UserError(
+            "trainer.strategy: the GPT has no tensor-parallel plan; set ModelParallelStrategy's "
+            "tensor_parallel_size: 1 and data_parallel_size to the number of processes"
+        )
+    mesh = device_mesh["data_parallel"]
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    # attention_maps runs the blocks outside forward(): the root must gather its own weights for it too.
+    register_fsdp_forward_method(model, "attention_maps")
+
+
+def runs_on_this_rank(trainer, module: torch.nn.Module) -> bool:
+    """Rank-0 work that runs the model (samples, attention maps) must run on every rank of a sharded model (its
+    parameters DTensor shards), or rank 0 waits forever for the others to join the weight all-gather."""
+    from torch.distributed.tensor import DTensor
+
+    return trainer.is_global_zero or any(isinstance(p, DTensor) for p in module.parameters())

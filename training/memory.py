@@ -60,25 +60,18 @@ def count_parameters(config: ModelConfig) -> int:
     return matmul_params(config) + untied_embedding + norms
 
 
-def activation_bytes_per_token(config: ModelConfig, precision: str) -> int:
-    """Bytes autograd keeps per token for backward (eager, dropout 0), without the per-batch constants."""
+def activation_bytes(config: ModelConfig, batch_size: int, seq_len: int, precision: str) -> int:
+    """Bytes of activations kept for backward by one micro-batch of `batch_size` x `seq_len` tokens."""
     p, a = dtype_bytes(precision)
     c, h, hkv, d, f = config.n_embd, config.n_head, config.n_kv_head, config.head_dim, config.hidden_dim
     norm = 4 * c + 4 + p * c + a * c
     attention = a * ((h + 2 * hkv) * d + (h + hkv) * d + h * d) + 4 * h
-    mlp = a * 4 * f
-    per_layer = 2 * norm + attention + mlp
-    return config.n_layer * per_layer + norm + 4 * config.vocab_size + 16
-
-
-def activation_bytes(config: ModelConfig, batch_size: int, seq_len: int, precision: str) -> int:
-    """Bytes of activations kept for backward by one micro-batch of `batch_size` x `seq_len` tokens."""
-    _, a = dtype_bytes(precision)
-    mixed = str(precision).endswith("-mixed")
+    per_layer = 2 * norm + attention + a * 4 * f  # the last term: SwiGLU's
+    per_token = config.n_layer * per_layer + norm + 4 * config.vocab_size + 16
     # cos and sin in float32, shared by all layers; model/rope.py caches them for a power-of-two length.
     rope_tables = 2 * (1 << (seq_len - 1).bit_length()) * config.head_dim * 4
+    mixed = str(precision).endswith("-mixed")
     weight_copies = a * matmul_params(config) if mixed else 0  # autocast keeps the cast weights for backward
-    per_token = activation_bytes_per_token(config, precision)
     return batch_size * seq_len * per_token + rope_tables + weight_copies
 
 

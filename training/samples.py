@@ -11,7 +11,7 @@ from lightning.pytorch.loggers import WandbLogger
 
 from model import generate
 
-from .sharding import runs_on_this_rank
+from .lit_gpt import runs_on_this_rank
 
 
 class SampleGenerations(L.Callback):

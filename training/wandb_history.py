@@ -1,9 +1,11 @@
-"""What a run's wandb segments hold: the history rows, read back from their `.wandb` files.
+"""train/* and val/* history that survives kill -9: carried in every checkpoint, re-logged by the resume.
 
-A resume re-logs the train/* and val/* points a killed segment never wrote (wandb writes its file in blocks, so a
-kill -9 loses the last ones); this says which points the files already hold, so none is logged twice. The file is a
-LevelDB-style log: 32 KiB blocks of records with a 7-byte header (crc32, length, type) holding protobuf
-`Record`s, after a 7-byte W&B header; a killed writer leaves a partial record at the end, which is skipped.
+wandb writes its `.wandb` file in blocks, so a kill -9 loses the last rows. Every checkpoint carries the rows
+(TrainHistoryInCheckpoint); a resume reads which rows the segment files hold (`held_rows`) and re-logs the others
+(KeptHistory, mixed into RunWandbLogger), and runs again the validation Lightning skips at the resumed step when no segment holds its
+values (ValidateSkippedStep). The file is a LevelDB-style log: 32 KiB blocks of records with a 7-byte header
+(crc32, length, type) holding protobuf `Record`s, after a 7-byte W&B header; a killed writer leaves a partial
+record at the end, which is skipped.
 """
 
 from __future__ import annotations
@@ -13,15 +15,17 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
+import lightning as L
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
 from checkpoints.run_dir import RunDir
 
+TRAIN_PREFIX = "train/"
+KEPT_PREFIXES = (TRAIN_PREFIX, "val/")  # the scalar curves a resume gives back; media are not carried
+# In the checkpoint: [[step, {key: value}], ...] of every row with a KEPT_PREFIXES key (the name predates val/*).
+HISTORY_KEY = "train_history"
 _BLOCK, _HEADER = 32768, 7
 _FULL, _LAST = 1, 4  # record types that end an assembled record
-
-
-def segment_files(run_dir: Path) -> list[Path]:
-    """The `.wandb` file of each segment under the run's wandb/ folder (offline and online), oldest first."""
-    return sorted(RunDir(run_dir).wandb.glob("*run-*/run-*.wandb"))
 
 
 def history_rows(wandb_file: Path) -> Iterator[dict]:
@@ -57,9 +61,154 @@ def held_rows(run_dir: Path, prefixes: tuple[str, ...]) -> set[tuple[int, str]]:
     """(`trainer/global_step`, prefix) for each row a segment of the run holds with a key of one of `prefixes`."""
     return {
         (row["trainer/global_step"], prefix)
-        for path in segment_files(run_dir)
+        for path in sorted(RunDir(run_dir).wandb.glob("*run-*/run-*.wandb"))  # each segment's, oldest first
         for row in history_rows(path)
         if "trainer/global_step" in row
         for prefix in prefixes
         if any(key.startswith(prefix) for key in row)
     }
+
+
+class KeptHistory:
+    """The train/* and val/* rows a WandbLogger logged, by step, to carry in checkpoints (TrainHistoryInCheckpoint)
+    and re-log what a killed segment had not written (mixed into RunWandbLogger)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.train_rows: dict[int, dict] = {}  # step -> the train/* and val/* values logged there
+        self._restored = False  # rows came from a checkpoint: re-log those no segment file holds
+        self._held: set[tuple[int, str]] | None = None  # what the segment files hold, read once per resume
+
+    def keep_rows(self, step: int, metrics: dict) -> None:
+        """Before logging `metrics` at `step`: re-log the rows a killed segment lost, then keep these."""
+        if self._restored:
+            self._relog_lost()
+        if any(key.startswith(KEPT_PREFIXES) for key in metrics):
+            self.train_rows.setdefault(step, {}).update(
+                {key: float(value) for key, value in metrics.items() if _kept(key) or key == "epoch"}
+            )
+
+    def restore_train_rows(self, rows: list) -> None:
+        """Take the train/* rows a checkpoint carried; the first metrics of this segment re-log the lost ones."""
+        self.train_rows = {int(step): dict(row) for step, row in rows}
+        self._restored = bool(self.train_rows)
+        self._held = None
+
+    def lacks_val_row(self, step: int) -> bool:
+        """Whether neither the resumed checkpoint's rows nor a segment file holds a val/* value at `step`."""
+        if any(key.startswith("val/") for key in self.train_rows.get(step, {})):
+            return False
+        return (step, "val/") not in self._held_rows()
+
+    def _held_rows(self) -> set[tuple[int, str]]:
+        if self._held is None:
+            self._held = held_rows(Path(self._save_dir), KEPT_PREFIXES) if self._save_dir else set()
+        return self._held
+
+    def _relog_lost(self) -> None:
+        # A killed segment's file ends at its last whole block: the rows after it were never written. They are
+        # logged again here, at their own steps, before this segment logs anything newer.
+        self._restored = False
+        held, self._held = self._held_rows(), None
+        lost = 0
+        for step, row in sorted(self.train_rows.items()):
+            missing = {key for key in row if _kept(key) and (step, _kept(key)) not in held}
+            if missing:
+                lost += 1
+                super().log_metrics(
+                    {key: v for key, v in row.items() if key in missing or key == "epoch"}, step
+                )
+        if lost:
+            rank_zero_info(
+                f"wandb: re-logged the train/* and val/* rows of {lost} step(s) a killed run had not written"
+            )
+
+
+def _kept(key: str) -> str | None:
+    """The one of KEPT_PREFIXES that `key` starts with, or None."""
+    return next((prefix for prefix in KEPT_PREFIXES if key.startswith(prefix)), None)
+
+
+def _history_loggers(trainer: L.Trainer) -> list[KeptHistory]:
+    return [logger for logger in trainer.loggers if isinstance(logger, KeptHistory)]
+
+
+class TrainHistoryInCheckpoint(L.Callback):
+    """Carry the run's train/* rows in every checkpoint, so a resume after kill -9 can log again what the killed
+    segment had not written (a few floats per logged step)."""
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        for logger in _history_loggers(trainer):
+            rows = {**logger.train_rows, **_row_not_logged_yet(trainer, logger)}
+            checkpoint[HISTORY_KEY] = [[step, row] for step, row in sorted(rows.items())]
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        step = checkpoint[
+            "global_step"
+        ]  # rows past it belong to the abandoned branch: this run logs them anew
+        for logger in _history_loggers(trainer):
+            logger.restore_train_rows([row for row in checkpoint.get(HISTORY_KEY, []) if row[0] <= step])
+
+
+def _row_not_logged_yet(trainer: L.Trainer, logger: KeptHistory) -> dict[int, dict]:
+    """{step: row} of this step's train/* values when the save comes before Lightning logs them (ModelCheckpoint
+    saves in on_train_batch_end; the row goes to the loggers right after), else {}: the resume starts after
+    this step, so only the checkpoint can give its row back."""
+    step, every = trainer.global_step, trainer.log_every_n_steps
+    # Only a logging step's values are its own: on other steps Lightning may still hold an earlier one.
+    if step in logger.train_rows or not trainer.training or every <= 0 or step % every:
+        return {}
+    logged = trainer._logger_connector.metrics["log"]
+    row = {key: float(value) for key, value in logged.items() if key.startswith(TRAIN_PREFIX)}
+    return {step: {**row, "epoch": float(trainer.current_epoch)}} if row else {}
+
+
+class ValidateSkippedStep(L.Callback):
+    """At the start of a resume, run the validation that Lightning skips there when no segment logged its values.
+
+    ModelCheckpoint saves in on_train_batch_end, before that step's validation; a resume from that checkpoint
+    does not validate again (Lightning counts the validation as done), so when the run was killed before wandb
+    wrote the val/* row, no segment would ever hold it. Run then, the validation gives the straight run's values:
+    the same weights and the same validation batches.
+    """
+
+    def __init__(self) -> None:
+        self._resumed_step: int | None = None
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        self._resumed_step = checkpoint["global_step"]
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        step, self._resumed_step = self._resumed_step, None
+        if step is None:
+            return
+        # Rank 0 reads the segment files; every rank must take the same decision (the validation syncs them).
+        lacks = trainer.is_global_zero and any(
+            logger.lacks_val_row(step) for logger in _history_loggers(trainer)
+        )
+        if not trainer.strategy.broadcast(lacks, src=0):
+            return
+        # Lightning's own rule says whether the step was due a validation: on such a restart it fast-forwards
+        # the validation loop's counters (not on a save made after the validation, e.g. on SIGTERM).
+        val_loop = trainer.fit_loop.epoch_loop.val_loop
+
+        def validate_instead() -> None:
+            _forget_patch(trainer)
+            rank_zero_info(
+                f"validating step {step} again: no wandb segment of this run holds its val/* values"
+            )
+            val_loop.restarting = False  # a fresh validation, as the straight run's
+            trainer.validating = True
+            first_loop_iter = trainer._logger_connector._first_loop_iter
+            val_loop.run()
+            trainer.training = True
+            trainer._logger_connector._first_loop_iter = first_loop_iter
+
+        val_loop.increment_progress_to_evaluation_end = validate_instead
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        _forget_patch(trainer)  # the restart's check is over: Lightning did not ask, the step was not due
+
+
+def _forget_patch(trainer: L.Trainer) -> None:
+    vars(trainer.fit_loop.epoch_loop.val_loop).pop("increment_progress_to_evaluation_end", None)

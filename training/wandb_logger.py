@@ -1,38 +1,38 @@
-"""The project's WandbLogger: no deprecated `anonymous` setting, the offline notice once the run exists, and
-train/* and val/* history that survives kill -9 (carried in every checkpoint, re-logged by the resume where it
-was lost)."""
+"""The project's wandb logging: online or offline without ever prompting for a login, one wandb run per run
+directory (its id kept in the run directory and in every checkpoint), the offline notice once the run exists, and
+train/* and val/* history that survives kill -9 (KeptHistory, training/wandb_history.py)."""
 
 from __future__ import annotations
 
+import netrc
 import os
+import secrets
 import shutil
+import string
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
 import lightning as L
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
+from checkpoints.format import read_checkpoint
 from checkpoints.run_dir import RunDir
+from common.files import atomic_write
 
-from .wandb_history import held_rows
-from .wandb_setup import record_wandb_run_id
+from .wandb_history import KeptHistory
 
-TRAIN_PREFIX = "train/"
-KEPT_PREFIXES = (TRAIN_PREFIX, "val/")  # the scalar curves a resume gives back; media are not carried
-# In the checkpoint: [[step, {key: value}], ...] of every row with a KEPT_PREFIXES key (the name predates val/*).
-HISTORY_KEY = "train_history"
+RUN_LOGGER = "training.wandb_logger.RunWandbLogger"  # as config.yaml records it: keep this module path
+WANDB_ID_KEY = "wandb_run_id"  # in the checkpoint: so a resume without the run directory logs to the same run
 
 
-class RunWandbLogger(WandbLogger):
-    """A WandbLogger that says how to upload an offline run when, and only when, the run is created.
+class RunWandbLogger(KeptHistory, WandbLogger):
+    """A WandbLogger that says how to upload an offline run when, and only when, the run is created (after the
+    data is prepared: a run that fails on its data prints no "upload later" line and leaves no run folder).
 
-    Lightning creates the wandb run after the data is prepared, so a run that fails on its data prints no
-    "upload later" line and leaves no run folder behind.
-
-    The CLI sets these arguments for each run (training/cli.py); they are named here rather than passed on as
-    **kwargs because jsonargparse would then read WandbLogger's signature, whose annotations import wandb, and
-    wandb's import makes two temp folders before the run's own TMPDIR is in place (see `_settings`).
+    The CLI sets these arguments for each run; they are named here rather than passed on as **kwargs because
+    jsonargparse would then read WandbLogger's signature, whose annotations import wandb (see `experiment`).
 
     Args:
         save_dir: The run directory; wandb's files go in its wandb/ folder.
@@ -61,17 +61,11 @@ class RunWandbLogger(WandbLogger):
         self._trainer = None
         self._finished = False
         self._sync_hint: str | None = None  # printed with the first metrics (see experiment)
-        self.train_rows: dict[int, dict] = {}  # step -> the train/* and val/* values logged there
-        self._restored = False  # rows came from a checkpoint: re-log those no segment file holds
-        self._held: set[tuple[int, str]] | None = None  # what the segment files hold, read once per resume
 
     def follow(self, trainer) -> None:
-        """Log every point at `trainer.global_step`: the 1-based count of finished optimizer steps that the
-        console shows (`step 3500/3500`), for Lightning's own metrics as for the callbacks' images and tables.
-
-        Lightning logs training and validation metrics at the 0-based index of the step (3499 for the last),
-        so without this the train/loss of step 3500 would sit one step left of the samples logged after it.
-        """
+        """Log every point at `trainer.global_step`, the count of finished optimizer steps the console shows
+        (`step 3500/3500`). Lightning logs its metrics at the 0-based index of the step (3499 for the last), one
+        step left of the samples and images the callbacks log after it."""
         self._trainer = trainer
 
     @rank_zero_only
@@ -81,48 +75,8 @@ class RunWandbLogger(WandbLogger):
             self._sync_hint = None
         if self._trainer is not None and self._trainer.state.fn == "fit":
             step = self._trainer.global_step
-            if self._restored:
-                self._relog_lost()
-            if any(key.startswith(KEPT_PREFIXES) for key in metrics):
-                self.train_rows.setdefault(step, {}).update(
-                    {key: float(value) for key, value in metrics.items() if _kept(key) or key == "epoch"}
-                )
+            self.keep_rows(step, metrics)
         super().log_metrics(metrics, step)
-
-    def restore_train_rows(self, rows: list) -> None:
-        """Take the train/* rows a checkpoint carried; the first metrics of this segment re-log the lost ones."""
-        self.train_rows = {int(step): dict(row) for step, row in rows}
-        self._restored = bool(self.train_rows)
-        self._held = None
-
-    def lacks_val_row(self, step: int) -> bool:
-        """Whether neither the resumed checkpoint's rows nor a segment file holds a val/* value at `step`."""
-        if any(key.startswith("val/") for key in self.train_rows.get(step, {})):
-            return False
-        return (step, "val/") not in self._held_rows()
-
-    def _held_rows(self) -> set[tuple[int, str]]:
-        if self._held is None:
-            self._held = held_rows(Path(self._save_dir), KEPT_PREFIXES) if self._save_dir else set()
-        return self._held
-
-    def _relog_lost(self) -> None:
-        # A killed segment's file ends at its last whole block: the rows after it were never written. They are
-        # logged again here, at their own steps, before this segment logs anything newer.
-        self._restored = False
-        held, self._held = self._held_rows(), None
-        lost = 0
-        for step, row in sorted(self.train_rows.items()):
-            missing = {key for key in row if _kept(key) and (step, _kept(key)) not in held}
-            if missing:
-                lost += 1
-                super().log_metrics(
-                    {key: v for key, v in row.items() if key in missing or key == "epoch"}, step
-                )
-        if lost:
-            rank_zero_info(
-                f"wandb: re-logged the train/* and val/* rows of {lost} step(s) a killed run had not written"
-            )
 
     def finalize(self, status: str) -> None:
         """Finish the wandb run here: wandb's own finish at exit ignores the settings above."""
@@ -151,7 +105,16 @@ class RunWandbLogger(WandbLogger):
         """The wandb run, created on first use; an offline run then prints its `wandb sync` command."""
         created = self._experiment is None
         if created and rank_zero_only.rank == 0 and "settings" not in self._wandb_init:
-            self._wandb_init["settings"] = self._settings()
+            # Imported only now: importing wandb makes two temp folders (media, artifacts) that only its exit
+            # handler removes, so it waits for the writer's own TMPDIR (checkpoints/run_lock.py), which the next
+            # start empties after a kill -9.
+            import wandb
+
+            # Offline, our one line says where the run is and how to upload it: wandb's banner and footer would
+            # repeat it (the footer with a relative path, in ANSI colours even in a log file). Online, wandb
+            # keeps the lines that give the run's URL.
+            silent, colors = bool(self._offline), sys.stderr.isatty()
+            self._wandb_init["settings"] = wandb.Settings(silent=silent, quiet=True, show_colors=colors)
         if created and self._save_dir:
             Path(self._save_dir).mkdir(parents=True, exist_ok=True)  # wandb warns about a missing folder
             self._links_before = _links(RunDir(Path(self._save_dir)).wandb)
@@ -165,23 +128,6 @@ class RunWandbLogger(WandbLogger):
             # (its setup hook does so first) has nothing to upload, and its segment is removed.
             self._sync_hint = f"wandb: no credentials (or WANDB_MODE=offline): logging offline. Upload later with: wandb sync {folder}"
         return run
-
-    def _settings(self):
-        """wandb's settings for this run, made when the run is: importing wandb makes two temp folders (media,
-        artifacts) that only its exit handler removes, so it waits until the writer's own TMPDIR is in place
-        (checkpoints/run_lock.py), which the next start empties after a kill -9."""
-        import wandb
-
-        # Offline, our one line says where the run is and how to upload it: wandb's banner and footer would
-        # repeat it (the footer with a relative path, in ANSI colours even in a log file). Online, wandb keeps
-        # the lines that give the run's URL.
-        offline = bool(self._offline)
-        return wandb.Settings(silent=offline, quiet=True, show_colors=sys.stderr.isatty())
-
-
-def _kept(key: str) -> str | None:
-    """The one of KEPT_PREFIXES that `key` starts with, or None."""
-    return next((prefix for prefix in KEPT_PREFIXES if key.startswith(prefix)), None)
 
 
 def _links(folder: Path) -> dict[str, str]:
@@ -201,36 +147,75 @@ def _restore_links(folder: Path, links: dict[str, str]) -> None:
             (folder / name).symlink_to(target)
 
 
-class TrainHistoryInCheckpoint(L.Callback):
-    """Carry the run's train/* rows in every checkpoint, so a resume after kill -9 can log again what the killed
-    segment had not written (a few floats per logged step)."""
-
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        for logger in run_loggers(trainer):
-            rows = {**logger.train_rows, **_row_not_logged_yet(trainer, logger)}
-            checkpoint[HISTORY_KEY] = [[step, row] for step, row in sorted(rows.items())]
-
-    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        step = checkpoint[
-            "global_step"
-        ]  # rows past it belong to the abandoned branch: this run logs them anew
-        for logger in run_loggers(trainer):
-            logger.restore_train_rows([row for row in checkpoint.get(HISTORY_KEY, []) if row[0] <= step])
-
-
 def run_loggers(trainer: L.Trainer) -> list[RunWandbLogger]:
     """The trainer's loggers of this class (the one the CLI adds to every run)."""
     return [logger for logger in trainer.loggers if isinstance(logger, RunWandbLogger)]
 
 
-def _row_not_logged_yet(trainer: L.Trainer, logger: RunWandbLogger) -> dict[int, dict]:
-    """{step: row} of this step's train/* values when the save comes before Lightning logs them (ModelCheckpoint
-    saves in on_train_batch_end; the row goes to the loggers right after), else {}: the resume starts after
-    this step, so only the checkpoint can give its row back."""
-    step, every = trainer.global_step, trainer.log_every_n_steps
-    # Only a logging step's values are its own: on other steps Lightning may still hold an earlier one.
-    if step in logger.train_rows or not trainer.training or every <= 0 or step % every:
-        return {}
-    logged = trainer._logger_connector.metrics["log"]
-    row = {key: float(value) for key, value in logged.items() if key.startswith(TRAIN_PREFIX)}
-    return {step: {**row, "epoch": float(trainer.current_epoch)}} if row else {}
+def is_run_logger(logger) -> bool:
+    """True for the wandb logger this CLI adds to every run (as a resumed run's config.yaml records it)."""
+    get = getattr(logger, "get", None)
+    return callable(get) and get("class_path") == RUN_LOGGER
+
+
+def run_logger(run_dir: Path, project: str, name: str, ckpt_path: str | None) -> dict:
+    """The `trainer.logger` entry of a run: one wandb run across preemptions and resumes."""
+    run_id = wandb_run_id(run_dir, stored_wandb_id(ckpt_path))
+    # No mkdir and no message here: both wait until the wandb run is created (see RunWandbLogger).
+    where = {"save_dir": str(run_dir), "project": project, "name": name, "offline": wandb_offline()}
+    return {"class_path": RUN_LOGGER, "init_args": {**where, "id": run_id, "resume": "allow"}}
+
+
+def wandb_offline() -> bool:
+    """Offline when WANDB_MODE says so, or when it is unset and no API key is in the environment or in the
+    netrc file `wandb login` writes."""
+    mode = os.environ.get("WANDB_MODE")
+    if mode:
+        return mode in ("offline", "dryrun", "disabled")
+    if os.environ.get("WANDB_API_KEY"):
+        return False
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    path = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    try:
+        return not (path.is_file() and netrc.netrc(path).authenticators(host) is not None)
+    except (netrc.NetrcParseError, OSError):
+        return True
+
+
+def wandb_run_id(run_dir: Path, fallback: str | None = None) -> str:
+    """The wandb run id of `run_dir` (its `wandb_run_id` file), so every resume logs to the same run.
+
+    Without the file: `fallback` (the id stored in the checkpoint being resumed) or a new id. Nothing is written
+    here: `record_wandb_run_id` does that once the wandb run exists, so a run that fails before it starts leaves
+    no folder behind.
+    """
+    path = RunDir(run_dir).wandb_id_file
+    stored = path.read_text(encoding="utf-8").strip() if path.is_file() else ""
+    if stored:
+        return stored
+    if fallback is None:  # the shape of wandb's own ids: 8 lowercase letters and digits
+        fallback = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    return fallback
+
+
+def record_wandb_run_id(run_dir: Path, run_id: str) -> None:
+    """Keep `run_id` in `run_dir/wandb_run_id` (once) for the resumes to come."""
+    path = RunDir(run_dir).wandb_id_file
+    if not path.is_file():
+        atomic_write(path, run_id + "\n")
+
+
+class WandbIdInCheckpoint(L.Callback):
+    """Store the wandb run id in every checkpoint."""
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger) and logger.version:
+                checkpoint[WANDB_ID_KEY] = str(logger.version)
+
+
+def stored_wandb_id(ckpt_path: str | None) -> str | None:
+    """The wandb run id saved in the checkpoint at `ckpt_path` (None without one)."""
+    if not ckpt_path or not Path(ckpt_path).exists():  # a file, or a sharded checkpoint folder
+        return None
+    return read_checkpoint(ckpt_path)[0].get(WANDB_ID_KEY)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import generate as cli
-from checkpoints.choice import CheckpointError
 from checkpoints.format import read_checkpoint
+from checkpoints.run_dir import CheckpointError
 
 
 @pytest.mark.parametrize("name", ["config.yaml", "tokenizer.json"])

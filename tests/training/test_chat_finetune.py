@@ -20,8 +20,7 @@ from tests.training.test_one_line_errors import assert_one_line
 from tests.training.test_resume import assert_same_weights
 from tests.training.test_resume import fit as resume_fit
 from training import LitGPT
-from training.fit_summary import FitSummary
-from training.val_score import score_validation
+from training.fit_summary import FitSummary, score_validation
 
 MODEL = dict(vocab_size=300, block_size=32, n_layer=2, n_head=4, n_kv_head=2, n_embd=32)
 

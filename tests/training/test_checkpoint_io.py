@@ -130,7 +130,7 @@ def test_sweep_removes_killed_runs_temporary_checkpoint_files(tmp_path):
 
 
 def test_wandb_run_id_is_kept_in_the_run_dir_or_taken_from_the_checkpoint(tmp_path):
-    from training.wandb_setup import record_wandb_run_id, wandb_run_id
+    from training.wandb_logger import record_wandb_run_id, wandb_run_id
 
     first = wandb_run_id(tmp_path / "a")
     assert len(first) == 8 and not (tmp_path / "a").exists(), "nothing is written before the wandb run exists"

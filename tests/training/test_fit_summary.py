@@ -11,8 +11,7 @@ import torch
 from common.errors import UserError
 from data.datamodule import TextDataModule
 from training import LitGPT
-from training.fit_summary import FitSummary
-from training.val_score import LOGITS_BUDGET_BYTES, score_validation, windows_per_batch
+from training.fit_summary import LOGITS_BUDGET_BYTES, FitSummary, score_validation, windows_per_batch
 
 MODEL = dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, warmup_steps=1, learning_rate=3e-3)
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from checkpoints.choice import checkpoint_step
 from checkpoints.format import CheckpointError, load_checkpoint
 from checkpoints.resume import check_resumable, choose_resume_checkpoint, expand_run_dir_resume
-from checkpoints.wandb_id import WANDB_ID_KEY, stored_wandb_id
+from checkpoints.run_dir import checkpoint_step
 from tests.conftest import run_generate
+from training.wandb_logger import WANDB_ID_KEY, stored_wandb_id
 
 FSDP2 = {
     "class_path": "lightning.pytorch.strategies.ModelParallelStrategy",

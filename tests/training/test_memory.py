@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from benchmarks.decode import GPT2_SMALL
 from model import GPT, KVCache, ModelConfig
-from training.fit_report import fit_report
+from training.fit_summary import fit_report
 from training.memory import (
     activation_bytes,
     count_parameters,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.ctrl_c import GracefulCtrlC
+from checkpoints.save_on_stop import GracefulCtrlC
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_STEPS = 12
