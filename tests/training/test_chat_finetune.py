@@ -79,17 +79,24 @@ def fit(data, root, max_steps, **kwargs):
     return resume_fit(None, None, root, max_steps, model=module, data=data, **kwargs)
 
 
-def test_a_resumed_chat_run_equals_the_uninterrupted_one(tmp_path, capsys):
+# Streaming: 10 held-out conversations are the validation set; 2 workers resume from each one's stream position.
+STREAMING = {"token-cache": {}, "stream": {"streaming": True, "val_docs": 10}}
+STREAMING["stream-2-workers"] = {**STREAMING["stream"], "num_workers": 2}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # Lightning's notes about workers and iterable loaders
+@pytest.mark.parametrize("source", list(STREAMING))
+def test_a_resumed_chat_run_equals_the_uninterrupted_one(source, tmp_path, capsys):
     files = write_rows(tmp_path / "chat.jsonl", pirate_rows(80))
 
     def data():
-        return chat_data(files, tmp_path / "cache", chat_tokenizer(), batch_size=4)
+        return chat_data(files, tmp_path / "cache", chat_tokenizer(), batch_size=4, **STREAMING[source])
 
     straight_data = data()
     straight, straight_losses = fit(straight_data, tmp_path / "straight", 6, callbacks=[FitSummary()])
     metrics = straight.trainer.callback_metrics
     # val/loss and the summary's score: nats per assistant token, over the scored windows / the whole text
-    windows = [straight_data.val_dataloader().dataset[i] for i in range(8)]  # limit_val_batches=2 of 4
+    windows = [straight_data.val_dataloader().dataset[i] for i in range(8)]  # limit_val_batches=2 batches of 4
     with torch.no_grad():
         expected = straight.eval().loss(
             torch.stack([x for x, _ in windows]), torch.stack([y for _, y in windows])
