@@ -96,7 +96,7 @@ def test_a_resumed_chat_run_equals_the_uninterrupted_one(source, tmp_path, capsy
     straight, straight_losses = fit(straight_data, tmp_path / "straight", 6, callbacks=[FitSummary()])
     metrics = straight.trainer.callback_metrics
     # val/loss and the summary's score: nats per assistant token, over the scored windows / the whole text
-    windows = [straight_data.val_dataloader().dataset[i] for i in range(8)]  # limit_val_batches=2 batches of 4
+    windows = [straight_data.val_dataloader().dataset[i] for i in range(8)]  # limit_val_batches=2 of 4
     with torch.no_grad():
         expected = straight.eval().loss(
             torch.stack([x for x, _ in windows]), torch.stack([y for _, y in windows])
