@@ -117,7 +117,11 @@ def test_a_resumed_chat_run_equals_the_uninterrupted_one(source, tmp_path, capsy
 
 
 @pytest.mark.slow
-def test_train_py_refuses_a_bad_conversation_in_one_line(script, tmp_path):
+@pytest.mark.parametrize(
+    "streaming", [[], ["--data.streaming", "true", "--data.val_docs", "2", "--data.num_workers", "2"]],
+    ids=["token-cache", "stream"],
+)  # fmt: skip
+def test_train_py_refuses_a_bad_conversation_in_one_line(streaming, script, tmp_path):
     from tests.interop.conftest import save_llama
 
     transformers = pytest.importorskip("transformers")
@@ -128,7 +132,7 @@ def test_train_py_refuses_a_bad_conversation_in_one_line(script, tmp_path):
         "train.py", "fit", "--config", "configs/sft-smollm2.yaml", "--model.init_from", str(tmp_path / "llama"),
         "--data.data_files", str(write_rows(tmp_path / "bad.jsonl", rows)), "--data.cache_dir",
         str(tmp_path / "cache"), "--data.block_size", "32", "--trainer.default_root_dir", str(tmp_path / "runs"),
-        "--trainer.logger", "false", check=False,
+        "--trainer.logger", "false", *streaming, check=False,
     )  # fmt: skip
     assert_one_line(result, "data.chat_column: row 3 of the train split", "role 'captain'")
 
