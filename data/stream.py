@@ -114,20 +114,7 @@ class StreamBatches(IterableDataset):
             produced = 0
             for batch in docs.iter(batch_size=DOCS_PER_CHUNK):
                 column = batch[self.column]
-                if self.chat:
-                    kept = [
-                        (rows + k, row) for k, row in enumerate(column) if row_digest(row) not in self.heldout
-                    ]
-                    names = (
-                        f"data.chat_column: row {k} of stream reader {reader}'s files (of {readers} readers)"
-                        if by_file
-                        else row_name(reader + k * readers, "train")
-                        for k, _ in kept
-                    )
-                    tokens, mask = encode_conversations(self.tokenizer, [row for _, row in kept], names, True)
-                else:
-                    texts = [text for text in column if text and row_digest(text) not in self.heldout]
-                    tokens, mask = document_ids(texts, self.tokenizer), None
+                tokens, mask = self._encode(column, rows, reader, readers, by_file)
                 rows += len(column)
                 after = {"epoch": epoch, "hf": docs.state_dict(), "rows": rows}
                 if len(tokens):
@@ -140,6 +127,23 @@ class StreamBatches(IterableDataset):
                     "documents; use fewer data.num_workers or a corpus with more documents or files"
                 )
             epoch, hf_state, rows = epoch + 1, None, 0
+
+    def _encode(
+        self, column: list, rows: int, reader: int, readers: int, by_file: bool
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """(tokens, assistant mask or None) of a chunk's documents but the held-out ones; the chunk starts at
+        the reader's row `rows` of this epoch, which names a bad conversation."""
+        if not self.chat:
+            texts = [text for text in column if text and row_digest(text) not in self.heldout]
+            return document_ids(texts, self.tokenizer), None
+        kept = [(rows + k, row) for k, row in enumerate(column) if row_digest(row) not in self.heldout]
+        names = (
+            f"data.chat_column: row {k} of stream reader {reader}'s files (of {readers} readers)"
+            if by_file
+            else row_name(reader + k * readers, "train")
+            for k, _ in kept
+        )
+        return encode_conversations(self.tokenizer, [row for _, row in kept], names, eos_first=True)
 
 
 class PositionedLoader(Loader):
