@@ -19,8 +19,9 @@ separately would differ at their seams for sentencepiece-style tokenizers).
 from __future__ import annotations
 
 import hashlib
+import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -195,19 +196,31 @@ def encode_conversation(tokenizer: Tokenizer, messages: object, where: str) -> t
     return ids, mask
 
 
+def row_name(row: int, split: str) -> str:
+    """How an error names a conversation: the config key, then the row and its split."""
+    return f"data.chat_column: row {row} of the {split} split"
+
+
 def encode_conversations(
-    tokenizer: Tokenizer, rows: list, first_row: int, split_start: int, split: str
-) -> list[tuple[list[int], list[int]]]:
-    """(ids, mask) of rows first_row, ... of `split`; packed like text documents: one EOS (not the assistant's,
-    so mask 0) before each conversation but the split's first (row `split_start`)."""
-    pieces = []
-    for row, messages in enumerate(rows, first_row):
-        ids, mask = encode_conversation(
-            tokenizer, messages, f"data.chat_column: row {row} of the {split} split"
-        )
-        first = row == split_start
-        pieces.append(([*([] if first else [tokenizer.eos_id]), *ids], [*([] if first else [0]), *mask]))
-    return pieces
+    tokenizer: Tokenizer, rows: Sequence[object], names: Iterable[str], eos_first: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, mask) of `rows` (each named by `names` in errors), packed like text documents: one EOS (not the
+    assistant's, so mask 0) before each conversation, the first only with `eos_first` (not at a split's start)."""
+    ids: list[int] = []
+    mask: list[int] = []
+    for index, (messages, where) in enumerate(zip(rows, names, strict=True)):
+        row_ids, row_mask = encode_conversation(tokenizer, messages, where)
+        separator = [tokenizer.eos_id] if index or eos_first else []
+        ids += [*separator, *row_ids]
+        mask += [0] * len(separator) + row_mask
+    return np.array(ids, dtype=np.int64), np.array(mask, dtype=np.uint8)
+
+
+def row_digest(row: object) -> str:
+    """`document_digest` of a text, or of a conversation's messages (a stream's held-out rows)."""
+    if isinstance(row, str):
+        return document_digest(row)
+    return document_digest(json.dumps(row, sort_keys=True, ensure_ascii=False, default=str))
 
 
 def _checked(messages: object, where: str) -> list[dict]:

@@ -76,11 +76,6 @@ class CorpusSource:
             raise DataConfigError(
                 f"data.data_files: the '{self.dataset}' builder needs data files; pass a local path or URL"
             )
-        if self.chat_column and self.streaming:
-            raise DataConfigError(
-                "data.streaming: chat fine-tuning (data.chat_column) reads a token cache, not a stream; "
-                "set data.streaming false"
-            )
         if self.chat_column and self.dataset == "text":
             raise DataConfigError(
                 "data.dataset: conversations (data.chat_column) are rows of JSON lines or a Hub dataset, not "
@@ -153,11 +148,12 @@ class CorpusSource:
         except Exception as error:  # datasets raises many types; the user needs the key and the fix
             raise self._load_error(error) from error
 
-    def texts(self, docs: Any) -> Iterator[str | None]:
-        """The text of each row of `docs`; a stream finds a file that is not UTF-8 only here, as it reads it."""
+    def documents(self, docs: Any) -> Iterator[Any]:
+        """The text (or conversation) of each row of `docs`; a stream finds a file that is not UTF-8 only here,
+        as it reads it."""
         try:
             for row in docs:
-                yield row[self.text_column]
+                yield row[self.column]
         except UnicodeDecodeError as error:
             raise self._load_error(error) from None
 

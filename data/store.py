@@ -22,13 +22,14 @@ import numpy as np
 from common.files import StagedFolder, owner_has_exited, remove_stale, stale_temp_files
 from data import DataConfigError
 from data.batches import TokenParts
-from data.documents import document_digest, document_ids
+from data.documents import document_ids, encode_conversations, row_digest, row_name
 from data.settings import FORMAT_VERSION, PrepareSettings
 from data.tokenizer import Tokenizer
 
 META_FILE = "meta.json"
 TOKENIZER_FILE = "tokenizer.json"
 VAL_FILE = "val.bin"  # a streaming folder's validation tokens
+VAL_MASK_FILE = "val.bin.mask"  # for chat, their assistant mask (named as data/tokenize_parts.py's masks)
 HELDOUT_FILE = "heldout.json"  # and the digests of the train documents it holds out
 _STATS_CHUNK = 1 << 24
 _DOCS_PER_BATCH = 256  # validation documents tokenized at once when streaming
@@ -107,7 +108,8 @@ def publish_token_folder(staged: StagedFolder, name: str) -> Path:
 
 
 def build_stream(settings: PrepareSettings) -> Path:
-    """Build the streaming folder: val.bin, heldout.json, tokenizer.json and (last) meta.json.
+    """Build the streaming folder: val.bin (for chat with val.bin.mask), heldout.json, tokenizer.json and (last)
+    meta.json.
 
     One sequential pass over the head of the stream (no sharding): without a validation split, the first
     `val_docs` documents are held out (their digests go to heldout.json, and every training reader skips them),
@@ -121,18 +123,18 @@ def build_stream(settings: PrepareSettings) -> Path:
     with StagedFolder(settings.make_corpus_dir()) as staged:
         assert staged.path is not None
         train_docs, val_docs = source.load()
-        head = source.texts(train_docs)
+        head = source.documents(train_docs)
         if val_docs is None:
-            validation = list(islice(head, settings.val_docs))
-            heldout = sorted({document_digest(text) for text in validation if text})
+            validation, val_split = list(islice(head, settings.val_docs)), "train"
+            heldout = sorted({row_digest(row) for row in validation if row})
             val_source = f"the first {len(validation)} documents of the train split (left out of training)"
         else:
-            validation = list(islice(source.texts(val_docs), settings.val_docs))
+            validation, val_split = list(islice(source.documents(val_docs), settings.val_docs)), "validation"
             heldout = []
             val_source = f"the first {len(validation)} documents of the validation split"
         if not any(validation):
             raise DataConfigError(
-                f"{source.key}: the corpus has no text in column '{source.text_column}'; point it at real text"
+                f"{source.key}: the corpus has no text in column '{source.column}'; point it at real text"
             )
         if tokenizer is None:
             sample = [text for text in islice(head, settings.tokenizer_train_docs) if text]
@@ -142,16 +144,24 @@ def build_stream(settings: PrepareSettings) -> Path:
                     "or the model on; lower data.val_docs or add a validation split"
                 )
             tokenizer = Tokenizer.train(sample, settings.vocab_size)
-        val = np.concatenate(
-            [
-                document_ids(validation[start : start + _DOCS_PER_BATCH], tokenizer)
-                for start in range(0, len(validation), _DOCS_PER_BATCH)
-            ]
-        ).astype(token_dtype(tokenizer.vocab_size))
+        details: dict[str, Any] = {"val_source": val_source}
+        if source.chat_column:  # the held-out conversations, masked as the token cache masks them
+            names = (row_name(row, val_split) for row in range(len(validation)))
+            val, mask = encode_conversations(tokenizer, validation, names, eos_first=False)
+            mask.tofile(staged.path / VAL_MASK_FILE)
+            details["masks"] = {"val": [VAL_MASK_FILE]}
+        else:
+            val = np.concatenate(
+                [
+                    document_ids(validation[start : start + _DOCS_PER_BATCH], tokenizer)
+                    for start in range(0, len(validation), _DOCS_PER_BATCH)
+                ]
+            )
+        val = val.astype(token_dtype(tokenizer.vocab_size))
         val.tofile(staged.path / VAL_FILE)
         (staged.path / HELDOUT_FILE).write_text(json.dumps(heldout), encoding="utf-8")
-        stats = stream_stats(val, tokenizer.token_bytes())
-        settings.check_sizes(write_meta(staged.path, tokenizer, stats, {"val_source": val_source}))
+        stats = stream_stats(val if not source.chat_column else val[mask != 0], tokenizer.token_bytes())
+        settings.check_sizes(write_meta(staged.path, tokenizer, stats, details))
         folder = publish_token_folder(staged, settings.folder_name(tokenizer))
     if trained_here:  # after the folder, so a found tokenizer file always means a complete folder
         tokenizer.save(settings.trained_tokenizer_file())
@@ -247,7 +257,8 @@ def open_data(folder: Path) -> DataFolder:
     if "parts" not in meta:
         heldout = json.loads((folder / HELDOUT_FILE).read_text(encoding="utf-8"))
         val = TokenParts([folder / VAL_FILE], dtype)
-        return DataFolder(folder, tokenizer, meta, val, heldout=frozenset(heldout))
+        val_mask = _open_masks(folder, meta["masks"]["val"]) if "masks" in meta else None
+        return DataFolder(folder, tokenizer, meta, val, val_mask=val_mask, heldout=frozenset(heldout))
     parts, masks = meta["parts"], meta.get("masks")
     return DataFolder(
         folder,

@@ -10,6 +10,8 @@ shards (files) when their count is a multiple of the readers, and every readers-
 two readers share a document. A reader tokenizes documents in chunks of `DOCS_PER_CHUNK`, each document after
 one `<|endoftext|>`, into one token stream; batch k of the reader is the next batch_size windows of
 block_size + 1 tokens, back to back (a window's last token starts the next one, as in the token cache).
+Conversations (`data.chat_column`) are encoded as the token cache encodes them, each after an EOS, and their
+assistant mask travels with the tokens into the batches' targets (`masked_pair`).
 
 Exact resume: with each batch the reader sends its position, the `datasets` state before the oldest chunk
 whose tokens it still holds plus how many of that chunk's tokens it has used. `PositionedLoader` keeps these in
@@ -32,15 +34,16 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from data import DataConfigError
 from data.batches import Loader, masked_pair
-from data.documents import document_digest, document_ids
+from data.documents import document_ids, encode_conversations, row_digest, row_name
 from data.tokenizer import Tokenizer
 
 DOCS_PER_CHUNK = 64
-ReaderState = dict[str, Any]  # {"epoch", "hf" (datasets state or None), "skip" (tokens), "batches"}
+# {"epoch", "hf" (datasets state or None), "rows" (read this epoch, for errors), "skip" (tokens), "batches"}
+ReaderState = dict[str, Any]
 
 
 def fresh_state() -> ReaderState:
-    return {"epoch": 0, "hf": None, "skip": 0, "batches": 0}
+    return {"epoch": 0, "hf": None, "rows": 0, "skip": 0, "batches": 0}
 
 
 @dataclass
@@ -57,6 +60,7 @@ class StreamBatches(IterableDataset):
     world_size: int = 1
     start: dict[int, ReaderState] = field(default_factory=dict)  # each reader's saved position
     start_batch: int = 0
+    chat: bool = False  # the column holds conversations: tokens carry the assistant mask (data/documents.py)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, int, ReaderState]]:
         worker = get_worker_info()
@@ -70,53 +74,76 @@ class StreamBatches(IterableDataset):
         """Batches of one reader, from its saved position (or the start)."""
         state = copy.deepcopy(self.start.get(reader, fresh_state()))
         chunks = self._chunks(reader, readers, state)
-        held: deque[tuple[ReaderState, np.ndarray]] = deque()
+        held: deque[tuple[ReaderState, np.ndarray, np.ndarray | None]] = deque()
         head = state["skip"]  # tokens of held[0] already used
         batches = state["batches"]
         need = self.batch_size * self.block_size + 1
+
+        def windows(column: int) -> np.ndarray:  # (B, T + 1) of the held tokens (column 1) or masks (2)
+            flat = np.concatenate([chunk[column] for chunk in held])[head : head + need]
+            return np.lib.stride_tricks.sliding_window_view(flat, self.block_size + 1)[:: self.block_size]
+
         while True:
-            while sum(len(tokens) for _, tokens in held) - head < need:
+            while sum(len(tokens) for _, tokens, _ in held) - head < need:
                 held.append(next(chunks))
-            flat = np.concatenate([tokens for _, tokens in held])[head : head + need]
+            batch = masked_pair(windows(1), windows(2) if self.chat else None)
             head += need - 1
             while held and head >= len(held[0][1]):
                 head -= len(held.popleft()[1])
             batches += 1
             # The window's last token starts the next batch, so held is never empty here.
             position = {**held[0][0], "skip": head, "batches": batches}
-            windows = np.lib.stride_tricks.sliding_window_view(flat, self.block_size + 1)[:: self.block_size]
-            yield *masked_pair(windows, None), reader, position  # windows: (B, T + 1)
+            yield *batch, reader, position
 
     def _chunks(
         self, reader: int, readers: int, state: ReaderState
-    ) -> Iterator[tuple[ReaderState, np.ndarray]]:
-        """(position before the chunk, its tokens) for ever, epoch after epoch; raises if a reader gets nothing."""
+    ) -> Iterator[tuple[ReaderState, np.ndarray, np.ndarray | None]]:
+        """(position before the chunk, its tokens, their assistant mask or None) for ever, epoch after epoch;
+        raises if a reader gets nothing."""
         from datasets.distributed import split_dataset_by_node
 
-        epoch, hf_state = state["epoch"], state["hf"]
+        epoch, hf_state, rows = state["epoch"], state["hf"], state.get("rows", 0)
         while True:
             docs = split_dataset_by_node(self.docs, rank=reader, world_size=readers)
             docs.set_epoch(epoch)
             if hf_state is not None:
                 docs.load_state_dict(hf_state)
-            before = {"epoch": epoch, "hf": hf_state}
+            # Whole files per reader, or every readers-th row (then its rows' numbers in the split are known).
+            by_file = readers > 1 and self.docs.n_shards % readers == 0
+            before = {"epoch": epoch, "hf": hf_state, "rows": rows}
             produced = 0
             for batch in docs.iter(batch_size=DOCS_PER_CHUNK):
-                texts = [
-                    text for text in batch[self.column] if text and document_digest(text) not in self.heldout
-                ]
-                tokens = document_ids(texts, self.tokenizer)
-                after = {"epoch": epoch, "hf": docs.state_dict()}
+                column = batch[self.column]
+                tokens, mask = self._encode(column, rows, reader, readers, by_file)
+                rows += len(column)
+                after = {"epoch": epoch, "hf": docs.state_dict(), "rows": rows}
                 if len(tokens):
                     produced += len(tokens)
-                    yield before, tokens
+                    yield before, tokens, mask
                 before = after
             if produced == 0 and hf_state is None:
                 raise DataConfigError(
                     f"data.num_workers: stream reader {reader} of {readers} (ranks x workers) got no training "
                     "documents; use fewer data.num_workers or a corpus with more documents or files"
                 )
-            epoch, hf_state = epoch + 1, None
+            epoch, hf_state, rows = epoch + 1, None, 0
+
+    def _encode(
+        self, column: list, rows: int, reader: int, readers: int, by_file: bool
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """(tokens, assistant mask or None) of a chunk's documents but the held-out ones; the chunk starts at
+        the reader's row `rows` of this epoch, which names a bad conversation."""
+        if not self.chat:
+            texts = [text for text in column if text and row_digest(text) not in self.heldout]
+            return document_ids(texts, self.tokenizer), None
+        kept = [(rows + k, row) for k, row in enumerate(column) if row_digest(row) not in self.heldout]
+        names = (
+            f"data.chat_column: row {k} of stream reader {reader}'s files (of {readers} readers)"
+            if by_file
+            else row_name(reader + k * readers, "train")
+            for k, _ in kept
+        )
+        return encode_conversations(self.tokenizer, [row for _, row in kept], names, eos_first=True)
 
 
 class PositionedLoader(Loader):

@@ -257,7 +257,8 @@ def _encode_chunk(part: Part, start: int, stop: int) -> tuple[list[tuple[list[in
         return [(ids, None) for ids in documents.encode_segments(tokenizer, segments)], text_bytes
     rows = part.docs[start:stop][column]
     split = str(part.docs.split or "train")
-    pieces = documents.encode_conversations(tokenizer, rows, start, part.split_start, split)
+    names = (documents.row_name(row, split) for row in range(start, stop))
+    pieces = [documents.encode_conversations(tokenizer, rows, names, eos_first=start != part.split_start)]
     return pieces, int(documents.conversation_sizes(rows).sum())
 
 

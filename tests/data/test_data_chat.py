@@ -171,10 +171,7 @@ def test_chat_needs_a_tokenizer_with_a_chat_template(tokenizer, tmp_path):
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.bin"))
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "key"), [({"streaming": True}, "data.streaming"), ({"dataset": "text"}, "data.dataset")]
-)
-def test_chat_refuses_streaming_and_the_text_builder(kwargs, key, tmp_path):
+def test_chat_refuses_the_text_builder(tmp_path):
     files = write_rows(tmp_path / "c.jsonl", pirate_rows(20))
-    with pytest.raises(DataConfigError, match=key):
-        TextDataModule(**{"dataset": "json", "data_files": str(files), "chat_column": "messages", **kwargs})
+    with pytest.raises(DataConfigError, match="data.dataset"):
+        TextDataModule(dataset="text", data_files=str(files), chat_column="messages")

@@ -78,11 +78,18 @@ def fit(data, root, max_steps, **kwargs):
     return resume_fit(None, None, root, max_steps, model=module, data=data, **kwargs)
 
 
-def test_a_resumed_chat_run_equals_the_uninterrupted_one(tmp_path, capsys):
+# Streaming: 10 held-out conversations are the validation set; 2 workers resume from each one's stream position.
+STREAMING = {"token-cache": {}, "stream": {"streaming": True, "val_docs": 10}}
+STREAMING["stream-2-workers"] = {**STREAMING["stream"], "num_workers": 2}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # Lightning's notes about workers and iterable loaders
+@pytest.mark.parametrize("source", list(STREAMING))
+def test_a_resumed_chat_run_equals_the_uninterrupted_one(source, tmp_path, capsys):
     files = write_rows(tmp_path / "chat.jsonl", pirate_rows(80))
 
     def data():
-        return chat_data(files, tmp_path / "cache", chat_tokenizer(), batch_size=4)
+        return chat_data(files, tmp_path / "cache", chat_tokenizer(), batch_size=4, **STREAMING[source])
 
     straight_data = data()
     straight, straight_losses = fit(straight_data, tmp_path / "straight", 6, callbacks=[FitSummary()])
@@ -109,7 +116,11 @@ def test_a_resumed_chat_run_equals_the_uninterrupted_one(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_train_py_refuses_a_bad_conversation_in_one_line(script, tmp_path):
+@pytest.mark.parametrize(
+    "streaming", [[], ["--data.streaming", "true", "--data.val_docs", "2", "--data.num_workers", "2"]],
+    ids=["token-cache", "stream"],
+)  # fmt: skip
+def test_train_py_refuses_a_bad_conversation_in_one_line(streaming, script, tmp_path):
     from tests.interop.conftest import save_llama
 
     transformers = pytest.importorskip("transformers")
@@ -120,7 +131,7 @@ def test_train_py_refuses_a_bad_conversation_in_one_line(script, tmp_path):
         "train.py", "fit", "--config", "configs/sft-smollm2.yaml", "--model.init_from", str(tmp_path / "llama"),
         "--data.data_files", str(write_rows(tmp_path / "bad.jsonl", rows)), "--data.cache_dir",
         str(tmp_path / "cache"), "--data.block_size", "32", "--trainer.default_root_dir", str(tmp_path / "runs"),
-        "--trainer.logger", "false", check=False,
+        "--trainer.logger", "false", *streaming, check=False,
     )  # fmt: skip
     assert_one_line(result, "data.chat_column: row 3 of the train split", "role 'captain'")
 
