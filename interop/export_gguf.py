@@ -36,9 +36,9 @@ from data.pretrained_tokenizer import (
     GGUFVocabulary,
 )
 from data.tokenizer import Tokenizer
+from model.attention import inverse_frequencies
 from model.config import ModelConfig
 from model.gpt import GPT
-from model.attention import inverse_frequencies
 
 from .gguf_file import HYPERPARAMETERS, VOCABULARY, import_gguf
 from .hf_folder import hf_config_dict, hf_model_type
