@@ -14,7 +14,7 @@ decode tokens/s after a --prompt_len prompt, and the prefill of a --prefill_len 
 our probe (tools/llamacpp/probe.cpp), which times its prompt pass and decode steps itself; our side is timed the
 same way (the first new token ends the prefill: generation.speed.timed_decode). The sides alternate within every
 round and medians are taken (generation/timing.py). Ours is the eager step, `generate`'s default path, and with
---compile the compiled step next to it; on the kept blocks both call the C++ one-row kernel (model/row_kernel.py).
+--compile the compiled step next to it; on the kept blocks both call the C++ one-row kernel (model/quantized.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 checkpoint a folder means: the newest one that is whole, with a warning line for each newer bad one.
 
     runs/<run>/
-        config.yaml          the fully resolved config, written when training starts (training/run_config.py)
+        config.yaml          the fully resolved config, written when training starts (training/cli.py)
         checkpoints/         step-<N>.ckpt files, last.ckpt (a hard link to the newest), or sharded folders
         wandb_run_id         the wandb run every resume of this directory logs to
         wandb/               wandb's own files (the logger's save_dir is the run directory)

@@ -68,7 +68,7 @@ def activation_bytes(config: ModelConfig, batch_size: int, seq_len: int, precisi
     attention = a * ((h + 2 * hkv) * d + (h + hkv) * d + h * d) + 4 * h
     per_layer = 2 * norm + attention + a * 4 * f  # the last term: SwiGLU's
     per_token = config.n_layer * per_layer + norm + 4 * config.vocab_size + 16
-    # cos and sin in float32, shared by all layers; model/rope.py caches them for a power-of-two length.
+    # cos and sin in float32, shared by all layers; model/attention.py caches them for a power-of-two length.
     rope_tables = 2 * (1 << (seq_len - 1).bit_length()) * config.head_dim * 4
     mixed = str(precision).endswith("-mixed")
     weight_copies = a * matmul_params(config) if mixed else 0  # autocast keeps the cast weights for backward

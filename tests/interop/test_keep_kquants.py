@@ -48,7 +48,7 @@ OURS = {
 # layers' v and down as Q6_K).
 FILE_TYPES = {"Q4_K_M": {"Q4_K", "Q6_K"}, "Q5_K_M": {"Q5_K", "Q6_K"}, "Q6_K": {"Q6_K"}}
 BOUND = 1e-4  # logits of the kept blocks against the float32 load: float32 sums in another order
-ROW_BOUND = 5e-3  # one row goes through model/row_kernel.py, which rounds the row to 16 bits per block
+ROW_BOUND = 5e-3  # one row goes through the row kernel (model/quantized.py), which rounds the row to 16 bits per block
 
 
 def random_blocks(type_name: str, rows: int, inputs: int, seed: int = 0) -> np.ndarray:
@@ -83,7 +83,7 @@ def test_blocks_hold_the_gguf_packages_weights(type_name):
     assert scale > 0
     # More rows: the matrix product of those weights; one row: the sum over blocks (block-sized for Q6_K's 16).
     assert (layer(rows) - F.linear(rows, expected)).abs().max().item() <= 1e-5 * scale
-    # One row on the CPU goes through model/row_kernel.py, which rounds the row to 16 bits per block (~2e-5).
+    # One row on the CPU goes through the row kernel (model/quantized.py), which rounds the row to 16 bits per block (~2e-5).
     one = layer(rows[:1])
     assert one.shape == (1, 24) and (one - F.linear(rows[:1], expected)).abs().max().item() <= 1e-4 * scale
 

@@ -21,7 +21,7 @@ from tests.interop.gguf_by_hand import write_gguf
 
 gguf = pytest.importorskip("gguf")
 TYPES = ["Q4_0", "Q4_1", "Q8_0"]
-# One row (a decode step) goes through the C++ kernel where it runs (model/row_kernel.py), which rounds the row
+# One row (a decode step) goes through the C++ kernel where it runs (model/quantized.py), which rounds the row
 # to 16 bits per block of 32: a few in 1e5 of a product's largest output, and on these tiny models logits up to
 # ~6e-4 from the float32 load's (measured; float rounding alone stays under 1e-5). The bound leaves room for
 # other seeds; the tokens stay equal.
