@@ -57,7 +57,10 @@ def worker_main(args: argparse.Namespace) -> None:
                                    enable_version_counter=False), LastCheckpoint()],
     )  # fmt: skip
     sizes = {"vocab_size": 384, "block_size": 32}
-    data = TextDataModule(data_files=str(TINY_SHAKESPEARE), cache_dir=args.cache, batch_size=8, **sizes)
+    loading = {"batch_size": 8, "num_workers": args.workers}
+    data = TextDataModule(
+        data_files=args.corpus or str(TINY_SHAKESPEARE), cache_dir=args.cache, **sizes, **loading
+    )
     torch.manual_seed(0)  # the same initial weights in every segment
     shape = {"n_layer": args.n_layer, "n_head": 4, "n_kv_head": 2, "n_embd": args.n_embd}
     module = LitGPT(**sizes, **shape, warmup_steps=2, learning_rate=3e-3)
@@ -207,6 +210,9 @@ def main() -> int:
     add("--worker", action="store_true", help=argparse.SUPPRESS)
     add("--run_dir", help=argparse.SUPPRESS)
     add("--cache", default=None, help=argparse.SUPPRESS)
+    # The fault tests (tests/training/test_checkpoint_faults.py) run the worker on a small corpus, with loaders.
+    add("--corpus", default=None, help=argparse.SUPPRESS)
+    add("--workers", type=int, default=0, help=argparse.SUPPRESS)
     add("--resume", action="store_true", help=argparse.SUPPRESS)
     add("--async", dest="async_save", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
