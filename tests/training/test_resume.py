@@ -9,6 +9,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from benchmarks.lightning_checks import StopAt  # the GPU check's resume uses the same stop
 from data.datamodule import TextDataModule
 from training import LitGPT, NonFiniteLossError
 
@@ -22,17 +23,6 @@ class LossRecorder(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if outputs:  # empty: the step was skipped
             self.losses[trainer.global_step] = outputs["loss"].item()
-
-
-class StopAt(L.Callback):
-    """Ends fit() after `step` optimizer steps, as an interruption would, keeping max_steps (the schedule)."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step >= self.step:
-            trainer.should_stop = True
 
 
 class NaNAt(LitGPT):
