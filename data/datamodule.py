@@ -1,13 +1,8 @@
 """`TextDataModule`: joins the data stages for Lightning: source -> tokenize -> store or stream -> batches.
 
-`setup` finds or builds the data (data/store.py: the token cache, or with `streaming` the tokenizer and
-validation folder that data/stream.py starts from) and opens it; the loaders serve training batches from the position the trainer stands at.
-
-One process per node builds, the others wait on its published folder, never on a process group: Lightning runs
-`setup` on every rank between two process-group barriers, and a barrier gives up after the group's timeout (30
-minutes by default). So local rank 0 builds inside `setup` while the other ranks poll for the folder, and all of
-them reach the next barrier within a poll interval of each other, however long the build took. A build that
-fails leaves a note with its one-line error, so the waiting ranks stop with the same message.
+Local rank 0 builds inside `setup` while the other ranks poll for its published folder, never waiting on a
+process group: a barrier gives up after the group's timeout (30 minutes by default), however long the build
+takes. A failed build leaves a note with its one-line error, so the waiting ranks stop with the same message.
 """
 
 from __future__ import annotations
@@ -140,8 +135,7 @@ class TextDataModule(L.LightningDataModule):
 
     def use_tokenizer(self, tokenizer: Tokenizer) -> None:
         """Tokenize with a pretrained model's tokenizer instead of training one (train.py's model.init_from);
-        call before `setup`. The cache is keyed by its sha256 (rules included); documents are separated by its
-        first EOS id and start with its BOS id when its rule adds one."""
+        call before `setup`."""
         if tokenizer.vocab_size > self.vocab_size:
             raise DataConfigError(
                 f"data.vocab_size: {self.vocab_size} is smaller than the pretrained tokenizer's "
@@ -249,8 +243,8 @@ class TextDataModule(L.LightningDataModule):
         return self._stream_loader
 
     def _start_batch(self) -> int:
-        """The one start-batch rule: a trainer at optimizer step s has trained s * accumulate_grad_batches
-        batches, so the loader (or the stream position a checkpoint saves) continues from there."""
+        """A trainer at optimizer step s has trained s * accumulate_grad_batches batches: the loaders (and the
+        stream position a checkpoint saves) continue from there."""
         trainer = self.trainer
         return trainer.global_step * trainer.accumulate_grad_batches if trainer is not None else 0
 
