@@ -50,8 +50,8 @@ def epoch_order(seed: int, epoch: int, rank: int, windows: int, max_offset: int)
 
 
 class TokenParts:
-    """The token stream stored as part files, read as one array without merging them: len, slices (a window may
-    span two parts), `np.asarray`; it pickles as its file names, so DataLoader workers map the files themselves."""
+    """The token stream's part files read as one array (len, slices, `np.asarray`) without merging them; pickled
+    as its file names, so DataLoader workers map the files themselves."""
 
     def __init__(self, files: list[Path], dtype: np.dtype) -> None:
         self.files = [Path(file) for file in files]

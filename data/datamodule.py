@@ -42,8 +42,7 @@ class TextDataModule(L.LightningDataModule):
 
     Loads the corpus with `datasets`, trains a byte-level BPE tokenizer on its train part (or takes a pretrained
     model's, see `use_tokenizer`), caches the token streams as memory-mapped arrays (or streams them) and serves
-    random training windows and sequential validation windows. (The first line above is the title of this
-    section in `--help`, so it is a whole sentence.)
+    random training windows and sequential validation windows. (The first line is `--help`'s section title.)
 
     Args:
         dataset: A `datasets` builder reading `data_files` (text, json, parquet, csv, arrow) or a Hub dataset id.

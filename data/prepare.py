@@ -31,9 +31,8 @@ def parse(argv: list[str]) -> dict[str, Any]:
     parser.add_class_arguments(TextDataModule, "data")
     parser.add_argument("--model.init_from", type=str | None, default=None, help="as in train.py fit")
     parser.add_argument("--model.init_revision", type=str | None, default=None, help="as in train.py fit")
-    first = argparse.ArgumentParser(
-        add_help=False
-    )  # --config first: its sections are what the flags override
+    # --config is read first: its sections become the defaults the other flags override.
+    first = argparse.ArgumentParser(add_help=False)
     first.add_argument("--config")
     config = first.parse_known_args(argv)[0].config
     if config is not None:

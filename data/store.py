@@ -47,7 +47,7 @@ def find_data(settings: PrepareSettings) -> Path | None:
     return folder
 
 
-def prepare_data(settings: PrepareSettings, before_tokenizing: Callable[[int], None] | None = None) -> Path:
+def prepare_data(settings: PrepareSettings, before_tokenizing: Callable[[int], None]) -> Path:
     """The complete folder for `settings`, built or finished first if needed; `before_tokenizing` is told how
     many bytes of text are left to tokenize."""
     found = find_data(settings)
@@ -71,8 +71,7 @@ def prepare_data(settings: PrepareSettings, before_tokenizing: Callable[[int], N
     building = final.with_name(final.name + ".building")
     building.mkdir(parents=True, exist_ok=True)
     parts = plan.train + plan.val
-    if before_tokenizing is not None:
-        before_tokenizing(sum(part.text_bytes for part in parts if not (building / part.name).is_file()))
+    before_tokenizing(sum(part.text_bytes for part in parts if not (building / part.name).is_file()))
     procs = settings.num_procs(sum(part.text_bytes for part in parts))
     tokenize_parts(parts, tokenizer, source.column, building, token_dtype(tokenizer.vocab_size), procs, chat)
     names = {"train": [part.name for part in plan.train], "val": [part.name for part in plan.val]}
@@ -254,9 +253,8 @@ def _open(folder: Path, names: list[str] | None, dtype: Any) -> Any:
 
 
 def sweep_data_cache(cache_dir: Path, say: Callable[[str], None]) -> list[Path]:
-    """Remove what killed builds left under `cache_dir/<corpus>/` (staging folders, part temp files); say so.
-    The cache is shared by runs that may be building right now, so only a temporary whose name says it was
-    made on this host by a process that no longer exists goes (common.files names its owner)."""
+    """Remove what killed builds left under `cache_dir/<corpus>/`; say so. Runs building right now share the
+    cache, so only temporaries of exited processes on this host go."""
     corpora = [p for p in cache_dir.iterdir() if p.is_dir()] if cache_dir.is_dir() else []
     dead = sorted(temp for corpus in corpora for temp in stale_temp_files(corpus) if owner_has_exited(temp))
     return remove_stale(dead, cache_dir, "data staging folder", say)

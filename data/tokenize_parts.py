@@ -154,11 +154,10 @@ def _split_parts(
 
 def tokenizer_sample(parts: list[Part], column: str) -> Iterator[list[str]]:
     """At most TOKENIZER_SAMPLE_BYTES of train text: every k-th chunk of documents across the train parts."""
-    total = sum(part.text_bytes for part in parts)
-    chunk_count = sum(len(part.chunks()) for part in parts)
-    stride = max(1, min(chunk_count, -(-total // TOKENIZER_SAMPLE_BYTES)))
-    taken = 0
     chunks = [(part, chunk) for part in parts for chunk in part.chunks()]
+    total = sum(part.text_bytes for part in parts)
+    stride = max(1, min(len(chunks), -(-total // TOKENIZER_SAMPLE_BYTES)))
+    taken = 0
     for part, (start, stop) in chunks[::stride]:
         segments = part.read(start, stop, column)
         texts = [text[: max(0, TOKENIZER_SAMPLE_BYTES - taken)] for text in segments["text"]]

@@ -64,8 +64,11 @@ class Tokenizer:
         for token_id in (*rules.eos_ids, rules.bos_id):
             if token_id is not None and not 0 <= token_id < size:
                 raise UserError(f"special token id {token_id} is outside the tokenizer's {size} ids")
-        self._backend = backend
-        self.rules = rules
+        self._backend, self.rules = backend, rules
+        self.vocab_size = size  # the ids it can produce: may be fewer than training asked for
+        self.eos_ids, self.bos_id, self.add_bos = rules.eos_ids, rules.bos_id, rules.add_bos
+        self.eos_id = rules.eos_ids[0]  # the separator placed between documents
+        self.chat_template = rules.chat_template
         # The `tokenizers` JSON alone (what a tokenizer.json file of an export holds).
         self.backend_json = _canonical(json.loads(backend.to_str()))
         # Our own BPE keeps its plain tokenizer.json (and so the sha256 of every existing cache and checkpoint).
@@ -121,27 +124,6 @@ class Tokenizer:
         """The canonical JSON string that `sha256` hashes: our BPE's plain tokenizer.json, or the rules' wrapper."""
         return self._json
 
-    @property
-    def eos_id(self) -> int:
-        """The first EOS id: the separator placed between documents."""
-        return self.rules.eos_ids[0]
-
-    @property
-    def eos_ids(self) -> tuple[int, ...]:
-        return self.rules.eos_ids
-
-    @property
-    def bos_id(self) -> int | None:
-        return self.rules.bos_id
-
-    @property
-    def add_bos(self) -> bool:
-        return self.rules.add_bos
-
-    @property
-    def chat_template(self) -> str | None:
-        return self.rules.chat_template
-
     def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
         """The chat `messages` ({"role", "content"} dicts) as text, through the model's chat template; with
         `add_generation_prompt` it ends with the opening of an assistant turn, where the model writes."""
@@ -161,11 +143,6 @@ class Tokenizer:
         """The vocabulary entry of one id (None for None): how config files name a special token."""
         return None if token_id is None else self._backend.id_to_token(token_id)
 
-    @property
-    def vocab_size(self) -> int:
-        """Number of token ids this tokenizer can produce (may be below the size asked for at training)."""
-        return self._backend.get_vocab_size(with_added_tokens=True)
-
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """Token ids of `text`, after `bos_id` if `add_bos` (default: the model's rule; False for text that holds
         its BOS, such as a rendered chat); a literal special token (`<|endoftext|>`, `<|im_start|>`) is its id."""
@@ -184,8 +161,8 @@ class Tokenizer:
         ]
 
     def _with_bos(self, ids: list[int], add_bos: bool | None) -> list[int]:
-        add = self.rules.add_bos if add_bos is None else add_bos
-        return [self.rules.bos_id, *ids] if add and self.rules.bos_id is not None else ids
+        add = self.add_bos if add_bos is None else add_bos
+        return [self.bos_id, *ids] if add and self.bos_id is not None else ids
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids`; special tokens are kept so `decode(encode(s)) == s` for every string."""
