@@ -233,10 +233,9 @@ class TextDataModule(L.LightningDataModule):
         self._require_setup()
         assert self.tokenizer is not None
         start = saved_positions(self._stream_state, world_size, self.num_workers)
-        docs, column = self.source.load()[0], self.source.column
         batches = StreamBatches(
-            docs, column, self.tokenizer, self.heldout, self.block_size, self.batch_size, rank, world_size, start,
-            start_batch, chat=self.source.chat_column is not None,
+            self.source.load()[0], self.source.column, self.tokenizer, self.heldout, self.block_size,
+            self.batch_size, rank, world_size, start, start_batch, chat=self.source.chat_column is not None,
         )  # fmt: skip
         self._stream_loader = PositionedLoader(batches, self.num_workers)
         return self._stream_loader
