@@ -50,8 +50,8 @@ def epoch_order(seed: int, epoch: int, rank: int, windows: int, max_offset: int)
 
 
 class TokenParts:
-    """The token stream stored as part files, read as one array without merging them: len, slices (a window may
-    span two parts), `np.asarray`; it pickles as its file names, so DataLoader workers map the files themselves."""
+    """The token stream's part files read as one array (len, slices, `np.asarray`) without merging them; pickled
+    as its file names, so DataLoader workers map the files themselves."""
 
     def __init__(self, files: list[Path], dtype: np.dtype) -> None:
         self.files = [Path(file) for file in files]
@@ -101,15 +101,10 @@ def _by_path(tokens: np.ndarray) -> np.ndarray | TokenParts:
 class TrainBatches(IterableDataset):
     """Shuffled (x, y) windows of rank r's contiguous 1/world_size shard of `tokens`, epoch after epoch.
 
-    Each epoch cuts the shard into back-to-back windows of block_size + 1 tokens on a grid shifted by a random
-    offset, and reads every window once in a random order; batch i takes the next batch_size windows of that
-    sequence. Reading each window once per epoch reached a lower validation loss on tiny Shakespeare than drawing
-    start positions with replacement at the same step count (README, Results): with replacement, some text is
-    read several times in an epoch's worth of batches and some not at all.
-
-    Iterates batches start_batch, start_batch + 1, ... (forever when `num_batches` is None). Use it with
-    `DataLoader(batch_size=None)`; with several workers, worker w yields every num_workers-th batch and the
-    DataLoader's round-robin puts them back in order.
+    Each epoch reads every window of block_size + 1 tokens on a randomly shifted grid once, in a random order
+    (a lower validation loss than drawing start positions with replacement: README, Results). Yields batches
+    start_batch, start_batch + 1, ... (forever when `num_batches` is None) for `DataLoader(batch_size=None)`;
+    worker w yields every num_workers-th one and the DataLoader's round-robin puts them back in order.
     """
 
     def __init__(
@@ -195,11 +190,8 @@ class Loader(DataLoader):
 
 
 class _WorkerErrorLines:
-    """A DataLoader iterator that gives a worker's UserError back its one line.
-
-    torch re-raises a worker's exception in the main process as its type with the message "Caught <type> in
-    DataLoader worker process <n>." and the worker's traceback below; the line a user needs is its last one.
-    """
+    """A DataLoader iterator that gives a worker's UserError back its one line: torch re-raises it as "Caught
+    <type> in DataLoader worker process <n>." above the worker's traceback, whose last line is the user's."""
 
     def __init__(self, batches: Iterator) -> None:
         self.batches = batches

@@ -1,13 +1,8 @@
 """`TextDataModule`: joins the data stages for Lightning: source -> tokenize -> store or stream -> batches.
 
-`setup` finds or builds the data (data/store.py: the token cache, or with `streaming` the tokenizer and
-validation folder that data/stream.py starts from) and opens it; the loaders serve training batches from the position the trainer stands at.
-
-One process per node builds, the others wait on its published folder, never on a process group: Lightning runs
-`setup` on every rank between two process-group barriers, and a barrier gives up after the group's timeout (30
-minutes by default). So local rank 0 builds inside `setup` while the other ranks poll for the folder, and all of
-them reach the next barrier within a poll interval of each other, however long the build took. A build that
-fails leaves a note with its one-line error, so the waiting ranks stop with the same message.
+Local rank 0 builds inside `setup` while the other ranks poll for its published folder, never waiting on a
+process group: a barrier gives up after the group's timeout (30 minutes by default), however long the build
+takes. A failed build leaves a note with its one-line error, so the waiting ranks stop with the same message.
 """
 
 from __future__ import annotations
@@ -47,8 +42,7 @@ class TextDataModule(L.LightningDataModule):
 
     Loads the corpus with `datasets`, trains a byte-level BPE tokenizer on its train part (or takes a pretrained
     model's, see `use_tokenizer`), caches the token streams as memory-mapped arrays (or streams them) and serves
-    random training windows and sequential validation windows. (The first line above is the title of this
-    section in `--help`, so it is a whole sentence.)
+    random training windows and sequential validation windows. (The first line is `--help`'s section title.)
 
     Args:
         dataset: A `datasets` builder reading `data_files` (text, json, parquet, csv, arrow) or a Hub dataset id.
@@ -140,8 +134,7 @@ class TextDataModule(L.LightningDataModule):
 
     def use_tokenizer(self, tokenizer: Tokenizer) -> None:
         """Tokenize with a pretrained model's tokenizer instead of training one (train.py's model.init_from);
-        call before `setup`. The cache is keyed by its sha256 (rules included); documents are separated by its
-        first EOS id and start with its BOS id when its rule adds one."""
+        call before `setup`."""
         if tokenizer.vocab_size > self.vocab_size:
             raise DataConfigError(
                 f"data.vocab_size: {self.vocab_size} is smaller than the pretrained tokenizer's "
@@ -240,17 +233,16 @@ class TextDataModule(L.LightningDataModule):
         self._require_setup()
         assert self.tokenizer is not None
         start = saved_positions(self._stream_state, world_size, self.num_workers)
-        docs, column = self.source.load()[0], self.source.column
         batches = StreamBatches(
-            docs, column, self.tokenizer, self.heldout, self.block_size, self.batch_size, rank, world_size, start,
-            start_batch, chat=self.source.chat_column is not None,
+            self.source.load()[0], self.source.column, self.tokenizer, self.heldout, self.block_size,
+            self.batch_size, rank, world_size, start, start_batch, chat=self.source.chat_column is not None,
         )  # fmt: skip
         self._stream_loader = PositionedLoader(batches, self.num_workers)
         return self._stream_loader
 
     def _start_batch(self) -> int:
-        """The one start-batch rule: a trainer at optimizer step s has trained s * accumulate_grad_batches
-        batches, so the loader (or the stream position a checkpoint saves) continues from there."""
+        """A trainer at optimizer step s has trained s * accumulate_grad_batches batches: the loaders (and the
+        stream position a checkpoint saves) continue from there."""
         trainer = self.trainer
         return trainer.global_step * trainer.accumulate_grad_batches if trainer is not None else 0
 

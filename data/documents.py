@@ -1,19 +1,14 @@
 """Documents -> token ids, the one encoding both pipelines use: text cut into segments, conversations with a mask;
 and the held-out character cut.
 
-Long documents (tiny Shakespeare is one 1 MB document) are cut into segments of a few KB so tokenization runs
-in parallel and in bounded memory. A cut is only made after a lone newline that sits between two non-space
-characters: the byte-level pre-tokenizer always ends a piece there (a newline only joins whitespace runs, and
-the regex's lookahead sees a non-space either way), so concatenating the segments' ids gives exactly the ids of
-the whole document. `tests/data/test_data_segments.py` checks this on adversarial strings.
+Long documents are cut into segments of a few KB (parallel, bounded memory), only after a lone newline between
+two non-space characters: the byte-level pre-tokenizer always ends a piece there (a newline only joins whitespace
+runs), so the segments' ids joined are the whole document's (tests/data/test_data_segments.py checks this).
 
-A conversation (`data.chat_column`) is a list of {"role": "system" | "user" | "assistant", "content": str}
-dicts (the Hugging Face / TRL chat format), rendered with the model's chat template. The assistant's spans are
-found by rendering growing prefixes, so any template works: turn i starts where the rendering of messages[:i]
-with the generation prompt ends, and ends where the rendering of messages[:i + 1] ends; whatever the template
-closes the turn with (`<|im_end|>`, `</s>`) falls inside the span, so the model learns to stop. The whole text
-is tokenized once and a token is the assistant's when its first character lies in a span (tokenizing the pieces
-separately would differ at their seams for sentencepiece-style tokenizers).
+A conversation (`data.chat_column`, the Hugging Face / TRL chat format) is rendered with the model's chat
+template; assistant turn i spans from the end of messages[:i] rendered with the generation prompt to the end of
+messages[:i + 1], so any template works and its turn closer (`<|im_end|>`) is learned. The whole text is
+tokenized once (pieces would differ at their seams) and a token is the assistant's if its first character is.
 """
 
 from __future__ import annotations
@@ -35,16 +30,12 @@ if TYPE_CHECKING:  # `datasets` takes seconds to import; data.datamodule imports
     from datasets import Dataset
 
 SEGMENT_CHARS = 1 << 13
+DOCS_PER_BATCH = 256
 # Python's \s covers every Unicode White_Space character (and a few more), so "\S" here is never whitespace
 # for the tokenizer's regex either.
 _SAFE_CUT = re.compile(r"(?<=\S\n)(?=\S)")
 ROLES = ("system", "user", "assistant")
 FIX = "fix or drop that row"
-
-
-def document_digest(text: str) -> str:
-    """Identifies a held-out validation document, so readers can leave it out of training."""
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=8).hexdigest()
 
 
 def split_at_safe_newlines(text: str, max_chars: int = SEGMENT_CHARS) -> list[str]:
@@ -63,8 +54,8 @@ def split_at_safe_newlines(text: str, max_chars: int = SEGMENT_CHARS) -> list[st
 def segment_documents(
     texts: Sequence[str | None], first_in_split: Sequence[bool], max_chars: int = SEGMENT_CHARS
 ) -> dict[str, list]:
-    """Segments of each non-empty document, with `separator_before` marking where the EOS separator goes (before
-    every document but the first of its split) and `doc_start` where a document begins (for a BOS)."""
+    """Segments of each non-empty document, with `separator_before` where the EOS separator goes (before every
+    document but the first of its split) and `doc_start` where a document begins (for a BOS)."""
     segments: list[str] = []
     separator_before: list[bool] = []
     doc_start: list[bool] = []
@@ -79,8 +70,8 @@ def segment_documents(
 
 
 def encode_segments(tokenizer: Tokenizer, segments: dict[str, list]) -> list[list[int]]:
-    """Token ids of each segment: the EOS separator before a document, then BOS if the tokenizer adds one
-    (once per document, not per segment: a pretrained Llama tokenizer adds it to every encode call)."""
+    """Token ids of each segment: the EOS separator before a document, then BOS if the tokenizer adds one (once
+    per document, not per segment)."""
     eos, bos = tokenizer.eos_id, tokenizer.bos_id if tokenizer.add_bos else None
     encoded = tokenizer.encode_batch(segments["text"], add_bos=False)
     return [
@@ -92,9 +83,17 @@ def encode_segments(tokenizer: Tokenizer, segments: dict[str, list]) -> list[lis
 
 
 def document_ids(texts: list[str | None], tokenizer: Tokenizer) -> np.ndarray:
-    """Ids of `texts` as one stream, EOS (and BOS if the tokenizer adds one) before every non-empty document."""
-    pieces = encode_segments(tokenizer, segment_documents(texts, [False] * len(texts)))
-    return np.fromiter((i for piece in pieces for i in piece), dtype=np.int64)
+    """Ids of `texts` as one stream, EOS (and BOS if the tokenizer adds one) before every non-empty document;
+    encoded DOCS_PER_BATCH documents at a time, in bounded memory."""
+
+    def batch_ids(batch: list[str | None]) -> np.ndarray:
+        pieces = encode_segments(tokenizer, segment_documents(batch, [False] * len(batch)))
+        return np.fromiter((i for piece in pieces for i in piece), dtype=np.int64)
+
+    starts = range(0, len(texts), DOCS_PER_BATCH)
+    return np.concatenate(
+        [np.zeros(0, np.int64), *(batch_ids(texts[at : at + DOCS_PER_BATCH]) for at in starts)]
+    )
 
 
 def segment_batch(
@@ -107,8 +106,8 @@ def segment_batch(
     last_limit: int | None,
 ) -> dict[str, list]:
     """Clip the split's first/last document to the hold-out cut, then segment: row 0 starts at character
-    `first_offset`, row `last_index` ends at character `last_limit` (None: no clip). Both are in the original
-    document's coordinates, so the end is clipped before the start."""
+    `first_offset`, row `last_index` ends at character `last_limit` (None: no clip), both in the original
+    document's coordinates."""
     texts = []
     for index, text in zip(indices, batch[column], strict=True):
         text = text or ""
@@ -129,8 +128,7 @@ class CharCut:
 
 
 def find_char_cut(doc_lengths: np.ndarray, val_fraction: float) -> CharCut:
-    """Where the last `val_fraction` of all characters starts (nanoGPT's `data[int(n * 0.9):]` for 0.1): inside
-    the document that holds that character; empty documents are skipped over."""
+    """Where the last `val_fraction` of all characters starts (nanoGPT's `data[int(n * 0.9):]` for 0.1)."""
     ends = np.cumsum(doc_lengths, dtype=np.int64)
     total = int(ends[-1]) if len(ends) else 0
     cut = int(total * (1 - val_fraction))
@@ -160,7 +158,7 @@ def conversation_lengths(docs: Dataset, column: str) -> tuple[np.ndarray, np.nda
 
 
 def conversation_sizes(rows: Sequence[object]) -> np.ndarray:
-    """UTF-8 bytes of each conversation's contents: the planning and progress measure of the tokenize stage."""
+    """UTF-8 bytes of each conversation's contents: the tokenize stage's measure of work."""
     return np.array(
         [sum(len(str(m.get("content") or "").encode("utf-8")) for m in row or [] if isinstance(m, dict))
          for row in rows],
@@ -204,8 +202,8 @@ def row_name(row: int, split: str) -> str:
 def encode_conversations(
     tokenizer: Tokenizer, rows: Sequence[object], names: Iterable[str], eos_first: bool
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, mask) of `rows` (each named by `names` in errors), packed like text documents: one EOS (not the
-    assistant's, so mask 0) before each conversation, the first only with `eos_first` (not at a split's start)."""
+    """(ids, mask) of `rows` (each named by `names` in errors), packed like text documents: one EOS (mask 0)
+    before each conversation, the first only with `eos_first`."""
     ids: list[int] = []
     mask: list[int] = []
     for index, (messages, where) in enumerate(zip(rows, names, strict=True)):
@@ -217,10 +215,9 @@ def encode_conversations(
 
 
 def row_digest(row: object) -> str:
-    """`document_digest` of a text, or of a conversation's messages (a stream's held-out rows)."""
-    if isinstance(row, str):
-        return document_digest(row)
-    return document_digest(json.dumps(row, sort_keys=True, ensure_ascii=False, default=str))
+    """Identifies a held-out row (a text, or a conversation's messages), so stream readers can leave it out."""
+    text = row if isinstance(row, str) else json.dumps(row, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=8).hexdigest()
 
 
 def _checked(messages: object, where: str) -> list[dict]:

@@ -1,10 +1,6 @@
-"""llama.cpp's byte-level BPE pre-tokenizers as `tokenizers` pipelines: one table, read in both directions.
-
-A GGUF file names the regex splits llama.cpp runs before its byte-level BPE (`tokenizer.ggml.pre`, the cases of
-llama.cpp's src/llama-vocab.cpp). The GGUF reader builds a tokenizer of that name's form from this table
-(data/pretrained_tokenizer.py), and the GGUF export names a tokenizer by finding its tokenizer.json's normalizer,
-pre-tokenizer and BPE flag in the same table (interop/export_gguf.py), so llama.cpp runs what we run. Comparing
-these JSON forms stands in for llama.cpp's converter, which hashes the ids of a fixed text instead.
+"""llama.cpp's byte-level BPE pre-tokenizers (a GGUF file's `tokenizer.ggml.pre` names) as `tokenizers` pipelines:
+one table, read in both directions: the GGUF reader builds a name's form, the GGUF export finds a tokenizer.json's
+form and so its name (where llama.cpp's converter hashes the ids of a fixed text instead).
 """
 
 from __future__ import annotations

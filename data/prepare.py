@@ -1,10 +1,8 @@
 """Tokenize ahead of training: `python -m data.prepare --config configs/<x>.yaml [--data.num_proc 8]`.
 
-Reads the `data:` section of a train.py config and the model it starts from (`model.init_from`, whose tokenizer
-then replaces the BPE; other keys are ignored), with `--data.*` and `--model.init_from` overrides, and builds
-exactly what `train.py fit` with the same config would: the token cache (non-streaming, in `data.num_proc`
-processes, resumable after a kill) or, with `data.streaming: true`, the tokenizer and the validation tokens.
-`fit` then finds it and starts with no data work.
+Reads the `data:` section of a train.py config and `model.init_from` (whose tokenizer replaces the BPE), with
+`--data.*` and `--model.init_from` overrides, and builds exactly what `train.py fit` with the same config would:
+the token cache (resumable after a kill) or the streaming folder. `fit` then finds it and starts at once.
 """
 
 from __future__ import annotations
@@ -33,7 +31,10 @@ def parse(argv: list[str]) -> dict[str, Any]:
     parser.add_class_arguments(TextDataModule, "data")
     parser.add_argument("--model.init_from", type=str | None, default=None, help="as in train.py fit")
     parser.add_argument("--model.init_revision", type=str | None, default=None, help="as in train.py fit")
-    config = _config_path(argv)
+    # --config is read first: its sections become the defaults the other flags override.
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--config")
+    config = first.parse_known_args(argv)[0].config
     if config is not None:
         path = Path(config)
         try:
@@ -52,13 +53,6 @@ def parse(argv: list[str]) -> dict[str, Any]:
     except Exception as error:  # jsonargparse's ArgumentError: one line, as train.py prints it
         raise UserError(f"{' '.join(str(error).split())} (see: python -m data.prepare --help)") from error
     return {"data": dict(parsed.data), "model": dict(parsed.model)}
-
-
-def _config_path(argv: list[str]) -> str | None:
-    """The value of --config (read first: its sections become the defaults the other flags override)."""
-    first = argparse.ArgumentParser(add_help=False)
-    first.add_argument("--config")
-    return first.parse_known_args(argv)[0].config
 
 
 def prepare(argv: list[str]) -> int:

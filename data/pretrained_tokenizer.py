@@ -1,9 +1,5 @@
-"""A pretrained model's own tokenizer: from a Hugging Face folder's files, or from a GGUF file's vocabulary.
-
-A Hugging Face folder holds `tokenizer.json` (the `tokenizers` pipeline) and the rules around it:
-`tokenizer_config.json` (BOS/EOS tokens, `add_bos_token`, the chat template, or a `chat_template.jinja` file
-next to it) and `generation_config.json` (the ids generation stops at, often several). A GGUF file stores the
-vocabulary as `tokenizer.ggml.*` arrays; the reader (interop/gguf_file.py) hands them over as a `GGUFVocabulary`.
+"""A pretrained model's own tokenizer: from a Hugging Face folder (tokenizer.json, and its rules from
+tokenizer_config.json, chat_template.jinja and generation_config.json), or from a GGUF file's vocabulary.
 """
 
 from __future__ import annotations
@@ -69,8 +65,8 @@ GENERATION_TYPES = {"do_sample": bool, "top_k": int} | dict.fromkeys(
 
 
 def read_generation_config(folder: Path) -> dict:
-    """A model folder's generation_config.json ({} without one), every field we read type-checked: sampling
-    defaults (generation/model_defaults.py) and the BOS/EOS ids (the tokenizer) come from this one reader."""
+    """A model folder's generation_config.json ({} without one), every field we read type-checked: the sampling
+    defaults and the BOS/EOS ids."""
     path = folder / "generation_config.json"
     generation = _read_json(path)
     check_types(generation, path, GENERATION_TYPES, nullable=("top_k", "min_p"))

@@ -70,8 +70,7 @@ class PrepareSettings:
         return folder
 
     def folder_name(self, tokenizer: Tokenizer) -> str:
-        """Keyed by the tokenizer's sha256 (a retrained tokenizer gets a fresh folder); a stream's also by the
-        size of its hold-out."""
+        """Keyed by the tokenizer's sha256; a stream's also by the size of its hold-out."""
         if self.source.streaming:
             return f"stream-{tokenizer.sha256[:16]}-val{self.val_docs}"
         return f"tokens-{tokenizer.sha256[:16]}"
@@ -83,8 +82,8 @@ class PrepareSettings:
         return self.corpus_dir() / f"tokenizer-bpe{self.vocab_size}-{stable_digest(recipe, length=12)}.json"
 
     def known_tokenizer(self) -> Tokenizer | None:
-        """The pretrained model's tokenizer, the one from `tokenizer_path`, the one trained here earlier, or None.
-        For chat it must have a chat template: conversations are rendered with it."""
+        """The pretrained model's tokenizer, the one from `tokenizer_path`, the one trained here earlier, or None;
+        for chat, one with a chat template."""
         if self.pretrained_tokenizer is not None:
             tokenizer = self.pretrained_tokenizer
         elif self.tokenizer_path is not None:
@@ -107,8 +106,8 @@ class PrepareSettings:
         return max(1, min(8, os.cpu_count() or 1, total_bytes // _BYTES_PER_PROCESS))
 
     def check_sizes(self, meta: dict[str, Any]) -> None:
-        """A folder's meta.json against this run: training tokens left, and validation that fits one window of
-        block_size + 1 tokens (inputs plus shifted targets). A stream's meta has no train counts."""
+        """A folder's meta.json against this run: training tokens left (a stream's meta has no train counts) and
+        validation that fits one window of block_size + 1 tokens."""
         if meta.get("train", {}).get("tokens") == 0:
             raise DataConfigError(
                 f"data.val_fraction: {self.val_fraction} leaves no training tokens; use a smaller value"
@@ -164,9 +163,8 @@ _NUMBER_RULES = {
 
 
 def check_numbers(data: Any) -> None:
-    """The number rules of the data keys, for the init arguments or a parsed `data:` section: train.py checks
-    that before it builds the model, whose vocab_size and block_size follow data's, so the error names the key
-    the user typed."""
+    """The number rules of the data keys, for the init arguments or a parsed `data:` section (train.py checks it
+    before the model, whose sizes follow data's, so the error names the key the user typed)."""
     for key, (holds, rule) in _NUMBER_RULES.items():
         if not holds(data[key]):
             raise DataConfigError(f"data.{key}: {rule}, got {data[key]!r}")

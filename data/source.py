@@ -51,7 +51,7 @@ class CorpusSource:
 
     @property
     def column(self) -> str:
-        """The column the documents are read from: the conversations' when chatting, else the text's."""
+        """The column the documents are read from."""
         return self.chat_column or self.text_column
 
     @property
@@ -61,14 +61,17 @@ class CorpusSource:
 
     @property
     def builder_files(self) -> DataFiles | None:
-        """`data_files` for a builder; None for a Hub id, which names its own files (so the default URL is
-        ignored rather than sent to the Hub)."""
+        """`data_files` for a builder; None for a Hub id, which names its own files (the default is ignored)."""
         return self.data_files if self.uses_builder else None
 
     @property
     def key(self) -> str:
         """The config key to blame when the corpus itself is unusable."""
         return "data.data_files" if self.uses_builder else "data.dataset"
+
+    def files(self) -> list[str]:
+        """Every data file: local paths, globs and folders resolved to the files they name; URLs as given."""
+        return [path for file in _flatten(self.builder_files) for path in _resolve_local(file)]
 
     def check(self) -> None:
         """Fail fast, before any loading, on a builder without files and on local files that do not exist."""
@@ -81,16 +84,15 @@ class CorpusSource:
                 "data.dataset: conversations (data.chat_column) are rows of JSON lines or a Hub dataset, not "
                 "plain text; set data.dataset json"
             )
-        files = _flatten(self.builder_files)
-        local = [path for file in files if not is_remote(file) for path in _resolve_local(file)]
+        files = self.files()
+        local = [path for path in files if not is_remote(path)]
         json_files = [path for path in local if path.endswith((".json", ".jsonl", ".json.gz", ".jsonl.gz"))]
         if self.dataset == "text" and json_files:
             raise DataConfigError(
                 f"data.dataset: {json_files[0]} is JSON but data.dataset is 'text', which would train on the raw "
                 "JSON lines; pass --data.dataset json (and --data.text_column if the text is not in 'text')"
             )
-        all_local = not any(is_remote(file) for file in files)
-        if local and all_local and not any(os.path.getsize(path) for path in local):
+        if local and len(local) == len(files) and not any(os.path.getsize(path) for path in local):
             raise DataConfigError(f"data.data_files: {local[0]} is empty; point it at a file with text")
 
     def resolved_data_files(self) -> DataFiles | None:
@@ -109,9 +111,7 @@ class CorpusSource:
 
     def identity(self) -> dict[str, Any]:
         """Everything that decides the documents: the cache key. Local files count by path, size and mtime."""
-        files = [
-            _file_identity(path) for file in _flatten(self.builder_files) for path in _resolve_local(file)
-        ]
+        files = [_file_identity(path) for path in self.files()]
         if not self.uses_builder and Path(self.dataset).is_dir():
             files += [
                 _file_identity(str(path)) for path in sorted(Path(self.dataset).rglob("*")) if path.is_file()
@@ -184,8 +184,7 @@ class CorpusSource:
         while cause is not None and not isinstance(cause, UnicodeDecodeError):
             cause = cause.__cause__ or cause.__context__
         if cause is not None:
-            local = [path for file in _flatten(self.builder_files) for path in _resolve_local(file)]
-            bad = next((path for path in local if not _is_utf8(path)), "a data file")
+            bad = next((path for path in self.files() if not _is_utf8(path)), "a data file")
             return DataConfigError(
                 f"data.data_files: {bad} is not UTF-8 text; convert it (iconv -t UTF-8) or point at a text file"
             )

@@ -1,10 +1,8 @@
 """The data on disk, found, built and opened here: the token cache, or for streaming the tokenizer and validation set.
 
-The token cache is one folder of flat token part files, tokenizer.json and meta.json. `meta.json` lists the train and validation part files in order and records what training needs to report bits
-per byte. It is written last, and the folder only gets its final name once complete, so a crashed run never
-leaves a folder a later run would trust. Parts are built in `tokens-<sha>.building/`, which a killed build leaves
-for the next one to finish; its temporary files live next to it, never inside (see data/tokenize_parts.py), so
-what is published holds only whole parts. The streaming folder follows the same meta.json rules.
+A folder holds token files, tokenizer.json and meta.json (the part files in order, and the counts bits per byte
+needs). meta.json is written last and a folder gets its final name only once complete, so a crashed run never
+leaves one a later run would trust; a killed build leaves `tokens-<sha>.building/` for the next one to finish.
 """
 
 from __future__ import annotations
@@ -32,7 +30,6 @@ VAL_FILE = "val.bin"  # a streaming folder's validation tokens
 VAL_MASK_FILE = "val.bin.mask"  # for chat, their assistant mask (named as data/tokenize_parts.py's masks)
 HELDOUT_FILE = "heldout.json"  # and the digests of the train documents it holds out
 _STATS_CHUNK = 1 << 24
-_DOCS_PER_BATCH = 256  # validation documents tokenized at once when streaming
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -50,9 +47,9 @@ def find_data(settings: PrepareSettings) -> Path | None:
     return folder
 
 
-def prepare_data(settings: PrepareSettings, before_tokenizing: Callable[[int], None] | None = None) -> Path:
-    """Return the complete folder for `settings` (the token cache, or the streaming one), building or finishing
-    it first if needed. `before_tokenizing` is told how many bytes of text are left to tokenize once known."""
+def prepare_data(settings: PrepareSettings, before_tokenizing: Callable[[int], None]) -> Path:
+    """The complete folder for `settings`, built or finished first if needed; `before_tokenizing` is told how
+    many bytes of text are left to tokenize."""
     found = find_data(settings)
     if found is not None:
         return found
@@ -74,18 +71,17 @@ def prepare_data(settings: PrepareSettings, before_tokenizing: Callable[[int], N
     building = final.with_name(final.name + ".building")
     building.mkdir(parents=True, exist_ok=True)
     parts = plan.train + plan.val
-    if before_tokenizing is not None:
-        before_tokenizing(sum(part.text_bytes for part in parts if not (building / part.name).is_file()))
+    before_tokenizing(sum(part.text_bytes for part in parts if not (building / part.name).is_file()))
     procs = settings.num_procs(sum(part.text_bytes for part in parts))
     tokenize_parts(parts, tokenizer, source.column, building, token_dtype(tokenizer.vocab_size), procs, chat)
     names = {"train": [part.name for part in plan.train], "val": [part.name for part in plan.val]}
+    masks = {split: [mask_name(name) for name in files] for split, files in names.items()} if chat else None
     details = {
         "val_source": plan.val_source,
         "corpus": source.identity(),
         "val_fraction": settings.val_fraction,
     }
-    masks = {split: [mask_name(name) for name in files] for split, files in names.items()} if chat else None
-    meta = finish_token_folder(building, tokenizer, names, details, masks)
+    meta = write_meta(building, tokenizer, names, masks, details | {"parts": names, "format": FORMAT_VERSION})
     try:
         building.rename(final)
     except OSError:
@@ -108,14 +104,11 @@ def publish_token_folder(staged: StagedFolder, name: str) -> Path:
 
 
 def build_stream(settings: PrepareSettings) -> Path:
-    """Build the streaming folder: val.bin (for chat with val.bin.mask), heldout.json, tokenizer.json and (last)
-    meta.json.
+    """Build the streaming folder: val.bin (for chat with val.bin.mask), heldout.json, tokenizer.json, meta.json.
 
-    One sequential pass over the head of the stream (no sharding): without a validation split, the first
-    `val_docs` documents are held out (their digests go to heldout.json, and every training reader skips them),
-    and the tokenizer trains on the next `tokenizer_train_docs` documents, so it never sees validation text.
-    With a validation split, its first `val_docs` documents are the validation set and the tokenizer trains on
-    the first `tokenizer_train_docs` training documents.
+    Without a validation split the first `val_docs` train documents are held out (their digests go to
+    heldout.json, for the training readers to skip) and the tokenizer trains on the next `tokenizer_train_docs`,
+    so it never sees validation text.
     """
     source = settings.source
     tokenizer = settings.known_tokenizer()
@@ -144,24 +137,18 @@ def build_stream(settings: PrepareSettings) -> Path:
                     "or the model on; lower data.val_docs or add a validation split"
                 )
             tokenizer = Tokenizer.train(sample, settings.vocab_size)
-        details: dict[str, Any] = {"val_source": val_source}
+        masks = None
         if source.chat_column:  # the held-out conversations, masked as the token cache masks them
             names = (row_name(row, val_split) for row in range(len(validation)))
             val, mask = encode_conversations(tokenizer, validation, names, eos_first=False)
             mask.tofile(staged.path / VAL_MASK_FILE)
-            details["masks"] = {"val": [VAL_MASK_FILE]}
+            masks = {"val": [VAL_MASK_FILE]}
         else:
-            val = np.concatenate(
-                [
-                    document_ids(validation[start : start + _DOCS_PER_BATCH], tokenizer)
-                    for start in range(0, len(validation), _DOCS_PER_BATCH)
-                ]
-            )
-        val = val.astype(token_dtype(tokenizer.vocab_size))
-        val.tofile(staged.path / VAL_FILE)
+            val = document_ids(validation, tokenizer)
+        val.astype(token_dtype(tokenizer.vocab_size)).tofile(staged.path / VAL_FILE)
         (staged.path / HELDOUT_FILE).write_text(json.dumps(heldout), encoding="utf-8")
-        stats = stream_stats(val if not source.chat_column else val[mask != 0], tokenizer.token_bytes())
-        settings.check_sizes(write_meta(staged.path, tokenizer, stats, details))
+        meta = write_meta(staged.path, tokenizer, {"val": [VAL_FILE]}, masks, {"val_source": val_source})
+        settings.check_sizes(meta)
         folder = publish_token_folder(staged, settings.folder_name(tokenizer))
     if trained_here:  # after the folder, so a found tokenizer file always means a complete folder
         tokenizer.save(settings.trained_tokenizer_file())
@@ -194,8 +181,23 @@ def stream_stats(tokens: np.ndarray, token_bytes: list[bytes]) -> dict[str, int]
     }
 
 
-def write_meta(folder: Path, tokenizer: Tokenizer, val: dict[str, int], details: dict[str, Any]) -> dict:
-    """Write tokenizer.json and then (last: it marks the folder complete) meta.json into `folder`."""
+def write_meta(
+    folder: Path,
+    tokenizer: Tokenizer,
+    files: dict[str, list[str]],
+    masks: dict[str, list[str]] | None,
+    details: dict[str, Any],
+) -> dict[str, Any]:
+    """Write tokenizer.json and then (last: it marks the folder complete) meta.json into `folder`: the token,
+    byte and character counts of each split's `files` (with assistant `masks`, of the assistant's tokens, the
+    only ones the loss scores) and the bytes per validation token for val/bpb."""
+    stats, token_bytes = {}, tokenizer.token_bytes()
+    for split, names in files.items():
+        tokens = _open(folder, names, token_dtype(tokenizer.vocab_size))
+        if masks is not None:
+            tokens = np.asarray(tokens)[np.asarray(_open(folder, masks[split], np.uint8)) != 0]
+        stats[split] = stream_stats(tokens, token_bytes)
+    val = stats.pop("val")
     meta = {
         "vocab_size": tokenizer.vocab_size,
         "dtype": token_dtype(tokenizer.vocab_size).name,
@@ -204,6 +206,8 @@ def write_meta(folder: Path, tokenizer: Tokenizer, val: dict[str, int], details:
         "val": val,
         "bytes_per_token": val["bytes"] / max(1, val["tokens"]),
         "chars_per_token": val["chars"] / max(1, val["tokens"]),
+        **stats,  # the token cache's train counts
+        **({"masks": masks} if masks is not None else {}),
         **details,
     }
     tokenizer.save(folder / TOKENIZER_FILE)
@@ -211,33 +215,10 @@ def write_meta(folder: Path, tokenizer: Tokenizer, val: dict[str, int], details:
     return meta
 
 
-def finish_token_folder(
-    folder: Path,
-    tokenizer: Tokenizer,
-    parts: dict[str, list[str]],
-    details: dict[str, Any],
-    masks: dict[str, list[str]] | None = None,
-) -> dict[str, Any]:
-    """meta.json for the part files: their names, token/byte/char counts and the bytes per token for val/bpb;
-    with assistant `masks` (chat) the counts are of the assistant's tokens, the only ones the loss scores."""
-    dtype = token_dtype(tokenizer.vocab_size)
-    stats = {}
-    for split, names in parts.items():
-        tokens = TokenParts([folder / name for name in names], dtype)
-        if masks is not None:
-            tokens = np.asarray(tokens)[np.asarray(_open_masks(folder, masks[split])) != 0]
-        stats[split] = stream_stats(tokens, tokenizer.token_bytes())
-    details = {**details, "parts": parts, "format": FORMAT_VERSION, "train": stats["train"]}
-    if masks is not None:
-        details["masks"] = masks
-    return write_meta(folder, tokenizer, stats["val"], details)
-
-
 @dataclass(frozen=True)
 class DataFolder:
-    """An opened folder: memory-mapped validation tokens, the tokenizer and meta.json; for a token cache the
-    training tokens and for chat the assistant masks (one uint8 per token, 1 where the loss counts the token as
-    a target); for a streaming folder the digests of the held-out documents training skips."""
+    """An opened folder: memory-mapped tokens (a stream's train tokens are read live), for chat the assistant
+    masks (one uint8 per token, 1 where the token is a target), and a stream's held-out document digests."""
 
     folder: Path
     tokenizer: Tokenizer
@@ -252,33 +233,28 @@ class DataFolder:
 def open_data(folder: Path) -> DataFolder:
     """Memory-map a complete folder (token cache or streaming) read-only."""
     meta = read_meta(folder)
-    dtype = np.dtype(meta["dtype"])
-    tokenizer = Tokenizer.from_file(folder / TOKENIZER_FILE)
-    if "parts" not in meta:
-        heldout = json.loads((folder / HELDOUT_FILE).read_text(encoding="utf-8"))
-        val = TokenParts([folder / VAL_FILE], dtype)
-        val_mask = _open_masks(folder, meta["masks"]["val"]) if "masks" in meta else None
-        return DataFolder(folder, tokenizer, meta, val, val_mask=val_mask, heldout=frozenset(heldout))
-    parts, masks = meta["parts"], meta.get("masks")
+    files, masks, dtype = meta.get("parts", {"val": [VAL_FILE]}), meta.get("masks", {}), meta["dtype"]
+    heldout = [] if "parts" in meta else json.loads((folder / HELDOUT_FILE).read_text(encoding="utf-8"))
     return DataFolder(
         folder,
-        tokenizer,
+        Tokenizer.from_file(folder / TOKENIZER_FILE),
         meta,
-        val=TokenParts([folder / name for name in parts["val"]], dtype),
-        train=TokenParts([folder / name for name in parts["train"]], dtype),
-        train_mask=None if masks is None else _open_masks(folder, masks["train"]),
-        val_mask=None if masks is None else _open_masks(folder, masks["val"]),
+        val=_open(folder, files["val"], dtype),
+        train=_open(folder, files.get("train"), dtype),
+        train_mask=_open(folder, masks.get("train"), np.uint8),
+        val_mask=_open(folder, masks.get("val"), np.uint8),
+        heldout=frozenset(heldout),
     )
 
 
-def _open_masks(folder: Path, names: list[str]) -> TokenParts:
-    return TokenParts([folder / name for name in names], np.dtype(np.uint8))
+def _open(folder: Path, names: list[str] | None, dtype: Any) -> Any:
+    """The files `names` of `folder` as one TokenParts stream (None for None)."""
+    return None if names is None else TokenParts([folder / name for name in names], np.dtype(dtype))
 
 
 def sweep_data_cache(cache_dir: Path, say: Callable[[str], None]) -> list[Path]:
-    """Remove what killed builds left under `cache_dir/<corpus>/` (staging folders, part temp files); say so.
-    The cache is shared by runs that may be building right now, so only a temporary whose name says it was
-    made on this host by a process that no longer exists goes (common.files names its owner)."""
+    """Remove what killed builds left under `cache_dir/<corpus>/`; say so. Runs building right now share the
+    cache, so only temporaries of exited processes on this host go."""
     corpora = [p for p in cache_dir.iterdir() if p.is_dir()] if cache_dir.is_dir() else []
     dead = sorted(temp for corpus in corpora for temp in stale_temp_files(corpus) if owner_has_exited(temp))
     return remove_stale(dead, cache_dir, "data staging folder", say)

@@ -1,22 +1,14 @@
-"""Streaming (`data.streaming: true`): training batches tokenized live, after the tokenizer and the validation set
-were built once (`build_stream` in data/store.py).
+"""Streaming (`data.streaming: true`): training batches tokenized live by readers, resumed exactly.
 
-During training every reader tokenizes its own documents and packs them. A reader is one DataLoader worker of one
-rank, out of world_size * num_workers. The DataLoader takes batches from its workers in turn, worker 0 first, so
-the rank's batch g (counted from the start of training) comes from reader rank * num_workers + g % num_workers;
-a loader resumed at batch s gives worker w that reader for g = s + w, so the readers take their turns in the
-same order as in an uninterrupted run. `datasets.distributed.split_dataset_by_node` gives each reader whole
-shards (files) when their count is a multiple of the readers, and every readers-th document otherwise, so no
-two readers share a document. A reader tokenizes documents in chunks of `DOCS_PER_CHUNK`, each document after
-one `<|endoftext|>`, into one token stream; batch k of the reader is the next batch_size windows of
-block_size + 1 tokens, back to back (a window's last token starts the next one, as in the token cache).
-Conversations (`data.chat_column`) are encoded as the token cache encodes them, each after an EOS, and their
-assistant mask travels with the tokens into the batches' targets (`masked_pair`).
+A reader is one DataLoader worker of one rank, out of world_size * num_workers; `split_dataset_by_node` gives
+each its own documents. The DataLoader takes batches from its workers in turn, so the rank's batch g comes from
+reader rank * num_workers + g % num_workers, and a loader resumed at batch s gives worker w the reader of
+g = s + w: the readers keep their turns. A reader packs its documents, each after an EOS, into one stream cut into
+windows of block_size + 1 tokens, back to back, as the token cache is (chat: with the assistant mask).
 
-Exact resume: with each batch the reader sends its position, the `datasets` state before the oldest chunk
-whose tokens it still holds plus how many of that chunk's tokens it has used. `PositionedLoader` keeps these in
-the main process and gives the checkpoint the position after the last batch that was trained on, not the
-ones the DataLoader prefetched.
+Exact resume: with each batch a reader sends its position (the `datasets` state before the oldest chunk it still
+holds, and how many of that chunk's tokens it has used); `PositionedLoader` keeps these in the main process and
+gives the checkpoint the position after the last batch trained on, not the ones the DataLoader prefetched.
 """
 
 from __future__ import annotations
@@ -148,24 +140,17 @@ class StreamBatches(IterableDataset):
 
 class PositionedLoader(Loader):
     """A DataLoader over `StreamBatches` that yields (x, y) and records, in the main process, every reader's
-    position after each of its batches, for the checkpoint (`state`).
-
-    Batch g of the rank came from reader index g % num_workers (see the module docstring), so between
-    start_batch and n trained batches reader index j trained on as many of its own as there are such g in
-    [start_batch, n); its saved position is the one it sent with the last.
-    """
+    position after each of its batches, for the checkpoint (`state`)."""
 
     def __init__(self, batches: StreamBatches, num_workers: int) -> None:
-        self.world_size = batches.world_size
-        self.readers_per_rank = max(1, num_workers)
-        self.start_batch = batches.start_batch
-        self.readers = [batches.rank * self.readers_per_rank + w for w in range(self.readers_per_rank)]
-        self.start = {reader: batches.start.get(reader, fresh_state()) for reader in self.readers}
-        self.history: dict[int, deque[ReaderState]] = {reader: deque(maxlen=256) for reader in self.readers}
         if num_workers:
             # Each worker tokenizes on one core; the Rust pool of every worker would oversubscribe the CPU.
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         super().__init__(batches, batch_size=None, num_workers=num_workers)
+        self.batches = batches
+        self.readers = [batches.rank * max(1, num_workers) + w for w in range(max(1, num_workers))]
+        self.start = {reader: batches.start.get(reader, fresh_state()) for reader in self.readers}
+        self.history: dict[int, deque[ReaderState]] = {reader: deque(maxlen=256) for reader in self.readers}
 
     def __iter__(self):
         for x, y, reader, state in super().__iter__():
@@ -173,36 +158,34 @@ class PositionedLoader(Loader):
             yield x, y
 
     def positions(self, trained_batches: int) -> dict[int, ReaderState]:
-        """Each of this rank's readers' position after `trained_batches` (counted like start_batch)."""
+        """Each of this rank's readers' position after `trained_batches` (counted like start_batch): reader index
+        j trained the batches g in [start_batch, trained_batches) with g % num_workers == j."""
         positions = {}
         for index, reader in enumerate(self.readers):
-            own = self._turns(trained_batches, index) - self._turns(self.start_batch, index)
+            own = self._turns(trained_batches, index) - self._turns(self.batches.start_batch, index)
             target = self.start[reader]["batches"] + own
-            if own == 0:
-                positions[reader] = self.start[reader]
-                continue
             match = [state for state in self.history[reader] if state["batches"] == target]
-            if not match:
+            if own and not match:
                 raise RuntimeError(f"stream reader {reader}: no recorded position for its batch {target}")
-            positions[reader] = match[-1]
+            positions[reader] = match[-1] if own else self.start[reader]
         return positions
 
     def _turns(self, batches: int, index: int) -> int:
         """How many of the batches 0 .. batches - 1 came from reader index `index` (those with g % n == index)."""
-        return max(0, -(-(batches - index) // self.readers_per_rank))
+        return max(0, -(-(batches - index) // len(self.readers)))
 
     def state(self, trained_batches: int) -> dict[str, Any]:
         """Every rank's reader positions after `trained_batches`, as the checkpoint keeps them (a collective
         under DDP: Lightning builds the checkpoint dict on every rank)."""
         import torch.distributed as dist
 
-        mine = self.positions(trained_batches)
+        mine, world_size = self.positions(trained_batches), self.batches.world_size
         parts: list[Any] = [mine]
-        if self.world_size > 1 and dist.is_available() and dist.is_initialized():
-            parts = [None] * self.world_size
+        if world_size > 1 and dist.is_available() and dist.is_initialized():
+            parts = [None] * world_size
             dist.all_gather_object(parts, mine)
         readers = {reader: state for part in parts for reader, state in part.items()}
-        return {"world_size": self.world_size, "num_workers": self.num_workers, "readers": readers}
+        return {"world_size": world_size, "num_workers": self.num_workers, "readers": readers}
 
 
 def saved_positions(saved: dict[str, Any], world_size: int, num_workers: int) -> dict[int, ReaderState]:

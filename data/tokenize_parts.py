@@ -1,15 +1,9 @@
 """The token cache's tokenize stage: the corpus cut into parts, each tokenized into its own file in `num_proc` processes.
 
-Without a validation split the hold-out is the last `val_fraction` of the train split's characters (nanoGPT's
-`data[int(n * 0.9):]`), cut inside one document. Each split is cut, at document boundaries, into parts of about
-`PART_BYTES` of text; the cut depends only on the corpus, so a resumed build (with any `num_proc`) finds the
-parts an earlier, killed one finished. The tokenizer trains on a bounded sample of the train parts.
-
-A part is written to a temporary file next to the building folder (where the cache sweep finds what a killed
-build left, and never inside what gets published) and renamed into it when complete, so after a kill the
-finished parts stay and a rerun tokenizes only the others. The processes are forked: they inherit the
-memory-mapped Arrow documents and the tokenizer, each runs one tokenizer thread (the processes already use the
-cores), and each exits as soon as its parent is gone (a `kill -9` of the command leaves no worker behind).
+Parts are cut at document boundaries by the corpus alone, so a resumed build (with any `num_proc`) finds the parts a
+killed one finished. A part is written to a temporary file beside the building folder (where the cache sweep finds
+it, never inside what is published) and renamed in when complete. The forked processes inherit the memory-mapped
+documents and the tokenizer, run one tokenizer thread each, and exit once their parent is gone (after a kill -9).
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -88,8 +82,9 @@ def plan_parts(
     val_fraction: float,
     chat: bool = False,
 ) -> Plan:
-    """Cut both splits into parts; raises a one-line error for a corpus without text or a too-large hold-out.
-    With `chat` the rows are conversations, held out whole: a cut inside one would part its turns."""
+    """Cut both splits into parts. Without a validation split the hold-out is the last `val_fraction` of the
+    characters (nanoGPT's `data[int(n * 0.9):]`), cut inside a document; conversations (`chat`) are held out whole,
+    as a cut inside one would part its turns."""
     lengths = documents.conversation_lengths if chat else documents.document_lengths
     train_docs = train_docs.select_columns([column])
     chars, sizes = lengths(train_docs, column)
@@ -99,9 +94,8 @@ def plan_parts(
         )
     if val_docs is not None:
         val_docs = val_docs.select_columns([column])
-        _, val_sizes = lengths(val_docs, column)
-        train = _split_parts("train", train_docs, sizes, None, 0, len(train_docs), 0, -1, None)
-        val = _split_parts("val", val_docs, val_sizes, None, 0, len(val_docs), 0, -1, None)
+        train = _split_parts("train", train_docs, sizes, 0, len(train_docs))
+        val = _split_parts("val", val_docs, lengths(val_docs, column)[1], 0, len(val_docs))
         return Plan(train, val, "the dataset's validation split")
     cut = documents.find_char_cut(chars, val_fraction)
     if chat:
@@ -111,11 +105,13 @@ def plan_parts(
             f"data.val_fraction: {val_fraction} holds out all of the text; use a smaller value"
         )
     if chat:
-        train = _split_parts("train", train_docs, sizes, None, 0, cut.row, 0, -1, None)
-        val = _split_parts("val", train_docs, sizes, None, cut.row, len(train_docs), 0, -1, None)
+        train = _split_parts("train", train_docs, sizes, 0, cut.row)
+        val = _split_parts("val", train_docs, sizes, cut.row, len(train_docs))
         return Plan(train, val, f"the last {val_fraction:g} of the train split's conversations")
-    train = _split_parts("train", train_docs, sizes, chars, 0, cut.row + 1, 0, cut.row, cut.offset)
-    val = _split_parts("val", train_docs, sizes, chars, cut.row, len(train_docs), cut.offset, -1, None)
+    train = _split_parts(
+        "train", train_docs, sizes, 0, cut.row + 1, chars, last_row=cut.row, last_limit=cut.offset
+    )
+    val = _split_parts("val", train_docs, sizes, cut.row, len(train_docs), chars, first_offset=cut.offset)
     return Plan(train, val, f"the last {val_fraction:g} of the train split's characters")
 
 
@@ -123,17 +119,16 @@ def _split_parts(
     split: str,
     docs: Dataset,
     sizes: np.ndarray,
-    chars: np.ndarray | None,
     start: int,
     stop: int,
-    first_offset: int,
-    last_row: int,
-    last_limit: int | None,
+    chars: np.ndarray | None = None,
+    first_offset: int = 0,
+    last_row: int = -1,
+    last_limit: int | None = None,
 ) -> list[Part]:
-    """Consecutive parts of rows [start, stop) holding about PART_BYTES of text each (at least one row). The
-    bounds depend on the whole documents' sizes only (a resumed build finds the same parts); a part's
-    `text_bytes` counts the clipped document's share (by characters: exact for ASCII), so a single-document
-    corpus such as tiny Shakespeare is not counted twice."""
+    """Consecutive parts of rows [start, stop) holding about PART_BYTES of text each (at least one row), bounded
+    by the whole documents' sizes; `text_bytes` counts only the clipped documents' share (by characters), so the
+    document the hold-out cuts (all of tiny Shakespeare) is not counted twice."""
     ends = np.cumsum(sizes[start:stop], dtype=np.int64)
     kept = sizes[start:stop].copy()
     if chars is not None and first_offset:
@@ -159,11 +154,10 @@ def _split_parts(
 
 def tokenizer_sample(parts: list[Part], column: str) -> Iterator[list[str]]:
     """At most TOKENIZER_SAMPLE_BYTES of train text: every k-th chunk of documents across the train parts."""
-    total = sum(part.text_bytes for part in parts)
-    chunk_count = sum(len(part.chunks()) for part in parts)
-    stride = max(1, min(chunk_count, -(-total // TOKENIZER_SAMPLE_BYTES)))
-    taken = 0
     chunks = [(part, chunk) for part in parts for chunk in part.chunks()]
+    total = sum(part.text_bytes for part in parts)
+    stride = max(1, min(len(chunks), -(-total // TOKENIZER_SAMPLE_BYTES)))
+    taken = 0
     for part, (start, stop) in chunks[::stride]:
         segments = part.read(start, stop, column)
         texts = [text[: max(0, TOKENIZER_SAMPLE_BYTES - taken)] for text in segments["text"]]
@@ -229,16 +223,13 @@ def _tokenize_part(part: Part) -> None:
     # Beside the folder, not in it; the mask is published first, so a part's token file implies its mask.
     temps = [temp_path_for(out_dir.parent / f"{out_dir.name}-{name}") for name in names]
     try:
-        with (
-            open(temps[0], "wb") as file,
-            open(temps[1], "wb") if len(temps) > 1 else nullcontext() as mask_file,
-        ):
+        with ExitStack() as stack:
+            files = [stack.enter_context(open(temp, "wb")) for temp in temps]
             for start, stop in part.chunks():
                 pieces, text_bytes = _encode_chunk(part, start, stop)
-                for ids, mask in pieces:
-                    np.asarray(ids, dtype=_shared["dtype"]).tofile(file)
-                    if mask is not None:
-                        np.asarray(mask, dtype=np.uint8).tofile(mask_file)
+                for piece in pieces:  # (ids,) or (ids, mask)
+                    for file, values, dtype in zip(files, piece, (_shared["dtype"], np.uint8), strict=False):
+                        np.asarray(values, dtype=dtype).tofile(file)
                 with _shared["counter"].get_lock():
                     _shared["counter"].value += text_bytes
         for temp, name in reversed(list(zip(temps, names, strict=True))):
@@ -248,13 +239,14 @@ def _tokenize_part(part: Part) -> None:
             temp.unlink(missing_ok=True)
 
 
-def _encode_chunk(part: Part, start: int, stop: int) -> tuple[list[tuple[list[int], list[int] | None]], int]:
-    """(ids, assistant mask or None) of each document of rows [start, stop), and the bytes of text they hold."""
+def _encode_chunk(part: Part, start: int, stop: int) -> tuple[list[tuple], int]:
+    """(ids,) of each segment of rows [start, stop), or for chat (ids, assistant mask) of them all; and the bytes
+    of text they hold."""
     tokenizer, column = _shared["tokenizer"], _shared["column"]
     if not _shared["chat"]:
         segments = part.read(start, stop, column)
         text_bytes = sum(len(text.encode("utf-8")) for text in segments["text"])
-        return [(ids, None) for ids in documents.encode_segments(tokenizer, segments)], text_bytes
+        return [(ids,) for ids in documents.encode_segments(tokenizer, segments)], text_bytes
     rows = part.docs[start:stop][column]
     split = str(part.docs.split or "train")
     names = (documents.row_name(row, split) for row in range(start, stop))
@@ -263,8 +255,8 @@ def _encode_chunk(part: Part, start: int, stop: int) -> tuple[list[tuple[list[in
 
 
 def _exit_with_parent(parent_pid: int) -> None:
-    """Pool initializer: end this worker silently once its parent is gone (killed with -9, say), instead of
-    tokenizing on and printing BrokenPipeError tracebacks into whatever runs next in the terminal."""
+    """Pool initializer: end this worker silently once its parent is gone, instead of tokenizing on and printing
+    BrokenPipeError tracebacks into whatever runs next in the terminal."""
 
     def watch() -> None:
         while os.getppid() == parent_pid:

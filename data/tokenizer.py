@@ -1,14 +1,8 @@
-"""The tokenizer: our byte-level BPE trained with `tokenizers`, or a pretrained model's own; identified by sha256.
+"""The tokenizer: our byte-level BPE trained with `tokenizers`, or a pretrained model's own with its `TokenRules`
+(EOS/BOS ids, chat template), stored together in one JSON string so one sha256 covers everything that decides ids.
 
-Our BPE is stored as its plain tokenizer.json and ends documents with `<|endoftext|>`. A pretrained tokenizer
-(data/pretrained_tokenizer.py builds one) also carries its model's `TokenRules`: which ids end a text, whether a
-BOS id starts one, the chat template. Those are stored next to the tokenizers JSON in one wrapper object, so one
-string (`to_json`, the copy a checkpoint embeds) and one hash describe everything that decides the ids.
-
-Imports only `tokenizers` and the standard library (jinja2 only when a chat is rendered) so `generate.py` can
-rebuild the tokenizer embedded in a checkpoint without pulling in `datasets` or Lightning. Chat templates are
-untrusted text from a model folder, so they run in jinja2's immutable sandbox, with what published templates use
-(`raise_exception`, `strftime_now`, a `tojson` that keeps non-ASCII text, loop controls, trimmed blocks).
+Imports only `tokenizers` and the standard library (jinja2 when a chat is rendered), so `generate.py` stays light.
+Chat templates are untrusted text from a model folder, so they run in jinja2's immutable sandbox.
 """
 
 from __future__ import annotations
@@ -39,9 +33,9 @@ SENTENCEPIECE_SPACE = "\u2581"  # how sentencepiece-style vocabularies (Llama 2)
 class TokenRules:
     """How a model uses its special tokens."""
 
-    # Ids that end a text; the first also separates training documents. Several models stop at more than one
-    # (Llama 3 Instruct: `<|end_of_text|>`, `<|eom_id|>`, `<|eot_id|>`).
-    eos_ids: tuple[int, ...]
+    eos_ids: tuple[
+        int, ...
+    ]  # ids that end a text (Llama 3 Instruct has three); the first separates documents
     bos_id: int | None = None
     add_bos: bool = False  # whether `encode` puts `bos_id` first by default (Llama does, SmolLM2 does not)
     chat_template: str | None = None  # jinja2
@@ -56,28 +50,9 @@ class TokenRules:
             )
 
 
-def _byte_to_char() -> dict[int, str]:
-    """The GPT-2 byte-level alphabet: every byte maps to one printable character, so vocab strings are text."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("¡"), ord("¬") + 1),
-        *range(ord("®"), ord("ÿ") + 1),
-    ]
-    mapping = {byte: chr(byte) for byte in printable}
-    next_free = 256
-    for byte in range(256):
-        if byte not in mapping:
-            mapping[byte] = chr(next_free)
-            next_free += 1
-    return mapping
-
-
 class Tokenizer:
-    """Our byte-level BPE (`<|endoftext|>` separates documents) or a pretrained model's tokenizer and rules.
-
-    Without `rules` the backend must hold `<|endoftext|>`, which then is the only EOS id, and there is no BOS:
-    our BPE's one rule, which the Hugging Face and GGUF exports write as they find it (docs/interop.md).
-    """
+    """Our byte-level BPE or a pretrained model's tokenizer and rules. Without `rules` the backend must hold
+    `<|endoftext|>`, which then is the only EOS id, and there is no BOS: our BPE's one rule."""
 
     def __init__(self, backend: BackendTokenizer, rules: TokenRules | None = None) -> None:
         own_eos = backend.token_to_id(EOS_TOKEN)
@@ -89,8 +64,11 @@ class Tokenizer:
         for token_id in (*rules.eos_ids, rules.bos_id):
             if token_id is not None and not 0 <= token_id < size:
                 raise UserError(f"special token id {token_id} is outside the tokenizer's {size} ids")
-        self._backend = backend
-        self.rules = rules
+        self._backend, self.rules = backend, rules
+        self.vocab_size = size  # the ids it can produce: may be fewer than training asked for
+        self.eos_ids, self.bos_id, self.add_bos = rules.eos_ids, rules.bos_id, rules.add_bos
+        self.eos_id = rules.eos_ids[0]  # the separator placed between documents
+        self.chat_template = rules.chat_template
         # The `tokenizers` JSON alone (what a tokenizer.json file of an export holds).
         self.backend_json = _canonical(json.loads(backend.to_str()))
         # Our own BPE keeps its plain tokenizer.json (and so the sha256 of every existing cache and checkpoint).
@@ -104,8 +82,7 @@ class Tokenizer:
         cls, texts: Iterable[str | list[str]], vocab_size: int, *, show_progress: bool | None = None
     ) -> Tokenizer:
         """Train on `texts` (strings or batches of strings); the vocab holds all 256 bytes, so nothing is unknown.
-        Progress bars only on a terminal by default: `tokenizers` writes a line break per bar even where it draws
-        none (blank lines in a log file)."""
+        Progress bars only on a terminal by default: elsewhere `tokenizers` writes blank lines into the log."""
         if vocab_size < MIN_VOCAB_SIZE:
             raise ValueError(
                 f"vocab_size {vocab_size} is below {MIN_VOCAB_SIZE} (256 bytes + special tokens)"
@@ -141,36 +118,11 @@ class Tokenizer:
             raise UserError(f"{path} is not a tokenizers JSON file: {first_line(error)}") from error
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write tokenizer.json atomically: a reader never sees half a file."""
-        atomic_write(path, self._json)
+        atomic_write(path, self._json)  # a reader never sees half a file
 
     def to_json(self) -> str:
-        """The canonical JSON string (sorted keys, compact) that `sha256` hashes: our own BPE's plain
-        tokenizer.json, or the wrapper object with the rules (`common.tokens.split_tokenizer_json`)."""
+        """The canonical JSON string that `sha256` hashes: our BPE's plain tokenizer.json, or the rules' wrapper."""
         return self._json
-
-    @property
-    def eos_id(self) -> int:
-        """The first EOS id (`<|endoftext|>` for our BPE): the separator placed between documents."""
-        return self.rules.eos_ids[0]
-
-    @property
-    def eos_ids(self) -> tuple[int, ...]:
-        """Every id that ends a text; generation stops at any of them."""
-        return self.rules.eos_ids
-
-    @property
-    def bos_id(self) -> int | None:
-        return self.rules.bos_id
-
-    @property
-    def add_bos(self) -> bool:
-        """Whether `encode` starts a text with `bos_id` unless told otherwise."""
-        return self.rules.add_bos
-
-    @property
-    def chat_template(self) -> str | None:
-        return self.rules.chat_template
 
     def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
         """The chat `messages` ({"role", "content"} dicts) as text, through the model's chat template; with
@@ -179,9 +131,6 @@ class Tokenizer:
 
         if self.chat_template is None:
             raise UserError("this model's tokenizer has no chat template; prompt it with plain text instead")
-        for i, message in enumerate(messages):
-            if not isinstance(message, dict) or "role" not in message or "content" not in message:
-                raise UserError(f"chat message {i} must be a dict with 'role' and 'content', got {message!r}")
         tokens = {"bos_token": self.token_text(self.bos_id) or "", "eos_token": self.token_text(self.eos_id)}
         try:
             return _compiled(self.chat_template).render(
@@ -194,18 +143,13 @@ class Tokenizer:
         """The vocabulary entry of one id (None for None): how config files name a special token."""
         return None if token_id is None else self._backend.id_to_token(token_id)
 
-    @property
-    def vocab_size(self) -> int:
-        """Number of token ids this tokenizer can produce (may be below the size asked for at training)."""
-        return self._backend.get_vocab_size(with_added_tokens=True)
-
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """Token ids of `text`, after `bos_id` if `add_bos` (default: the model's rule; False for text that holds
         its BOS, such as a rendered chat); a literal special token (`<|endoftext|>`, `<|im_start|>`) is its id."""
         return self._with_bos(self._backend.encode(text, add_special_tokens=False).ids, add_bos)
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        """Token ids of `text` (no BOS added: rendered chat text carries its own) and each token's character span."""
+        """Token ids of `text` (no BOS: rendered chat text carries its own) and each token's character span."""
         encoding = self._backend.encode(text, add_special_tokens=False)
         return encoding.ids, encoding.offsets
 
@@ -217,16 +161,15 @@ class Tokenizer:
         ]
 
     def _with_bos(self, ids: list[int], add_bos: bool | None) -> list[int]:
-        add = self.rules.add_bos if add_bos is None else add_bos
-        return [self.rules.bos_id, *ids] if add and self.rules.bos_id is not None else ids
+        add = self.add_bos if add_bos is None else add_bos
+        return [self.bos_id, *ids] if add and self.bos_id is not None else ids
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids`; special tokens are kept so `decode(encode(s)) == s` for every string."""
         return self._backend.decode(list(ids), skip_special_tokens=False)
 
     def token_bytes(self) -> list[bytes]:
-        """The UTF-8 bytes each id stands for (b"" for special tokens), indexed by id: to count the bytes of a
-        token stream without decoding it, and to stream partial characters."""
+        """The UTF-8 bytes each id stands for (b"" for special tokens), indexed by id."""
         spec = json.loads(self.backend_json)
         added = {token["content"]: token for token in spec.get("added_tokens", [])}
         spell = _byte_level_bytes if "ByteLevel" in json.dumps(spec.get("decoder")) else _sentencepiece_bytes
@@ -247,7 +190,12 @@ class Tokenizer:
         return f"Tokenizer(vocab_size={self.vocab_size}, sha256={self.sha256[:12]}...)"
 
 
-_CHAR_TO_BYTE = {char: byte for byte, char in _byte_to_char().items()}
+# The GPT-2 byte-level alphabet: printable bytes stand for themselves, the others for chr(256), chr(257), ...
+_PRINTABLE = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+_UNPRINTABLE = [byte for byte in range(256) if byte not in _PRINTABLE]
+_CHAR_TO_BYTE = {chr(byte): byte for byte in _PRINTABLE} | {
+    chr(256 + i): b for i, b in enumerate(_UNPRINTABLE)
+}
 
 
 def _byte_level_bytes(token: str) -> bytes:
