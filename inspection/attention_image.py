@@ -1,8 +1,6 @@
 """Attention maps as a picture: one RGB image per layer with a grid of heads, built with Pillow only.
 
-The image is returned as a uint8 RGB `PIL.Image`, never a float array: wandb renders a float array in [0, 1]
-as (nearly) black because it expects 0..255, so probabilities are mapped linearly from [0, vmax] to a colour
-table here, once, where the mapping can be read and tested.
+It is a uint8 RGB image, never a float array, which wandb would render nearly black (it expects 0..255).
 """
 
 from __future__ import annotations
@@ -65,11 +63,8 @@ def draw_attention_grid(
     heads: Sequence[int] | None = None,
     vmax: float | None = 1.0,
 ) -> Image.Image:
-    """One RGB image of a layer's heads (H, T, S) laid out in a grid, with a colour bar.
-
-    `token_labels` (one per key, S of them) are drawn on the axes when T <= 32. `vmax` is the value shown
-    brightest: 1.0 by default so images compare across layers and steps, None for the largest weight shown.
-    """
+    """One RGB image of a layer's heads (H, T, S) in a grid, with a colour bar and, up to 32 keys, the S
+    `token_labels`. `vmax` is shown brightest: 1.0 compares across layers and steps, None is the largest shown."""
     probs = _checked_probs(probs_layer, token_labels)
     heads = list(range(probs.shape[0])) if heads is None else list(heads)
     if not heads or not all(0 <= h < probs.shape[0] for h in heads):
@@ -83,7 +78,7 @@ def draw_attention_grid(
 
 
 def save_attention_png(image: Image.Image, path: str | os.PathLike[str]) -> Path:
-    """Write `image` as PNG to `path` atomically (common.files.atomic_write): never a half-written picture."""
+    """Write `image` as PNG to `path` atomically: never a half-written picture."""
     return atomic_write(path, lambda f: image.save(f, format="PNG"))
 
 
@@ -173,5 +168,4 @@ def _assemble(
 
 def _text_height(font: ImageFont.ImageFont) -> int:
     """Pixel height of one line of text, so layouts scale with whatever font load_default returns."""
-    left, top, right, bottom = font.getbbox("Hg")
-    return int(bottom) + 1
+    return int(font.getbbox("Hg")[3]) + 1

@@ -37,14 +37,9 @@ def check_outputs(args: Namespace) -> None:
 
 def check_layer_and_head(config, layer: int | None, head: int) -> None:
     """Refuse a --layer or --head the model does not have, before anything is generated."""
-    if layer is not None and not 0 <= layer < config.n_layer:
-        raise UserError(
-            f"--layer must be in 0..{config.n_layer - 1} (the model has {config.n_layer}), got {layer}"
-        )
-    if not 0 <= head < config.n_head:
-        raise UserError(
-            f"--head must be in 0..{config.n_head - 1} (the model has {config.n_head}), got {head}"
-        )
+    for flag, value, count in (("--layer", layer, config.n_layer), ("--head", head, config.n_head)):
+        if value is not None and not 0 <= value < count:
+            raise UserError(f"{flag} must be in 0..{count - 1} (the model has {count}), got {value}")
 
 
 def token_labels(tokenizer, ids: list[int]) -> list[str]:
