@@ -61,20 +61,17 @@ def draw_attention_grid(
     token_labels: Sequence[str] | None,
     title: str,
     heads: Sequence[int] | None = None,
-    vmax: float | None = 1.0,
 ) -> Image.Image:
     """One RGB image of a layer's heads (H, T, S) in a grid, with a colour bar and, up to 32 keys, the S
-    `token_labels`. `vmax` is shown brightest: 1.0 compares across layers and steps, None is the largest shown."""
+    `token_labels`. Weight 1 is brightest, so images compare across layers and steps."""
     probs = _checked_probs(probs_layer, token_labels)
     heads = list(range(probs.shape[0])) if heads is None else list(heads)
     if not heads or not all(0 <= h < probs.shape[0] for h in heads):
         raise ValueError(f"heads must be a non-empty list of indices in 0..{probs.shape[0] - 1}, got {heads}")
-    vmax = float(probs[heads].max()) if vmax is None else vmax
-    vmax = vmax if vmax > 0 else 1.0  # an all-zero selection would otherwise divide by zero
     font = ImageFont.load_default()
     labels = token_labels if token_labels is not None and probs.shape[-1] <= MAX_LABELLED_TOKENS else None
-    cells = [_head_cell(probs[h], labels, f"head {h}", vmax, font) for h in heads]
-    return _assemble(cells, title, _colour_bar(cells[0].height, vmax, font), font)
+    cells = [_head_cell(probs[h], labels, f"head {h}", font) for h in heads]
+    return _assemble(cells, title, _colour_bar(cells[0].height, font), font)
 
 
 def save_attention_png(image: Image.Image, path: str | os.PathLike[str]) -> Path:
@@ -93,16 +90,14 @@ def _checked_probs(probs_layer: torch.Tensor, token_labels: Sequence[str] | None
 
 
 def _head_cell(
-    probs: np.ndarray, labels: Sequence[str] | None, title: str, vmax: float, font: ImageFont.ImageFont
+    probs: np.ndarray, labels: Sequence[str] | None, title: str, font: ImageFont.ImageFont
 ) -> Image.Image:
     """One head: title above, heatmap, query labels on the left and key labels below when given."""
     t, s = probs.shape
     line = _text_height(font)
     # Whole pixels per token keep every token a crisp square; with labels a row must be a line of text high.
     scale = max(1, math.ceil(HEATMAP_PIXELS / s), line + 1 if labels else 1)
-    heatmap = Image.fromarray(to_colours(probs, vmax)).resize(
-        (s * scale, t * scale), Image.Resampling.NEAREST
-    )
+    heatmap = Image.fromarray(to_colours(probs, 1.0)).resize((s * scale, t * scale), Image.Resampling.NEAREST)
     left = below = None
     if labels:
         left = _label_strip([printable_label(x) for x in labels[s - t :]], scale, font)
@@ -133,15 +128,15 @@ def _label_strip(labels: Sequence[str], row_height: int, font: ImageFont.ImageFo
     return strip
 
 
-def _colour_bar(height: int, vmax: float, font: ImageFont.ImageFont) -> Image.Image:
-    """A vertical ramp from 0 (bottom) to vmax (top) with both ends labelled."""
+def _colour_bar(height: int, font: ImageFont.ImageFont) -> Image.Image:
+    """A vertical ramp from 0 (bottom) to 1 (top) with both ends labelled."""
     line = _text_height(font)
     ramp_height = max(height - 2 * line - 2 * PAD, 16)
-    ramp = to_colours(np.linspace(vmax, 0.0, ramp_height)[:, None].repeat(16, axis=1), vmax)  # (rows, 16, 3)
-    bar = Image.new("RGB", (16 + 2 * PAD + math.ceil(font.getlength(f"{vmax:.3g}")), height), BACKGROUND)
+    ramp = to_colours(np.linspace(1.0, 0.0, ramp_height)[:, None].repeat(16, axis=1), 1.0)  # (rows, 16, 3)
+    bar = Image.new("RGB", (16 + 2 * PAD + math.ceil(font.getlength("1")), height), BACKGROUND)
     bar.paste(Image.fromarray(ramp), (PAD, line + PAD))
     draw = ImageDraw.Draw(bar)
-    draw.text((PAD, 0), f"{vmax:.3g}", fill=INK, font=font)
+    draw.text((PAD, 0), "1", fill=INK, font=font)
     draw.text((PAD, line + 2 * PAD + ramp_height), "0", fill=INK, font=font)
     return bar
 

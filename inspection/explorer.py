@@ -46,12 +46,10 @@ STATISTIC_MEANINGS = {  # shown under the table, for a reader who has not met th
 
 
 def quantise_rows(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(T, T) causal probabilities -> (row maxima (T,), lower triangle uint8 row by row); ValueError unless the
-    rows are causal softmax rows.
+    """(T, T) causal softmax rows (else ValueError) -> (row maxima (T,), lower triangle uint8 row by row).
 
     Row i keeps keys 0..i as round(255 p / row_max), so a row's strongest keys keep their order unless two differ
-    by less than a step. The row maxima are rounded to float16 as the page stores them (at least 1 / T: a
-    normal float16 up to T = 16384).
+    by less than a step. The row maxima are float16 as stored (at least 1 / T: normal up to T = 16384).
     """
     t = probs.shape[-1]
     rows, cols = _lower_triangle(t)
