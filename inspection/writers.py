@@ -20,8 +20,7 @@ from inspection.attention_image import (
 from inspection.explain import attention_steps, steps_as_text
 from inspection.explorer import model_explorer, write_explorer
 
-# Three tables of 16 x 16 cells of 8 characters stay within a 140-column terminal; a whole 64-token window
-# would print lines over 500 characters long.
+# Three tables of 16 x 16 cells of 8 characters fit a 140-column terminal (64 tokens: 500-character lines).
 EXPLAIN_TOKENS = 16
 # The file each picture flag writes, by the suffix a viewer opens it by.
 OUTPUT_SUFFIXES = {"attention_map": (".png",), "attention_html": (".html", ".htm")}
