@@ -83,8 +83,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         Path(path).unlink(missing_ok=True)
 
     def _write(self, checkpoint: dict[str, Any], path: Path) -> None:
-        # atomic_write(durable=False) + our own fsyncs: the same steps as durable=True, with the fault hooks
-        # placed between them.
+        # atomic_write + our own fsyncs of the file and the folder, with the fault hooks placed between them.
         def write(f: BinaryIO) -> None:
             self._fault_point("before_write")
             target = (
@@ -95,7 +94,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.fsync(f.fileno())
             self._fault_point("before_rename")
 
-        atomic_write(path, write, durable=False)
+        atomic_write(path, write)
         self._fault_point("before_dir_fsync")
         fsync_dir(path.parent)
 

@@ -1,5 +1,2 @@
-"""Contracts every package shares: the user-error base class with the exit codes, atomic file
-writes, and the special token the tokenizer and the export share.
-
-Imports only the standard library, so `model/` and `data/` can both depend on it.
-"""
+"""Contracts every package shares: user errors and exit codes, atomic writes, model files, the special token.
+Standard library only, so `model/` and `data/` can both depend on it."""

@@ -1,13 +1,5 @@
-"""One base class for mistakes a user can fix, and the exit codes every command returns.
-
-| code | meaning |
-|------|---------|
-| 0    | success |
-| 1    | internal error (a bug): the traceback is shown |
-| 2    | a mistake the user can fix: one `error:` line naming the key, file or flag, and the fix |
-| 130  | stopped by Ctrl-C (SIGINT) |
-| 143  | stopped by SIGTERM (a scheduler's preemption) |
-"""
+"""One base class for mistakes a user can fix, and the exit codes every command returns: 1 is a bug (with its
+traceback), 2 a user mistake (one `error:` line naming the key, file or flag, and the fix)."""
 
 from __future__ import annotations
 
@@ -19,18 +11,16 @@ from collections.abc import Callable
 EXIT_OK = 0
 EXIT_BUG = 1
 EXIT_USER_ERROR = 2
-EXIT_INTERRUPTED = 130
-EXIT_TERMINATED = 143
+EXIT_INTERRUPTED = 130  # Ctrl-C
+EXIT_TERMINATED = 143  # SIGTERM, a scheduler's preemption
 
 TRACEBACK_ENV = "GQA_GPT_TRACEBACK"
 
 
 class UserError(ValueError):
-    """A mistake in a config, flag, path, prompt, checkpoint or dataset that the user can fix.
+    """A mistake in a config, flag, path, prompt, checkpoint or dataset, in one line naming it and the fix.
 
-    The message is one line that names what is wrong and how to fix it. It subclasses ValueError so code that
-    validates values can be caught as such; commands catch `UserError` only, so any other exception is a bug
-    and keeps its traceback.
+    Commands catch `UserError` only, so any other exception is a bug and keeps its traceback.
     """
 
 
@@ -45,24 +35,19 @@ _DISK_FIXES = {
 
 
 class DiskError(UserError):
-    """A file could not be written for a reason outside the program: a full disk, a quota, a read-only or
-    forbidden folder."""
+    """A file could not be written for a reason outside the program (full disk, quota, read-only folder)."""
 
 
 def disk_error(
     err: BaseException | None, what: str = "cannot write", path: object = None
 ) -> DiskError | None:
-    """The one-line DiskError for an OSError of `_DISK_FIXES` in `err` or its context chain, else None.
-
-    torch.save wraps a failed write in a RuntimeError ("unexpected pos"), the OSError only its context.
-    `path` names the file when the OSError does not (a failed write(), unlike a failed open(), names none);
-    of a copy's two names, the second is the one written.
-    """
+    """The one-line DiskError for an OSError of `_DISK_FIXES` in `err` or its context chain (torch.save wraps it
+    in a RuntimeError), else None. `path` names the file when the OSError does not (a failed write())."""
     while err is not None and not (isinstance(err, OSError) and err.errno in _DISK_FIXES):
         err = err.__cause__ or err.__context__
     if err is None:
         return None
-    where = path or err.filename2 or err.filename
+    where = path or err.filename2 or err.filename  # of a copy's two names, the second is written
     return DiskError(f"{what}{f' {where}' if where else ''}: {err.strerror}; {_DISK_FIXES[err.errno]}")
 
 
@@ -73,10 +58,8 @@ def first_line(error: BaseException) -> str:
 
 
 def run_command(main: Callable[[], int | None]) -> int:
-    """Run a command's `main`, turning user mistakes and Ctrl-C into one line and their exit codes.
-
-    Set GQA_GPT_TRACEBACK=1 to see the traceback of a user mistake too.
-    """
+    """Run a command's `main`, turning user mistakes and Ctrl-C into one line and their exit codes
+    (GQA_GPT_TRACEBACK=1 shows a user mistake's traceback too)."""
     try:
         try:
             return main() or EXIT_OK

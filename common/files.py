@@ -1,9 +1,8 @@
-"""Atomic file and folder writes: a reader sees the old file (folder) or the new one, never a partial one;
-and the one check every command makes on an output path before working (`refuse_existing`).
+"""Atomic file and folder writes (a reader sees the old version or the new one, never a partial one), and the
+check every command makes on an output path before working (`refuse_existing`).
 
-The temporary file (or folder) lives in the destination's own folder (never the system temp directory), so the final
-`os.replace` is a rename on one filesystem, which is atomic on POSIX filesystems, NFS and Lustre included.
-Its name starts with `.` and contains TEMP_MARK, so `stale_temp_files` can find what a killed process left.
+Temporaries live in the destination's own folder, so the final rename stays on one filesystem (atomic on POSIX,
+NFS and Lustre); their names start with `.` and hold TEMP_MARK, so `stale_temp_files` finds what a kill left.
 """
 
 from __future__ import annotations
@@ -35,10 +34,8 @@ def temp_path_for(path: Path) -> Path:
 
 
 def owner_has_exited(temp: Path) -> bool:
-    """Whether the process that made this temporary name ran on this host and has exited (a zombie included).
-
-    For folders shared by concurrent runs (the data cache), where only a dead owner's leftovers may go.
-    """
+    """Whether the process that made this temporary name ran on this host and has exited (a zombie included):
+    in folders shared by concurrent runs (the data cache), only a dead owner's leftovers may go."""
     owner = _OWNER.search(temp.name)
     if owner is None or owner.group(2) != socket.gethostname():
         return False
@@ -53,11 +50,8 @@ def owner_has_exited(temp: Path) -> bool:
 
 
 def _is_zombie(pid: int) -> bool:
-    """Whether `pid` has exited but is not reaped yet (Linux: state Z in /proc/<pid>/stat; elsewhere False).
-
-    A killed process whose parent died too waits for init to reap it, and some inits (a container's) never do:
-    it still answers a signal, but it will never write its temporary file again.
-    """
+    """Whether `pid` has exited but is not reaped yet (state Z in /proc/<pid>/stat), which a container's init
+    may never do: it still answers a signal but will never write again. Off Linux: False."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except FileNotFoundError:  # reaped since the signal (exited), or no /proc here (not Linux: as before)
@@ -81,11 +75,11 @@ def fsync_dir(folder: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | Path, *, durable: bool = False) -> Iterator[Path]:
+def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path next to `path` for a writer that insists on opening the file itself.
 
-    On a clean exit the temporary file replaces `path` (as `atomic_write` does); on any error it is removed.
-    A symlink is written through, as `open` would: its target is replaced, the link stays.
+    On a clean exit it replaces `path`; on any error it is removed. A symlink is written through, as `open`
+    would: its target is replaced, the link stays.
     """
     path = Path(path)
     if path.is_symlink():
@@ -94,26 +88,19 @@ def atomic_path(path: str | Path, *, durable: bool = False) -> Iterator[Path]:
     tmp = temp_path_for(path)
     try:
         yield tmp
-        if durable:
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    if durable:
-        fsync_dir(path.parent)
 
 
-def atomic_write(
-    path: str | Path, content: bytes | str | Callable[[BinaryIO], None], *, durable: bool = False
-) -> Path:
+def atomic_write(path: str | Path, content: bytes | str | Callable[[BinaryIO], None]) -> Path:
     """Write `content` (bytes, text as UTF-8, or a function that writes to a binary file) to `path` atomically.
 
-    durable=True also fsyncs the file before the rename and the folder after it, so the new file survives a
-    power loss or a killed node (checkpoints). The file gets the usual permissions (0666 minus the umask).
+    The file gets the usual permissions (0666 minus the umask). A writer that must survive a power loss
+    (checkpoints) fsyncs the file itself and then calls `fsync_dir`.
     """
-    with atomic_path(path, durable=durable) as tmp, open(tmp, "wb") as f:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
         if callable(content):
             content(f)
         else:
@@ -131,9 +118,8 @@ def refuse_existing(
 ) -> Path:
     """Refuse, in one line and before any work, an output that cannot be written or would replace something.
 
-    `out` must end in one of `suffixes` (if given); what it names (a symlink: the link's target, which is
-    where the write goes) must be free, or a file (a folder too, unless `file`) that `force` allows replacing,
-    never a device, FIFO or socket; and the folder it goes in must be writable. Returns the path written.
+    `out` must end in one of `suffixes` (if given); what it names (a symlink's target) must be free, or a file
+    (a folder too, unless `file`) that `force` allows replacing; its folder must be writable. Returns the target.
     """
     if suffixes and out.suffix.lower() not in suffixes:
         example = out.with_suffix(suffixes[0]).name
@@ -152,10 +138,8 @@ def refuse_existing(
 
 
 def refuse_unwritable_folder(folder: Path, flag: str) -> None:
-    """One line unless a file can be made in `folder`, or in its nearest existing parent if it is not there yet.
-
-    A real file is made and removed: permission bits do not tell (root passes them, /proc refuses root).
-    """
+    """One line unless a file can be made in `folder` (or its nearest existing parent). A real file is made and
+    removed: permission bits do not tell (root passes them, /proc refuses root)."""
     existing = folder
     while not existing.exists():
         existing = existing.parent
@@ -174,9 +158,8 @@ def refuse_unwritable_folder(folder: Path, flag: str) -> None:
 class StagedFolder:
     """A folder built under a temporary name inside `parent` and published by one rename (`publish`).
 
-    Use it as a context manager: on leaving, a folder not published (an error, or no `publish` call) is
-    deleted, and so is `parent` when this created it and it is left empty. The folder gets the usual
-    permissions (0777 minus the umask), unlike `tempfile.mkdtemp`'s 0700.
+    On leaving the with-block, a folder not published is deleted, and so is `parent` if this created it and it
+    is left empty. The folder gets the usual permissions (0777 minus the umask), unlike `mkdtemp`'s 0700.
     """
 
     def __init__(self, parent: str | Path) -> None:
@@ -192,11 +175,8 @@ class StagedFolder:
         return self
 
     def publish(self, name: str, *, replace: bool = False) -> Path:
-        """Rename the folder to `parent/name`; OSError if that exists, unless `replace` swaps it out.
-
-        With `replace`, the old folder is moved aside first and deleted only once the new one is in place,
-        so a failed rename puts it back.
-        """
+        """Rename the folder to `parent/name`; OSError if that exists, unless `replace` swaps it out (the old
+        one moved aside and deleted only once the new one is in place, so a failed rename puts it back)."""
         assert self.path is not None, "publish() outside the with-block"
         final = self.parent / name
         old = temp_path_for(final) if replace and final.exists() else None

@@ -1,14 +1,8 @@
-"""How many CPU threads torch uses: the CPUs this process may run on, minus what other processes keep busy.
+"""How many CPU threads torch uses: an explicit count (`--threads N`, the `threads` config key), else
+OMP_NUM_THREADS as torch would, else this process's CPUs minus the 1-minute load average (at least 1).
 
-PyTorch's default is one thread per core. On a machine whose cores other jobs also use, its threads wait for
-each other at every operation (a small model's step gets several times slower, not a little), so the default
-here subtracts the machine's load. The policy, in order:
-
-1. an explicit count (`--threads N`, or the `threads` key of a config) is used as given;
-2. else OMP_NUM_THREADS, when set, as torch itself would;
-3. else the CPUs in this process's affinity mask minus the 1-minute load average (rounded), at least 1.
-
-Standard library only: the caller passes torch's `set_num_threads` to `apply_thread_count`.
+Torch's one thread per core makes its threads wait for each other at every operation where other jobs share
+the cores (a small model's step gets several times slower), hence the load. Standard library only.
 """
 
 from __future__ import annotations
@@ -43,12 +37,12 @@ def _omp_threads() -> int | None:
 def pick_thread_count(
     requested: int | None = None, cpus: int | None = None, load: float | None = None
 ) -> int:
-    """The thread count of the policy above; `cpus` and `load` default to this machine's (tests pass them)."""
+    """The thread count of the policy above; `cpus` and `load` default to this machine's."""
     return _pick(requested, cpus, load)[0]
 
 
 def _pick(requested: int | None, cpus: int | None = None, load: float | None = None) -> tuple[int, str]:
-    """(the thread count, why: which step of the policy chose it)."""
+    """(the thread count, which step of the policy chose it)."""
     if requested is not None:
         if requested < 1:
             from .errors import UserError
@@ -74,8 +68,7 @@ def busy_note(threads: int, cpus: int | None = None, load: float | None = None) 
 
 
 def apply_thread_count(requested: int | None, set_num_threads: Callable[[int], None]) -> tuple[int, str]:
-    """Pick the count, hand it to `set_num_threads` (torch.set_num_threads), and return it with a one-line
-    description of why, for the command to print."""
+    """Pick the count, hand it to `set_num_threads`, and return it with a line saying why, to print."""
     threads, why = _pick(requested)
     set_num_threads(threads)
     return threads, f"threads: {threads} ({why}; --threads N to change)"

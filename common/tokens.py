@@ -1,8 +1,6 @@
-"""The special token the tokenizer (data/) and the exports (interop/) agree on, and the tokenizer string.
-
-A tokenizer string (what `data.Tokenizer.to_json` returns and a checkpoint embeds) is either a plain `tokenizers`
-JSON (our own BPE) or a wrapper object `{WRAPPER_KEY: {"tokenizer": <tokenizers JSON>, "rules": {...}}}` for a
-pretrained tokenizer whose EOS/BOS ids and chat template are not part of the `tokenizers` format.
+"""The special token the tokenizer (data/) and the exports (interop/) agree on, and the tokenizer string: a plain
+`tokenizers` JSON (our own BPE) or `{WRAPPER_KEY: {"tokenizer": <that JSON>, "rules": {...}}}` for a pretrained
+tokenizer whose EOS/BOS ids and chat template the `tokenizers` format lacks.
 """
 
 from __future__ import annotations

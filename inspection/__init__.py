@@ -1,4 +1,2 @@
 """Looking inside attention: head statistics, map images and the step-by-step explanation of one head.
-
-Imports torch and Pillow only (never Lightning or wandb), so `generate.py` and the training callbacks share it.
-"""
+Torch and Pillow only (never Lightning or wandb), so `generate.py` and the training callbacks share it."""

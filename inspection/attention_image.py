@@ -1,8 +1,6 @@
 """Attention maps as a picture: one RGB image per layer with a grid of heads, built with Pillow only.
 
-The image is returned as a uint8 RGB `PIL.Image`, never a float array: wandb renders a float array in [0, 1]
-as (nearly) black because it expects 0..255, so probabilities are mapped linearly from [0, vmax] to a colour
-table here, once, where the mapping can be read and tested.
+It is a uint8 RGB image, never a float array, which wandb would render nearly black (it expects 0..255).
 """
 
 from __future__ import annotations
@@ -63,27 +61,21 @@ def draw_attention_grid(
     token_labels: Sequence[str] | None,
     title: str,
     heads: Sequence[int] | None = None,
-    vmax: float | None = 1.0,
 ) -> Image.Image:
-    """One RGB image of a layer's heads (H, T, S) laid out in a grid, with a colour bar.
-
-    `token_labels` (one per key, S of them) are drawn on the axes when T <= 32. `vmax` is the value shown
-    brightest: 1.0 by default so images compare across layers and steps, None for the largest weight shown.
-    """
+    """One RGB image of a layer's heads (H, T, S) in a grid, with a colour bar and, up to 32 keys, the S
+    `token_labels`. Weight 1 is brightest, so images compare across layers and steps."""
     probs = _checked_probs(probs_layer, token_labels)
     heads = list(range(probs.shape[0])) if heads is None else list(heads)
     if not heads or not all(0 <= h < probs.shape[0] for h in heads):
         raise ValueError(f"heads must be a non-empty list of indices in 0..{probs.shape[0] - 1}, got {heads}")
-    vmax = float(probs[heads].max()) if vmax is None else vmax
-    vmax = vmax if vmax > 0 else 1.0  # an all-zero selection would otherwise divide by zero
     font = ImageFont.load_default()
     labels = token_labels if token_labels is not None and probs.shape[-1] <= MAX_LABELLED_TOKENS else None
-    cells = [_head_cell(probs[h], labels, f"head {h}", vmax, font) for h in heads]
-    return _assemble(cells, title, _colour_bar(cells[0].height, vmax, font), font)
+    cells = [_head_cell(probs[h], labels, f"head {h}", font) for h in heads]
+    return _assemble(cells, title, _colour_bar(cells[0].height, font), font)
 
 
 def save_attention_png(image: Image.Image, path: str | os.PathLike[str]) -> Path:
-    """Write `image` as PNG to `path` atomically (common.files.atomic_write): never a half-written picture."""
+    """Write `image` as PNG to `path` atomically: never a half-written picture."""
     return atomic_write(path, lambda f: image.save(f, format="PNG"))
 
 
@@ -98,16 +90,14 @@ def _checked_probs(probs_layer: torch.Tensor, token_labels: Sequence[str] | None
 
 
 def _head_cell(
-    probs: np.ndarray, labels: Sequence[str] | None, title: str, vmax: float, font: ImageFont.ImageFont
+    probs: np.ndarray, labels: Sequence[str] | None, title: str, font: ImageFont.ImageFont
 ) -> Image.Image:
     """One head: title above, heatmap, query labels on the left and key labels below when given."""
     t, s = probs.shape
     line = _text_height(font)
     # Whole pixels per token keep every token a crisp square; with labels a row must be a line of text high.
     scale = max(1, math.ceil(HEATMAP_PIXELS / s), line + 1 if labels else 1)
-    heatmap = Image.fromarray(to_colours(probs, vmax)).resize(
-        (s * scale, t * scale), Image.Resampling.NEAREST
-    )
+    heatmap = Image.fromarray(to_colours(probs, 1.0)).resize((s * scale, t * scale), Image.Resampling.NEAREST)
     left = below = None
     if labels:
         left = _label_strip([printable_label(x) for x in labels[s - t :]], scale, font)
@@ -138,15 +128,15 @@ def _label_strip(labels: Sequence[str], row_height: int, font: ImageFont.ImageFo
     return strip
 
 
-def _colour_bar(height: int, vmax: float, font: ImageFont.ImageFont) -> Image.Image:
-    """A vertical ramp from 0 (bottom) to vmax (top) with both ends labelled."""
+def _colour_bar(height: int, font: ImageFont.ImageFont) -> Image.Image:
+    """A vertical ramp from 0 (bottom) to 1 (top) with both ends labelled."""
     line = _text_height(font)
     ramp_height = max(height - 2 * line - 2 * PAD, 16)
-    ramp = to_colours(np.linspace(vmax, 0.0, ramp_height)[:, None].repeat(16, axis=1), vmax)  # (rows, 16, 3)
-    bar = Image.new("RGB", (16 + 2 * PAD + math.ceil(font.getlength(f"{vmax:.3g}")), height), BACKGROUND)
+    ramp = to_colours(np.linspace(1.0, 0.0, ramp_height)[:, None].repeat(16, axis=1), 1.0)  # (rows, 16, 3)
+    bar = Image.new("RGB", (16 + 2 * PAD + math.ceil(font.getlength("1")), height), BACKGROUND)
     bar.paste(Image.fromarray(ramp), (PAD, line + PAD))
     draw = ImageDraw.Draw(bar)
-    draw.text((PAD, 0), f"{vmax:.3g}", fill=INK, font=font)
+    draw.text((PAD, 0), "1", fill=INK, font=font)
     draw.text((PAD, line + 2 * PAD + ramp_height), "0", fill=INK, font=font)
     return bar
 
@@ -173,5 +163,4 @@ def _assemble(
 
 def _text_height(font: ImageFont.ImageFont) -> int:
     """Pixel height of one line of text, so layouts scale with whatever font load_default returns."""
-    left, top, right, bottom = font.getbbox("Hg")
-    return int(bottom) + 1
+    return int(font.getbbox("Hg")[3]) + 1

@@ -1,11 +1,12 @@
 """Per-head scalars that summarise attention maps, so heads can be searched and compared over training.
 
-Every statistic takes softmax probabilities `probs` of shape (B, H, T, T) or (L, B, H, T, T) from
-`GPT.attention_maps` (causal, each row sums to 1), averages over the batch and the query rows it uses, and
-returns one number per head: a tensor (H,) or (L, H).
+Every statistic takes causal softmax probabilities (B, H, T, T) or (L, B, H, T, T) from `GPT.attention_maps`
+and averages over the batch and the query rows it uses: one number per head, (H,) or (L, H).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -13,45 +14,31 @@ STATISTICS = ("entropy", "sink_mass", "previous_token", "induction")  # what hea
 
 
 def attention_entropy(probs: torch.Tensor) -> torch.Tensor:
-    """Mean over query rows of the row entropy -sum p log p, in nats (0 log 0 = 0).
-
-    0 means every row puts all its weight on one key; a uniform causal head scores mean_t log(t + 1).
-    """
-    _check_probs(probs, min_len=1)
-    per_row = -torch.special.xlogy(probs.float(), probs.float()).sum(dim=-1)  # (..., B, H, T)
-    return _mean_over_rows_and_batch(per_row)
+    """Mean over query rows of the row entropy -sum p log p, in nats: 0 when every row puts all its weight on
+    one key; a uniform causal head scores mean_t log(t + 1)."""
+    return _per_head(probs, 1, lambda p: -torch.special.xlogy(p, p).sum(dim=-1))
 
 
 def sink_mass(probs: torch.Tensor) -> torch.Tensor:
-    """Mean weight on key 0 (the attention sink), over query rows t >= 1.
-
-    Row 0 is skipped because causality forces it to put weight 1 on key 0, whatever the head does.
-    """
-    _check_probs(probs, min_len=2)
-    return _mean_over_rows_and_batch(probs[..., 1:, 0].float())  # (..., B, H, T - 1) -> (..., H)
+    """Mean weight on key 0 (the attention sink) over query rows t >= 1: causality forces row 0 onto key 0."""
+    return _per_head(probs, 2, lambda p: p[..., 1:, 0])
 
 
 def previous_token_score(probs: torch.Tensor) -> torch.Tensor:
     """Mean weight on key t - 1 over query rows t >= 1 (row 0 has no previous token)."""
-    _check_probs(probs, min_len=2)
-    previous = probs.diagonal(offset=-1, dim1=-2, dim2=-1).float()  # (..., B, H, T - 1): p[t, t - 1]
-    return _mean_over_rows_and_batch(previous)
+    return _per_head(probs, 2, lambda p: p.diagonal(offset=-1, dim1=-2, dim2=-1))
 
 
 def induction_score(probs: torch.Tensor, period: int) -> torch.Tensor:
     """Mean weight an induction head would use, on a sequence whose tokens repeat with `period`.
 
-    A query t >= period holds the same token as position t - period; an induction head looks up that earlier
-    occurrence and attends to the token that followed it, key t - period + 1, to predict what comes next.
-    Rows t < period have no earlier occurrence and are skipped.
+    A query t >= period holds the same token as position t - period; an induction head attends to the token
+    that followed that earlier occurrence, key t - period + 1. Rows t < period have no earlier occurrence.
     """
     if period < 1:
         raise ValueError(f"induction period must be at least 1, got {period}")
-    _check_probs(probs, min_len=period + 1)
-    # Offset -(period - 1) holds p[t, t - period + 1] for rows t >= period - 1; the first of them is
-    # still in the first copy, so drop it: (..., B, H, T - period).
-    followers = probs.diagonal(offset=1 - period, dim1=-2, dim2=-1)[..., 1:].float()
-    return _mean_over_rows_and_batch(followers)
+    # Offset 1 - period holds p[t, t - period + 1] for rows t >= period - 1; the first is still in the first copy.
+    return _per_head(probs, period + 1, lambda p: p.diagonal(offset=1 - period, dim1=-2, dim2=-1)[..., 1:])
 
 
 def repeated_random_tokens(
@@ -74,12 +61,8 @@ def head_statistics(
     generator: torch.Generator | None = None,
     probe_maps: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Per-head statistics of every layer, each a tensor (L, H), from `model.attention_maps`.
-
-    Entropy, sink mass and previous-token score come from `probe_ids` (B, T), or from `probe_maps` when the
-    caller already has its maps; the induction score from a repeated random sequence of 2 * induction_period
-    tokens. The caller puts the model in eval mode.
-    """
+    """Per-head statistics of every layer, each (L, H), of a model in eval mode: the induction score on a
+    repeated random sequence of 2 * induction_period tokens, the others on `probe_ids` (B, T) or `probe_maps`."""
     if 2 * induction_period > model.config.block_size:
         raise ValueError(
             f"induction_period {induction_period} needs 2 * {induction_period} tokens, more than the model's "
@@ -99,15 +82,14 @@ def head_statistics(
     }
 
 
-def _mean_over_rows_and_batch(per_row: torch.Tensor) -> torch.Tensor:
-    """(..., B, H, rows) -> (..., H): average the rows of each head, then the batch."""
-    return per_row.mean(dim=-1).mean(dim=-2)
-
-
-def _check_probs(probs: torch.Tensor, min_len: int) -> None:
+def _per_head(
+    probs: torch.Tensor, min_len: int, rows: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    """`rows` of the float32 probabilities, (..., B, H, rows), averaged over the rows of each head, then the batch."""
     if probs.dim() not in (4, 5) or probs.shape[-1] != probs.shape[-2]:
         raise ValueError(
             f"expected attention probabilities (B, H, T, T) or (L, B, H, T, T), got {tuple(probs.shape)}"
         )
     if probs.shape[-1] < min_len:
         raise ValueError(f"this statistic needs at least {min_len} tokens, got T = {probs.shape[-1]}")
+    return rows(probs.float()).mean(dim=-1).mean(dim=-2)

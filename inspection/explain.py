@@ -12,9 +12,8 @@ from model.gpt import GPT
 def attention_steps(model: GPT, idx: torch.Tensor, layer: int, head: int) -> dict[str, torch.Tensor]:
     """For idx (1, T): the scaled scores q·kᵀ/sqrt(D), the same with -inf above the diagonal, and softmax.
 
-    Each is a float32 (T, T) matrix taken from the model's own projections at `layer`, `head`: a hook on that
-    attention layer records what the model's forward hands it (its normed input and RoPE rows). The caller
-    checks `layer` and `head` (inspection.writers.check_layer_and_head, before anything is generated).
+    Each is a float32 (T, T) matrix from the model's own projections at `layer`, `head` (checked by the
+    caller): a hook records what the forward hands that attention layer (its normed input and RoPE rows).
     """
     attn = model.blocks[layer].attn
     inputs: list[tuple] = []

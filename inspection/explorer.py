@@ -1,17 +1,10 @@
 """An interactive attention explorer as one self-contained HTML file (inline JS and CSS, no network).
 
-What the file holds, so that 12 layers x 12 heads x 1024 tokens stays small and quick to open:
-- per head, the causal (lower) triangle of its map, each row quantised to uint8 relative to the row's
-  largest weight (q = round(255 p / row_max)), plus the row maxima as float16 (a row's maximum is at least
-  1 / T: a normal float16 up to T = 16384, a less precise subnormal beyond), so p = q / 255 * row_max; weights below row_max / 510 become 0. Deflated with
-  zlib's run-length strategy (the triangles are runs of zeros between noisy values: as small as level 9
-  and 6x quicker than the default), base64-encoded, one block per head, decoded by the browser
-  (DecompressionStream) only when that head is opened;
-- per head, two thumbnails (max-pooled to at most THUMB_SIZE pixels a side: probability and row-relative);
-- the head statistics (exactly the numbers given, e.g. `head_statistics`), their history over training
-  steps, and the steps at which induction heads formed.
-Size budget: 32 MiB for 12 x 12 x 1024 (README "Attention explorer"; asserted on noisy maps in
-tests/inspection/test_explorer_browser.py). Incompressible maps would cost 4/3 byte per stored weight.
+Kept small, so that 12 layers x 12 heads x 1024 tokens opens quickly (budget 32 MiB, asserted on noisy maps in
+tests/inspection/test_explorer_browser.py): per head, its map's lower triangle quantised row by row to uint8
+(`quantise_rows`), deflated with zlib's run-length strategy (runs of zeros between noisy values: as small as
+level 9, 6x quicker), base64-encoded and decoded by the browser only when the head is opened; per head, two
+max-pooled thumbnails (probability, row-relative); the head statistics, their history and the formations.
 """
 
 from __future__ import annotations
@@ -53,17 +46,15 @@ STATISTIC_MEANINGS = {  # shown under the table, for a reader who has not met th
 
 
 def quantise_rows(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(T, T) causal probabilities -> (row maxima (T,), lower triangle uint8 row by row).
+    """(T, T) causal softmax rows (else ValueError) -> (row maxima (T,), lower triangle uint8 row by row).
 
-    The row maxima are rounded to float16, as the page stores them (returned as float32). Row i keeps keys
-    0..i, quantised as round(255 * p / row_max): the largest weight of every row is 255, so the order of a
-    row's strongest keys survives unless two differ by less than a step.
-    Raises ValueError unless every row sums to 1 over keys 0..i and over all keys (causal softmax rows).
+    Row i keeps keys 0..i as round(255 p / row_max), so a row's strongest keys keep their order unless two differ
+    by less than a step. The row maxima are float16 as stored (at least 1 / T: normal up to T = 16384).
     """
     t = probs.shape[-1]
     rows, cols = _lower_triangle(t)
     lower = probs[rows, cols]  # (T (T + 1) / 2,) keys 0..i of row i, row after row
-    # Rows summing to 1 over keys 0..i and over all keys: softmax rows with nothing above the diagonal.
+    # 1 only for rows summing to 1 over keys 0..i and over all keys: nothing above the diagonal.
     row_sums = np.minimum(np.add.reduceat(lower, _row_starts(t)), 2.0 - probs.sum(axis=1))
     if not np.allclose(row_sums, 1.0, atol=1e-3):
         worst = int(np.abs(row_sums - 1.0).argmax())
@@ -106,25 +97,21 @@ def build_explorer(
     threshold: float | None = None,
     prompt_len: int | None = None,
 ) -> str:
-    """The explorer's HTML for `maps` (L, H, T, T) of one text, its `tokens` (T strings) and `statistics`.
-
-    `statistics` maps each name in STATISTICS to an (L, H) tensor (e.g. `head_statistics`). `history` lists
-    (step, statistics) pairs for the heads-over-training view (shown from two steps on); `formations` are
-    the induction heads that formed, found with `threshold`. `prompt_len` marks the first tokens as the
-    prompt and the others as generated. The page opens on `most_telling_head`.
-    """
+    """The explorer's HTML for `maps` (L, H, T, T) of one text, its `tokens` (T strings) and `statistics`
+    (each name in STATISTICS -> (L, H)). `history` lists (step, statistics) pairs for the heads-over-training
+    view; `formations` are the induction heads found with `threshold`; the first `prompt_len` tokens are the
+    prompt."""
     maps = _checked_maps(maps, tokens)
     n_layer, n_head, t, _ = maps.shape
     thumb = min(t, THUMB_SIZE)
     head_blocks, thumbs_prob, thumbs_row = [], [], []
-    for layer in range(n_layer):
-        for head in range(n_head):
-            row_max, triangle = quantise_rows(maps[layer, head])
-            head_blocks.append(_pack(row_max.astype("<f2").tobytes() + triangle.tobytes()))
-            relative = np.zeros((t, t), dtype=np.uint8)
-            relative[_lower_triangle(t)] = triangle
-            thumbs_row.append(max_pool(relative, thumb))
-            thumbs_prob.append(np.rint(max_pool(maps[layer, head], thumb) * 255.0).astype(np.uint8))
+    for head_map in maps.reshape(n_layer * n_head, t, t):  # layer after layer
+        row_max, triangle = quantise_rows(head_map)
+        head_blocks.append(_pack(row_max.astype("<f2").tobytes() + triangle.tobytes()))
+        relative = np.zeros((t, t), dtype=np.uint8)
+        relative[_lower_triangle(t)] = triangle
+        thumbs_row.append(max_pool(relative, thumb))
+        thumbs_prob.append(np.rint(max_pool(head_map, thumb) * 255.0).astype(np.uint8))
     meta = {
         "version": 1,
         "title": title,
@@ -165,11 +152,8 @@ def build_explorer(
 
 
 def most_telling_head(statistics: Mapping[str, torch.Tensor]) -> list[int]:
-    """[layer, head] of the head with the highest induction or previous-token score.
-
-    Those two patterns can be seen at a glance on the map (a diagonal stripe), where the first head, L0H0,
-    is often close to uniform and shows a learner nothing.
-    """
+    """[layer, head] of the head with the highest induction or previous-token score, the page's first: those
+    patterns show at a glance (a diagonal stripe), where L0H0 is often near uniform and shows nothing."""
     score = torch.maximum(statistics["induction"], statistics["previous_token"])  # (L, H)
     best = int(score.flatten().argmax())
     return [best // score.shape[1], best % score.shape[1]]

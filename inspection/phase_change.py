@@ -1,8 +1,7 @@
 """Spot the step at which a head becomes an induction head: its score first rises above a threshold.
 
-Shared by the training callback and `benchmarks/induction.py`, so both report a formation the same way:
-once per head, at the first measured step whose score is above the threshold, never again afterwards
-(a score that dips and recovers is the same head, not a second phase change).
+The training callback and `benchmarks/induction.py` both report a formation once per head, at its first step
+above the threshold (a score that dips and recovers is no second phase change).
 """
 
 from __future__ import annotations
@@ -31,11 +30,8 @@ class Formation:
 
 
 class PhaseChangeDetector:
-    """Feed it the (L, H) induction scores of each measured step; it returns the heads that just crossed.
-
-    Args:
-        threshold: A head counts as an induction head once its score is strictly above this.
-    """
+    """Feed it the (L, H) induction scores of each measured step; it returns the heads that just rose strictly
+    above `threshold`."""
 
     def __init__(self, threshold: float) -> None:
         self.threshold = threshold

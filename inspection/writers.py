@@ -20,8 +20,7 @@ from inspection.attention_image import (
 from inspection.explain import attention_steps, steps_as_text
 from inspection.explorer import model_explorer, write_explorer
 
-# Three tables of 16 x 16 cells of 8 characters stay within a 140-column terminal; a whole 64-token window
-# would print lines over 500 characters long.
+# Three tables of 16 x 16 cells of 8 characters fit a 140-column terminal (64 tokens: 500-character lines).
 EXPLAIN_TOKENS = 16
 # The file each picture flag writes, by the suffix a viewer opens it by.
 OUTPUT_SUFFIXES = {"attention_map": (".png",), "attention_html": (".html", ".htm")}
@@ -37,14 +36,9 @@ def check_outputs(args: Namespace) -> None:
 
 def check_layer_and_head(config, layer: int | None, head: int) -> None:
     """Refuse a --layer or --head the model does not have, before anything is generated."""
-    if layer is not None and not 0 <= layer < config.n_layer:
-        raise UserError(
-            f"--layer must be in 0..{config.n_layer - 1} (the model has {config.n_layer}), got {layer}"
-        )
-    if not 0 <= head < config.n_head:
-        raise UserError(
-            f"--head must be in 0..{config.n_head - 1} (the model has {config.n_head}), got {head}"
-        )
+    for flag, value, count in (("--layer", layer, config.n_layer), ("--head", head, config.n_head)):
+        if value is not None and not 0 <= value < count:
+            raise UserError(f"{flag} must be in 0..{count - 1} (the model has {count}), got {value}")
 
 
 def token_labels(tokenizer, ids: list[int]) -> list[str]:

@@ -3,21 +3,14 @@
     python -m interop.export_gguf --checkpoint runs/x --out x.gguf [--dtype f32|f16|bf16|q8_0] [--force]
 
 --checkpoint is any model name `interop` resolves. The architecture follows the options: `llama` by default
-(with Llama 3's RoPE scaling as its `rope_freqs` tensor), `qwen2` for q/k/v biases, `qwen3` for per-head q/k
-RMSNorm; other combinations are refused in one line. Tensor names and the q/k rows `llama` interleaves are
-interop/names.py's table; the metadata keys are the reader's (interop/gguf_file.py).
-
-Only a byte-level BPE (`gpt2`) vocabulary is written, with the pre-tokenizer llama.cpp knows it by (`gpt-2` for
-our own BPE; `smollm`, `qwen2`, `llama-bpe` for those models' tokenizers: data/pre_tokenizers.py); another (a
-sentencepiece-style tokenizer with byte fallback, an unknown split) is refused with one line naming it.
-
-Needs the optional `gguf` package: pip install -e ".[gguf]". The file is written under a temporary name in
-the same folder and renamed into place, so an interrupted export never leaves a partial file at `--out`.
+(Llama 3's RoPE scaling as its `rope_freqs` tensor), `qwen2` for q/k/v biases, `qwen3` for per-head q/k RMSNorm.
+Only a byte-level BPE (`gpt2`) vocabulary is written, named by the pre-tokenizer llama.cpp knows it by
+(data/pre_tokenizers.py); anything llama.cpp would run differently is refused in one line.
+Needs the optional `gguf` package: pip install -e ".[gguf]".
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -42,7 +35,7 @@ from model.gpt import GPT
 
 from .gguf_file import HYPERPARAMETERS, VOCABULARY, import_gguf
 from .hf_folder import hf_config_dict, hf_model_type
-from .load import load
+from .load import export_parser, load_for_export
 from .names import INTERLEAVED, to_format
 
 GGUFDtype = Literal["f32", "f16", "bf16", "q8_0"]
@@ -62,11 +55,10 @@ def export_gguf(
     force: bool = False,
     tokenizer_name: str = "the tokenizer",
 ) -> Path:
-    """Write `model` and its tokenizer as a llama.cpp GGUF file at `out` and return its path.
+    """Write `model` and its tokenizer as a llama.cpp GGUF file at `out` (replaced only with `force`, atomically).
 
-    Norm weights stay float32 whatever `dtype` is (llama.cpp keeps 1-D tensors in f32); with q8_0, a matrix
-    whose rows are not a multiple of 32 falls back to f16. An existing `out` is replaced only with `force`.
-    A tokenizer llama.cpp would tokenize differently is a UserError naming `tokenizer_name`.
+    Norm weights stay float32 (llama.cpp keeps 1-D tensors in f32); under q8_0, a matrix whose rows are not a
+    multiple of 32 falls back to f16. A tokenizer llama.cpp would run differently names `tokenizer_name`.
     """
     gguf = import_gguf()
     out = Path(out).expanduser()
@@ -156,10 +148,8 @@ def llama3_freq_factors(config: ModelConfig) -> torch.Tensor:
 def gguf_vocab(tokenizer: Tokenizer, vocab_size: int, source: str = "the tokenizer") -> GGUFVocabulary:
     """A byte-level BPE tokenizer and its rules as a `gpt2` GGUF vocabulary of exactly `vocab_size` rows.
 
-    The pre-tokenizer is named as llama.cpp knows it (data/pre_tokenizers.py: `gpt-2` for our own BPE).
-    Rows past the tokenizer's size (a model may hold a larger embedding) become unused padding tokens, as
-    llama.cpp needs one token per embedding row. Anything llama.cpp would split or merge differently is a
-    UserError naming `source`, so no file tokenizes differently from us.
+    Rows past the tokenizer's size become unused padding tokens (llama.cpp needs one per embedding row).
+    Anything llama.cpp would split or merge differently is a UserError naming `source`.
     """
     spec = json.loads(tokenizer.backend_json)
     check_byte_level_bpe(spec, source)
@@ -203,29 +193,20 @@ def check_byte_level_bpe(spec: dict, source: str) -> None:
             raise UserError(f"{source}: tokenizer.json field {field} cannot be written for llama.cpp: {why}")
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m interop.export_gguf", description=__doc__.splitlines()[0]
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point: writes the file and prints how to run it."""
+    parser = export_parser(
+        "python -m interop.export_gguf", __doc__, "file to create, e.g. exports/<run>.gguf"
     )
-    parser.add_argument("--checkpoint", required=True, help="a .ckpt, run dir, HF folder, Hub id or .gguf")
-    parser.add_argument("--revision", help="branch, tag or commit of a Hub id")
-    parser.add_argument("--out", required=True, help="file to create, e.g. exports/<run>.gguf")
     parser.add_argument(
         "--dtype",
         choices=GGUF_DTYPES,
         default="f32",
         help="weight type (default: f32; norms always stay f32)",
     )
-    parser.add_argument("--force", action="store_true", help="replace --out if it already exists")
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point: writes the file and prints how to run it."""
-    args = parse_args(argv)
+    args = parser.parse_args(argv)
     import_gguf()  # before reading a possibly large checkpoint
-    refuse_existing(Path(args.out).expanduser(), args.force, file=True)
-    loaded = load(args.checkpoint, args.revision)  # a bad name is a UserError: one line, exit 2
+    loaded = load_for_export(args, file=True)
     name = f"the tokenizer of {args.checkpoint}"
     out = export_gguf(loaded.model, loaded.tokenizer, args.out, args.dtype, args.force, tokenizer_name=name)
     print(

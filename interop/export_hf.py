@@ -2,17 +2,12 @@
 
     python -m interop.export_hf --checkpoint runs/x --out exports/x [--force] [--dtype bfloat16]
 
---checkpoint is any model name `interop` resolves (our checkpoint, an HF folder or Hub id, a .gguf file); the
-folder gets the model's own tokenizer, BOS/EOS ids and chat template.
-
-The folder is written into a temporary sibling and renamed into place, so an interrupted export never
-leaves a half-written folder at `--out`. User mistakes print one line and exit with status 2, like
-train.py and generate.py (common/errors.py); set GQA_GPT_TRACEBACK=1 for the full traceback.
+--checkpoint is any model name `interop` resolves; the folder gets the model's own tokenizer, BOS/EOS ids and
+chat template. It is built under a temporary name and renamed into place, so an interrupted export leaves none.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import stat
@@ -28,21 +23,17 @@ from model.config import DTYPES
 from model.gpt import GPT
 
 from .hf_folder import WEIGHTS_NAME, hf_config_dict, to_hf_state_dict
-from .load import load
+from .load import export_parser, load_for_export
 
 
 def export_hf(model: GPT, tokenizer: Tokenizer, out_dir: str | Path, force: bool = False) -> Path:
-    """Write `model` and its tokenizer (with its BOS/EOS rules) as a Hugging Face folder at `out_dir`.
-
-    Weights keep the model's dtype. An existing `out_dir` is replaced only with `force`, and only once the
-    new folder is complete.
-    """
+    """Write `model` (in its dtype) and its tokenizer as a Hugging Face folder at `out_dir`; an existing one is
+    replaced only with `force`, once the new folder is complete."""
     out = Path(out_dir).expanduser()
     refuse_existing(out, force)
     rules = tokenizer.rules
     eos = rules.eos_ids[0] if len(rules.eos_ids) == 1 else list(rules.eos_ids)  # one id or a list
     dtype = next(model.parameters()).dtype
-    # Files are written plainly into the staged folder: it is published whole, by one rename.
     with StagedFolder(out.parent) as staged:
         assert staged.path is not None
         write_json(staged.path / "config.json", hf_config_dict(model.config, dtype, rules.bos_id, eos))
@@ -84,20 +75,8 @@ def write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m interop.export_hf", description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", required=True, help="a .ckpt, run dir, HF folder, Hub id or .gguf")
-    parser.add_argument("--revision", help="branch, tag or commit of a Hub id")
-    parser.add_argument("--out", required=True, help="folder to create, e.g. exports/<run>")
-    parser.add_argument("--force", action="store_true", help="replace --out if it already exists")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), help="weight dtype (default: as trained)")
-    return parser.parse_args(argv)
-
-
-def export(args: argparse.Namespace) -> None:
-    """Read the checkpoint, export it, and say where it went."""
-    refuse_existing(Path(args.out).expanduser(), args.force)  # before reading a possibly large checkpoint
-    loaded = load(args.checkpoint, args.revision)
+def export(args) -> None:
+    loaded = load_for_export(args)
     model = loaded.model if args.dtype is None else loaded.model.to(DTYPES[args.dtype])
     try:
         out = export_hf(model, loaded.tokenizer, args.out, force=args.force)
@@ -112,7 +91,9 @@ def export(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point: 0 on success, 2 with one `error:` line for a user mistake (common.errors)."""
-    return run_command(lambda: export(parse_args(argv)))
+    parser = export_parser("python -m interop.export_hf", __doc__, "folder to create, e.g. exports/<run>")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), help="weight dtype (default: as trained)")
+    return run_command(lambda: export(parser.parse_args(argv)))
 
 
 if __name__ == "__main__":

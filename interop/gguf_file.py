@@ -1,8 +1,7 @@
 """Read a llama.cpp GGUF file (architectures `llama`, `qwen2`, `qwen3`): weights, the model config, the vocabulary.
 
-Tensors are dequantised to float32 with the `gguf` package (`gguf.quants.dequantize`, every type it handles) and
-named ours through interop/names.py, `llama`'s q/k rows (adjacent RoPE pairs) put back in rotate-half order; the
-config is written as a Hugging Face config.json dict and read by interop/hf_folder.py, as a folder's would be.
+Tensors are dequantised to float32 by the `gguf` package; the metadata becomes a Hugging Face config.json dict,
+so interop/hf_folder.py decides what can run, as for a folder.
 """
 
 from __future__ import annotations
@@ -26,8 +25,8 @@ from .source import PretrainedError
 _MISSING = object()
 # llama.cpp's architectures our block computes exactly, named as config.json's model_type names them.
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
-# The GGUF keys the reader and interop/export_gguf.py share: `<architecture>.<key>` -> the config.json key it
-# holds, and the GGUFVocabulary field -> its `tokenizer.*` key.
+# The GGUF keys the reader and the writer share: `<architecture>.<key>` -> its config.json key, and the
+# GGUFVocabulary field -> its `tokenizer.*` key.
 HYPERPARAMETERS = {"vocab_size": "vocab_size", "context_length": "max_position_embeddings",
                    "block_count": "num_hidden_layers", "embedding_length": "hidden_size",
                    "feed_forward_length": "intermediate_size", "attention.head_count": "num_attention_heads",
@@ -84,8 +83,7 @@ class GGUFFile:
         return field.contents()
 
     def model_config(self) -> ModelConfig:
-        """Our ModelConfig of the Hugging Face config.json this file's `<architecture>.*` metadata describes;
-        anything we cannot run is one line naming the file."""
+        """Our ModelConfig of this file's `<architecture>.*` metadata; anything we cannot run is one line."""
         arch = self.architecture
         heads = self.field(f"{arch}.attention.head_count")
         defaults = {"vocab_size": len(self.field(VOCABULARY["tokens"])), "attention.head_count_kv": heads,
@@ -114,9 +112,8 @@ class GGUFFile:
         return model_config_from_hf(config, str(self.path))
 
     def load(self, keep_quantized: bool = False) -> tuple[GPT, Tokenizer]:
-        """Our GPT of this file and its tokenizer (read first: a vocabulary we cannot run is refused before any
-        weight is read). The weights, their shapes checked, are dequantised to float32; with `keep_quantized`, a
-        linear layer whose stored parts are all of KEPT_TYPES keeps their block codes (interop.gguf_blocks)."""
+        """Our GPT of this file (float32) and its tokenizer, read first so a vocabulary we cannot run is refused
+        before any weight. With `keep_quantized`, a linear layer stored as KEPT_TYPES keeps its block codes."""
         tokenizer = self.tokenizer()
         config = self.model_config()
         model = GPT(config)
@@ -156,7 +153,7 @@ class GGUFFile:
         return {tensor.name: tensor for tensor in self._reader.tensors}
 
     def tokenizer(self) -> Tokenizer:
-        """The tokenizer of the `tokenizer.ggml.*` vocabulary and chat template (data/pretrained_tokenizer.py)."""
+        """The tokenizer of the `tokenizer.ggml.*` vocabulary and chat template."""
         types = [1] * len(self.field(VOCABULARY["tokens"]))  # a file without types: every token normal
         defaults = dict(pre="default", token_types=types, bos_id=None, add_bos=False, chat_template=None)
         vocab = GGUFVocabulary(

@@ -3,10 +3,7 @@
 Supported: `LlamaForCausalLM` (Llama 1/2/3 with Llama 3's `llama3` RoPE scaling, SmolLM/SmolLM2, TinyLlama),
 `MistralForCausalLM` without a sliding window, `Qwen2ForCausalLM` (q/k/v biases) and `Qwen3ForCausalLM`
 (per-head q/k RMSNorm, a head_dim of its own). Anything else is refused in one line that names the config.json
-key, its value and what is supported.
-
-Our RoPE already uses the rotate-half convention of Hugging Face Llama, so the q/k rows map over unpermuted;
-only the fused projections are split on export and stacked on import (interop/names.py).
+key, its value and what is supported. Our RoPE is Hugging Face's rotate-half, so q/k rows map over unpermuted.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from common.errors import UserError
+from common.errors import UserError, first_line
 from common.model_files import ModelFileError, check_types, read_json_object
 from model.config import ModelConfig
 from model.gpt import GPT
@@ -48,7 +45,7 @@ TYPES = (
 NULLABLE = ("num_key_value_heads", "head_dim", "architectures", "layer_types")
 
 
-def model_config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
+def model_config_from_hf(hf: dict, source: str) -> ModelConfig:
     """Our ModelConfig for a supported config.json (`source` names it in errors); one line for anything else."""
     check_supported(hf, source)
     model_type = hf["model_type"]
@@ -84,7 +81,7 @@ def model_config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
         raise ModelFileError(f"{source}: {err}") from err
 
 
-def check_supported(hf: dict, source: str = "config.json") -> None:
+def check_supported(hf: dict, source: str) -> None:
     """Raise a one-line UserError naming `source` and the first key that asks for something we lack."""
     supported = ", ".join(f"{name} ({arch})" for name, arch in ARCHITECTURES.items())
     if "model_type" not in hf:
@@ -162,11 +159,8 @@ def hf_model_type(config: ModelConfig) -> str:
 
 
 def hf_config_dict(config: ModelConfig, dtype: torch.dtype, bos_id: int | None, eos_id: int | None) -> dict:
-    """The config.json of the Hugging Face architecture that computes what `config` computes.
-
-    RoPE is written twice: `rope_parameters` is what transformers 5 reads, `rope_theta` with `rope_scaling`
-    (null when unscaled) is what transformers 4 reads; each version ignores the other's keys.
-    """
+    """The config.json of the Hugging Face architecture that computes what `config` computes. RoPE is written
+    twice: transformers 5 reads `rope_parameters`, 4 reads `rope_theta` and `rope_scaling` (null if unscaled)."""
     model_type = hf_model_type(config)
     dtype_name = str(dtype).removeprefix("torch.")
     rope = {"rope_type": config.rope_type, "rope_theta": config.rope_theta}
@@ -210,11 +204,8 @@ def hf_config_dict(config: ModelConfig, dtype: torch.dtype, bos_id: int | None, 
 
 
 def to_hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
-    """Our weights under Hugging Face names; each tensor is a fresh contiguous copy on the CPU.
-
-    Copies matter: safetensors refuses tensors that share storage, and the split halves of a fused
-    projection would. A tied lm_head is left out, as transformers re-ties it from `tie_word_embeddings`.
-    """
+    """Our weights under Hugging Face names, each a contiguous CPU copy (safetensors refuses tensors sharing
+    storage, as a fused projection's split halves do). A tied lm_head is left out: transformers re-ties it."""
     views = to_format(model.state_dict(), model.config, "hf")
     return {name: view.to("cpu", copy=True).contiguous() for name, view in views.items()}
 
@@ -269,8 +260,7 @@ def load_hf_tensors(directory: Path) -> dict[str, torch.Tensor]:
         try:
             tensors |= load_file(directory / shard)
         except Exception as err:  # safetensors raises its own error type for truncated or foreign files
-            reason = (str(err).splitlines() or [type(err).__name__])[0]
             raise PretrainedError(
-                f"{directory / shard}: cannot read it ({reason}); the file is missing or damaged"
+                f"{directory / shard}: cannot read it ({first_line(err)}); the file is missing or damaged"
             ) from err
     return tensors

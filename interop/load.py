@@ -1,7 +1,6 @@
 """One entry point for every command: a model name in, our GPT, its config or its own tokenizer out.
 
 loaded = load("HuggingFaceTB/SmolLM2-135M-Instruct")   # or a folder, .ckpt, run dir, .gguf
-loaded.model, loaded.tokenizer, loaded.source
 read_config(name), read_tokenizer(name)                # no weights read
 
 The kind of source is decided once (interop.source.classify) and picks one `Reader`; nothing else branches on it.
@@ -9,6 +8,7 @@ The kind of source is decided once (interop.source.classify) and picks one `Read
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from checkpoints.format import META_KEY, load_checkpoint, read_checkpoint
+from common.files import refuse_existing
 from data.pretrained_tokenizer import tokenizer_from_hf_folder
 from data.tokenizer import Tokenizer
 from model.config import ModelConfig
@@ -84,6 +85,22 @@ def read_tokenizer(name: str | Path, revision: str | None = None) -> Tokenizer:
     """Only the tokenizer of a model name (no weights are read), e.g. for tokenizing a fine-tuning corpus."""
     source = resolve(name, revision)
     return _reader(source).tokenizer(source.path)
+
+
+def export_parser(prog: str, doc: str, out_help: str) -> argparse.ArgumentParser:
+    """The options the export commands share: --checkpoint, --revision, --out, --force."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
+    parser.add_argument("--checkpoint", required=True, help="a .ckpt, run dir, HF folder, Hub id or .gguf")
+    parser.add_argument("--revision", help="branch, tag or commit of a Hub id")
+    parser.add_argument("--out", required=True, help=out_help)
+    parser.add_argument("--force", action="store_true", help="replace --out if it already exists")
+    return parser
+
+
+def load_for_export(args: argparse.Namespace, file: bool = False) -> Loaded:
+    """The model of --checkpoint, once --out is known to be writable (a checkpoint may take long to read)."""
+    refuse_existing(Path(args.out).expanduser(), args.force, file=file)
+    return load(args.checkpoint, args.revision)  # a bad name is a UserError: one line, exit 2
 
 
 def _reader(source: Source) -> Reader:

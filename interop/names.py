@@ -1,14 +1,12 @@
 """The one table of tensor names: ours <-> Hugging Face <-> llama.cpp (GGUF), read in both directions.
 
 Each row is one tensor of our state_dict (`{i}` is the block index) and the tensors other formats store for it:
-one, or several stacked by rows into our fused layers (q/k/v and their Qwen2 biases, gate/up), sized from the
-config. Adding an architecture option or a tensor name is a row here; the HF folder, the GGUF reader and writer
-and the kept GGUF blocks all read this table.
+one, or several stacked by rows into our fused layers (q/k/v and their Qwen2 biases, gate/up).
 
-RoPE layout: ours is rotate-half (Hugging Face Llama), pairing dimension j of a head with j + D/2. llama.cpp's
-`llama` architecture rotates adjacent pairs (2j, 2j + 1), the layout of Meta's original checkpoints. Both use
-frequency theta^(-2j/D) for pair j, so moving row j + D/2 next to row j in every q and k head (the parts marked
-`rope`) makes the two compute the same attention; llama.cpp's `qwen2` and `qwen3` rotate halves as we do.
+RoPE layout: ours is rotate-half (Hugging Face Llama), pairing dimension j of a head with j + D/2; llama.cpp's
+`llama` rotates adjacent pairs (2j, 2j + 1), as Meta's checkpoints do. Both give pair j the frequency
+theta^(-2j/D), so moving row j + D/2 next to row j in every q and k head (the `rope` parts) computes the same
+attention. llama.cpp's `qwen2` and `qwen3` rotate halves as we do.
 """
 
 from __future__ import annotations

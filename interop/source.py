@@ -1,16 +1,9 @@
-"""What a model name points at: our checkpoint, a Hugging Face folder, a Hub id or a GGUF file.
+"""What a model name points at, decided the same way for every command (`classify`): an existing `.gguf` file,
+a folder with a config.json (Hugging Face), any other existing path (our checkpoint), else an `org/name` Hub id
+unless the name looks like a mistyped path.
 
-Every command resolves a name the same way, in this order:
-1. an existing `.gguf` file (checked by its magic bytes);
-2. an existing folder with a config.json: a Hugging Face model folder;
-3. any other existing path: our `.ckpt` file, run directory or sharded checkpoint folder;
-4. `org/name` that is no local path: a Hugging Face Hub id (with an optional revision). A name that looks like a
-   path (`./x`, `runs/x`, `x.ckpt`, a folder that exists followed by a name) and does not exist is refused at
-   once, without asking the Hub.
-
-A Hub id is downloaded (or found in the cache) with `huggingface_hub`, which honours HF_HUB_OFFLINE,
-HF_HUB_CACHE and HF_TOKEN itself. Only configs, tokenizer files and safetensors weights are fetched; pickled
-`.bin` weights never are, since loading them could run code.
+A Hub id is fetched (or found in the cache) by `huggingface_hub`, which honours HF_HUB_OFFLINE, HF_HUB_CACHE and
+HF_TOKEN. Only configs, tokenizer files and safetensors are fetched: loading pickled `.bin` weights could run code.
 """
 
 from __future__ import annotations
