@@ -1,15 +1,10 @@
 """Checkpoints that survive `kill -9`: step-named files written atomically, `last.ckpt` a hard link to the newest.
 
-Every save Lightning asks for as `<dir>/last.ckpt` is written as `<dir>/step-<global step>.ckpt` under a
-temporary name in `<dir>` itself (the system temp directory is often another filesystem, where the final move
-would be a copy), flushed and fsynced, renamed into place, and the folder fsynced. Only then is `last.ckpt`
-re-pointed at it, and step files beyond the newest `keep_last` are removed.
-
-A hard link costs no bytes or write time, is made atomically (link to a temporary name, then `os.replace`), and
-unlike a symlink is an ordinary file to every tool (`generate.py`, `scp`, `cp`, a copied run directory) that never
-dangles when an old step file goes. Where the filesystem refuses hard links, it is a durable copy made the same way.
-A kill at any moment leaves the previous checkpoints whole, at most with a temporary file that the next writer
-removes once it holds the run's lock (`checkpoints.run_lock.own_run_dir`).
+A save to `<dir>/last.ckpt` writes `<dir>/step-<N>.ckpt` through a temporary file in `<dir>` itself (the system
+temp folder may be another filesystem, where the final move would be a copy), fsyncs it and the folder, then
+re-points `last.ckpt` and prunes to `keep_last` step files. A hard link is an ordinary file to every tool and never
+dangles when an old step file goes; where the filesystem refuses one, it is a durable copy. A kill leaves the
+earlier checkpoints whole, at most with a temporary file that the next lock holder removes (run_lock).
 """
 
 from __future__ import annotations
@@ -83,8 +78,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         Path(path).unlink(missing_ok=True)
 
     def _write(self, checkpoint: dict[str, Any], path: Path) -> None:
-        # atomic_write(durable=False) + our own fsyncs: the same steps as durable=True, with the fault hooks
-        # placed between them.
+        # atomic_write(durable=False) + our own fsyncs: durable=True's steps, with the fault hooks between them.
         def write(f: BinaryIO) -> None:
             self._fault_point("before_write")
             target = (

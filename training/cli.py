@@ -35,6 +35,7 @@ from .console import order_help_sections, progress_for_output, silence_known_noi
 from .fit_summary import MAX_SCORED_TOKENS, FitReport, FitSummary
 from .flops import ThroughputMonitor
 from .init_from import Pretrained, apply_init_from
+from .lit_gpt import loggers_of
 from .samples import SampleGenerations
 from .wandb_history import TrainHistoryInCheckpoint, ValidateSkippedStep
 from .wandb_logger import WandbIdInCheckpoint, is_run_logger, run_logger, run_loggers
@@ -63,11 +64,8 @@ WANDB_SECTIONS = ("model", "data", "trainer", "checkpoint", "samples", "attentio
 
 
 class GPTCLI(LightningCLI):
-    """`python train.py fit --config configs/x.yaml`: see README for the keys.
-
-    `ctrl_c` receives the stop state of a run interrupted by Ctrl-C or SIGTERM (train.py prints it).
-    LightningCLI's own --optimizer/--lr_scheduler flags are off: LitGPT owns AdamW and its schedule.
-    """
+    """`python train.py fit --config configs/x.yaml`; `ctrl_c` receives the stop state that train.py prints.
+    LightningCLI's own --optimizer/--lr_scheduler flags are off: LitGPT owns AdamW and its schedule."""
 
     def __init__(self, *args, ctrl_c: GracefulCtrlC | None = None, **kwargs) -> None:
         self.ctrl_c = ctrl_c or GracefulCtrlC()
@@ -225,13 +223,8 @@ class GPTCLI(LightningCLI):
 
 
 class RunConfig(SaveConfigCallback):
-    """config.yaml in the run folder at the start of training; the same config in the wandb run's config.
-
-    Lightning's SaveConfigCallback writes config.yaml in `setup`, before the checkpoint is restored: a resume
-    that then fails (weights of another size, a bad optimizer value) would already have rewritten the run's
-    config. Here it is written at `on_train_start`, after every check and the restore passed, atomically. Only
-    `fit` installs this callback: `validate` writes nothing into a run folder.
-    """
+    """config.yaml in the run folder, and the same config in the wandb run's, once training starts: Lightning's
+    SaveConfigCallback writes it in `setup`, so a resume that then fails would already have rewritten it."""
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         """Nothing yet: see on_train_start."""
@@ -252,20 +245,17 @@ class RunConfig(SaveConfigCallback):
         if isinstance(shown.get("trainer"), dict):
             skipped = ("logger", "callbacks", "plugins")
             shown["trainer"] = {k: v for k, v in shown["trainer"].items() if k not in skipped}
-        for logger in trainer.loggers:
-            if isinstance(logger, WandbLogger):
-                # allow_val_change: a resume with --trainer.max_steps 7000 updates the value the run started with.
-                logger.experiment.config.update(shown, allow_val_change=True)
+        for logger in loggers_of(trainer, WandbLogger):
+            # allow_val_change: a resume with --trainer.max_steps 7000 updates the value the run started with.
+            logger.experiment.config.update(shown, allow_val_change=True)
 
 
 def retain_freed_memory() -> bool:
     """Keep freed host memory in the process, so a CPU training step stops paying page faults; True if applied.
 
-    glibc's malloc serves blocks above a moving threshold with fresh mmaps and hands freed memory at the top of
-    its heap back to the kernel, so each step faults the same activations' pages in again (hundreds per step:
-    `python -m benchmarks.train_throughput`), most of Lightning's measured overhead. Fixing the mmap threshold at
-    glibc's 64-bit maximum (32 MiB) and trimming only past 256 MiB keeps them, as PyTorch's caching allocator does
-    on a GPU; resident memory stays at its peak. A no-op off glibc or when the user tuned malloc already.
+    glibc hands freed memory back to the kernel, so each step faulted the same activations' pages in again
+    (`python -m benchmarks.train_throughput`). A fixed mmap threshold (32 MiB) and trimming only past 256 MiB keep
+    them, as PyTorch's caching allocator does on a GPU. A no-op off glibc or when the user tuned malloc already.
     """
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False

@@ -1,9 +1,8 @@
 """What train.py shows on the terminal: `fit --help` in a useful order, no known noise, progress in steps.
 
-Progress counts optimizer steps out of trainer.max_steps: a rich bar on a terminal, plain lines elsewhere. The
-train stream is one endless epoch (max_epochs -1) read until max_steps, so Lightning's own bar shows `Epoch 0/-2`
-and a batch count out of the stream's nominal length; and with output redirected (a log file, a batch job) the
-rich bar prints nothing until the run ends.
+Progress counts optimizer steps out of trainer.max_steps (the train stream is one endless epoch, so Lightning's
+own bar shows `Epoch 0/-2`): a rich bar on a terminal, plain lines elsewhere, where the rich bar prints nothing
+until the run ends.
 """
 
 from __future__ import annotations
@@ -80,8 +79,7 @@ class _DropPrefixes(logging.Filter):
 
 def silence_known_noise() -> None:
     """Drop the litlogger tip, Lightning's device lines and torch's LeafSpec deprecation (raised inside
-    Lightning); in a log file (stderr not a terminal), also the datasets library's progress bars, whose carriage
-    returns pile up into one unreadable line."""
+    Lightning); in a log file, also the datasets library's progress bars, whose carriage returns pile up."""
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning_fabric.utilities.rank_zero"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropPrefixes) for f in logger.filters):
