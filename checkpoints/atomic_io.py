@@ -10,10 +10,10 @@ earlier checkpoints whole, at most with a temporary file that the next lock hold
 from __future__ import annotations
 
 import errno
+import io
 import os
 import shutil
 import signal
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -35,7 +35,6 @@ PHASES = (
     "before_last_link",
     "before_last_replace",
 )
-_MID_WRITE_BYTES = 64 * 1024
 
 
 class CheckpointSaveError(UserError):
@@ -81,10 +80,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         # atomic_write(durable=False) + our own fsyncs: durable=True's steps, with the fault hooks between them.
         def write(f: BinaryIO) -> None:
             self._fault_point("before_write")
-            target = (
-                _FaultAfterBytes(f, lambda: self._fault_point("mid_write")) if self._armed("mid_write") else f
-            )
-            torch.save(checkpoint, target)
+            if self._armed(
+                "mid_write"
+            ):  # half the bytes reach the temp file, as a kill mid-write leaves them
+                buffer = io.BytesIO()
+                torch.save(checkpoint, buffer)
+                f.write(buffer.getbuffer()[: buffer.tell() // 2])
+                f.flush()
+                self._fault_point("mid_write")
+            torch.save(checkpoint, f)
             f.flush()
             os.fsync(f.fileno())
             self._fault_point("before_rename")
@@ -125,26 +129,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def _fault_point(self, phase: str) -> None:
         if self._armed(phase):
             os.kill(os.getpid(), signal.SIGKILL)
-
-
-class _FaultAfterBytes:
-    """A write-only file wrapper that calls `hook` once `_MID_WRITE_BYTES` have been written."""
-
-    def __init__(self, file: BinaryIO, hook: Callable[[], None]) -> None:
-        self.file, self.hook, self.written = file, hook, 0
-
-    def write(self, data: bytes) -> int:
-        self.written += len(data)
-        if self.written < _MID_WRITE_BYTES:
-            return self.file.write(data)
-        half = len(data) // 2
-        self.file.write(data[:half])
-        self.file.flush()  # the half-written bytes reach the temp file, as a kill mid-write leaves them
-        self.hook()
-        return half + self.file.write(data[half:])
-
-    def flush(self) -> None:
-        self.file.flush()
 
 
 def _durable_copy(source: Path, target: Path) -> None:

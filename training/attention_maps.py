@@ -68,29 +68,18 @@ class AttentionMaps(L.Callback):
         labels = [tokenizer.decode([i]) for i in ids]
         stats = {k: v.cpu() for k, v in stats.items()}
         self.history.append((step, stats))
-        self._report_formations(trainer, self.detector.update(step, stats["induction"]))
-        self._log(trainer, step, maps, labels, stats)
-        if self.explorer:
-            self._log_explorer(trainer, step, maps[:, 0], labels)
-
-    def _report_formations(self, trainer, formations: list[Formation]) -> None:
-        """One console line per newly formed induction head, and its step in the wandb summary."""
+        formations = self.detector.update(step, stats["induction"])
         for formation in formations:
             print(formation.message(), flush=True)
-            for logger in loggers_of(trainer, WandbLogger):
-                logger.experiment.summary[f"attention/induction_formed/{formation.name}"] = formation.step
-
-    def _log_explorer(self, trainer, step: int, maps: torch.Tensor, labels: list[str]) -> None:
-        page = build_explorer(
-            maps, labels, self.history[-1][1], title=f"attention at step {step}", step=step,
-            history=self.history, formations=self.detector.formations, threshold=self.detector.threshold,
-        )  # fmt: skip
-        write_explorer(RunDir(trainer.default_root_dir).attention / "explorer.html", page)
-        for logger in loggers_of(trainer, WandbLogger):
-            import wandb  # only here: the callback works without wandb when no WandbLogger is used
-
-            # inject=False: wandb would otherwise add a stylesheet link, a network request.
-            logger.log_metrics({"attention/explorer": wandb.Html(page, inject=False)}, step=step)
+        page = None
+        if self.explorer:
+            page = build_explorer(
+                maps[:, 0], labels, stats, title=f"attention at step {step}", step=step,
+                history=self.history, formations=self.detector.formations, threshold=self.detector.threshold,
+            )  # fmt: skip
+            write_explorer(RunDir(trainer.default_root_dir).attention / "explorer.html", page)
+        for logger in loggers_of(trainer, WandbLogger):  # images, tables, charts and pages are wandb features
+            self._log(logger, step, maps, labels, stats, formations, page)
 
     def _charts(self, n_layer: int, n_head: int) -> dict:
         """One line chart per statistic (`attention/<statistic>`), one line per head over the steps so far:
@@ -123,18 +112,25 @@ class AttentionMaps(L.Callback):
         ]
         self.detector.formed = {(f["layer"], f["head"]): Formation(**f) for f in state_dict["formed"]}
 
-    def _log(self, trainer, step: int, maps: torch.Tensor, labels: list[str], stats: dict) -> None:
+    def _log(
+        self, logger, step, maps, labels, stats: dict, formations: list[Formation], page: str | None
+    ) -> None:
+        import wandb  # only here: the callback works without wandb when no WandbLogger is used
+
+        for formation in formations:
+            logger.experiment.summary[f"attention/induction_formed/{formation.name}"] = formation.step
         n_layer, n_head = stats["entropy"].shape
+        logger.log_metrics(self._charts(n_layer, n_head), step=step)
+        for layer in self.layers if self.layers is not None else range(n_layer):
+            image = draw_attention_grid(maps[layer, 0], labels, f"layer {layer}, step {step}", self.heads)
+            logger.log_image(key=f"attention/layer_{layer}", images=[image], step=step)
         rows = [
             [step, layer, head, *(round(float(stats[name][layer, head]), 4) for name in STATISTICS)]
             for layer in range(n_layer) for head in range(n_head)
         ]  # fmt: skip
         rows.sort(key=lambda row: -row[-1])
-        for logger in loggers_of(trainer, WandbLogger):  # images, tables and charts are wandb features
-            logger.log_metrics(self._charts(n_layer, n_head), step=step)
-            for layer in self.layers if self.layers is not None else range(n_layer):
-                image = draw_attention_grid(maps[layer, 0], labels, f"layer {layer}, step {step}", self.heads)
-                logger.log_image(key=f"attention/layer_{layer}", images=[image], step=step)
-            logger.log_table(
-                key="attention/heads", columns=["step", "layer", "head", *STATISTICS], data=rows, step=step
-            )
+        logger.log_table(
+            key="attention/heads", columns=["step", "layer", "head", *STATISTICS], data=rows, step=step
+        )
+        if page is not None:  # inject=False: wandb would otherwise add a stylesheet link, a network request
+            logger.log_metrics({"attention/explorer": wandb.Html(page, inject=False)}, step=step)

@@ -37,8 +37,8 @@ from .flops import ThroughputMonitor
 from .init_from import Pretrained, apply_init_from
 from .lit_gpt import loggers_of
 from .samples import SampleGenerations
-from .wandb_history import TrainHistoryInCheckpoint, ValidateSkippedStep
-from .wandb_logger import WandbIdInCheckpoint, is_run_logger, run_logger, run_loggers
+from .wandb_history import WandbResume
+from .wandb_logger import is_run_logger, run_logger, run_loggers
 
 TRAINER_DEFAULTS = {
     "trainer.max_steps": 5000,
@@ -144,27 +144,16 @@ class GPTCLI(LightningCLI):
                 lock.release()
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.add_argument(
-            "--run_name",
-            type=str | None,
-            default=None,
-            help="Run directory name under trainer.default_root_dir; defaults to the config file's name.",
-        )
-        parser.add_argument(
-            "--threads",
-            type=int | None,
-            default=None,
-            help="CPU threads for torch; null picks the free CPUs (CPUs minus load average, see docs/training.md).",
-        )
-        parser.add_argument(
-            "--wandb_project", type=str, default="gqa-gpt", help="wandb project the run logs to."
-        )
-        parser.add_argument(
-            "--score_tokens",
-            type=int,
-            default=MAX_SCORED_TOKENS,
-            help="Validation-text tokens scored in nats/char when fit ends (a forward each); 0 skips the score.",
-        )
+        for flag, kind, default, text in (
+            ("--run_name", str | None, None, "Run directory name under trainer.default_root_dir; defaults to the "
+             "config file's name."),
+            ("--threads", int | None, None, "CPU threads for torch; null picks the free CPUs (CPUs minus load "
+             "average, see docs/training.md)."),
+            ("--wandb_project", str, "gqa-gpt", "wandb project the run logs to."),
+            ("--score_tokens", int, MAX_SCORED_TOKENS, "Validation-text tokens scored in nats/char when fit ends "
+             "(a forward each); 0 skips the score."),
+        ):  # fmt: skip
+            parser.add_argument(flag, type=kind, default=default, help=text)
         # One source of truth: the data module owns the vocabulary and context sizes, the model follows.
         parser.link_arguments("data.vocab_size", "model.vocab_size")
         parser.link_arguments("data.block_size", "model.block_size")
@@ -204,8 +193,7 @@ class GPTCLI(LightningCLI):
             # A resumed run's saved config names the logger of the folder it was saved in: rebuilt for this
             # run directory, so a copied or moved run logs where it now is.
             config.trainer.logger = run_logger(run_dir, config.wandb_project, name, config.get("ckpt_path"))
-        extra = [ThroughputMonitor(), LastCheckpoint(), self.ctrl_c, WandbIdInCheckpoint()]
-        extra += [TrainHistoryInCheckpoint(), ValidateSkippedStep(), FitReport()]
+        extra = [ThroughputMonitor(), LastCheckpoint(), self.ctrl_c, WandbResume(), FitReport()]
         # A ProgressBar callback while enable_progress_bar is False is an error in Lightning.
         if config.trainer.enable_progress_bar is not False:
             extra.append(progress_for_output())

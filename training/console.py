@@ -72,9 +72,8 @@ def _order_sections(parser) -> None:
     parser._action_groups[:] = rest[:2] + first + rest[2:] + last
 
 
-class _DropPrefixes(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(NOISE_LOG_PREFIXES)
+def _not_noise(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(NOISE_LOG_PREFIXES)
 
 
 def silence_known_noise() -> None:
@@ -82,8 +81,8 @@ def silence_known_noise() -> None:
     Lightning); in a log file, also the datasets library's progress bars, whose carriage returns pile up."""
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning_fabric.utilities.rank_zero"):
         logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropPrefixes) for f in logger.filters):
-            logger.addFilter(_DropPrefixes())
+        if _not_noise not in logger.filters:
+            logger.addFilter(_not_noise)
     warnings.filterwarnings(
         "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
     )

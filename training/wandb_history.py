@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import lightning as L
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from checkpoints.run_dir import RunDir
@@ -23,6 +24,7 @@ TRAIN_PREFIX = "train/"
 KEPT_PREFIXES = (TRAIN_PREFIX, "val/")  # the scalar curves a resume gives back; media are not carried
 # In the checkpoint: [[step, {key: value}], ...] of every row with a KEPT_PREFIXES key (the name predates val/*).
 HISTORY_KEY = "train_history"
+WANDB_ID_KEY = "wandb_run_id"  # in the checkpoint: so a resume without the run directory logs to the same run
 _BLOCK, _HEADER = 32768, 7
 _FULL, _LAST = 1, 4  # record types that end an assembled record
 
@@ -56,14 +58,14 @@ def history_rows(wandb_file: Path) -> Iterator[dict]:
             }
 
 
-def held_rows(run_dir: Path, prefixes: tuple[str, ...]) -> set[tuple[int, str]]:
-    """(`trainer/global_step`, prefix) for each row a segment of the run holds with a key of one of `prefixes`."""
+def held_rows(run_dir: Path) -> set[tuple[int, str]]:
+    """(`trainer/global_step`, prefix) for each row a segment of the run holds with a KEPT_PREFIXES key."""
     return {
         (row["trainer/global_step"], prefix)
         for path in sorted(RunDir(run_dir).wandb.glob("*run-*/run-*.wandb"))  # each segment's, oldest first
         for row in history_rows(path)
         if "trainer/global_step" in row
-        for prefix in prefixes
+        for prefix in KEPT_PREFIXES
         if any(key.startswith(prefix) for key in row)
     }
 
@@ -101,7 +103,7 @@ class KeptHistory:
 
     def _held_rows(self) -> set[tuple[int, str]]:
         if self._held is None:
-            self._held = held_rows(Path(self._save_dir), KEPT_PREFIXES) if self._save_dir else set()
+            self._held = held_rows(Path(self._save_dir)) if self._save_dir else set()
         return self._held
 
     def _relog_lost(self) -> None:
@@ -128,22 +130,6 @@ def _kept(key: str) -> str | None:
     return next((prefix for prefix in KEPT_PREFIXES if key.startswith(prefix)), None)
 
 
-class TrainHistoryInCheckpoint(L.Callback):
-    """Carry the run's train/* rows in every checkpoint (a few floats per logged step)."""
-
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        for logger in loggers_of(trainer, KeptHistory):
-            rows = {**logger.train_rows, **_row_not_logged_yet(trainer, logger)}
-            checkpoint[HISTORY_KEY] = [[step, row] for step, row in sorted(rows.items())]
-
-    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        step = checkpoint[
-            "global_step"
-        ]  # rows past it belong to the abandoned branch: this run logs them anew
-        for logger in loggers_of(trainer, KeptHistory):
-            logger.restore_train_rows([row for row in checkpoint.get(HISTORY_KEY, []) if row[0] <= step])
-
-
 def _row_not_logged_yet(trainer: L.Trainer, logger: KeptHistory) -> dict[int, dict]:
     """{step: row} of this step's train/* values when the save comes before Lightning logs them (ModelCheckpoint
     saves in on_train_batch_end), else {}: the resume starts after this step, so only the checkpoint has it."""
@@ -156,8 +142,9 @@ def _row_not_logged_yet(trainer: L.Trainer, logger: KeptHistory) -> dict[int, di
     return {step: {**row, "epoch": float(trainer.current_epoch)}} if row else {}
 
 
-class ValidateSkippedStep(L.Callback):
-    """At the start of a resume, run the validation that Lightning skips there when no segment logged its values.
+class WandbResume(L.Callback):
+    """Carry the wandb run id and the train/* and val/* rows in every checkpoint (a few floats per logged step);
+    at the start of a resume, run the validation Lightning skips there when no segment logged its values.
 
     ModelCheckpoint saves before that step's validation, and a resume counts it as done: killed before wandb wrote
     the val/* row, no segment would hold it. Run here, it gives the straight run's values (same weights, batches).
@@ -166,8 +153,19 @@ class ValidateSkippedStep(L.Callback):
     def __init__(self) -> None:
         self._resumed_step: int | None = None
 
-    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        self._resumed_step = checkpoint["global_step"]
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        for logger in loggers_of(trainer, WandbLogger):
+            if logger.version:
+                checkpoint[WANDB_ID_KEY] = str(logger.version)
+        for logger in loggers_of(trainer, KeptHistory):
+            rows = {**logger.train_rows, **_row_not_logged_yet(trainer, logger)}
+            checkpoint[HISTORY_KEY] = [[step, row] for step, row in sorted(rows.items())]
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        # Rows past the resumed step belong to the abandoned branch: this run logs them anew.
+        step = self._resumed_step = checkpoint["global_step"]
+        for logger in loggers_of(trainer, KeptHistory):
+            logger.restore_train_rows([row for row in checkpoint.get(HISTORY_KEY, []) if row[0] <= step])
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step, self._resumed_step = self._resumed_step, None

@@ -21,10 +21,9 @@ from checkpoints.run_dir import RunDir
 from common.files import atomic_write
 
 from .lit_gpt import loggers_of
-from .wandb_history import KeptHistory
+from .wandb_history import WANDB_ID_KEY, KeptHistory
 
 RUN_LOGGER = "training.wandb_logger.RunWandbLogger"  # as config.yaml records it: keep this module path
-WANDB_ID_KEY = "wandb_run_id"  # in the checkpoint: so a resume without the run directory logs to the same run
 
 
 class RunWandbLogger(KeptHistory, WandbLogger):
@@ -65,11 +64,14 @@ class RunWandbLogger(KeptHistory, WandbLogger):
         step index, one left of the samples and images the callbacks log."""
         self._trainer = trainer
 
-    @rank_zero_only
-    def log_metrics(self, metrics, step: int | None = None) -> None:
+    def _say_sync_hint(self) -> None:
         if self._sync_hint:
             rank_zero_info(self._sync_hint)
             self._sync_hint = None
+
+    @rank_zero_only
+    def log_metrics(self, metrics, step: int | None = None) -> None:
+        self._say_sync_hint()
         if self._trainer is not None and self._trainer.state.fn == "fit":
             step = self._trainer.global_step
             self.keep_rows(step, metrics)
@@ -77,9 +79,8 @@ class RunWandbLogger(KeptHistory, WandbLogger):
 
     def finalize(self, status: str) -> None:
         """Finish the wandb run here: wandb's own finish at exit ignores the settings above."""
-        if status == "success" and self._sync_hint:  # a run too short to have logged metrics yet
-            rank_zero_info(self._sync_hint)
-            self._sync_hint = None
+        if status == "success":  # a run too short to have logged metrics yet
+            self._say_sync_hint()
         super().finalize(status)
         if self._experiment is not None and not self._finished:
             self._finished = True
@@ -192,15 +193,6 @@ def record_wandb_run_id(run_dir: Path, run_id: str) -> None:
     path = RunDir(run_dir).wandb_id_file
     if not path.is_file():
         atomic_write(path, run_id + "\n")
-
-
-class WandbIdInCheckpoint(L.Callback):
-    """Store the wandb run id in every checkpoint."""
-
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        for logger in loggers_of(trainer, WandbLogger):
-            if logger.version:
-                checkpoint[WANDB_ID_KEY] = str(logger.version)
 
 
 def stored_wandb_id(ckpt_path: str | None) -> str | None:
