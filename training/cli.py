@@ -184,14 +184,12 @@ class GPTCLI(LightningCLI):
         refuse_size_change(config, config.get("ckpt_path"), self.subcommand or "fit")
         ours = config.trainer.logger in (None, True) or is_run_logger(config.trainer.logger)
         if self.subcommand not in ("fit", None):
-            # validate prints its results; it writes nothing into the training run's folder
-            # (no config.yaml, no wandb segment under the run's id) unless a logger is asked for explicitly.
+            # validate writes nothing into the run's folder (config.yaml, wandb) unless a logger is asked for.
             self.save_config_callback = None
             if ours:
                 config.trainer.logger = False
         elif ours:
-            # A resumed run's saved config names the logger of the folder it was saved in: rebuilt for this
-            # run directory, so a copied or moved run logs where it now is.
+            # Rebuilt for this run directory, so a copied or moved run logs where it now is.
             config.trainer.logger = run_logger(run_dir, config.wandb_project, name, config.get("ckpt_path"))
         extra = [ThroughputMonitor(), LastCheckpoint(), self.ctrl_c, WandbResume(), FitReport()]
         # A ProgressBar callback while enable_progress_bar is False is an error in Lightning.

@@ -117,9 +117,7 @@ class LineProgress(ProgressBar):
 
     def __init__(self) -> None:
         super().__init__()
-        self._enabled = True
-        self._start_time = 0.0
-        self._start_step = 0
+        self._enabled, self._start_time, self._start_step = True, 0.0, 0
 
     def enable(self) -> None:
         self._enabled = True

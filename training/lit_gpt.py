@@ -143,8 +143,7 @@ class LitGPT(L.LightningModule):
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # Lightning's logger gate counts optimizer steps its own way, restored one too high by a resume from the
-        # SIGTERM and Ctrl-C saves, which moved every later train/* point; with one optimizer the two counts are
-        # the same number, so the gate follows global_step.
+        # SIGTERM and Ctrl-C saves; with one optimizer the two counts are one number, so it follows global_step.
         self.trainer.fit_loop.epoch_loop._batches_that_stepped = self.trainer.global_step
 
     def _is_logging_step(self) -> bool:

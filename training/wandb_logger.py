@@ -103,12 +103,10 @@ class RunWandbLogger(KeptHistory, WandbLogger):
         """The wandb run, created on first use; an offline run then prints its `wandb sync` command."""
         created = self._experiment is None
         if created and rank_zero_only.rank == 0 and "settings" not in self._wandb_init:
-            # Imported only now: wandb's import makes temp folders that only its exit handler removes, so it
-            # waits for the writer's own TMPDIR (run_lock), which the next start empties after a kill -9.
+            # Imported only now: its temp folders, which only its exit handler removes, go in the run's TMPDIR.
             import wandb
 
-            # Offline, our one line says where the run is: wandb's banner and footer would repeat it. Online,
-            # wandb keeps the lines that give the run's URL.
+            # Offline, our one line says where the run is; online, wandb's lines give the run's URL.
             silent, colors = bool(self._offline), sys.stderr.isatty()
             self._wandb_init["settings"] = wandb.Settings(silent=silent, quiet=True, show_colors=colors)
         if created and self._save_dir:
@@ -119,8 +117,7 @@ class RunWandbLogger(KeptHistory, WandbLogger):
             record_wandb_run_id(Path(self._save_dir), run.id)
         if created and self._offline and getattr(run, "dir", None):
             self.segment = folder = Path(run.dir).parent
-            # Said with the first metrics: a run whose data setup fails after the wandb run was created has
-            # nothing to upload, and its segment is removed.
+            # Said with the first metrics: a run whose data setup fails has nothing to upload.
             self._sync_hint = f"wandb: no credentials (or WANDB_MODE=offline): logging offline. Upload later with: wandb sync {folder}"
         return run
 
