@@ -80,10 +80,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         # atomic_write(durable=False) + our own fsyncs: durable=True's steps, with the fault hooks between them.
         def write(f: BinaryIO) -> None:
             self._fault_point("before_write")
-            if self._armed(
-                "mid_write"
-            ):  # half the bytes reach the temp file, as a kill mid-write leaves them
-                buffer = io.BytesIO()
+            if self._armed("mid_write"):
+                buffer = io.BytesIO()  # half its bytes reach the temp file, as a kill mid-write leaves them
                 torch.save(checkpoint, buffer)
                 f.write(buffer.getbuffer()[: buffer.tell() // 2])
                 f.flush()

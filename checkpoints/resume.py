@@ -181,7 +181,7 @@ def refuse_finished_run(trainer, ckpt_path: str | None) -> None:
         return
     if ckpt_path == "last" and trainer.checkpoint_callback is not None:
         ckpt_path = str(Path(trainer.checkpoint_callback.dirpath) / LAST_NAME)
-    step = checkpoint_step(Path(ckpt_path)) if Path(ckpt_path).exists() else None
+    step = checkpoint_step(Path(ckpt_path))  # None for a path that is not a readable checkpoint
     if step is not None and step >= trainer.max_steps:
         raise RunAlreadyFinished(
             f"{ckpt_path} is at step {step}, already trainer.max_steps={trainer.max_steps}: nothing to train "

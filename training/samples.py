@@ -52,9 +52,7 @@ class SampleGenerations(L.Callback):
                 [step, prompt, self._continue(pl_module, tokenizer, prompt, self.sample_seed(step, index))]
                 for index, prompt in enumerate(self.prompts)
             ]
-        for logger in loggers_of(
-            trainer, WandbLogger
-        ):  # tables are a wandb feature; other loggers get nothing
+        for logger in loggers_of(trainer, WandbLogger):  # tables are a wandb feature
             logger.log_text(
                 key="samples", columns=["step", "prompt", "continuation"], data=self.rows, step=step
             )
