@@ -37,11 +37,6 @@ class RunDir:
     def __post_init__(self) -> None:  # accept a str, and "~"
         object.__setattr__(self, "path", Path(self.path).expanduser())
 
-    @classmethod
-    def of_checkpoint(cls, checkpoint: str | Path) -> RunDir:
-        """The run a checkpoint belongs to: `runs/<run>/checkpoints/<file>` -> `runs/<run>`."""
-        return cls(Path(checkpoint).expanduser().parent.parent)
-
     config = _part("config.yaml")  # the resolved config, written when training starts
     checkpoints = _part("checkpoints")  # step-<N>.ckpt files (or a sharded strategy's folders)
     last = _part("checkpoints", LAST_NAME)  # a hard link to the newest step file
@@ -49,6 +44,11 @@ class RunDir:
     wandb = _part("wandb")  # wandb's own files
     attention = _part("attention")  # the attention explorer page
     lock = _part("writer.lock")  # held by the one process writing the run
+
+    @classmethod
+    def of_checkpoint(cls, checkpoint: str | Path) -> RunDir:
+        """The run a checkpoint belongs to: `runs/<run>/checkpoints/<file>` -> `runs/<run>`."""
+        return cls(Path(checkpoint).expanduser().parent.parent)
 
     @property
     def temp(self) -> Path:

@@ -174,7 +174,6 @@ class GPTCLI(LightningCLI):
         run_dir = Path(config.trainer.default_root_dir) / name
         if self.subcommand in ("fit", None) and not config.get("ckpt_path"):
             refuse_to_overwrite(run_dir)
-        check_readable(config.get("ckpt_path"))  # with run=False, _parse_ckpt_path did not run
         if self.subcommand is not None:  # with run=False (benchmarks) the caller sets the threads itself
             rank_zero_info(apply_thread_count(config.get("threads"), torch.set_num_threads)[1])
         config.trainer.default_root_dir = str(run_dir)

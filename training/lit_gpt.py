@@ -25,8 +25,7 @@ MAX_STEPS_KEY = "max_steps"  # in the checkpoint: what the schedule was laid ove
 
 
 class NonFiniteLossError(UserError):
-    """A NaN or infinite loss under the `raise` policy: fixed in the config (a lower learning rate, or the `skip`
-    policy), so a user error (exit code 2) naming the keys to change, not a bug."""
+    """A NaN or infinite loss under the `raise` policy: a user error (exit 2) naming the config keys to change."""
 
 
 class LitGPT(L.LightningModule):
@@ -296,5 +295,4 @@ def evaluating(module: torch.nn.Module) -> Iterator[None]:
 
 
 def loggers_of(trainer, kind: type) -> list:
-    """The trainer's loggers of class `kind`."""
     return [logger for logger in trainer.loggers if isinstance(logger, kind)]
