@@ -1,24 +1,19 @@
 """Checkpoints that survive `kill -9`: step-named files written atomically, `last.ckpt` a hard link to the newest.
 
-Every save Lightning asks for as `<dir>/last.ckpt` is written as `<dir>/step-<global step>.ckpt` under a
-temporary name in `<dir>` itself (the system temp directory is often another filesystem, where the final move
-would be a copy), flushed and fsynced, renamed into place, and the folder fsynced. Only then is `last.ckpt`
-re-pointed at it, and step files beyond the newest `keep_last` are removed.
-
-A hard link costs no bytes or write time, is made atomically (link to a temporary name, then `os.replace`), and
-unlike a symlink is an ordinary file to every tool (`generate.py`, `scp`, `cp`, a copied run directory) that never
-dangles when an old step file goes. Where the filesystem refuses hard links, it is a durable copy made the same way.
-A kill at any moment leaves the previous checkpoints whole, at most with a temporary file that the next writer
-removes once it holds the run's lock (`checkpoints.run_lock.own_run_dir`).
+A save to `<dir>/last.ckpt` writes `<dir>/step-<N>.ckpt` through a temporary file in `<dir>` itself (the system
+temp folder may be another filesystem, where the final move would be a copy), fsyncs it and the folder, then
+re-points `last.ckpt` and prunes to `keep_last` step files. A hard link is an ordinary file to every tool and never
+dangles when an old step file goes; where the filesystem refuses one, it is a durable copy. A kill leaves the
+earlier checkpoints whole, at most with a temporary file that the next lock holder removes (run_lock).
 """
 
 from __future__ import annotations
 
 import errno
+import io
 import os
 import shutil
 import signal
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -40,7 +35,6 @@ PHASES = (
     "before_last_link",
     "before_last_replace",
 )
-_MID_WRITE_BYTES = 64 * 1024
 
 
 class CheckpointSaveError(UserError):
@@ -86,10 +80,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         # atomic_write + our own fsyncs of the file and the folder, with the fault hooks placed between them.
         def write(f: BinaryIO) -> None:
             self._fault_point("before_write")
-            target = (
-                _FaultAfterBytes(f, lambda: self._fault_point("mid_write")) if self._armed("mid_write") else f
-            )
-            torch.save(checkpoint, target)
+            if self._armed("mid_write"):
+                buffer = io.BytesIO()  # half its bytes reach the temp file, as a kill mid-write leaves them
+                torch.save(checkpoint, buffer)
+                f.write(buffer.getbuffer()[: buffer.tell() // 2])
+                f.flush()
+                self._fault_point("mid_write")
+            torch.save(checkpoint, f)
             f.flush()
             os.fsync(f.fileno())
             self._fault_point("before_rename")
@@ -130,26 +127,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def _fault_point(self, phase: str) -> None:
         if self._armed(phase):
             os.kill(os.getpid(), signal.SIGKILL)
-
-
-class _FaultAfterBytes:
-    """A write-only file wrapper that calls `hook` once `_MID_WRITE_BYTES` have been written."""
-
-    def __init__(self, file: BinaryIO, hook: Callable[[], None]) -> None:
-        self.file, self.hook, self.written = file, hook, 0
-
-    def write(self, data: bytes) -> int:
-        self.written += len(data)
-        if self.written < _MID_WRITE_BYTES:
-            return self.file.write(data)
-        half = len(data) // 2
-        self.file.write(data[:half])
-        self.file.flush()  # the half-written bytes reach the temp file, as a kill mid-write leaves them
-        self.hook()
-        return half + self.file.write(data[half:])
-
-    def flush(self) -> None:
-        self.file.flush()
 
 
 def _durable_copy(source: Path, target: Path) -> None:

@@ -1,15 +1,12 @@
 """Saving checkpoints on a background thread, with the same guarantees as the synchronous save.
 
-The training thread only snapshots the tensors (so the next optimizer step cannot change what is being written)
-and hands the snapshot to one writer thread running `AtomicCheckpointIO` unchanged. At most one save is in flight
-(a new save first waits for the previous one), so memory holds at most one extra copy and files appear in step
-order; a failed save raises on the training thread at the next save, removal, load or at teardown. Lightning's
-own `AsyncCheckpointIO` queues without bound and runs removals outside the queue.
+Training only snapshots the tensors; one writer thread runs `AtomicCheckpointIO` unchanged. A new save first
+waits for the previous one (one extra copy in memory, files in step order), and a failed save raises on the
+training thread at the next call or at teardown; Lightning's `AsyncCheckpointIO` queues without bound.
 """
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -22,11 +19,10 @@ from .atomic_io import AtomicCheckpointIO
 
 
 class BackgroundCheckpointIO(CheckpointIO):
-    """Runs an `AtomicCheckpointIO` on one writer thread; `stall_s` records how long each save blocked training."""
+    """Runs an `AtomicCheckpointIO` on one writer thread."""
 
     def __init__(self, keep_last: int = 2) -> None:
         self.inner = AtomicCheckpointIO(keep_last=keep_last)
-        self.stall_s: list[float] = []
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
 
@@ -34,13 +30,11 @@ class BackgroundCheckpointIO(CheckpointIO):
         self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
     ) -> None:
         """Snapshot `checkpoint` and write it in the background (after the previous save has finished)."""
-        start = time.perf_counter()
         self.wait()
         snapshot = apply_to_collection(checkpoint, torch.Tensor, lambda t: t.detach().clone())
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
         self._pending = self._executor.submit(self.inner.save_checkpoint, snapshot, path, storage_options)
-        self.stall_s.append(time.perf_counter() - start)
 
     def wait(self) -> None:
         """Block until the save in flight is on disk; raise its error if it failed."""

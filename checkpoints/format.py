@@ -1,12 +1,9 @@
 """The checkpoint format: what training writes into a checkpoint and how it is read back.
 
-A checkpoint is a Lightning checkpoint dict whose `state_dict` holds the GPT weights under STATE_PREFIX (the
-LightningModule's `model`) and whose META_KEY entry holds the plain-typed `checkpoint_metadata`, so
-`torch.load(path, weights_only=True)` reads it without Lightning. A sharded strategy (FSDP2) writes a folder
-instead: the weights as a torch.distributed.checkpoint (one file per rank, keys `state_dict.<name>`) and the rest
-in SHARDED_META; `load_checkpoint` reads both in one process. A run directory (or its checkpoints/ folder) means
-its newest readable checkpoint (checkpoints.run_dir). Only torch, the standard library, common/ and model/:
-generate.py and interop import this without Lightning.
+A Lightning checkpoint dict: the GPT weights under STATE_PREFIX in `state_dict`, plain-typed metadata under
+META_KEY, so `torch.load(path, weights_only=True)` reads it without Lightning. A sharded strategy (FSDP2) writes
+a folder instead (torch.distributed.checkpoint shards plus SHARDED_META), read here in one process. Only torch,
+the standard library, common/ and model/: generate.py and interop import this without Lightning.
 """
 
 from __future__ import annotations
@@ -71,11 +68,6 @@ def checkpoint_metadata(
     }
 
 
-def stored_skipped_batches(checkpoint: dict) -> int:
-    """How many non-finite steps the run had skipped when `checkpoint` (a loaded dict) was written."""
-    return checkpoint.get(META_KEY, {}).get("skipped_batches", 0)
-
-
 def plain(value: Any) -> Any:
     """`value` reduced to str/int/float/bool/None/list/dict, so weights_only loading accepts it."""
     if isinstance(value, dict):
@@ -88,21 +80,15 @@ def plain(value: Any) -> Any:
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict, Path]:
-    """The raw checkpoint dict (weights_only; a sharded folder's SHARDED_META) and its resolved path, with its
-    metadata checked (one-line errors)."""
-    path, ckpt = _resolve(path)
-    return (read_checkpoint_file(path) if ckpt is None else ckpt), path
-
-
-def _resolve(path: str | Path) -> tuple[Path, dict | None]:
-    """(checkpoint path, its dict when choosing it in a folder already read it)."""
+    """The checked checkpoint dict (a sharded folder's SHARDED_META) and its path, the newest readable one for a
+    run directory; one-line errors."""
     path = Path(path).expanduser()
     if path.is_dir() and not is_sharded_checkpoint(path) and not (path / SHARDED_INDEX).is_file():
         run = RunDir(path)
         folder = run.checkpoints if run.holds_checkpoints() else path  # a run directory, or its checkpoints/
         chosen = choose_checkpoint(folder, _readable, READING, warn=lambda line: print(line, file=sys.stderr))
         if chosen is not None:
-            return chosen
+            return chosen[1], chosen[0]
         if not (folder / LAST_NAME).exists():
             raise CheckpointError(
                 f"{path}: no checkpoints in this directory; pass a .ckpt file, a run directory or a "
@@ -113,7 +99,7 @@ def _resolve(path: str | Path) -> tuple[Path, dict | None]:
         raise CheckpointError(f"{path}: sharded checkpoint folder without {SHARDED_META}: {INTERRUPTED}")
     if not path.exists():
         raise CheckpointError(f"{path}: checkpoint not found; pass a .ckpt file or a run directory")
-    return path, None
+    return read_checkpoint_file(path), path
 
 
 def _readable(path: Path) -> dict:
@@ -167,8 +153,8 @@ def _unreadable(file: Path, err: Exception) -> CheckpointError:
 
 
 def _check_checksums(file: Path) -> None:
-    """Refuse a file whose zip members fail their CRC-32, which torch.load does not check: flipped bytes in the
-    weights would load silently. About 50 ms per 100 MB (the file was just read: it is in the page cache)."""
+    """Refuse a file whose zip members fail their CRC-32: torch.load does not check, so flipped bytes in the
+    weights would load silently. About 50 ms per 100 MB (the file is in the page cache)."""
     if not zipfile.is_zipfile(file):  # the legacy pickle format (just read by torch.load): no checksums
         return
     try:
@@ -223,8 +209,8 @@ def loaded_from(ckpt: dict, path: Path, map_location: str | torch.device = "cpu"
 
 
 def sharded_contents(path: Path) -> set[str]:
-    """The state groups a sharded folder holds ("state_dict", "optimizer_0", ...), without reading tensors; its
-    index and every shard file the index names must be there (else one CheckpointError line)."""
+    """The state groups a sharded folder holds ("state_dict", "optimizer_0", ...), read from its index; every
+    shard file the index names must be there."""
     from torch.distributed.checkpoint import FileSystemReader
 
     if not (path / SHARDED_INDEX).is_file():

@@ -1,13 +1,8 @@
 """Resuming: `--ckpt_path` checked right after parsing, which checkpoint can continue a run, `--ckpt_path runs/<run>`.
 
-A run directory holds `config.yaml` (the fully resolved config, written when the run's training starts) and
-`checkpoints/`. Resuming from the directory reads that config first, so no override given to the first run has
-to be repeated; anything else on the command line applies on top of it. The checkpoint is the newest resumable
-one (checkpoints.run_dir), for `--ckpt_path last` too.
-
-The checks run before any file or wandb run is touched: a text file, a truncated file or another project's
-checkpoint is one line (CheckpointError), and so is a config whose model sizes do not fit the checkpoint's
-weights, which would otherwise fail later with a long traceback, after config.yaml was rewritten.
+Resuming from a run directory reads its config.yaml first, so no override of the first run has to be repeated.
+The checks run before any file or wandb run is touched, so a bad checkpoint, or model sizes that do not fit its
+weights, is one line instead of a traceback after config.yaml was rewritten.
 """
 
 from __future__ import annotations
@@ -54,11 +49,8 @@ class RunAlreadyFinished(Exception):
 
 
 def check_resumable(path: Path) -> None:
-    """Raise CheckpointError unless `path` is intact, ours, and holds what resuming needs.
-
-    A file's zip CRCs are checked and its weights loaded. A sharded folder's weights and optimizer states stay
-    unread in its shard files: the index must name both and every shard file must be there.
-    """
+    """Raise CheckpointError unless `path` is intact, ours, and holds what resuming needs (a file's weights are
+    loaded; a sharded folder's index must name its weights and optimizer states, and every shard be there)."""
     sharded = is_sharded_checkpoint(path)
     if sharded:
         held = sharded_contents(path)
@@ -75,11 +67,8 @@ def check_resumable(path: Path) -> None:
 
 
 def choose_resume_checkpoint(checkpoint_dir: str | Path, warn: Callable[[str], None] = print) -> Path | None:
-    """The newest resumable checkpoint in `checkpoint_dir`, or None when the folder holds no checkpoint.
-
-    `warn` gets one line for each newer checkpoint that fails `check_resumable`; when none is resumable,
-    NoGoodCheckpointError (one line), and nothing is touched.
-    """
+    """The newest resumable checkpoint in `checkpoint_dir` (None: no checkpoint at all); `warn` gets a line for
+    each newer one that fails `check_resumable`, and none resumable is NoGoodCheckpointError."""
     chosen = choose_checkpoint(Path(checkpoint_dir), check_resumable, RESUMING, warn)
     return None if chosen is None else chosen[0]
 
@@ -97,8 +86,8 @@ def checkpoint_in_run(run_dir: Path) -> Path:
 
 
 def expand_run_dir_resume(args: list[str]) -> tuple[list[str], bool]:
-    """Rewrite `fit ... --ckpt_path <run dir> ...` so the run's config.yaml comes first and the checkpoint
-    replaces the directory. Returns (args, True) when it did so, else (args unchanged, False)."""
+    """Rewrite `fit ... --ckpt_path <run dir>` so the run's config.yaml comes first and the checkpoint replaces the
+    directory; the bool says whether it did."""
     if "fit" not in args:
         return args, False
     position, run_dir = _ckpt_path_argument(args)
@@ -192,7 +181,7 @@ def refuse_finished_run(trainer, ckpt_path: str | None) -> None:
         return
     if ckpt_path == "last" and trainer.checkpoint_callback is not None:
         ckpt_path = str(Path(trainer.checkpoint_callback.dirpath) / LAST_NAME)
-    step = checkpoint_step(Path(ckpt_path)) if Path(ckpt_path).exists() else None
+    step = checkpoint_step(Path(ckpt_path))  # None for a path that is not a readable checkpoint
     if step is not None and step >= trainer.max_steps:
         raise RunAlreadyFinished(
             f"{ckpt_path} is at step {step}, already trainer.max_steps={trainer.max_steps}: nothing to train "

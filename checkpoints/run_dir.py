@@ -1,21 +1,6 @@
-"""Where things are on disk (the parts of a run directory, the names in its checkpoints folder), and which
-checkpoint a folder means: the newest one that is whole, with a warning line for each newer bad one.
-
-    runs/<run>/
-        config.yaml          the fully resolved config, written when training starts (training/cli.py)
-        checkpoints/         step-<N>.ckpt files, last.ckpt (a hard link to the newest), or sharded folders
-        wandb_run_id         the wandb run every resume of this directory logs to
-        wandb/               wandb's own files (the logger's save_dir is the run directory)
-        attention/           the attention explorer page (training/attention_maps.py)
-        writer.lock          held by the one process writing the run (checkpoints/run_lock.py)
-
-    The writing process's temp folder (TMPDIR) is `RunDir.temp`, in the system temp folder but named after the
-    run: emptied at each start and removed at its end.
-
-A sharded strategy (FSDP2) writes each checkpoint as a folder: the weight shards, their index SHARDED_INDEX,
-and everything else in SHARDED_META. One rule for every reader: generate.py, the exports and interop read the
-newest readable checkpoint (checkpoints.format), `fit --ckpt_path last` or `--ckpt_path <run dir>` the newest
-resumable one (checkpoints.resume); only the check differs. No Lightning: generate.py reads this.
+"""Where things are on disk (`RunDir`), and which checkpoint a folder means: the newest whole one, with a warning
+line for each newer bad one. Readers differ only in the check: generate.py and interop want the newest readable
+checkpoint (checkpoints.format), a resume the newest resumable one (checkpoints.resume). No Lightning here.
 """
 
 from __future__ import annotations
@@ -39,6 +24,10 @@ SHARDED_INDEX = ".metadata"  # torch.distributed.checkpoint's index of a sharded
 T = TypeVar("T")
 
 
+def _part(*names: str) -> property:
+    return property(lambda self: self.path.joinpath(*names))
+
+
 @dataclass(frozen=True)
 class RunDir:
     """The parts of one run directory, by name; nothing is created or checked here."""
@@ -48,43 +37,23 @@ class RunDir:
     def __post_init__(self) -> None:  # accept a str, and "~"
         object.__setattr__(self, "path", Path(self.path).expanduser())
 
+    config = _part("config.yaml")  # the resolved config, written when training starts
+    checkpoints = _part("checkpoints")  # step-<N>.ckpt files (or a sharded strategy's folders)
+    last = _part("checkpoints", LAST_NAME)  # a hard link to the newest step file
+    wandb_id_file = _part("wandb_run_id")  # the wandb run every resume of this directory logs to
+    wandb = _part("wandb")  # wandb's own files
+    attention = _part("attention")  # the attention explorer page
+    lock = _part("writer.lock")  # held by the one process writing the run
+
     @classmethod
     def of_checkpoint(cls, checkpoint: str | Path) -> RunDir:
         """The run a checkpoint belongs to: `runs/<run>/checkpoints/<file>` -> `runs/<run>`."""
         return cls(Path(checkpoint).expanduser().parent.parent)
 
     @property
-    def config(self) -> Path:
-        return self.path / "config.yaml"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.path / "checkpoints"
-
-    @property
-    def last(self) -> Path:
-        return self.checkpoints / LAST_NAME
-
-    @property
-    def wandb_id_file(self) -> Path:
-        return self.path / "wandb_run_id"
-
-    @property
-    def wandb(self) -> Path:
-        return self.path / "wandb"
-
-    @property
-    def attention(self) -> Path:
-        return self.path / "attention"
-
-    @property
-    def lock(self) -> Path:
-        return self.path / "writer.lock"
-
-    @property
     def temp(self) -> Path:
-        """The writer's temp folder: in the system one, named after this run's path (short: multiprocessing puts
-        Unix sockets under TMPDIR, whose paths may not pass 107 bytes, and a run folder can be deep)."""
+        """The writer's temp folder: in the system one, named after this run's path (short: multiprocessing's Unix
+        sockets under TMPDIR may not pass 107 bytes, and a run folder can be deep)."""
         digest = hashlib.sha256(str(self.path.resolve()).encode()).hexdigest()[:12]
         return Path(tempfile.gettempdir()) / f"gqa-run-{digest}"
 
@@ -140,13 +109,9 @@ def checkpoint_step(path: Path) -> int | None:
 
 
 def resume_candidates(checkpoint_dir: Path) -> list[Path]:
-    """Checkpoints in `checkpoint_dir`, newest first: step files by step, then a `last.ckpt` that is not one of
-    them, then sharded checkpoint folders (a sharded strategy writes no step files).
-
-    `last.ckpt` is normally a hard link to the newest step file; it is listed on its own only when it is a
-    separate file (a run from before step files, or a copy), and then after the step files, since a kill
-    between writing a step file and re-linking `last.ckpt` leaves `last.ckpt` one save behind.
-    """
+    """Checkpoints in `checkpoint_dir`, newest first: step files, then a `last.ckpt` that is not a link to one of
+    them (a copy, an older run), then sharded folders. Such a `last.ckpt` comes after the step files: a kill
+    between writing a step file and re-linking `last.ckpt` leaves it one save behind."""
     steps = list(reversed(step_files(checkpoint_dir).values()))
     last = checkpoint_dir / LAST_NAME
     if last.is_file() and not any(last.samefile(p) for p in steps):
@@ -162,11 +127,8 @@ def resume_candidates(checkpoint_dir: Path) -> list[Path]:
 def choose_checkpoint(
     checkpoint_dir: Path, check: Callable[[Path], T], wording: Wording, warn: Callable[[str], None]
 ) -> tuple[Path, T] | None:
-    """The newest checkpoint in `checkpoint_dir` that `check` accepts, with what `check` returned for it.
-
-    None when the folder holds no checkpoint. When a newer one fails `check` (a CheckpointError),
-    `warn` gets one line naming it and the one used instead; when none passes, NoGoodCheckpointError (one line).
-    """
+    """The newest checkpoint in `checkpoint_dir` that `check` accepts, with what `check` returned (None: no
+    checkpoint). `warn` gets a line for each newer one that failed; none passing is NoGoodCheckpointError."""
     candidates = resume_candidates(checkpoint_dir)
     if not candidates:
         return None

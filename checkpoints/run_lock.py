@@ -1,11 +1,9 @@
 """One writer per run directory: an exclusive lock that the kernel drops when its process dies.
 
-Two `fit`s on one run directory would mix their checkpoints, config.yaml and wandb segments, and the start-up
-sweep of one would delete the temporary file the other is saving. So the process that writes a run (global rank
-0; the other ranks of a DDP run are its partners) holds `fcntl.flock` on RunDir.lock while it trains, and sweeps
-only once it holds it. The kernel releases the lock however its holder exits, kill -9 included, so no stale-lock
-rule is needed; the file stays, naming the last owner for the message. On Linux NFS, flock is a byte-range lock
-the server enforces, so this holds across a cluster's nodes. `validate` only reads checkpoints: it takes no lock.
+Two `fit`s on one run would mix their checkpoints and wandb segments, and one's start-up sweep would delete the
+other's temporary file. So the writing process (global rank 0) holds `fcntl.flock` on RunDir.lock and sweeps only
+once it holds it; the kernel releases it however the holder exits, kill -9 included (on Linux NFS too, as a
+byte-range lock). `validate` only reads checkpoints: it takes no lock.
 """
 
 from __future__ import annotations
@@ -70,12 +68,9 @@ class RunDirLock:
         return self
 
     def use_run_temp(self, say: Callable[[str], None]) -> None:
-        """Point the temp folder of this process and its children at RunDir.temp, emptied first.
-
-        wandb (a folder per table logged, its media) and multiprocessing (`pymp-*`) clean up at exit, which a
-        killed process never reaches; in the system temp folder nothing could tell whose they were. Under the
-        run's lock, whatever is in the run's own temp folder is a dead writer's.
-        """
+        """Point the temp folder of this process and its children at RunDir.temp, emptied first: wandb and
+        multiprocessing clean theirs up at an exit a killed process never reaches, and under the run's lock
+        whatever is in the run's own temp folder is a dead writer's."""
         # Kept: RunDir.temp follows tempfile.gettempdir(), switched below.
         temp = self.temp = self.run_dir.temp
         if temp.exists():
@@ -94,11 +89,8 @@ class RunDirLock:
         tempfile.tempdir, os.environ["TMPDIR"] = str(temp), str(temp)
 
     def release(self) -> None:
-        """Drop the lock and point this process back at the system temp folder; the run's goes when it exits.
-
-        Not at once: multiprocessing keeps its own temp folder (its sockets) in ours for the whole process and
-        removes it in an exit finalizer of priority -100, so ours is removed by one that runs after it.
-        """
+        """Drop the lock and point this process back at the system temp folder. The run's is removed at exit,
+        after multiprocessing's finalizer (priority -100) removed its own folder (its sockets) inside it."""
         if self._previous_temp is not None:
             tempfile.tempdir, previous = self._previous_temp
             if previous is None:
@@ -115,9 +107,8 @@ class RunDirLock:
 
 
 def own_run_dir(run_dir: str | Path, say: Callable[[str], None] | None = None) -> RunDirLock:
-    """Become the one writer of `run_dir`: lock it, remove the temporary checkpoint files killed writers left in
-    it, and give this process (and its children) the run's own temp folder. Call it on the writing process only,
-    before anything saves; `release` undoes all three."""
+    """Become the one writer of `run_dir` (call it before anything saves): lock it, remove killed writers'
+    temporary checkpoint files, and give this process the run's own temp folder; `release` undoes all three."""
     lock = RunDirLock(run_dir).acquire()
     say = say or (lambda line: print(line, file=sys.stderr))
     checkpoints = RunDir(run_dir).checkpoints

@@ -19,17 +19,11 @@ from .run_dir import LAST_NAME
 
 
 class LastCheckpoint(L.Callback):
-    """Write `last.ckpt` next to the regular checkpoints when training ends or the job is told to stop.
+    """Write `last.ckpt` when training ends or on SIGTERM, which ModelCheckpoint's every-N-steps saves miss.
 
-    ModelCheckpoint saves every N steps, so a run ending between two saves (max_steps not a multiple of N,
-    a time limit) would lose its last steps. On SIGTERM (a scheduler's preemption, `kill`), Lightning raises
-    a SIGTERMException at the end of the current batch, so the state saved here is a clean step boundary;
-    the exception then propagates and train.py exits non-zero. Other exceptions (a non-finite loss) save
-    nothing: the last good checkpoint stays as it was.
-
-    A signal that lands during a validation waits for the validation's end: Lightning would stop it halfway
-    and save a checkpoint after which the resumed run never validates that step, so `val/loss` would miss a
-    point. (A validation takes `trainer.limit_val_batches` batches: seconds, well inside a scheduler's grace.)
+    Lightning raises SIGTERMException at the end of a batch, so the save is at a clean step boundary; other
+    exceptions (a non-finite loss) save nothing. A signal during a validation waits for its end (seconds):
+    stopped halfway, the resumed run would never validate that step.
     """
 
     def __init__(self) -> None:
@@ -56,9 +50,7 @@ class LastCheckpoint(L.Callback):
         if self.saved_step != trainer.global_step:
             self._save(trainer)
 
-    def on_exception(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
-    ) -> None:
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         # SIGTERM, or the first Ctrl-C (GracefulCtrlC); train.py prints the one line.
         if isinstance(exception, SIGTERMException):
             self._save(trainer)
@@ -73,23 +65,14 @@ class LastCheckpoint(L.Callback):
 class GracefulCtrlC(L.Callback):
     """Turns the first Ctrl-C of a training run into the SIGTERM path; a second Ctrl-C stops at once.
 
-    Python's default SIGINT handler raises KeyboardInterrupt wherever the main thread is, possibly halfway
-    through an optimizer step, and Lightning then exits 1 without saving. Instead, while `install`ed, the
-    first Ctrl-C only raises Lightning's SIGTERM flag: Lightning stops at the next step boundary (after the
-    optimizer and schedule steps) and `LastCheckpoint` saves there, so the checkpoint resumes bit-identically.
-    A Ctrl-C before training started, or a second one, exits 130 straight away (nothing worth saving yet, or
-    the user does not want to wait).
-
-    After the run stops, `stop_message()` is the one line train.py prints: where the checkpoint is and the
-    exact command that resumes the run.
+    A KeyboardInterrupt could land mid optimizer step and Lightning would exit 1 without saving. The first
+    Ctrl-C only raises Lightning's SIGTERM flag, so the run stops at the next step boundary and `LastCheckpoint`
+    saves a bit-identical resume point. Before training started, or a second time, it exits 130 at once.
     """
 
     def __init__(self) -> None:
         self.pressed = False
-        self.signal_name: str | None = None  # "Ctrl-C" or "SIGTERM" once the run stopped on a signal
-        self.stopped_step: int | None = None
-        self.checkpoint: Path | None = None
-        self.run_dir: Path | None = None
+        self._stopped = ""  # the stop message, once the run stopped on a signal
         self._trainer: L.Trainer | None = None
         self.training_started = False  # True once the training loop has started (on_train_start)
         self._previous = None
@@ -109,25 +92,21 @@ class GracefulCtrlC(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.training_started = True
 
-    def on_exception(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
-    ) -> None:
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if not isinstance(exception, SIGTERMException):
             return
-        self.signal_name = "Ctrl-C" if self.pressed else "SIGTERM"
-        self.stopped_step = trainer.global_step
-        self.run_dir = Path(trainer.default_root_dir)
-        callback = trainer.checkpoint_callback
-        self.checkpoint = Path(callback.dirpath) / LAST_NAME if callback is not None else None
+        self._stopped = f"stopped by {'Ctrl-C' if self.pressed else 'SIGTERM'} at step {trainer.global_step}"
+        if trainer.checkpoint_callback is None:
+            self._stopped += "; checkpointing is off, nothing saved"
+        else:
+            saved, run = Path(trainer.checkpoint_callback.dirpath) / LAST_NAME, Path(trainer.default_root_dir)
+            self._stopped += (
+                f": saved {saved}; resume with: python train.py fit --ckpt_path {shlex.quote(str(run))}"
+            )
 
     def stop_message(self) -> str:
         """One line: the signal, the step the checkpoint holds, and the command that resumes the run."""
-        if self.checkpoint is None:
-            return f"stopped by {self.signal_name} at step {self.stopped_step}; checkpointing is off, nothing saved"
-        return (
-            f"stopped by {self.signal_name} at step {self.stopped_step}: saved {self.checkpoint}; "
-            f"resume with: python train.py fit --ckpt_path {shlex.quote(str(self.run_dir))}"
-        )
+        return self._stopped
 
     def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
         if self.pressed or not self.training_started or self._trainer is None:

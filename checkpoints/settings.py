@@ -38,9 +38,7 @@ def checkpoint_io(keep_last: int = 2, async_save: bool = False) -> CheckpointIO:
 def with_checkpoint_io(plugins: Any, keep_last: int, async_save: bool) -> list:
     """`trainer.plugins` with our CheckpointIO for these settings (replacing ours from a saved config.yaml)."""
     plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
-    paths = {
-        cls: f"{cls.__module__}.{cls.__qualname__}" for cls in (AtomicCheckpointIO, BackgroundCheckpointIO)
-    }
+    ours = [f"{cls.__module__}.{cls.__qualname__}" for cls in (AtomicCheckpointIO, BackgroundCheckpointIO)]
 
     def class_path(entry: Any) -> str:
         return str(
@@ -48,20 +46,17 @@ def with_checkpoint_io(plugins: Any, keep_last: int, async_save: bool) -> list:
             or (entry.get("class_path") if isinstance(entry, dict) else None)
         )
 
-    plugins = [p for p in plugins if class_path(p) not in paths.values()]
+    plugins = [p for p in plugins if class_path(p) not in ours]
     if any("CheckpointIO" in class_path(p) for p in plugins):
         return plugins  # the config chose another CheckpointIO on purpose
-    ours = paths[BackgroundCheckpointIO if async_save else AtomicCheckpointIO]
-    return [*plugins, {"class_path": ours, "init_args": {"keep_last": keep_last}}]
+    return [*plugins, {"class_path": ours[1 if async_save else 0], "init_args": {"keep_last": keep_last}}]
 
 
 def resolve_ckpt_path(
     checkpoint_dir: Path, ckpt_path: str | None, say: Callable[[str], None] | None = None
 ) -> str | None:
-    """Resolve `ckpt_path="last"` to the newest resumable file in `checkpoint_dir` (None: start fresh).
-
-    Raises a UserError when none is resumable. Only reads: the sweep waits for the run's lock (run_lock).
-    """
+    """Resolve `ckpt_path="last"` to the newest resumable file in `checkpoint_dir` (None: start fresh); a UserError
+    when none is resumable. Only reads: the sweep waits for the run's lock (run_lock)."""
     say = say or (lambda line: print(line, file=sys.stderr))
     if ckpt_path != "last":
         return ckpt_path

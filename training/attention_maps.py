@@ -14,7 +14,7 @@ from inspection.attention_stats import STATISTICS
 from inspection.explorer import build_explorer, probe_attention, write_explorer
 from inspection.phase_change import Formation, PhaseChangeDetector
 
-from .lit_gpt import runs_on_this_rank
+from .lit_gpt import due, evaluating, loggers_of
 
 DEFAULT_PROBE = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak."
 
@@ -22,13 +22,10 @@ DEFAULT_PROBE = "First Citizen:\nBefore we proceed any further, hear me speak.\n
 class AttentionMaps(L.Callback):
     """Every `every_n_steps` optimizer steps, on rank 0, draw the attention of each layer on a probe text.
 
-    The training kernel never materialises attention, so the maps come from `GPT.attention_maps`, the
-    explicit path that tests prove equal to it. Logged: `attention/layer_<l>` images (a grid of heads),
-    one `attention/<statistic>` chart per statistic (a line per head), an `attention/heads` table sorted by induction score, and the
-    interactive explorer (`inspection.explorer`) as an `attention/explorer` HTML panel, also written to
-    `<run dir>/attention/explorer.html` so it works without a wandb account. When a head's induction score
-    first rises above `induction_threshold`, one console line says so, the step goes to the wandb summary
-    as `attention/induction_formed/L<l>H<h>`, and the explorer marks the head.
+    The maps come from `GPT.attention_maps` (the training kernel never materialises attention). Logged to wandb:
+    `attention/layer_<l>` images, one `attention/<statistic>` chart per statistic, an `attention/heads` table and
+    the `attention/explorer` page, also written to `<run dir>/attention/explorer.html`. A head whose induction
+    score first passes `induction_threshold` gets a console line and `attention/induction_formed/L<l>H<h>`.
 
     Args:
         every_n_steps: Interval in optimizer steps; 0 disables the callback.
@@ -57,50 +54,32 @@ class AttentionMaps(L.Callback):
         self.history: list[tuple[int, dict[str, torch.Tensor]]] = []  # (step, statistics) for the explorer
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step = trainer.global_step
-        if not self.every_n_steps or step % self.every_n_steps or not runs_on_this_rank(trainer, pl_module):
+        if not due(trainer, pl_module, self.every_n_steps):
             return
-        model, tokenizer = pl_module.model, trainer.datamodule.tokenizer
+        step, model, tokenizer = trainer.global_step, pl_module.model, trainer.datamodule.tokenizer
         ids = tokenizer.encode(self.probe_text)[: model.config.block_size]
         probe = torch.tensor([ids], device=pl_module.device)
-        was_training = pl_module.training
-        pl_module.eval()
-        try:
+        with evaluating(pl_module):
             # The same random probe every time: comparable scores.
             generator = torch.Generator().manual_seed(0)
             maps, stats = probe_attention(model, probe, self.induction_period, generator=generator)
-        finally:
-            pl_module.train(was_training)
         if not trainer.is_global_zero:  # a sharded model computed the maps on every rank; rank 0 logs them
             return
         labels = [tokenizer.decode([i]) for i in ids]
         stats = {k: v.cpu() for k, v in stats.items()}
         self.history.append((step, stats))
-        self._report_formations(trainer, self.detector.update(step, stats["induction"]))
-        self._log(trainer, step, maps, labels, stats)
-        if self.explorer:
-            self._log_explorer(trainer, step, maps[:, 0], labels)
-
-    def _report_formations(self, trainer, formations: list[Formation]) -> None:
-        """One console line per newly formed induction head, and its step in the wandb summary."""
+        formations = self.detector.update(step, stats["induction"])
         for formation in formations:
             print(formation.message(), flush=True)
-            for logger in trainer.loggers:
-                if isinstance(logger, WandbLogger):
-                    logger.experiment.summary[f"attention/induction_formed/{formation.name}"] = formation.step
-
-    def _log_explorer(self, trainer, step: int, maps: torch.Tensor, labels: list[str]) -> None:
-        page = build_explorer(
-            maps, labels, self.history[-1][1], title=f"attention at step {step}", step=step,
-            history=self.history, formations=self.detector.formations, threshold=self.detector.threshold,
-        )  # fmt: skip
-        write_explorer(RunDir(trainer.default_root_dir).attention / "explorer.html", page)
-        for logger in trainer.loggers:
-            if isinstance(logger, WandbLogger):
-                import wandb  # only here: the callback works without wandb when no WandbLogger is used
-
-                # inject=False: wandb would otherwise add a stylesheet link, a network request.
-                logger.log_metrics({"attention/explorer": wandb.Html(page, inject=False)}, step=step)
+        page = None
+        if self.explorer:
+            page = build_explorer(
+                maps[:, 0], labels, stats, title=f"attention at step {step}", step=step,
+                history=self.history, formations=self.detector.formations, threshold=self.detector.threshold,
+            )  # fmt: skip
+            write_explorer(RunDir(trainer.default_root_dir).attention / "explorer.html", page)
+        for logger in loggers_of(trainer, WandbLogger):  # images, tables, charts and pages are wandb features
+            self._log(logger, step, maps, labels, stats, formations, page)
 
     def _charts(self, n_layer: int, n_head: int) -> dict:
         """One line chart per statistic (`attention/<statistic>`), one line per head over the steps so far:
@@ -133,20 +112,25 @@ class AttentionMaps(L.Callback):
         ]
         self.detector.formed = {(f["layer"], f["head"]): Formation(**f) for f in state_dict["formed"]}
 
-    def _log(self, trainer, step: int, maps: torch.Tensor, labels: list[str], stats: dict) -> None:
+    def _log(
+        self, logger, step, maps, labels, stats: dict, formations: list[Formation], page: str | None
+    ) -> None:
+        import wandb  # only here: the callback works without wandb when no WandbLogger is used
+
+        for formation in formations:
+            logger.experiment.summary[f"attention/induction_formed/{formation.name}"] = formation.step
         n_layer, n_head = stats["entropy"].shape
+        logger.log_metrics(self._charts(n_layer, n_head), step=step)
+        for layer in self.layers if self.layers is not None else range(n_layer):
+            image = draw_attention_grid(maps[layer, 0], labels, f"layer {layer}, step {step}", self.heads)
+            logger.log_image(key=f"attention/layer_{layer}", images=[image], step=step)
         rows = [
             [step, layer, head, *(round(float(stats[name][layer, head]), 4) for name in STATISTICS)]
             for layer in range(n_layer) for head in range(n_head)
         ]  # fmt: skip
         rows.sort(key=lambda row: -row[-1])
-        for logger in trainer.loggers:
-            if not isinstance(logger, WandbLogger):  # images, tables and charts are wandb features
-                continue
-            logger.log_metrics(self._charts(n_layer, n_head), step=step)
-            for layer in self.layers if self.layers is not None else range(n_layer):
-                image = draw_attention_grid(maps[layer, 0], labels, f"layer {layer}, step {step}", self.heads)
-                logger.log_image(key=f"attention/layer_{layer}", images=[image], step=step)
-            logger.log_table(
-                key="attention/heads", columns=["step", "layer", "head", *STATISTICS], data=rows, step=step
-            )
+        logger.log_table(
+            key="attention/heads", columns=["step", "layer", "head", *STATISTICS], data=rows, step=step
+        )
+        if page is not None:  # inject=False: wandb would otherwise add a stylesheet link, a network request
+            logger.log_metrics({"attention/explorer": wandb.Html(page, inject=False)}, step=step)

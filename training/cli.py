@@ -35,9 +35,10 @@ from .console import order_help_sections, progress_for_output, silence_known_noi
 from .fit_summary import MAX_SCORED_TOKENS, FitReport, FitSummary
 from .flops import ThroughputMonitor
 from .init_from import Pretrained, apply_init_from
+from .lit_gpt import loggers_of
 from .samples import SampleGenerations
-from .wandb_history import TrainHistoryInCheckpoint, ValidateSkippedStep
-from .wandb_logger import WandbIdInCheckpoint, is_run_logger, run_logger, run_loggers
+from .wandb_history import WandbResume
+from .wandb_logger import is_run_logger, run_logger, run_loggers
 
 TRAINER_DEFAULTS = {
     "trainer.max_steps": 5000,
@@ -63,11 +64,8 @@ WANDB_SECTIONS = ("model", "data", "trainer", "checkpoint", "samples", "attentio
 
 
 class GPTCLI(LightningCLI):
-    """`python train.py fit --config configs/x.yaml`: see README for the keys.
-
-    `ctrl_c` receives the stop state of a run interrupted by Ctrl-C or SIGTERM (train.py prints it).
-    LightningCLI's own --optimizer/--lr_scheduler flags are off: LitGPT owns AdamW and its schedule.
-    """
+    """`python train.py fit --config configs/x.yaml`; `ctrl_c` receives the stop state that train.py prints.
+    LightningCLI's own --optimizer/--lr_scheduler flags are off: LitGPT owns AdamW and its schedule."""
 
     def __init__(self, *args, ctrl_c: GracefulCtrlC | None = None, **kwargs) -> None:
         self.ctrl_c = ctrl_c or GracefulCtrlC()
@@ -146,27 +144,16 @@ class GPTCLI(LightningCLI):
                 lock.release()
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.add_argument(
-            "--run_name",
-            type=str | None,
-            default=None,
-            help="Run directory name under trainer.default_root_dir; defaults to the config file's name.",
-        )
-        parser.add_argument(
-            "--threads",
-            type=int | None,
-            default=None,
-            help="CPU threads for torch; null picks the free CPUs (CPUs minus load average, see docs/training.md).",
-        )
-        parser.add_argument(
-            "--wandb_project", type=str, default="gqa-gpt", help="wandb project the run logs to."
-        )
-        parser.add_argument(
-            "--score_tokens",
-            type=int,
-            default=MAX_SCORED_TOKENS,
-            help="Validation-text tokens scored in nats/char when fit ends (a forward each); 0 skips the score.",
-        )
+        for flag, kind, default, text in (
+            ("--run_name", str | None, None, "Run directory name under trainer.default_root_dir; defaults to the "
+             "config file's name."),
+            ("--threads", int | None, None, "CPU threads for torch; null picks the free CPUs (CPUs minus load "
+             "average, see docs/training.md)."),
+            ("--wandb_project", str, "gqa-gpt", "wandb project the run logs to."),
+            ("--score_tokens", int, MAX_SCORED_TOKENS, "Validation-text tokens scored in nats/char when fit ends "
+             "(a forward each); 0 skips the score."),
+        ):  # fmt: skip
+            parser.add_argument(flag, type=kind, default=default, help=text)
         # One source of truth: the data module owns the vocabulary and context sizes, the model follows.
         parser.link_arguments("data.vocab_size", "model.vocab_size")
         parser.link_arguments("data.block_size", "model.block_size")
@@ -187,7 +174,6 @@ class GPTCLI(LightningCLI):
         run_dir = Path(config.trainer.default_root_dir) / name
         if self.subcommand in ("fit", None) and not config.get("ckpt_path"):
             refuse_to_overwrite(run_dir)
-        check_readable(config.get("ckpt_path"))  # with run=False, _parse_ckpt_path did not run
         if self.subcommand is not None:  # with run=False (benchmarks) the caller sets the threads itself
             rank_zero_info(apply_thread_count(config.get("threads"), torch.set_num_threads)[1])
         config.trainer.default_root_dir = str(run_dir)
@@ -197,17 +183,14 @@ class GPTCLI(LightningCLI):
         refuse_size_change(config, config.get("ckpt_path"), self.subcommand or "fit")
         ours = config.trainer.logger in (None, True) or is_run_logger(config.trainer.logger)
         if self.subcommand not in ("fit", None):
-            # validate prints its results; it writes nothing into the training run's folder
-            # (no config.yaml, no wandb segment under the run's id) unless a logger is asked for explicitly.
+            # validate writes nothing into the run's folder (config.yaml, wandb) unless a logger is asked for.
             self.save_config_callback = None
             if ours:
                 config.trainer.logger = False
         elif ours:
-            # A resumed run's saved config names the logger of the folder it was saved in: rebuilt for this
-            # run directory, so a copied or moved run logs where it now is.
+            # Rebuilt for this run directory, so a copied or moved run logs where it now is.
             config.trainer.logger = run_logger(run_dir, config.wandb_project, name, config.get("ckpt_path"))
-        extra = [ThroughputMonitor(), LastCheckpoint(), self.ctrl_c, WandbIdInCheckpoint()]
-        extra += [TrainHistoryInCheckpoint(), ValidateSkippedStep(), FitReport()]
+        extra = [ThroughputMonitor(), LastCheckpoint(), self.ctrl_c, WandbResume(), FitReport()]
         # A ProgressBar callback while enable_progress_bar is False is an error in Lightning.
         if config.trainer.enable_progress_bar is not False:
             extra.append(progress_for_output())
@@ -225,13 +208,8 @@ class GPTCLI(LightningCLI):
 
 
 class RunConfig(SaveConfigCallback):
-    """config.yaml in the run folder at the start of training; the same config in the wandb run's config.
-
-    Lightning's SaveConfigCallback writes config.yaml in `setup`, before the checkpoint is restored: a resume
-    that then fails (weights of another size, a bad optimizer value) would already have rewritten the run's
-    config. Here it is written at `on_train_start`, after every check and the restore passed, atomically. Only
-    `fit` installs this callback: `validate` writes nothing into a run folder.
-    """
+    """config.yaml in the run folder, and the same config in the wandb run's, once training starts: Lightning's
+    SaveConfigCallback writes it in `setup`, so a resume that then fails would already have rewritten it."""
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         """Nothing yet: see on_train_start."""
@@ -252,20 +230,17 @@ class RunConfig(SaveConfigCallback):
         if isinstance(shown.get("trainer"), dict):
             skipped = ("logger", "callbacks", "plugins")
             shown["trainer"] = {k: v for k, v in shown["trainer"].items() if k not in skipped}
-        for logger in trainer.loggers:
-            if isinstance(logger, WandbLogger):
-                # allow_val_change: a resume with --trainer.max_steps 7000 updates the value the run started with.
-                logger.experiment.config.update(shown, allow_val_change=True)
+        for logger in loggers_of(trainer, WandbLogger):
+            # allow_val_change: a resume with --trainer.max_steps 7000 updates the value the run started with.
+            logger.experiment.config.update(shown, allow_val_change=True)
 
 
 def retain_freed_memory() -> bool:
     """Keep freed host memory in the process, so a CPU training step stops paying page faults; True if applied.
 
-    glibc's malloc serves blocks above a moving threshold with fresh mmaps and hands freed memory at the top of
-    its heap back to the kernel, so each step faults the same activations' pages in again (hundreds per step:
-    `python -m benchmarks.train_throughput`), most of Lightning's measured overhead. Fixing the mmap threshold at
-    glibc's 64-bit maximum (32 MiB) and trimming only past 256 MiB keeps them, as PyTorch's caching allocator does
-    on a GPU; resident memory stays at its peak. A no-op off glibc or when the user tuned malloc already.
+    glibc hands freed memory back to the kernel, so each step faulted the same activations' pages in again
+    (`python -m benchmarks.train_throughput`). A fixed mmap threshold (32 MiB) and trimming only past 256 MiB keep
+    them, as PyTorch's caching allocator does on a GPU. A no-op off glibc or when the user tuned malloc already.
     """
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False

@@ -1,9 +1,8 @@
 """What train.py shows on the terminal: `fit --help` in a useful order, no known noise, progress in steps.
 
-Progress counts optimizer steps out of trainer.max_steps: a rich bar on a terminal, plain lines elsewhere. The
-train stream is one endless epoch (max_epochs -1) read until max_steps, so Lightning's own bar shows `Epoch 0/-2`
-and a batch count out of the stream's nominal length; and with output redirected (a log file, a batch job) the
-rich bar prints nothing until the run ends.
+Progress counts optimizer steps out of trainer.max_steps (the train stream is one endless epoch, so Lightning's
+own bar shows `Epoch 0/-2`): a rich bar on a terminal, plain lines elsewhere, where the rich bar prints nothing
+until the run ends.
 """
 
 from __future__ import annotations
@@ -73,19 +72,17 @@ def _order_sections(parser) -> None:
     parser._action_groups[:] = rest[:2] + first + rest[2:] + last
 
 
-class _DropPrefixes(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(NOISE_LOG_PREFIXES)
+def _not_noise(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(NOISE_LOG_PREFIXES)
 
 
 def silence_known_noise() -> None:
     """Drop the litlogger tip, Lightning's device lines and torch's LeafSpec deprecation (raised inside
-    Lightning); in a log file (stderr not a terminal), also the datasets library's progress bars, whose carriage
-    returns pile up into one unreadable line."""
+    Lightning); in a log file, also the datasets library's progress bars, whose carriage returns pile up."""
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning_fabric.utilities.rank_zero"):
         logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropPrefixes) for f in logger.filters):
-            logger.addFilter(_DropPrefixes())
+        if _not_noise not in logger.filters:
+            logger.addFilter(_not_noise)
     warnings.filterwarnings(
         "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
     )
@@ -120,9 +117,7 @@ class LineProgress(ProgressBar):
 
     def __init__(self) -> None:
         super().__init__()
-        self._enabled = True
-        self._start_time = 0.0
-        self._start_step = 0
+        self._enabled, self._start_time, self._start_step = True, 0.0, 0
 
     def enable(self) -> None:
         self._enabled = True

@@ -1,11 +1,8 @@
 """What a fit prints: before the first step the run's cost, so a config that cannot fit says so early
 (FitReport); after the last, the final validation loss, the whole-text score, and how to sample (FitSummary).
 
-The score a run is compared by is nats per character (and bits per byte) over the whole validation text:
-`val/loss` during training is nats per token over `trainer.limit_val_batches` random windows, which cannot be
-compared across tokenizers or with a character-level model. `score_validation` scores every validation token
-after the first with non-overlapping windows of block_size (the last one shorter); nats per character = total
-nats / the characters those tokens decode to.
+Runs are compared by nats per character (and bits per byte) over the whole validation text: `val/loss` is nats
+per token over a few random windows, which cannot be compared across tokenizers.
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ from data.batches import IGNORE_INDEX
 from model import ModelConfig
 
 from .flops import device_peak_flops, training_flops_per_token
-from .lit_gpt import runs_on_this_rank
+from .lit_gpt import evaluating, loggers_of, runs_on_this_rank
 from .memory import estimate_training_memory
 from .samples import SampleGenerations
 
@@ -58,13 +55,10 @@ def score_validation(
     progress: Callable[[int, int], None] | None = None,
     mask=None,
 ) -> dict[str, float]:
-    """Total nats over every token of `tokens` (an array, or what np.asarray reads: the token cache's parts) but
-    the first: per token, per character, per byte. With `mask` (chat: 1 on the assistant's tokens, aligned with
-    `tokens`) only the masked tokens count, as targets and as characters.
-
-    `batch_size` windows per forward; None: as many as `windows_per_batch` allows. `progress(done, total)`
-    is called after each forward with the windows scored so far.
-    """
+    """Nats over every token of `tokens` (what np.asarray reads) but the first, scored in non-overlapping windows of
+    `block_size`: per token, per character, per byte. With `mask` (chat: 1 on the assistant's tokens) only the
+    masked tokens count. `batch_size` windows per forward (None: `windows_per_batch`); `progress(done, total)`
+    after each forward."""
     device = next(model.parameters()).device
     batch_size = batch_size or windows_per_batch(block_size, model.config.vocab_size)
     ids = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
@@ -161,9 +155,7 @@ class FitReport(L.Callback):
 
 class FitSummary(L.Callback):
     """On rank 0 when fit ends normally: print the summary lines and put the scores in the wandb summary.
-
-    `max_tokens` bounds the validation-text score (train.py's `score_tokens`); 0 skips it.
-    """
+    `max_tokens` bounds the validation-text score (train.py's `score_tokens`); 0 skips it."""
 
     def __init__(self, max_tokens: int = MAX_SCORED_TOKENS) -> None:
         if max_tokens < 0:
@@ -186,11 +178,10 @@ class FitSummary(L.Callback):
                 f"validation text ({scores['covered']}: {scores['chars']:,} characters, {scores['tokens']:,} "
                 f"tokens): {scores['nats_per_char']:.4f} nats/char, {scores['bpb']:.4f} bits/byte"
             )
-            for logger in trainer.loggers:
-                if isinstance(logger, WandbLogger):
-                    logger.experiment.summary.update(
-                        {"val/nats_per_char": scores["nats_per_char"], "val/text_bpb": scores["bpb"]}
-                    )
+            for logger in loggers_of(trainer, WandbLogger):
+                logger.experiment.summary.update(
+                    {"val/nats_per_char": scores["nats_per_char"], "val/text_bpb": scores["bpb"]}
+                )
         run = shlex.quote(str(Path(trainer.default_root_dir)))
         if getattr(trainer.datamodule, "val_mask", None) is not None:  # fine-tuned on conversations
             lines.append(f"chat with it: python generate.py --checkpoint {run} --chat")
@@ -213,17 +204,13 @@ def _score(trainer: L.Trainer, pl_module: L.LightningModule, max_tokens: int) ->
     scored = min(len(tokens), max_tokens)
     if trainer.is_global_zero:
         print(f"scoring the validation text: {scored:,} tokens (score_tokens bounds it)", file=sys.stderr)
-    was_training = pl_module.training
-    pl_module.eval()
-    try:
-        mask = getattr(datamodule, "val_mask", None)  # chat: the assistant's tokens only
+    mask = getattr(datamodule, "val_mask", None)  # chat: the assistant's tokens only
+    with evaluating(pl_module):
         scores = score_validation(
             pl_module.model, tokenizer, tokens[:scored], datamodule.block_size,
             progress=_tenths() if trainer.is_global_zero else None,
             mask=None if mask is None else mask[:scored],
         )  # fmt: skip
-    finally:
-        pl_module.train(was_training)
     whole = scored == len(tokens)
     scores["covered"] = "all of it" if whole else f"its first {scored:,} of {len(tokens):,} tokens"
     return scores

@@ -1,15 +1,10 @@
 """Training FLOPs per token, the bf16 peak of known GPUs, and the callback that logs tokens/s and `train/mfu`.
 
-Convention (PaLM appendix B; also nanoGPT, nanochat and torchtitan, so MFU figures compare):
-    training FLOPs per token = 6 * N + 12 * L * H * D * T
-- N counts every weight that takes part in a matmul: the blocks' linear layers and the LM head. With tied
-  embeddings the shared matrix counts once, as the head (the embedding lookup itself does no arithmetic);
-  untied, the input embedding is left out. RMSNorm gains are left out too (elementwise, < 0.1% of N).
-- 6 = 2 FLOPs per multiply-add in the forward pass, twice that in the backward (input and weight grads).
-- The attention term is q kᵀ and probs · v: 2 matmuls x 2 FLOPs x H * D x T keys per token, times 3 for
-  the backward. T is the full context, not the causal average T / 2, as in PaLM: the kernels skip the
-  masked half, so this overstates the work done by attention (it is the published convention, not a bug).
-  GQA shares key/value heads but every one of the H query heads still does its own matmuls.
+Convention (PaLM appendix B; also nanoGPT and torchtitan, so MFU figures compare): 6 * N + 12 * L * H * D * T.
+N counts the weights in matmuls (blocks' linear layers and the LM head; a tied embedding once, as the head; norm
+gains left out). 6 = 2 FLOPs per multiply-add, forward, and twice that backward. The attention term (q kᵀ and
+probs · v for each of the H query heads, GQA included) takes the full context T, not the causal T / 2: it
+overstates what the kernels do, as the published convention does.
 """
 
 from __future__ import annotations
@@ -22,14 +17,10 @@ import torch
 
 from model import ModelConfig
 
-# Dense (no structured sparsity) bf16 tensor-core peak in FLOP/s, from NVIDIA's datasheets: A100 "BF16
-# Tensor Core 312 TFLOPS" (624 is with sparsity); H100 SXM 989, H100 NVL 835, H100 PCIe 756 (datasheet
-# figures 1979 / 1671 / 1513 are with sparsity); H200 SXM 989, H200 NVL 835 (same halving); L4 121 (datasheet
-# 242 with sparsity); L40S 362 (733 with sparsity); A10 125 (250 with sparsity); RTX 4090 165 (Ada
-# whitepaper, FP32 accumulate); L40 181 (362 with sparsity). A key matches when all its words are words of
-# torch.cuda.get_device_name ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"; split at spaces and
-# hyphens, case ignored), first match wins: the NVL/PCIe variants come before
-# the SXM default, and whole words keep "A10" off "A10G" (a different chip, not listed) and "L4" off "L40S".
+# Dense bf16 tensor-core peak in FLOP/s from NVIDIA's datasheets, halved where they quote it with sparsity (RTX
+# 4090: Ada whitepaper, FP32 accumulate). A key matches when all its words are words of torch.cuda.get_device_name
+# ("NVIDIA A100-SXM4-80GB": split at spaces and hyphens, case ignored); the first match wins, so NVL/PCIe come
+# before the SXM default, and whole words keep "A10" off "A10G" (not listed) and "L4" off "L40S".
 PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
     ("H200 NVL", 835e12),
     ("H200", 989e12),
@@ -81,13 +72,8 @@ def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float, world_si
 
 
 class ThroughputMonitor(L.Callback):
-    """Logs `train/tokens_per_s` (all ranks together) and `train/mfu`, averaged over the steps between two
-    logging points (trainer.log_every_n_steps).
-
-    Args:
-        peak_flops: Peak FLOP/s of one device for MFU; None looks the GPU up in
-            PEAK_BF16_FLOPS (no MFU on CPU or on GPUs missing from the table).
-    """
+    """Logs `train/tokens_per_s` (all ranks together) and `train/mfu`, averaged over each logging interval.
+    `peak_flops` is one device's peak for MFU; None looks the GPU up in PEAK_BF16_FLOPS (no MFU on CPU)."""
 
     def __init__(self, peak_flops: float | None = None) -> None:
         self.peak_flops = peak_flops

@@ -1,9 +1,8 @@
 """`--model.init_from NAME`: a run that starts from a pretrained model's architecture, weights and tokenizer.
 
-Before anything is instantiated or written, the CLI reads the model's config and tokenizer (no weights), refuses
-settings that contradict them, and fills the model keys from the pretrained config, so config.yaml, the size
-checks of a resume and the checkpoint all describe the model that is really trained. LitGPT loads the weights
-once, at the start of a fresh fit (training/lit_gpt.py); a resume restores our checkpoint instead.
+Before anything is written, the CLI reads the model's config and tokenizer (no weights), refuses settings that
+contradict them and fills the model keys, so config.yaml and the checkpoints describe the model really trained.
+LitGPT loads the weights at the start of a fresh fit; a resume restores our checkpoint instead.
 """
 
 from __future__ import annotations
@@ -34,11 +33,8 @@ class Pretrained:
 
 
 def apply_init_from(config, explicit) -> Pretrained | None:
-    """Check a parsed fit/validate config against its model.init_from and fill the model keys from it.
-
-    `explicit` holds only the keys the user set (config files and flags, no defaults); None counts nothing as
-    set. Returns None without init_from. Every refusal is one UserError naming the key.
-    """
+    """Check a parsed fit/validate config against its model.init_from (None without one) and fill the model keys
+    from it. `explicit` holds only the keys the user set (None: nothing counts as set)."""
     model, data = config.model, config.data
     name = model.get("init_from")
     if not name:

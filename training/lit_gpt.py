@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -12,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from checkpoints.format import META_KEY, checkpoint_metadata, stored_skipped_batches
+from checkpoints.format import META_KEY, checkpoint_metadata
 from common.errors import UserError
 from data.batches import IGNORE_INDEX
 from model import GPT, ModelConfig
@@ -23,8 +25,7 @@ MAX_STEPS_KEY = "max_steps"  # in the checkpoint: what the schedule was laid ove
 
 
 class NonFiniteLossError(UserError):
-    """A NaN or infinite loss under the `raise` policy: fixed in the config (a lower learning rate, or the `skip`
-    policy), so a user error (exit code 2) naming the keys to change, not a bug."""
+    """A NaN or infinite loss under the `raise` policy: a user error (exit 2) naming the config keys to change."""
 
 
 class LitGPT(L.LightningModule):
@@ -140,17 +141,13 @@ class LitGPT(L.LightningModule):
         return loss
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        # Lightning hands step metrics to the loggers when its own count of optimizer steps (not global_step)
-        # reaches a multiple of log_every_n_steps. A resume from a checkpoint saved after a step had ended (the
-        # SIGTERM and Ctrl-C saves, after that step's validation) restores that count one too high, which moved
-        # every later train/* point off the straight run's steps; in one optimizer's automatic optimization the
-        # two counts are the same number, so the logger's gate follows global_step.
+        # Lightning's logger gate counts optimizer steps its own way, restored one too high by a resume from the
+        # SIGTERM and Ctrl-C saves; with one optimizer the two counts are one number, so it follows global_step.
         self.trainer.fit_loop.epoch_loop._batches_that_stepped = self.trainer.global_step
 
     def _is_logging_step(self) -> bool:
-        # Lightning hands step metrics to the logger every trainer.log_every_n_steps optimizer steps and drops
-        # the rest, yet each self.log call still pays its bookkeeping (a measurable share of a small CPU step,
-        # see README "Results"). So they are logged only on the steps that reach the logger.
+        # Lightning drops step metrics off the log_every_n_steps steps, yet each self.log call pays its bookkeeping
+        # (a measurable share of a small CPU step): log only on the steps that reach the logger.
         every = self.trainer.log_every_n_steps
         return every > 0 and (self.trainer.global_step + 1) % every == 0
 
@@ -237,7 +234,7 @@ class LitGPT(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.pretrained_pending = False
-        self.skipped_batches = stored_skipped_batches(checkpoint)
+        self.skipped_batches = checkpoint.get(META_KEY, {}).get("skipped_batches", 0)
         self.resumed_max_steps = checkpoint.get(MAX_STEPS_KEY)
 
     def on_train_start(self) -> None:
@@ -253,10 +250,8 @@ class LitGPT(L.LightningModule):
 
 
 def shard_model(model: torch.nn.Module, device_mesh) -> None:
-    """FSDP2 (`fully_shard`) under Lightning's ModelParallelStrategy (see README "On a GPU / cluster"): each block
-    on its own (its weights gathered just before it runs and freed after), then the root (embedding, final norm,
-    head), over the mesh's data-parallel dimension. Lightning's `fsdp` strategy (FSDP1) refuses CPU accelerators,
-    so this is the sharded path the CPU tests can prove."""
+    """FSDP2 under Lightning's ModelParallelStrategy: each block on its own, then the root, over the mesh's
+    data-parallel dimension (Lightning's FSDP1 strategy refuses CPUs: this is the sharded path CPU tests prove)."""
     from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
 
     if isinstance(model, FSDPModule):  # Lightning calls configure_model again for validate/test
@@ -280,3 +275,24 @@ def runs_on_this_rank(trainer, module: torch.nn.Module) -> bool:
     from torch.distributed.tensor import DTensor
 
     return trainer.is_global_zero or any(isinstance(p, DTensor) for p in module.parameters())
+
+
+def due(trainer, pl_module, every_n_steps: int) -> bool:
+    """Whether a callback that runs the model every `every_n_steps` (0: never) works at this step on this rank."""
+    step = trainer.global_step
+    return bool(every_n_steps) and step % every_n_steps == 0 and runs_on_this_rank(trainer, pl_module)
+
+
+@contextmanager
+def evaluating(module: torch.nn.Module) -> Iterator[None]:
+    """`module` in eval mode for the block, then back in the mode it was in."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was_training)
+
+
+def loggers_of(trainer, kind: type) -> list:
+    return [logger for logger in trainer.loggers if isinstance(logger, kind)]

@@ -1,18 +1,8 @@
 """How much memory a training run needs per device, counted from the config before anything is allocated.
 
-The activation count is the set of tensors autograd keeps for the backward pass of the eager model with
-dropout 0 (tests/training/test_memory.py checks it byte for byte against what autograd actually saves, in
-float32 and under bf16 autocast). Per token and layer, with C n_embd, H/Hkv heads of D dims, F the MLP
-width, `a` the bytes of the compute dtype and `p` those of the residual stream (the parameters' dtype):
-- each of the two RMSNorms: its float32 input (4C), the float32 rstd (4), the normed output (pC) and the
-  matmul input in the compute dtype (aC; under autocast this is the cast copy);
-- attention: the whole qkv output (a (H + 2Hkv) D: v is a view of it), the roped q and k (a (H + Hkv) D),
-  the fused kernel's output (a H D; its layout makes the proj input a view of it) and logsumexp (4H);
-- SwiGLU: the gate/up output (2aF; the gate is a view of it), silu(gate) (aF) and the down input (aF).
-Plus, once: the final norm, float32 log-probabilities (4V), int64 inputs and targets (16), the RoPE tables,
-and under autocast one compute-dtype copy of every matmul weight. torch.compile usually keeps less
-(fused elementwise ops); transient buffers (the logits before log_softmax, the backward's temporaries) come
-on top, so leave headroom.
+Activations are the tensors autograd keeps for the backward of the eager model with dropout 0
+(tests/training/test_memory.py checks them byte for byte, in float32 and under bf16 autocast). torch.compile
+usually keeps less; transient buffers (the logits before log_softmax, the backward's temporaries) come on top.
 """
 
 from __future__ import annotations
@@ -64,9 +54,13 @@ def activation_bytes(config: ModelConfig, batch_size: int, seq_len: int, precisi
     """Bytes of activations kept for backward by one micro-batch of `batch_size` x `seq_len` tokens."""
     p, a = dtype_bytes(precision)
     c, h, hkv, d, f = config.n_embd, config.n_head, config.n_kv_head, config.head_dim, config.hidden_dim
+    # Per RMSNorm: its float32 input and rstd, the normed output (p), the matmul input in the compute dtype (a).
     norm = 4 * c + 4 + p * c + a * c
+    # The qkv output (v is a view of it), roped q and k, the fused kernel's output (the proj input is a view of
+    # it) and its float32 logsumexp.
     attention = a * ((h + 2 * hkv) * d + (h + hkv) * d + h * d) + 4 * h
-    per_layer = 2 * norm + attention + a * 4 * f  # the last term: SwiGLU's
+    per_layer = 2 * norm + attention + a * 4 * f  # SwiGLU: gate/up output (2F), silu(gate), the down input
+    # Plus the final norm, float32 log-probabilities and the int64 inputs and targets.
     per_token = config.n_layer * per_layer + norm + 4 * config.vocab_size + 16
     # cos and sin in float32, shared by all layers; model/attention.py caches them for a power-of-two length.
     rope_tables = 2 * (1 << (seq_len - 1).bit_length()) * config.head_dim * 4

@@ -11,11 +11,12 @@ from lightning.pytorch.loggers import WandbLogger
 
 from model import generate
 
-from .lit_gpt import runs_on_this_rank
+from .lit_gpt import due, evaluating, loggers_of
 
 
 class SampleGenerations(L.Callback):
-    """Every `every_n_steps` optimizer steps, on rank 0, continue each prompt and log a table.
+    """Every `every_n_steps` optimizer steps, on rank 0, continue each prompt and log a table (its rows are kept
+    in the checkpoint, so the table after a resume still holds the rows logged before).
 
     Args:
         every_n_steps: Interval in optimizer steps; 0 disables the callback.
@@ -25,9 +26,6 @@ class SampleGenerations(L.Callback):
         top_k: Keep only the k most likely tokens when sampling.
         seed: Base seed of the sampling: each (step, prompt) pair samples with its own seed derived from it, so
             the prompts do not share one random stream (and converge) and a rerun gives the same table.
-
-    The rows are kept in the checkpoint (`state_dict`), so the table after a resume still holds the rows logged
-    before it.
     """
 
     def __init__(
@@ -46,24 +44,18 @@ class SampleGenerations(L.Callback):
         self.rows: list[list] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step = trainer.global_step
-        if not self.every_n_steps or step % self.every_n_steps or not runs_on_this_rank(trainer, pl_module):
+        if not due(trainer, pl_module, self.every_n_steps):
             return
-        tokenizer = trainer.datamodule.tokenizer
-        was_training = pl_module.training
-        pl_module.eval()
-        try:
+        step, tokenizer = trainer.global_step, trainer.datamodule.tokenizer
+        with evaluating(pl_module):
             self.rows += [
                 [step, prompt, self._continue(pl_module, tokenizer, prompt, self.sample_seed(step, index))]
                 for index, prompt in enumerate(self.prompts)
             ]
-        finally:
-            pl_module.train(was_training)
-        for logger in trainer.loggers:
-            if isinstance(logger, WandbLogger):  # tables are a wandb feature; other loggers get nothing
-                logger.log_text(
-                    key="samples", columns=["step", "prompt", "continuation"], data=self.rows, step=step
-                )
+        for logger in loggers_of(trainer, WandbLogger):  # tables are a wandb feature
+            logger.log_text(
+                key="samples", columns=["step", "prompt", "continuation"], data=self.rows, step=step
+            )
 
     def sample_seed(self, step: int, prompt_index: int) -> int:
         """The seed of one table cell: a hash of (seed, step, prompt index), the same on every run."""

@@ -51,12 +51,8 @@ def schedule_change_note(
     step: int, old_max_steps: int, new_max_steps: int, peak_lr: float, warmup_steps: int, schedule: Schedule,
     min_lr_ratio: float, decay_fraction: float,
 ) -> str | None:  # fmt: skip
-    """One warning line when a resume moves trainer.max_steps under a schedule that depends on it, else None.
-
-    The schedule is a function of (step, max_steps), as in nanoGPT and litgpt: extending a run lays it over the
-    new length, so a finished cosine or wsd run goes back up from its final learning rate. That is kept (it is
-    what continuing a run with a longer budget means), but said, with the two learning rates.
-    """
+    """One warning line when a resume moves trainer.max_steps under a schedule that depends on it, else None:
+    the schedule is laid over the new length (as in nanoGPT and litgpt), so the learning rate jumps."""
     if old_max_steps == new_max_steps or schedule == "constant":
         return None
     shape = (warmup_steps, schedule, min_lr_ratio, decay_fraction)

@@ -1,11 +1,8 @@
 """train/* and val/* history that survives kill -9: carried in every checkpoint, re-logged by the resume.
 
-wandb writes its `.wandb` file in blocks, so a kill -9 loses the last rows. Every checkpoint carries the rows
-(TrainHistoryInCheckpoint); a resume reads which rows the segment files hold (`held_rows`) and re-logs the others
-(KeptHistory, mixed into RunWandbLogger), and runs again the validation Lightning skips at the resumed step when no segment holds its
-values (ValidateSkippedStep). The file is a LevelDB-style log: 32 KiB blocks of records with a 7-byte header
-(crc32, length, type) holding protobuf `Record`s, after a 7-byte W&B header; a killed writer leaves a partial
-record at the end, which is skipped.
+wandb writes its `.wandb` file in blocks, so a kill -9 loses the last rows. A resume reads which rows the segment
+files hold (`held_rows`: a LevelDB-style log of 32 KiB blocks of records with 7-byte headers, holding protobuf
+`Record`s; a killed writer's partial record is skipped) and re-logs the others from the checkpoint.
 """
 
 from __future__ import annotations
@@ -16,14 +13,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import lightning as L
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from checkpoints.run_dir import RunDir
+
+from .lit_gpt import loggers_of
 
 TRAIN_PREFIX = "train/"
 KEPT_PREFIXES = (TRAIN_PREFIX, "val/")  # the scalar curves a resume gives back; media are not carried
 # In the checkpoint: [[step, {key: value}], ...] of every row with a KEPT_PREFIXES key (the name predates val/*).
 HISTORY_KEY = "train_history"
+WANDB_ID_KEY = "wandb_run_id"  # in the checkpoint: so a resume without the run directory logs to the same run
 _BLOCK, _HEADER = 32768, 7
 _FULL, _LAST = 1, 4  # record types that end an assembled record
 
@@ -57,21 +58,21 @@ def history_rows(wandb_file: Path) -> Iterator[dict]:
             }
 
 
-def held_rows(run_dir: Path, prefixes: tuple[str, ...]) -> set[tuple[int, str]]:
-    """(`trainer/global_step`, prefix) for each row a segment of the run holds with a key of one of `prefixes`."""
+def held_rows(run_dir: Path) -> set[tuple[int, str]]:
+    """(`trainer/global_step`, prefix) for each row a segment of the run holds with a KEPT_PREFIXES key."""
     return {
         (row["trainer/global_step"], prefix)
         for path in sorted(RunDir(run_dir).wandb.glob("*run-*/run-*.wandb"))  # each segment's, oldest first
         for row in history_rows(path)
         if "trainer/global_step" in row
-        for prefix in prefixes
+        for prefix in KEPT_PREFIXES
         if any(key.startswith(prefix) for key in row)
     }
 
 
 class KeptHistory:
-    """The train/* and val/* rows a WandbLogger logged, by step, to carry in checkpoints (TrainHistoryInCheckpoint)
-    and re-log what a killed segment had not written (mixed into RunWandbLogger)."""
+    """The train/* and val/* rows a WandbLogger logged, by step, to carry in checkpoints and re-log what a killed
+    segment had not written (mixed into RunWandbLogger)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -102,7 +103,7 @@ class KeptHistory:
 
     def _held_rows(self) -> set[tuple[int, str]]:
         if self._held is None:
-            self._held = held_rows(Path(self._save_dir), KEPT_PREFIXES) if self._save_dir else set()
+            self._held = held_rows(Path(self._save_dir)) if self._save_dir else set()
         return self._held
 
     def _relog_lost(self) -> None:
@@ -129,31 +130,9 @@ def _kept(key: str) -> str | None:
     return next((prefix for prefix in KEPT_PREFIXES if key.startswith(prefix)), None)
 
 
-def _history_loggers(trainer: L.Trainer) -> list[KeptHistory]:
-    return [logger for logger in trainer.loggers if isinstance(logger, KeptHistory)]
-
-
-class TrainHistoryInCheckpoint(L.Callback):
-    """Carry the run's train/* rows in every checkpoint, so a resume after kill -9 can log again what the killed
-    segment had not written (a few floats per logged step)."""
-
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        for logger in _history_loggers(trainer):
-            rows = {**logger.train_rows, **_row_not_logged_yet(trainer, logger)}
-            checkpoint[HISTORY_KEY] = [[step, row] for step, row in sorted(rows.items())]
-
-    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        step = checkpoint[
-            "global_step"
-        ]  # rows past it belong to the abandoned branch: this run logs them anew
-        for logger in _history_loggers(trainer):
-            logger.restore_train_rows([row for row in checkpoint.get(HISTORY_KEY, []) if row[0] <= step])
-
-
 def _row_not_logged_yet(trainer: L.Trainer, logger: KeptHistory) -> dict[int, dict]:
     """{step: row} of this step's train/* values when the save comes before Lightning logs them (ModelCheckpoint
-    saves in on_train_batch_end; the row goes to the loggers right after), else {}: the resume starts after
-    this step, so only the checkpoint can give its row back."""
+    saves in on_train_batch_end), else {}: the resume starts after this step, so only the checkpoint has it."""
     step, every = trainer.global_step, trainer.log_every_n_steps
     # Only a logging step's values are its own: on other steps Lightning may still hold an earlier one.
     if step in logger.train_rows or not trainer.training or every <= 0 or step % every:
@@ -163,20 +142,30 @@ def _row_not_logged_yet(trainer: L.Trainer, logger: KeptHistory) -> dict[int, di
     return {step: {**row, "epoch": float(trainer.current_epoch)}} if row else {}
 
 
-class ValidateSkippedStep(L.Callback):
-    """At the start of a resume, run the validation that Lightning skips there when no segment logged its values.
+class WandbResume(L.Callback):
+    """Carry the wandb run id and the train/* and val/* rows in every checkpoint (a few floats per logged step);
+    at the start of a resume, run the validation Lightning skips there when no segment logged its values.
 
-    ModelCheckpoint saves in on_train_batch_end, before that step's validation; a resume from that checkpoint
-    does not validate again (Lightning counts the validation as done), so when the run was killed before wandb
-    wrote the val/* row, no segment would ever hold it. Run then, the validation gives the straight run's values:
-    the same weights and the same validation batches.
+    ModelCheckpoint saves before that step's validation, and a resume counts it as done: killed before wandb wrote
+    the val/* row, no segment would hold it. Run here, it gives the straight run's values (same weights, batches).
     """
 
     def __init__(self) -> None:
         self._resumed_step: int | None = None
 
-    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        self._resumed_step = checkpoint["global_step"]
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        for logger in loggers_of(trainer, WandbLogger):
+            if logger.version:
+                checkpoint[WANDB_ID_KEY] = str(logger.version)
+        for logger in loggers_of(trainer, KeptHistory):
+            rows = {**logger.train_rows, **_row_not_logged_yet(trainer, logger)}
+            checkpoint[HISTORY_KEY] = [[step, row] for step, row in sorted(rows.items())]
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        # Rows past the resumed step belong to the abandoned branch: this run logs them anew.
+        step = self._resumed_step = checkpoint["global_step"]
+        for logger in loggers_of(trainer, KeptHistory):
+            logger.restore_train_rows([row for row in checkpoint.get(HISTORY_KEY, []) if row[0] <= step])
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step, self._resumed_step = self._resumed_step, None
@@ -184,7 +173,7 @@ class ValidateSkippedStep(L.Callback):
             return
         # Rank 0 reads the segment files; every rank must take the same decision (the validation syncs them).
         lacks = trainer.is_global_zero and any(
-            logger.lacks_val_row(step) for logger in _history_loggers(trainer)
+            logger.lacks_val_row(step) for logger in loggers_of(trainer, KeptHistory)
         )
         if not trainer.strategy.broadcast(lacks, src=0):
             return

@@ -1,6 +1,5 @@
 """The project's wandb logging: online or offline without ever prompting for a login, one wandb run per run
-directory (its id kept in the run directory and in every checkpoint), the offline notice once the run exists, and
-train/* and val/* history that survives kill -9 (KeptHistory, training/wandb_history.py)."""
+directory (its id kept in the run directory and in every checkpoint), history that survives kill -9."""
 
 from __future__ import annotations
 
@@ -21,18 +20,16 @@ from checkpoints.format import read_checkpoint
 from checkpoints.run_dir import RunDir
 from common.files import atomic_write
 
-from .wandb_history import KeptHistory
+from .lit_gpt import loggers_of
+from .wandb_history import WANDB_ID_KEY, KeptHistory
 
 RUN_LOGGER = "training.wandb_logger.RunWandbLogger"  # as config.yaml records it: keep this module path
-WANDB_ID_KEY = "wandb_run_id"  # in the checkpoint: so a resume without the run directory logs to the same run
 
 
 class RunWandbLogger(KeptHistory, WandbLogger):
-    """A WandbLogger that says how to upload an offline run when, and only when, the run is created (after the
-    data is prepared: a run that fails on its data prints no "upload later" line and leaves no run folder).
-
-    The CLI sets these arguments for each run; they are named here rather than passed on as **kwargs because
-    jsonargparse would then read WandbLogger's signature, whose annotations import wandb (see `experiment`).
+    """A WandbLogger that says how to upload an offline run only once the run is created (a run that fails on its
+    data prints no "upload later" line). Arguments are named, not **kwargs: jsonargparse would read WandbLogger's
+    signature, whose annotations import wandb (see `experiment`).
 
     Args:
         save_dir: The run directory; wandb's files go in its wandb/ folder.
@@ -63,16 +60,18 @@ class RunWandbLogger(KeptHistory, WandbLogger):
         self._sync_hint: str | None = None  # printed with the first metrics (see experiment)
 
     def follow(self, trainer) -> None:
-        """Log every point at `trainer.global_step`, the count of finished optimizer steps the console shows
-        (`step 3500/3500`). Lightning logs its metrics at the 0-based index of the step (3499 for the last), one
-        step left of the samples and images the callbacks log after it."""
+        """Log every point at `trainer.global_step`, the finished steps the console shows, not Lightning's 0-based
+        step index, one left of the samples and images the callbacks log."""
         self._trainer = trainer
 
-    @rank_zero_only
-    def log_metrics(self, metrics, step: int | None = None) -> None:
+    def _say_sync_hint(self) -> None:
         if self._sync_hint:
             rank_zero_info(self._sync_hint)
             self._sync_hint = None
+
+    @rank_zero_only
+    def log_metrics(self, metrics, step: int | None = None) -> None:
+        self._say_sync_hint()
         if self._trainer is not None and self._trainer.state.fn == "fit":
             step = self._trainer.global_step
             self.keep_rows(step, metrics)
@@ -80,9 +79,8 @@ class RunWandbLogger(KeptHistory, WandbLogger):
 
     def finalize(self, status: str) -> None:
         """Finish the wandb run here: wandb's own finish at exit ignores the settings above."""
-        if status == "success" and self._sync_hint:  # a run too short to have logged metrics yet
-            rank_zero_info(self._sync_hint)
-            self._sync_hint = None
+        if status == "success":  # a run too short to have logged metrics yet
+            self._say_sync_hint()
         super().finalize(status)
         if self._experiment is not None and not self._finished:
             self._finished = True
@@ -105,14 +103,10 @@ class RunWandbLogger(KeptHistory, WandbLogger):
         """The wandb run, created on first use; an offline run then prints its `wandb sync` command."""
         created = self._experiment is None
         if created and rank_zero_only.rank == 0 and "settings" not in self._wandb_init:
-            # Imported only now: importing wandb makes two temp folders (media, artifacts) that only its exit
-            # handler removes, so it waits for the writer's own TMPDIR (checkpoints/run_lock.py), which the next
-            # start empties after a kill -9.
+            # Imported only now: its temp folders, which only its exit handler removes, go in the run's TMPDIR.
             import wandb
 
-            # Offline, our one line says where the run is and how to upload it: wandb's banner and footer would
-            # repeat it (the footer with a relative path, in ANSI colours even in a log file). Online, wandb
-            # keeps the lines that give the run's URL.
+            # Offline, our one line says where the run is; online, wandb's lines give the run's URL.
             silent, colors = bool(self._offline), sys.stderr.isatty()
             self._wandb_init["settings"] = wandb.Settings(silent=silent, quiet=True, show_colors=colors)
         if created and self._save_dir:
@@ -122,10 +116,8 @@ class RunWandbLogger(KeptHistory, WandbLogger):
         if created and self._save_dir and getattr(run, "id", None):
             record_wandb_run_id(Path(self._save_dir), run.id)
         if created and self._offline and getattr(run, "dir", None):
-            folder = Path(run.dir).parent
-            self.segment = folder
-            # Said with the first metrics: a run whose data setup fails after Lightning created the wandb run
-            # (its setup hook does so first) has nothing to upload, and its segment is removed.
+            self.segment = folder = Path(run.dir).parent
+            # Said with the first metrics: a run whose data setup fails has nothing to upload.
             self._sync_hint = f"wandb: no credentials (or WANDB_MODE=offline): logging offline. Upload later with: wandb sync {folder}"
         return run
 
@@ -149,7 +141,7 @@ def _restore_links(folder: Path, links: dict[str, str]) -> None:
 
 def run_loggers(trainer: L.Trainer) -> list[RunWandbLogger]:
     """The trainer's loggers of this class (the one the CLI adds to every run)."""
-    return [logger for logger in trainer.loggers if isinstance(logger, RunWandbLogger)]
+    return loggers_of(trainer, RunWandbLogger)
 
 
 def is_run_logger(logger) -> bool:
@@ -167,8 +159,7 @@ def run_logger(run_dir: Path, project: str, name: str, ckpt_path: str | None) ->
 
 
 def wandb_offline() -> bool:
-    """Offline when WANDB_MODE says so, or when it is unset and no API key is in the environment or in the
-    netrc file `wandb login` writes."""
+    """Offline when WANDB_MODE says so, or when it is unset and no API key is in the environment or netrc."""
     mode = os.environ.get("WANDB_MODE")
     if mode:
         return mode in ("offline", "dryrun", "disabled")
@@ -183,12 +174,8 @@ def wandb_offline() -> bool:
 
 
 def wandb_run_id(run_dir: Path, fallback: str | None = None) -> str:
-    """The wandb run id of `run_dir` (its `wandb_run_id` file), so every resume logs to the same run.
-
-    Without the file: `fallback` (the id stored in the checkpoint being resumed) or a new id. Nothing is written
-    here: `record_wandb_run_id` does that once the wandb run exists, so a run that fails before it starts leaves
-    no folder behind.
-    """
+    """The wandb run id of `run_dir` (its `wandb_run_id` file), else `fallback` (the resumed checkpoint's) or a new
+    one. Written only once the wandb run exists (`record_wandb_run_id`): a failed start leaves no folder."""
     path = RunDir(run_dir).wandb_id_file
     stored = path.read_text(encoding="utf-8").strip() if path.is_file() else ""
     if stored:
@@ -203,15 +190,6 @@ def record_wandb_run_id(run_dir: Path, run_id: str) -> None:
     path = RunDir(run_dir).wandb_id_file
     if not path.is_file():
         atomic_write(path, run_id + "\n")
-
-
-class WandbIdInCheckpoint(L.Callback):
-    """Store the wandb run id in every checkpoint."""
-
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        for logger in trainer.loggers:
-            if isinstance(logger, WandbLogger) and logger.version:
-                checkpoint[WANDB_ID_KEY] = str(logger.version)
 
 
 def stored_wandb_id(ckpt_path: str | None) -> str | None:

@@ -221,5 +221,5 @@ def test_a_sharded_checkpoint_gives_back_its_wandb_run_id(fsdp_runs, tmp_path):
     folder = tmp_path / "epoch=0-step=2.ckpt"
     shutil.copytree(fsdp_runs["step2"], folder)
     meta = torch.load(folder / "meta.pt", weights_only=True)
-    torch.save({**meta, WANDB_ID_KEY: "abc123"}, folder / "meta.pt")  # as WandbIdInCheckpoint stores it
+    torch.save({**meta, WANDB_ID_KEY: "abc123"}, folder / "meta.pt")  # as WandbResume stores it
     assert stored_wandb_id(str(folder)) == "abc123"  # a resumed run logs to the same wandb run
