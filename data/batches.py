@@ -102,7 +102,7 @@ class TrainBatches(IterableDataset):
     """Shuffled (x, y) windows of rank r's contiguous 1/world_size shard of `tokens`, epoch after epoch.
 
     Each epoch reads every window of block_size + 1 tokens on a randomly shifted grid once, in a random order
-    (a lower validation loss than drawing start positions with replacement: README, Results). Yields batches
+    (a lower validation loss than drawing start positions with replacement: docs/results.md). Yields batches
     start_batch, start_batch + 1, ... (forever when `num_batches` is None) for `DataLoader(batch_size=None)`;
     worker w yields every num_workers-th one and the DataLoader's round-robin puts them back in order.
     """

@@ -175,7 +175,7 @@ class LitGPT(L.LightningModule):
     def make_optimizer(self) -> torch.optim.AdamW:
         """AdamW with weight decay on matrices only, using the fused kernel where the device has one."""
         hp = self.hparams
-        # One fused pass over all tensors instead of a loop per tensor (README "Results" has the gain on CPU).
+        # One fused pass over all tensors instead of a loop per tensor (docs/results.md has the gain on CPU).
         fused = all(p.device.type in ("cpu", "cuda") for p in self.parameters())
         # Lightning's mixed-precision plugin refuses gradient clipping with a fused optimizer (it would unscale
         # fp16 gradients inside step), even for bf16, which has no scaler: bf16-mixed + clipping needs foreach.

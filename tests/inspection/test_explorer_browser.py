@@ -35,7 +35,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update", "--disable-sync", "--no-first-run",
 ]  # fmt: skip
 TOKENS = 24
-# Stated budgets for 12 layers x 12 heads x 1024 tokens (README, "Attention explorer"): the file at most
+# Stated budgets for 12 layers x 12 heads x 1024 tokens (docs/attention.md, "The attention explorer"): the file at most
 # 32 MB for the noisy test maps, and interactive in a few seconds. The size is asserted; the time is
 # measured and printed (wall-clock thresholds are load-dependent), and READY_TIMEOUT_MS only catches a hang.
 SIZE_BUDGET_BYTES = 32 * 2**20

@@ -1,4 +1,4 @@
-"""Only the fit that creates a run writes its config.yaml: the README's validate leaves the run resumable, and a
+"""Only the fit that creates a run writes its config.yaml: the documented validate (docs/runs.md) leaves the run resumable, and a
 resume with another model size is refused (one line, exit 2) before anything is touched."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def test_readme_validate_then_resume(run_dir, script, tiny_args, tiny_run):
     config = (run_dir / "config.yaml").read_bytes()
     segments = wandb_segments(run_dir)
     original = wandb_segments(tiny_run)
-    # The README's command: the training config and the run's checkpoint (the run folder is named after it).
+    # The documented command (docs/runs.md): the training config and the run's checkpoint (the run folder is named after it).
     validate = tiny_args(run_dir.parent, "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt"))
     validate[validate.index("fit")] = "validate"
     result = script(*validate)
