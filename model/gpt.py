@@ -199,17 +199,14 @@ class GPT(nn.Module):
     def first_non_finite(self, idx: torch.Tensor) -> str | None:
         """The name of the first module (embedding, block, final norm, head) whose output on idx (B, T) holds a
         NaN or an infinity, or None: a full forward with hooks, for after a failure."""
+        names = {self.wte: "wte", **{block: f"blocks.{i}" for i, block in enumerate(self.blocks)}}
+        names |= {self.norm: "norm", self.lm_head: "lm_head"}
         finite: dict[str, torch.Tensor] = {}  # filled in the order the forward runs the modules
-        blocks = {f"blocks.{i}": block for i, block in enumerate(self.blocks)}
-        modules = {"wte": self.wte, **blocks, "norm": self.norm, "lm_head": self.lm_head}
 
-        def record(name: str):
-            def hook(module: nn.Module, args: tuple, out: torch.Tensor) -> None:  # None: the output stays
-                finite.setdefault(name, out.isfinite().all())
+        def record(module: nn.Module, args: tuple, out: torch.Tensor) -> None:  # None: the output stays
+            finite[names[module]] = out.isfinite().all()
 
-            return hook
-
-        hooks = [module.register_forward_hook(record(name)) for name, module in modules.items()]
+        hooks = [module.register_forward_hook(record) for module in names]
         try:
             self(idx[:, -self.config.block_size :])
         finally:

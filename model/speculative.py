@@ -59,9 +59,7 @@ class DraftModel:
             dists.append(sampler.probs(self.context.logits(seq)[0, -1]))
             return seq.new_tensor([[sampler.draw(dists[-1])]])
 
-        drafts = decode(idx, k, draft_step, Stop(None, 1, idx.device))[
-            0, n:
-        ].tolist()  # the one loop, no stop
+        drafts = decode(idx, k, draft_step, Stop(None, 1, idx.device))[0, n:].tolist()  # no stop ids
         return drafts, None if sampler.greedy else torch.stack(dists)
 
 
@@ -80,27 +78,21 @@ class SpeculativeStats:
 
 
 def verify(logits: torch.Tensor, drafts: list[int], q: torch.Tensor | None, sampler: Sampler) -> list[int]:
-    """The tokens a round emits: the accepted drafts, then one token of the target's own.
-
-    logits (len(drafts) + 1, V) are the target's after each prefix; q (len(drafts), V) the draft
-    distributions, None for a deterministic drafter (a one-hot q).
-    """
+    """The tokens a round emits: the accepted drafts, then one token of the target's own. logits
+    (len(drafts) + 1, V) are the target's after each prefix; q (len(drafts), V) the draft distributions, None
+    for a deterministic drafter (a one-hot q)."""
     p = sampler.probs(logits)
-    out = []
     for i, token in enumerate(drafts):
-        q_token = 1.0 if q is None else float(q[i, token])
         if sampler.greedy:
             keep = token == int(logits[i].argmax())
         else:
+            q_token = 1.0 if q is None else float(q[i, token])
             keep = float(torch.rand((), generator=sampler.generator)) < min(1.0, float(p[i, token]) / q_token)
         if not keep:
-            q_row = (
-                torch.nn.functional.one_hot(torch.tensor(token), p.shape[-1]).float() if q is None else q[i]
-            )
+            q_row = torch.nn.functional.one_hot(torch.tensor(token), p.shape[-1]) if q is None else q[i]
             residual = (p[i] - q_row).clamp(min=0)
-            return out + [sampler.draw(residual / residual.sum() if residual.sum() > 0 else p[i])]
-        out.append(token)
-    return out + [sampler.draw(p[len(drafts)])]
+            return drafts[:i] + [sampler.draw(residual / residual.sum() if residual.sum() > 0 else p[i])]
+    return drafts + [sampler.draw(p[len(drafts)])]
 
 
 @torch.inference_mode()
