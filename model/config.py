@@ -117,13 +117,15 @@ class ModelConfig:
     @property
     def rope(self) -> Rope:
         """The rotary embedding of these heads; caches hold it to hand each forward its cos/sin rows."""
-        scaling = Llama3Scaling(
-            float(self.rope_factor),
-            float(self.rope_low_freq_factor),
-            float(self.rope_high_freq_factor),
-            int(self.rope_original_context),
-        )
-        return Rope(self.head_dim, float(self.rope_theta), scaling if self.rope_type == "llama3" else None)
+        scaling = None
+        if self.rope_type == "llama3":
+            scaling = Llama3Scaling(
+                float(self.rope_factor),
+                float(self.rope_low_freq_factor),
+                float(self.rope_high_freq_factor),
+                int(self.rope_original_context),
+            )
+        return Rope(self.head_dim, float(self.rope_theta), scaling)
 
     @property
     def n_rep(self) -> int:
