@@ -1,6 +1,5 @@
-"""The computations of causal attention, with no parameters: RoPE (rotate-half, the Llama / Hugging Face
-convention, with Llama 3's scaling), the fused-kernel path, the one-query paths of decoding, and the explicit
-path that shows its work. The layer holding the projections is `CausalSelfAttention` in model/gpt.py."""
+"""Causal attention without parameters: RoPE (rotate-half, as Llama and Hugging Face, with Llama 3's scaling),
+the fused-kernel path, the one-query path of the compiled CPU step, and the explicit path that shows its work."""
 
 from __future__ import annotations
 
@@ -14,12 +13,9 @@ import torch.nn.functional as F
 
 @dataclass(frozen=True)
 class Llama3Scaling:
-    """Llama 3's RoPE rescaling: the low frequencies slowed down by `factor`, the high ones kept.
-
-    A frequency's wavelength (2 pi / frequency, in positions) is compared with the context the model was first
-    trained at: longer than original_context / low_freq_factor, it turned less than once there and is divided
-    by `factor`; shorter than original_context / high_freq_factor, it is kept; in between, the two are blended.
-    """
+    """Llama 3's RoPE rescaling: a frequency whose wavelength (2 pi / frequency) exceeds original_context /
+    low_freq_factor turned less than once in training and is divided by `factor`; one shorter than
+    original_context / high_freq_factor is kept; in between, the two are blended."""
 
     factor: float
     low_freq_factor: float
@@ -38,8 +34,7 @@ class Llama3Scaling:
 
 @dataclass(frozen=True)
 class Rope:
-    """The rotation a model applies, enough to build its cos/sin tables on any device. Frozen and hashable, so
-    a cache can hold it and its tables are shared per (rope, device)."""
+    """The rotation a model applies; hashable, so its cos/sin tables are shared per (rope, device)."""
 
     head_dim: int
     theta: float
@@ -48,25 +43,11 @@ class Rope:
     def tables(
         self, start: int, length: int, device: torch.device | str | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin (length, head_dim) for absolute positions start..start+length-1, in float32.
-
-        Tables are cached per device for lengths rounded up to a power of two, so a decode step only slices.
-        """
-        size = 1 << (start + length - 1).bit_length()  # a power of two >= start + length: few distinct tables
+        """cos and sin (length, head_dim) in float32 for positions start..start+length-1: a slice of a cached
+        table whose length is a power of two, so a decode step only slices."""
+        size = 1 << (start + length - 1).bit_length()
         cos, sin = _tables(self, size, torch.device(device or "cpu"))
         return cos[start : start + length], sin[start : start + length]
-
-
-def rope_tables(
-    head_dim: int,
-    start: int,
-    length: int,
-    theta: float,
-    device: torch.device | str | None = None,
-    llama3: Llama3Scaling | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`Rope(head_dim, theta, llama3).tables(start, length, device)`."""
-    return Rope(head_dim, float(theta), llama3).tables(start, length, device)
 
 
 def inverse_frequencies(head_dim: int, theta: float, llama3: Llama3Scaling | None = None) -> torch.Tensor:
@@ -97,10 +78,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def causal_mask(t: int, s: int, device: torch.device | None = None) -> torch.Tensor:
-    """Bool (T, S) mask, True where query i may see key j: the diagonal is aligned bottom-right.
-
-    The T new queries are the last T of S positions, so query i sits at absolute position S - T + i.
-    """
+    """Bool (T, S), True where query i (at position S - T + i: the T queries are the last T) may see key j."""
     return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)
 
 
@@ -109,47 +87,32 @@ def sdpa_attention(
 ) -> torch.Tensor:
     """Causal attention of q (B, H, T, D) over k, v (B, Hkv, S, D) with the fused kernel.
 
-    `is_causal=True` aligns the triangle top-left, which is only right when T == S. So the three cases are
-    handled apart (README "How attention works here", causal mask): T == S uses is_causal, a one-token
-    decode needs no mask, and only chunked prefill pays for an explicit bottom-right mask. A static-shape cache passes
-    `visible` (bool, broadcastable to (B, H, T, S)) because it hands over its whole buffer.
+    `is_causal=True` aligns the triangle top-left, right only when T == S; one query needs no mask; only a
+    chunked prefill pays for the bottom-right mask. A static cache hands over its whole buffer with `visible`
+    (bool, broadcastable to (B, H, T, S)).
     """
     if visible is not None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
     t, s = q.shape[2], k.shape[2]
     if t == s:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    if t == 1:  # one new token sees every cached key: no mask
-        return one_query_sdpa(q, k, v)
+    if t == 1:
+        # The G = H / Hkv query heads of each key head become G query rows of it (head i uses key head i // G,
+        # as in enable_gqa): the kernel reads each cached key once, not once per query head as under enable_gqa.
+        b, h, _, d = q.shape
+        out = F.scaled_dot_product_attention(q.reshape(b, k.shape[1], h // k.shape[1], d), k, v)
+        return out.reshape(b, h, 1, v.shape[-1])
     mask = causal_mask(t, s, q.device)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-
-
-def one_query_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Attention of one query per head, q (B, H, 1, D), over every key of k, v (B, Hkv, S, D).
-
-    Each key head's G = H / Hkv query heads become G query rows of that head, (B, Hkv, G, D): the kernel then
-    reads every cached key once, where the CPU kernel under `enable_gqa` streams it once per query head. Query
-    heads are grouped as in `enable_gqa`: head i uses key head i // G.
-    """
-    b, h, _, d = q.shape
-    hkv = k.shape[1]
-    out = F.scaled_dot_product_attention(q.reshape(b, hkv, h // hkv, d), k, v)  # (B, Hkv, G, Dv)
-    return out.reshape(b, h, 1, v.shape[-1])
 
 
 def one_query_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor
 ) -> torch.Tensor:
-    """softmax(q kᵀ / sqrt(D)) v for one query per head, q (B, H, 1, D), over k, v (B, Hkv, S, D), as products
-    and sums for Inductor to fuse (the compiled CPU decode step: `Cache.reductions`).
-
-    The fused CPU kernel is built for many queries; the fused reduction reads each cached key once on every
-    thread (`python -m benchmarks.decode --batches 1 8 32` measures it). Run eagerly, the products would be
-    materialised first: only the compiled step asks for it. `visible` is a bool mask (B or 1, 1, 1, S). Each
-    key head serves its group of query heads without being repeated. Scores and probabilities are at least
-    float32, as in the fused kernel, for bf16 and fp16 models.
-    """
+    """softmax(q kᵀ / sqrt(D)) v for one query per head, q (B, H, 1, D), over k, v (B, Hkv, S, D) masked by
+    `visible` (B or 1, 1, 1, S), as products and sums for Inductor to fuse into reductions that read each cached
+    key once on every thread (the compiled CPU step: `Cache.reductions`); run eagerly it would materialise the
+    products. Scores are at least float32, as in the fused kernel."""
     b, h, _, d = q.shape
     hkv = k.shape[1]
     q = q.to(torch.promote_types(q.dtype, torch.float32))  # bf16/fp16 -> float32, float64 stays
@@ -169,11 +132,8 @@ def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 def explicit_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The textbook computation softmax(q kᵀ / sqrt(D) + mask) v in float32.
-
-    Returns the output (B, H, T, D) in q's dtype and the probabilities (B, H, T, S). It materialises the
-    full matrix, so it is for inspection and tests, never for training.
-    """
+    """The textbook softmax(q kᵀ / sqrt(D) + mask) v in float32: the output (B, H, T, D) in q's dtype and the
+    probabilities (B, H, T, S). It materialises the full matrix: for inspection and tests, never training."""
     scores = attention_scores(q, k)
     mask = causal_mask(q.shape[2], k.shape[2], q.device)
     probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)

@@ -13,14 +13,12 @@ from .config import ModelConfig
 
 class Cache(Protocol):
     """What a forward asks of a cache: `KVCache` answers at an integer position, the static cache of the
-    compiled decode step (model/static_decode.py) at a tensor position, so one forward serves both."""
+    compiled step at a tensor position, so one forward serves both."""
 
     reductions: bool  # attention computes its one query as explicit reductions (the compiled CPU step)
+    visible: torch.Tensor | None  # bool mask of the keys `update` returns, None for the causal rule
 
     def rope_rows(self, t: int) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-    @property
-    def visible(self) -> torch.Tensor | None: ...
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -29,18 +27,15 @@ class Cache(Protocol):
 
 @dataclass
 class KVCache:
-    """Keys and values of every layer for the tokens seen so far, and where the next tokens go.
-
-    Only the n_kv_head heads are stored (GQA/MQA shrink the cache by n_head / n_kv_head). Each attention layer
-    writes its slice at [pos, pos + T) and reads [0, pos + T); the model calls `advance` after the last layer.
-    A plain object: it never appears in a state_dict.
-    """
+    """Keys and values of the n_kv_head heads of every layer for the tokens seen so far (GQA/MQA shrink it by
+    n_head / n_kv_head). A layer writes [pos, pos + T) and reads [0, pos + T); the model then calls `advance`."""
 
     k: torch.Tensor  # (L, B, Hkv, max_len, D)
     v: torch.Tensor  # (L, B, Hkv, max_len, D)
     rope: Rope
     pos: int = 0
-    reductions = False  # attention runs SDPA; the compiled CPU step's static cache asks for reductions
+    reductions = False
+    visible = None  # `update` returns only the filled keys, so the causal rule of `sdpa_attention` applies
 
     @classmethod
     def allocate(
@@ -61,8 +56,7 @@ class KVCache:
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, batch_size: int, length: int | None = None) -> KVCache:
-        """The cache of `model` on its device and in its dtype for `length` tokens (None: its block_size): a
-        request that fits its context never slides its window, so a short request reads a short cache."""
+        """The cache of `model` on its device and in its dtype for `length` tokens, at most its block_size."""
         param, config = next(model.parameters()), model.config
         max_len = min(config.block_size, length or config.block_size)
         return cls.allocate(config, batch_size, max_len, device=param.device, dtype=param.dtype)
@@ -72,17 +66,11 @@ class KVCache:
         return self.rope.tables(self.pos, t, self.k.device)
 
     @property
-    def visible(self) -> None:
-        """No mask: `update` returns only the filled keys, so the masking rule of `sdpa_attention` applies."""
-        return None
-
-    @property
     def max_len(self) -> int:
         return self.k.shape[3]
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the key and value buffers."""
         return self.k.nbytes + self.v.nbytes
 
     @property

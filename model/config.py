@@ -12,8 +12,7 @@ from common.errors import UserError
 
 from .attention import Llama3Scaling, Rope
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-"""Weight dtypes the command lines (generate.py --dtype, the export's --dtype) accept by name."""
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # --dtype names
 
 
 @dataclass(frozen=True)
@@ -43,8 +42,8 @@ class ModelConfig:
         rope_high_freq_factor: llama3 RoPE: wavelengths below rope_original_context / this are kept.
         rope_original_context: llama3 RoPE: the context length the model was first trained at.
 
-    Invalid values raise a one-line `UserError` naming the field as `model.<field>`, the key that sets it in a
-    training config and on the command line (`--model.n_head`).
+    Invalid values raise a one-line `UserError` naming the field as `model.<field>`, its key in a training
+    config and on the command line.
     """
 
     vocab_size: int = 1024
@@ -141,10 +140,8 @@ class ModelConfig:
         return math.ceil(8 * self.n_embd / 3 / 64) * 64
 
     def to_dict(self) -> dict:
-        """Plain-typed fields, safe for checkpoints loaded with weights_only=True.
-
-        A head_dim equal to n_embd / n_head is written as None, so a dict edited to a new width stays whole.
-        """
+        """Plain-typed fields, safe for weights_only=True checkpoints; a head_dim equal to n_embd / n_head is
+        written as None, so a dict edited to a new width stays whole."""
         fields = asdict(self)
         if fields["head_dim"] == self.n_embd // self.n_head and self.n_embd % self.n_head == 0:
             fields["head_dim"] = None

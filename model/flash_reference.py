@@ -1,30 +1,12 @@
-"""FlashAttention written out in plain PyTorch, to read rather than to run fast.
+"""FlashAttention written out in plain PyTorch, to read rather than to run fast: the same output as
+`model.attention.sdpa_attention`, computed one tile at a time without ever storing the (T, S) scores.
 
-The fused SDPA kernel computes softmax(q kᵀ / sqrt(D) + causal mask) v without ever storing the (T, S) matrix
-of scores. This file does the same thing one tile at a time so the trick can be read line by line. It gives
-the same output as `model.attention.sdpa_attention` (tests/model/test_flash_reference.py checks it); it is
-slow because every tile is a separate Python-level step instead of one fused kernel.
-
-The algorithm, for one tile of queries:
-
-1. Split the keys and values into tiles of `block_size_k` positions. Only one (Tq, Tk) tile of scores exists
-   at any time, so memory grows with the tile size, not with S.
-2. Keep three running quantities per query row: the largest score seen so far `m`, the softmax denominator
-   `l = sum exp(score - m)` over the keys seen so far, and the unnormalised output `acc = sum exp(score - m) v`.
-3. For each key tile: compute its scores, mask the keys the query may not see yet (only tiles that cross the
-   causal diagonal need a mask; tiles wholly above it are skipped, they would contribute exactly zero).
-4. Why a running max: exp(score) overflows float32 once a score passes ~88, so softmax is always computed as
-   exp(score - max). The true row max is unknown until every key has been seen, so we use the max so far.
-5. Why rescale: when a new tile raises the max from m to m', everything accumulated with exp(score - m) is too
-   large by a factor exp(m' - m). Multiplying `l` and `acc` by exp(m - m') puts the old terms on the new scale,
-   because exp(score - m) * exp(m - m') = exp(score - m'). The result is exact, not an approximation.
-6. After the last tile, divide once: out = acc / l. Dividing at the end instead of per tile saves work and
-   is what makes the rescaling in step 5 a single multiply.
-
-Causality uses the same rule as `model.attention.causal_mask`: the T queries are the last T of the S
-positions, so query i sits at absolute position S - T + i and may see keys 0 .. S - T + i. Grouped-query
-attention is handled by viewing the H query heads as (Hkv, H / Hkv) groups, each group broadcast against its
-own key/value head, so K and V are never copied per query head.
+Per query tile, keys and values are visited in tiles, and each query row keeps three running quantities: the
+largest score so far `m`, the denominator `l = sum exp(score - m)` and the unnormalised output
+`acc = sum exp(score - m) v`. The max keeps exp() from overflowing (float32 overflows past ~88). When a tile
+raises the max from m to m', exp(score - m) * exp(m - m') = exp(score - m'), so multiplying `l` and `acc` by
+exp(m - m') puts the old terms on the new scale exactly. Tiles wholly above the causal diagonal are skipped,
+and `acc / l` is taken once at the end. Causality follows `causal_mask` (query i is at position S - T + i).
 """
 
 from __future__ import annotations
@@ -37,16 +19,14 @@ import torch
 def flash_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size_q: int = 64, block_size_k: int = 64
 ) -> torch.Tensor:
-    """Causal GQA attention of q (B, H, T, D) over k, v (B, Hkv, S, D), tiled; returns (B, H, T, D).
-
-    Accumulates in float32 and returns q's dtype. Requires T <= S and H divisible by Hkv.
-    """
+    """Causal GQA attention of q (B, H, T, D) over k, v (B, Hkv, S, D), tiled, accumulated in float32;
+    returns (B, H, T, D) in q's dtype."""
     _check_shapes(q, k, v, block_size_q, block_size_k)
     b, h, t, d = q.shape
     n_kv_head, s = k.shape[1], k.shape[2]
     group = h // n_kv_head
-    # Query head h uses kv head h // group (the order repeat_interleave gives), so split H into (Hkv, group)
-    # and give K/V a size-1 group axis: broadcasting shares one kv head with its whole group, no copy.
+    # Query head h uses kv head h // group (as repeat_interleave), so H splits into (Hkv, group) and K/V get a
+    # size-1 group axis that broadcasts.
     q_grouped = q.reshape(b, n_kv_head, group, t, d)  # (B, Hkv, G, T, D)
     k_grouped = k.unsqueeze(2)  # (B, Hkv, 1, S, D)
     v_grouped = v.unsqueeze(2)  # (B, Hkv, 1, S, D)
@@ -70,9 +50,7 @@ def _attend_query_tile(
     running_max = torch.full(row_shape, float("-inf"), device=q_tile.device)
     running_sum = torch.zeros(row_shape, device=q_tile.device)
     acc = torch.zeros(q_tile.shape, device=q_tile.device)  # (B, Hkv, G, Tq, D)
-    # The last query of the tile sees keys up to its own position; later key tiles lie wholly above the
-    # diagonal for every row of this tile, so they are never loaded.
-    last_visible_key = first_pos + tq - 1
+    last_visible_key = first_pos + tq - 1  # key tiles after it lie above the diagonal: never loaded
     for k_start in range(0, last_visible_key + 1, block_size_k):
         k_end = min(k_start + block_size_k, last_visible_key + 1)
         k_tile = k[..., k_start:k_end, :].float()  # (B, Hkv, 1, Tk, D)
@@ -81,8 +59,7 @@ def _attend_query_tile(
         if k_end - 1 > first_pos:  # the tile crosses the diagonal: some rows may not see its last keys
             key_pos = torch.arange(k_start, k_end, device=q_tile.device)  # (Tk,)
             scores = scores.masked_fill(key_pos[None, :] > query_pos[:, None], float("-inf"))
-        # Every row sees key 0, which is in the first tile, so new_max is finite from the first tile on and
-        # exp(-inf - new_max) below is a clean 0 rather than the NaN of exp(-inf - -inf).
+        # Every row sees key 0, in the first tile: new_max is finite, so exp(-inf - new_max) is 0, not NaN.
         new_max = torch.maximum(running_max, scores.amax(dim=-1, keepdim=True))
         rescale = torch.exp(running_max - new_max)  # exp(m - m'): puts old terms on the new max's scale
         weights = torch.exp(scores - new_max)  # unnormalised softmax numerators of this tile

@@ -1,6 +1,5 @@
-"""The decoder-only transformer and its modules: RMSNorm, the attention layer, the SwiGLU MLP, the pre-norm
-block, and the GPT (embeddings, the blocks, the final norm and the LM head). The attention math and RoPE are
-in model/attention.py."""
+"""The decoder-only transformer: RMSNorm, the attention layer, the SwiGLU MLP, the pre-norm block and the GPT.
+The attention math and RoPE are in model/attention.py."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # float32: the same numbers as below in one call (a decode step is made of small ops, 2 norms a layer).
-        if x.dtype == torch.float32:
+        if x.dtype == torch.float32:  # the same numbers as below in one call: fewer ops per decode step
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         # Normalise in float32 and round before the scale (as Hugging Face Llama does) so bf16 runs and
         # exported models agree.
@@ -76,13 +74,13 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, D)
             visible = cache.visible
-        if probs_out is None and cache is not None and cache.reductions:
-            y = one_query_attention(q, k, v, visible)
-        elif probs_out is None:
-            y = sdpa_attention(q, k, v, visible)
-        else:
+        if probs_out is not None:
             y, probs = explicit_attention(q, k, v)
             probs_out.append(probs)
+        elif cache is not None and cache.reductions:
+            y = one_query_attention(q, k, v, visible)
+        else:
+            y = sdpa_attention(q, k, v, visible)
         b, _, t, _ = y.shape
         y = y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim)  # (B, T, H * D)
         return self.proj(y)
@@ -142,12 +140,8 @@ class GPT(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Normal(0, init_std) on every weight, zero biases, unit norm gains, and init_std / sqrt(2 * n_layer)
-        on the residual projections.
-
-        Each block adds two branches to the residual stream; shrinking the projections that write into it
-        keeps the stream's variance roughly independent of depth at initialisation (GPT-2's scheme).
-        """
+        """Normal(0, init_std) weights, zero biases, unit norm gains; the residual projections get init_std /
+        sqrt(2 * n_layer) so the stream's variance does not grow with depth (GPT-2's scheme)."""
         std = self.config.init_std
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -168,14 +162,11 @@ class GPT(nn.Module):
         last_only: bool = False,
         probs_out: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Logits (B, T, V) for token ids idx (B, T) placed after the tokens the cache holds: the one walk
-        through the blocks.
+        """Logits (B, T, V) for token ids idx (B, T) placed after the tokens the cache holds (a `KVCache`, or
+        the static cache of the compiled step), the one walk through the blocks for both.
 
-        `last_only=True` returns the last position's logits only, (B, 1, V): a prefill that just picks the
-        next token skips the LM head on every other position (a quarter of a 512-token prefill at V=32000).
-        The cache is a `KVCache` or the static-shape cache of the compiled decode step
-        (model/static_decode.py): either one hands the blocks the RoPE rows and the mask of its position.
-        `probs_out` switches attention to the explicit path, which appends its probabilities there.
+        `last_only=True` gives (B, 1, V): a prefill that only picks the next token skips the LM head elsewhere
+        (a quarter of a 512-token prefill at V=32000). `probs_out` collects the explicit path's probabilities.
         """
         t = idx.shape[1]
         if cache is None:
@@ -198,10 +189,8 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def attention_maps(self, idx: torch.Tensor) -> torch.Tensor:
-        """Softmax probabilities (L, B, H, T, T) of every layer and head, from the explicit path.
-
-        Call it in eval mode if dropout is on; it never touches a cache.
-        """
+        """Softmax probabilities (L, B, H, T, T) of every layer and head, from the explicit path (no cache; call
+        it in eval mode if dropout is on)."""
         probs: list[torch.Tensor] = []
         self.forward(idx, last_only=True, probs_out=probs)
         return torch.stack(probs)
@@ -209,18 +198,15 @@ class GPT(nn.Module):
     @torch.no_grad()
     def first_non_finite(self, idx: torch.Tensor) -> str | None:
         """The name of the first module (embedding, block, final norm, head) whose output on idx (B, T) holds a
-        NaN or an infinity, or None. A full forward with hooks: for after a failure, not for every step."""
+        NaN or an infinity, or None: a full forward with hooks, for after a failure."""
+        names = {self.wte: "wte", **{block: f"blocks.{i}" for i, block in enumerate(self.blocks)}}
+        names |= {self.norm: "norm", self.lm_head: "lm_head"}
         finite: dict[str, torch.Tensor] = {}  # filled in the order the forward runs the modules
-        blocks = {f"blocks.{i}": block for i, block in enumerate(self.blocks)}
-        modules = {"wte": self.wte, **blocks, "norm": self.norm, "lm_head": self.lm_head}
 
-        def record(name: str):
-            def hook(module: nn.Module, args: tuple, out: torch.Tensor) -> None:  # None: the output stays
-                finite.setdefault(name, out.isfinite().all())
+        def record(module: nn.Module, args: tuple, out: torch.Tensor) -> None:  # None: the output stays
+            finite[names[module]] = out.isfinite().all()
 
-            return hook
-
-        hooks = [module.register_forward_hook(record(name)) for name, module in modules.items()]
+        hooks = [module.register_forward_hook(record) for module in names]
         try:
             self(idx[:, -self.config.block_size :])
         finally:
@@ -228,7 +214,6 @@ class GPT(nn.Module):
                 hook.remove()
         return next((name for name, ok in finite.items() if not ok), None)
 
-    def num_params(self, include_embedding: bool = True) -> int:
+    def num_params(self) -> int:
         """Parameter count, a tied embedding counted once."""
-        n = sum(p.numel() for p in self.parameters())
-        return n if include_embedding else n - self.wte.weight.numel()
+        return sum(p.numel() for p in self.parameters())

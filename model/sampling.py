@@ -38,7 +38,7 @@ class Sampler:
     generator: torch.Generator | None = None
 
     def check(self) -> Sampler:
-        """Raise a one-line UserError, starting with the field's name, for a value that cannot sample."""
+        """Raise a one-line UserError, naming the field, for a value that cannot sample."""
         if self.temperature < 0:
             raise UserError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
         if self.top_k is not None and self.top_k < 1:
@@ -56,10 +56,8 @@ class Sampler:
         return self.temperature == 0
 
     def probs(self, logits: torch.Tensor, seen: torch.Tensor | None = None) -> torch.Tensor:
-        """The distribution (..., V) tokens are drawn from; one-hot on the argmax when greedy.
-
-        `seen` (B, T), the tokens so far, is what the repetition penalty discourages (logits (B, V) then).
-        """
+        """The distribution (..., V) tokens are drawn from (one-hot on the argmax when greedy); the repetition
+        penalty discourages the tokens `seen` (B, T) so far (logits (B, V) then)."""
         if seen is not None and self.repetition_penalty != 1.0:
             logits = penalize_repeats(logits, seen, self.repetition_penalty)
         if self.greedy:
@@ -70,7 +68,7 @@ class Sampler:
     def next_token(self, logits: torch.Tensor, seen: torch.Tensor | None = None) -> torch.Tensor:
         """One token id per row of logits (B, V), given the tokens `seen` (B, T) so far."""
         if self.greedy and (seen is None or self.repetition_penalty == 1.0):
-            return logits.argmax(dim=-1)  # no softmax needed, the common greedy case stays one kernel
+            return logits.argmax(dim=-1)  # the common greedy case stays one kernel
         probs = self.probs(logits, seen)
         return probs.argmax(dim=-1) if self.greedy else self._multinomial(probs, logits).squeeze(-1)
 
@@ -81,14 +79,10 @@ class Sampler:
     def _multinomial(self, probs: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
         try:
             return torch.multinomial(probs, 1, generator=self.generator)
-        except RuntimeError:  # `source` checked only now: a check at every step would wait for the device
+        except RuntimeError:  # `source` checked only now: checking every step would wait for the device
             if torch.isfinite(source).all():
                 raise
             raise NonFiniteLogits(NOT_FINITE) from None
-
-    def uniform(self) -> float:
-        """A number in [0, 1) from the sampler's generator (speculative decoding's accept test)."""
-        return float(torch.rand((), generator=self.generator))
 
 
 def filter_logits(
@@ -122,24 +116,17 @@ def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -
 
 
 def context_start(start: int, length: int, block_size: int) -> int:
-    """First token of the window the model sees, given the previous window start and the sequence length.
-
-    The window grows to block_size tokens; when the next token would not fit, it jumps forward to keep the
-    most recent block_size // 2 (at least one), re-encoded from position 0: jumping by half, not by one, lets
-    the cached path re-prefill once per block_size / 2 tokens. Every decoder follows this one rule, so they
-    agree at every length.
-    """
+    """First token of the window the model sees, given the previous window start and the sequence length: every
+    decoder's one rule. A full window jumps to keep the most recent block_size // 2 tokens (at least one), so
+    the cache is re-filled once per block_size / 2 tokens rather than at every token."""
     if length - start <= block_size:
         return start
     return length - max(1, block_size // 2)
 
 
 class Stop:
-    """The one stop rule: a row ends at its first stop id, then repeats the first of the ids.
-
-    `eos_id` is one stop id or several (Llama 3 ends a turn with more than one); decoding ends when every row
-    has stopped. `apply` takes the new columns of one step (B, n): one, or several for a speculative round.
-    """
+    """The one stop rule: a row ends at its first stop id (`eos_id`: one or several), then repeats the first of
+    the ids; decoding ends when every row has stopped."""
 
     def __init__(self, eos_id: int | Collection[int] | None, batch_size: int, device: torch.device) -> None:
         ids = [] if eos_id is None else [int(eos_id)] if isinstance(eos_id, int) else [int(i) for i in eos_id]
@@ -148,7 +135,7 @@ class Stop:
         self.done = torch.zeros(batch_size, dtype=torch.bool, device=device)
 
     def apply(self, tokens: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        """The columns (B, n') to keep of `tokens` (B, n), and whether every row has now stopped."""
+        """The columns (B, n') to keep of a step's `tokens` (B, n), and whether every row has now stopped."""
         if self.ids is None:
             return tokens, False
         hits = torch.isin(tokens, self.ids).long()
@@ -156,21 +143,15 @@ class Stop:
         before = self.done[:, None] | (hits.cumsum(1) - hits > 0)  # the row stopped before this column
         tokens = tokens.masked_fill(before, self.first)
         self.done = stopped[:, -1]
-        # done.all() syncs with the device, so it is asked once per step and only when there are stop ids.
-        if not bool(self.done.all()):
+        if not bool(self.done.all()):  # a device sync: once per step, and only when there are stop ids
             return tokens, False
         return tokens[:, : int(stopped.all(0).long().argmax()) + 1], True
 
 
 class Context:
-    """A model's view of a growing sequence (B, n): the KV cache of its current window, fed only what it lacks.
-
-    Every decoder asks it for the logits after a sequence. It follows the window rule (`context_start`) and
-    feeds the tokens after the cached ones: one token through `step` (the compiled static step of
-    model/static_decode.py) if given, else the eager forward. Without a cache it runs the whole window every
-    time (the reference). The cache never keeps a token at or after the first one whose logits are asked
-    (rejected drafts go so); `keep(n)` forgets those from the n-th on (a re-rendered chat).
-    """
+    """A model's view of a growing sequence (B, n): the KV cache of its current window (`context_start`), fed
+    only the tokens it lacks, one token through `step` (the compiled static step) if given, else the eager
+    forward. Without a cache it runs the whole window every time (the reference)."""
 
     def __init__(self, model: torch.nn.Module, cache: KVCache | None, step=None) -> None:
         self.model, self.cache, self.step = model, cache, step
@@ -178,10 +159,8 @@ class Context:
         self.start: int | None = None  # the sequence index at cache position 0; None until the first call
 
     def logits(self, seq: torch.Tensor, count: int = 1) -> torch.Tensor:
-        """Logits (B, count, V) of the token after each of the last `count` prefixes of seq (B, n).
-
-        The shortest of those prefixes decides the window; the caller keeps the longest inside it.
-        """
+        """Logits (B, count, V) of the token after each of the last `count` prefixes of seq (B, n); the shortest
+        decides the window, the caller keeps the longest inside it."""
         start = self.window_start(seq.shape[1] - count + 1)
         if start != self.start:
             self.start = start
@@ -189,14 +168,13 @@ class Context:
                 self.cache.reset()
         if self.cache is None:
             return self.eager(seq[:, start:], None, count)
-        self.keep(seq.shape[1] - count)  # what the cache holds from there on was a guess (a rejected draft)
+        self.keep(seq.shape[1] - count)  # what the cache holds from there on was a rejected draft
         new = seq[:, start + self.cache.pos :]
         if new.shape[1] == 1 and count == 1 and self.step is not None:
             return self.step(new[:, 0].clone(memory_format=torch.contiguous_format))[:, None]  # one graph
         return self.eager(new, self.cache, count)
 
     def window_start(self, n: int) -> int:
-        """Where the window of a sequence of n tokens starts, by `context_start` from the current window."""
         if self.start is None:  # a long prompt: the model sees its last block_size tokens
             return max(0, n - self.block_size)
         return context_start(self.start, n, self.block_size)
@@ -208,7 +186,7 @@ class Context:
         return self.model(tokens, cache, last_only=count == 1)[:, -count:]
 
     def keep(self, n: int) -> None:
-        """The first n tokens of the sequence are final; forget any cached after them."""
+        """The first n tokens of the sequence are final; forget any cached after them (a re-rendered chat)."""
         if self.cache is not None and self.start is not None and n - self.start < self.cache.pos:
             self.cache.rollback(max(0, n - self.start))
 
@@ -220,11 +198,9 @@ def decode(
     stop: Stop,
     on_token: Callable[[torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
-    """The one decode loop: extend seq (B, n) by `next_tokens(seq, room)` columns until max_new_tokens or a stop.
-
-    `next_tokens` gives the next columns (B, k), 1 <= k <= room (the tokens still allowed): a plain step gives
-    one, a speculative round several. `on_token` receives each new column (B,) as soon as it is kept.
-    """
+    """The one decode loop: extend seq (B, n) by `next_tokens(seq, room)` columns (B, k), 1 <= k <= room (one
+    for a plain step, several for a speculative round) until max_new_tokens or a stop; `on_token` receives each
+    new column (B,) as soon as it is kept."""
     start = seq.shape[1]
     while seq.shape[1] - start < max_new_tokens:
         tokens, finished = stop.apply(next_tokens(seq, max_new_tokens - (seq.shape[1] - start)))
@@ -238,22 +214,29 @@ def decode(
 
 
 def sample_step(context: Context, sampler: Sampler) -> Callable[[torch.Tensor, int], torch.Tensor]:
-    """The plain step of `decode`: one token per row, picked by `sampler` from the context's logits.
-
-    Only the first logits are checked: broken weights are broken from the first token, and greedy picking
-    would turn NaN logits into token ids in silence (a sampled draw fails loudly at any step).
-    """
-    first = True
+    """The plain step of `decode`: one token per row, picked by `sampler` from the context's logits."""
+    check = first_finite()
 
     def step(seq: torch.Tensor, room: int) -> torch.Tensor:
-        nonlocal first
-        logits = context.logits(seq)[:, -1]
-        if first and not bool(torch.isfinite(logits).all()):
-            raise NonFiniteLogits(NOT_FINITE)
-        first = False
+        logits = check(context.logits(seq)[:, -1])
         return sampler.next_token(logits, seq)[:, None]
 
     return step
+
+
+def first_finite() -> Callable[[torch.Tensor], torch.Tensor]:
+    """A pass-through that raises NonFiniteLogits if the first logits it sees are not finite: broken weights
+    are broken from the first token, and greedy picking would turn NaN into token ids in silence."""
+    checked = False
+
+    def check(logits: torch.Tensor) -> torch.Tensor:
+        nonlocal checked
+        if not checked and not bool(torch.isfinite(logits).all()):
+            raise NonFiniteLogits(NOT_FINITE)
+        checked = True
+        return logits
+
+    return check
 
 
 @torch.inference_mode()
@@ -271,14 +254,11 @@ def generate(
 ) -> torch.Tensor:
     """Continue idx (B, T) by up to max_new_tokens tokens and return (B, T + new) token ids.
 
-    How tokens are picked: a `Sampler`, or its fields as keywords (temperature=1.0, top_k, top_p, min_p,
-    repetition_penalty, generator); `temperature=0` is greedy. `eos_id` is one stop id or several (models
-    such as Llama 3 end a turn with more than one); a row that emits one then repeats the first, and decoding
-    stops when every row has. `on_token` receives each new column (B,) as soon as it is chosen.
-
-    How the model runs: from a KV cache, one single-token forward per new token; `use_cache=False` recomputes
-    the window every step (the reference); `compile=True` decodes with the static-shape step of
-    model/static_decode.py compiled by inductor (a string names another backend): the same tokens.
+    Tokens are picked by a `Sampler` or its fields as keywords (temperature=1.0, top_k, top_p, min_p,
+    repetition_penalty, generator; temperature=0 is greedy). `eos_id` is one stop id or several (`Stop`).
+    `on_token` receives each new column (B,) as soon as it is chosen. The model runs from a KV cache;
+    `use_cache=False` recomputes the window every step (the reference); `compile=True` decodes with the
+    static-shape step of model/static_decode.py compiled by inductor (a string names another backend).
     """
     if sampler is not None and sampling:
         raise TypeError(f"pass a Sampler or its fields, not both (got sampler and {sorted(sampling)})")
@@ -300,8 +280,7 @@ def generate(
 
 @contextmanager
 def naming_the_broken_layer(model: torch.nn.Module, idx: torch.Tensor):
-    """NonFiniteLogits raised inside, told which module's output on idx is first not finite (a forward with
-    hooks, run only after the failure)."""
+    """NonFiniteLogits raised inside, told which module's output on idx is first not finite."""
     try:
         yield
     except NonFiniteLogits as err:

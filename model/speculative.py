@@ -1,15 +1,11 @@
 """Exact speculative decoding: a cheap drafter proposes tokens, the target checks them all in one forward.
 
-Each round the target is fed its last accepted token plus up to k drafted ones (a chunked prefill), which gives
-its next-token distribution after every prefix at once. Drafts are kept while the target agrees, the first
-disagreement is replaced by the target's own choice, and the cache is rolled back past the rejected tokens.
-Greedy output is token-identical to plain greedy decoding; with sampling the accept/reject rule (accept d with
-probability min(1, p(d) / q(d)), else sample from the normalised max(p - q, 0)) leaves the output distributed
-exactly as the target's.
-
-A round is one step of plain decoding's loop (model/sampling.py `decode`, with its stop rule and `Sampler`),
-and the target and a draft model each read through a `Context`, so the target sees the same window as in plain
-decoding: a round never drafts past the end of the current window.
+Each round feeds the target its last token plus up to k drafts (a chunked prefill), giving its distribution
+after every prefix at once. Drafts are kept while the target agrees; the first disagreement is replaced by the
+target's own choice, and the cache forgets the rejected tokens. Greedy output equals plain greedy decoding;
+sampled, the accept rule (accept d with probability min(1, p(d) / q(d)), else draw from the normalised
+max(p - q, 0)) leaves the output distributed exactly as the target's. A round is one step of `decode`, and
+the target reads through a `Context`, so it sees the same windows as plain decoding.
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ from common.errors import UserError
 
 from .cache import KVCache
 from .gpt import GPT
-from .sampling import NOT_FINITE, Context, NonFiniteLogits, Sampler, Stop, decode, naming_the_broken_layer
+from .sampling import Context, Sampler, Stop, decode, first_finite, naming_the_broken_layer
 
 
 class Drafter(Protocol):
@@ -35,8 +31,7 @@ class Drafter(Protocol):
 class PromptLookup:
     """Drafts by copying: find the latest earlier occurrence of the last n tokens and propose what followed."""
 
-    def __init__(self, max_ngram: int = 3) -> None:
-        self.max_ngram = max_ngram
+    max_ngram = 3
 
     def propose(self, idx: torch.Tensor, k: int, sampler: Sampler) -> tuple[list[int], None]:
         seq = idx[0]
@@ -64,9 +59,7 @@ class DraftModel:
             dists.append(sampler.probs(self.context.logits(seq)[0, -1]))
             return seq.new_tensor([[sampler.draw(dists[-1])]])
 
-        drafts = decode(idx, k, draft_step, Stop(None, 1, idx.device))[
-            0, n:
-        ].tolist()  # the one loop, no stop
+        drafts = decode(idx, k, draft_step, Stop(None, 1, idx.device))[0, n:].tolist()  # no stop ids
         return drafts, None if sampler.greedy else torch.stack(dists)
 
 
@@ -85,32 +78,24 @@ class SpeculativeStats:
 
 
 def verify(logits: torch.Tensor, drafts: list[int], q: torch.Tensor | None, sampler: Sampler) -> list[int]:
-    """The tokens a round emits: the accepted drafts, then one token of the target's own.
-
-    logits (len(drafts) + 1, V) are the target's after each prefix; q (len(drafts), V) the draft
-    distributions, None for a deterministic drafter (a one-hot q).
-    """
+    """The tokens a round emits: the accepted drafts, then one token of the target's own. logits
+    (len(drafts) + 1, V) are the target's after each prefix; q (len(drafts), V) the draft distributions, None
+    for a deterministic drafter (a one-hot q)."""
     p = sampler.probs(logits)
-    out = []
     for i, token in enumerate(drafts):
-        q_token = 1.0 if q is None else float(q[i, token])
         if sampler.greedy:
             keep = token == int(logits[i].argmax())
         else:
-            keep = sampler.uniform() < min(1.0, float(p[i, token]) / q_token)
+            q_token = 1.0 if q is None else float(q[i, token])
+            keep = float(torch.rand((), generator=sampler.generator)) < min(1.0, float(p[i, token]) / q_token)
         if not keep:
-            q_row = (
-                torch.nn.functional.one_hot(torch.tensor(token), p.shape[-1]).float() if q is None else q[i]
-            )
+            q_row = torch.nn.functional.one_hot(torch.tensor(token), p.shape[-1]) if q is None else q[i]
             residual = (p[i] - q_row).clamp(min=0)
-            return out + [sampler.draw(residual / residual.sum() if residual.sum() > 0 else p[i])]
-        out.append(token)
-    return out + [sampler.draw(p[len(drafts)])]
+            return drafts[:i] + [sampler.draw(residual / residual.sum() if residual.sum() > 0 else p[i])]
+    return drafts + [sampler.draw(p[len(drafts)])]
 
 
-# Eager even for a model compiled in place (`model.compile()`): that graph would be rebuilt for every position.
 @torch.inference_mode()
-@torch.compiler.set_stance("force_eager")
 def speculative_generate(
     model: GPT,
     idx: torch.Tensor,
@@ -123,9 +108,7 @@ def speculative_generate(
     on_token: Callable[[torch.Tensor], None] | None = None,
 ) -> tuple[torch.Tensor, SpeculativeStats]:
     """Continue idx (1, T) by up to max_new_tokens tokens, k drafted per target forward; (1, T + new) and stats.
-
-    `eos_id` is one stop id or several, as for `generate`: the first one emitted ends the text.
-    """
+    `eos_id` is one stop id or several, as for `generate`."""
     if idx.shape[0] != 1:
         raise UserError(f"speculative decoding runs one sequence at a time; got a batch of {idx.shape[0]}")
     if k < 1 or max_new_tokens < 1:
@@ -139,16 +122,13 @@ def speculative_generate(
             "speculative decoding samples without a repetition penalty; use plain decoding for it"
         )
     stats, target = SpeculativeStats(), Context(model, KVCache.for_model(model, 1))
-    block_size, fed = model.config.block_size, []
+    block_size, fed, check = model.config.block_size, [], first_finite()
 
     def one_round(seq: torch.Tensor, room: int) -> torch.Tensor:
         n = seq.shape[1]
         room = min(k, block_size - (n - target.window_start(n)), room - 1)
         drafts, q = drafter.propose(seq, room, sampler) if room > 0 else ([], None)
-        logits = target.logits(torch.cat([seq, seq.new_tensor([drafts])], dim=1), len(drafts) + 1)[0]
-        # Once, as plain decoding checks its first logits: greedy picking would not fail on NaN.
-        if not fed and not bool(torch.isfinite(logits).all()):
-            raise NonFiniteLogits(NOT_FINITE)
+        logits = check(target.logits(torch.cat([seq, seq.new_tensor([drafts])], dim=1), len(drafts) + 1)[0])
         emitted = verify(logits, drafts, q, sampler)  # the accepted drafts, then one token of the target's
         stats.target_forwards += 1
         stats.drafted += len(drafts)

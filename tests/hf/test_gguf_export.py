@@ -16,7 +16,7 @@ from data.pretrained_tokenizer import GGUF_CONTROL, GGUF_NORMAL, GGUF_UNUSED
 from data.tokenizer import Tokenizer
 from interop.export_gguf import export_gguf, main
 from interop.names import from_interleaved_rope, to_interleaved_rope
-from model.attention import apply_rope, rope_tables
+from model.attention import Rope, apply_rope
 from tests.hf.test_hf_export_cli import write_checkpoint
 
 gguf = pytest.importorskip("gguf", reason='the GGUF export needs pip install -e ".[gguf]"')
@@ -122,7 +122,7 @@ def test_permuted_rows_under_interleaved_rope_give_our_attention_scores():
     torch.manual_seed(0)
     n_heads, d, c, t, theta = 3, 8, 16, 5, 500.0
     wq, wk, h = torch.randn(n_heads * d, c), torch.randn(n_heads * d, c), torch.randn(t, c)
-    cos, sin = rope_tables(d, 0, t, theta)
+    cos, sin = Rope(d, theta).tables(0, t)
 
     def heads(w):
         return (h @ w.T).reshape(t, n_heads, d).transpose(0, 1)  # (H, T, D)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from model import GPT, ModelConfig
-from model.attention import explicit_attention, rope_tables, sdpa_attention
+from model.attention import explicit_attention, sdpa_attention
 from model.gpt import CausalSelfAttention
 
 
@@ -50,7 +50,7 @@ def test_gqa_layer_equals_mha_layer_with_repeated_kv_weights():
         mha.qkv.weight.copy_(torch.cat([wq, repeat(wk), repeat(wv)]))
         mha.proj.weight.copy_(gqa.proj.weight)
     x = torch.randn(3, 20, c)
-    cos, sin = rope_tables(d, 0, 20, gqa_cfg.rope_theta)
+    cos, sin = gqa_cfg.rope.tables(0, 20)
     assert (gqa(x, cos, sin) - mha(x, cos, sin)).abs().max().item() <= 1e-5
 
 
@@ -74,7 +74,7 @@ def test_attention_maps_are_the_models_own():
         model(idx)
     for hook in hooks:
         hook.remove()
-    cos, sin = rope_tables(config.head_dim, 0, 17, config.rope_theta)
+    cos, sin = config.rope.tables(0, 17)
     for layer, (block, x) in enumerate(zip(model.blocks, inputs, strict=True)):
         q, k, v = block.attn.project(x, cos, sin)
         from_map = maps[layer] @ v.repeat_interleave(2, dim=1)
