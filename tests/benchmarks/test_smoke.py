@@ -24,7 +24,10 @@ import benchmarks
 from benchmarks.external import built_probe, smollm2_gguf
 from tests.conftest import ROOT, TEST_ENV
 
-SMOKED_ELSEWHERE = {"device_check": "tests/benchmarks/test_device_check.py"}
+SMOKED_ELSEWHERE = {
+    "device_check": "tests/benchmarks/test_device_check.py",
+    "first_token": "tests/generation/test_compiled_step.py",
+}
 
 
 def run_benchmark(tmp_path: Path, name: str, *args: str, timeout: float = 300) -> str:
