@@ -105,7 +105,7 @@ def check_args(args: argparse.Namespace) -> Sampler:
             raise UserError("speculative decoding (--draft/--prompt_lookup) takes one sample from the cache: drop "
                             "--num_samples, --no_cache, --compile and --repetition_penalty")  # fmt: skip
     if args.compile and (args.no_cache or args.no_compile):
-        raise UserError("--compile builds the step that decodes from the KV cache; drop --no_cache and --no_compile")
+        raise UserError("--compile builds the step that decodes from the KV cache: drop --no_cache, --no_compile")  # fmt: skip
     given = [f"--{flag}" for flag in CHAT_CONFLICTS if flag in args.explicit]
     if args.chat and given:
         raise UserError(f"--chat reads its turns from stdin and decodes one reply from the KV cache; drop "

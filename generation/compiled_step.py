@@ -68,7 +68,7 @@ def compiled_step(model: torch.nn.Module, batch: int, length: int, build: bool) 
         note(f"decoding with the compiled step built earlier for this model and shape ({path}); "
              "--no_compile decodes eagerly")  # fmt: skip
     built, start = graphs_built(), time.perf_counter()
-    with contextlib.nullcontext() if loaded else ticking("compiling the decode step for this model and shape, once"):
+    with contextlib.nullcontext() if loaded else ticking():
         static_decoder(model, batch, length=length).warm_up()
     if loaded and graphs_built() == built:
         return True
@@ -106,14 +106,15 @@ def load(path: Path, key: str) -> bool:
 
 
 @contextlib.contextmanager
-def ticking(text: str):
-    """`note: text ...` before the block; on a terminal, the seconds since then ticking at its end."""
+def ticking():
+    """A note before the compile; on a terminal, the seconds since then ticking at its end."""
     start, done, tty = time.perf_counter(), threading.Event(), sys.stderr.isatty()
-    note(f"{text} ...", end="" if tty else "\n")
+    text = "compiling the decode step for this model and shape, once ..."
+    note(text, end="" if tty else "\n")
 
     def tick() -> None:
         while not done.wait(1):
-            print(f"\rnote: {text} ... {time.perf_counter() - start:.0f} s", end="", file=sys.stderr, flush=True)
+            print(f"\rnote: {text} {time.perf_counter() - start:.0f} s", end="", file=sys.stderr, flush=True)
 
     if tty:
         threading.Thread(target=tick, daemon=True).start()

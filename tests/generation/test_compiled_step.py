@@ -20,9 +20,9 @@ import generation.compiled_step as store
 from tests.benchmarks.test_smoke import run_benchmark
 from tests.conftest import ROOT, TEST_ENV
 from tests.conftest import run_generate as run_cli
+from tests.hf.conftest import make_model, tokenizer_json  # noqa: F401 (fixtures)
 from tests.model.lively import lively_model
 from tests.test_generate_ux import gguf_of  # noqa: F401 (fixture)
-from tests.hf.conftest import make_model, tokenizer_json  # noqa: F401 (fixtures)
 
 BUILD = """import sys
 from generation.compiled_step import compiled_step
@@ -58,7 +58,7 @@ def traced(monkeypatch, tmp_path):
     monkeypatch.setenv(store.DIR_ENV, str(tmp_path / "kept"))
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: built.append(fn) or compile(fn, **kw | NO_KERNELS))
     monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"artifacts", None))
-    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda data: {} if data == b"artifacts" else None)
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda data: None if data != b"artifacts" else {})  # fmt: skip
     return built
 
 
