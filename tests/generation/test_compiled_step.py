@@ -80,7 +80,7 @@ def test_a_damaged_or_stale_file_is_built_again_after_one_note(traced, capsys, d
     capsys.readouterr()
     assert store.compiled_step(model, 1, 8, build=False)
     err = capsys.readouterr().err
-    notes = [line for line in err.splitlines() if "damaged" in line]
+    notes = [line for line in err.splitlines() if "is damaged" in line]
     assert len(notes) == 1 and str(path) in notes[0] and "compiled the decode step in" in err, err
     assert store.compiled_step(model, 1, 8, build=False)  # built and kept again: now loaded
     assert "built earlier" in capsys.readouterr().err
