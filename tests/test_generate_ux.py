@@ -132,6 +132,7 @@ def test_benchmark_measures_the_compiled_step_when_asked(ckpt, capsys, monkeypat
         return generate(*args, compile="aot_eager" if compile else False, **kwargs)
 
     monkeypatch.setattr(generation.speed, "generate", traced)
+    monkeypatch.setattr(cli, "compiled_step", lambda *args: True)  # built: generation/compiled_step.py's tests
     code, out, _ = run_cli(capsys, "--checkpoint", ckpt, "--prompt", "a b", "--benchmark", "--compile",
                            "--max_new_tokens", "4")  # fmt: skip
     assert code == 0 and True in asked and False in asked
