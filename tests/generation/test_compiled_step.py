@@ -2,7 +2,7 @@
 instead of building it, another shape is built anew, a damaged or stale file is built again after one note, and
 generate.py decodes with a kept step by default (one note) unless --no_compile.
 
-Only the subprocess test compiles with inductor (slow); the others trace with "aot_eager", with torch's
+The subprocess tests compile with inductor (slow); the others trace with "aot_eager", with torch's
 save/load of cache artifacts replaced by a stand-in payload (aot_eager leaves no artifacts to keep).
 """
 
