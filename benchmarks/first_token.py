@@ -26,9 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def first_token_seconds(model: str, flags: list[str], folder: Path) -> float:
-    """Seconds from launch to exit of one generate.py run of 2 tokens, its kept steps and Inductor cache in
-    `folder`; the command's stderr on failure."""
-    env = os.environ | {"GQA_GPT_COMPILED_DIR": str(folder), "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor")}  # fmt: skip
+    """Seconds from launch to exit of one generate.py run of 2 tokens, its kept steps, Inductor cache and
+    temporary files in `folder`; the command's stderr on failure."""
+    (folder / "tmp").mkdir(parents=True, exist_ok=True)  # Inductor's precompiled headers go to TMPDIR
+    env = os.environ | {"GQA_GPT_COMPILED_DIR": str(folder), "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"),
+                        "TMPDIR": str(folder / "tmp")}  # fmt: skip
     command = [sys.executable, str(ROOT / "generate.py"), "--checkpoint", model, "--prompt", "Once upon a time",
                "--max_new_tokens", "2", "--temperature", "0", "--ignore_eos", *flags]  # fmt: skip
     start = time.perf_counter()
