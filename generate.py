@@ -18,6 +18,7 @@ import torch
 from common.errors import UserError, run_command
 from common.threads import apply_thread_count
 from generation.chat import Conversation, run_chat
+from generation.compiled_step import compiled_step
 from generation.model_defaults import model_sampler
 from generation.speed import report_decode_speed, report_speculative_speed, seeded, speculative_run
 from generation.text import TextStream, encode_prompt, print_samples
@@ -27,7 +28,6 @@ from model.config import DTYPES
 from model.quantized import QuantizedLinear
 from model.sampling import NonFiniteLogits, Sampler, generate
 from model.speculative import DraftModel, PromptLookup, check_draft
-from model.static_decode import static_decoder
 
 CHAT_CONFLICTS = ("prompt", "prompt_file", "draft", "prompt_lookup", "benchmark", "compile", "no_cache",
                   "attention_map", "attention_html", "explain_attention", "num_samples")  # fmt: skip
@@ -66,7 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     decoding.add_argument("--dtype", choices=[*DTYPES, "auto"], default="auto", help="auto: bf16 on CUDA")
     decoding.add_argument("--threads", type=int, help="CPU threads (default: the CPUs not busy, common/threads.py)")
     decoding.add_argument("--no_cache", **yes, help="recompute the whole context every step (reference)")
-    decoding.add_argument("--compile", **yes, help="decode with the compiled static-shape step (same tokens)")
+    decoding.add_argument("--compile", **yes, help="build (once: kept for later runs) the compiled decode step")
+    decoding.add_argument("--no_compile", **yes, help="decode eagerly even where --compile built the step earlier")
     decoding.add_argument("--keep_quantized", **yes, help="a .gguf: its Q4_0/Q4_1/Q8_0 matrices stay in blocks")
     decoding.add_argument("--benchmark", **yes, help="print prefill/decode speed (also --compile, --no_cache)")
     decoding.add_argument("--draft", metavar="CKPT", help="speculative decoding: a smaller model, same tokenizer")
@@ -103,8 +104,8 @@ def check_args(args: argparse.Namespace) -> Sampler:
         if args.num_samples != 1 or args.no_cache or args.compile or args.repetition_penalty != 1.0:
             raise UserError("speculative decoding (--draft/--prompt_lookup) takes one sample from the cache: drop "
                             "--num_samples, --no_cache, --compile and --repetition_penalty")  # fmt: skip
-    if args.compile and args.no_cache:
-        raise UserError("--compile decodes from the KV cache; drop --no_cache")
+    if args.compile and (args.no_cache or args.no_compile):
+        raise UserError("--compile builds the step that decodes from the KV cache: drop --no_cache, --no_compile")  # fmt: skip
     given = [f"--{flag}" for flag in CHAT_CONFLICTS if flag in args.explicit]
     if args.chat and given:
         raise UserError(f"--chat reads its turns from stdin and decodes one reply from the KV cache; drop "
@@ -198,15 +199,14 @@ def run(args: argparse.Namespace) -> None:
         return speculative_run(model, prompt, args.max_new_tokens, make_drafter(), k=args.draft_k, sampler=sampler,
                                eos_id=eos_id, on_token=TextStream(tokenizer))  # fmt: skip
     batch = prompt.expand(args.num_samples, -1).contiguous()
+    length = prompt.shape[1] + args.max_new_tokens
+    if not (args.no_compile or args.no_cache):  # the step an earlier --compile built, or this one builds
+        args.compile = compiled_step(model, args.num_samples, length, args.compile)
     if args.benchmark:
         report_decode_speed(model, batch, args.max_new_tokens, sampler, args.seed, compile=args.compile,
                             with_recompute=args.no_cache)  # fmt: skip
         return
     stream = TextStream(tokenizer) if args.num_samples == 1 else None
-    if args.compile:  # built now, with a note, rather than in silence after the first token
-        if device.type == "cpu":
-            print("note: --compile builds the decode step first (tens of seconds)", file=sys.stderr)
-        static_decoder(model, args.num_samples, length=prompt.shape[1] + args.max_new_tokens).warm_up()
     try:
         print(echo if stream else "", end="", flush=True)  # inside: a Ctrl-C may land right after it
         out = generate(model, batch, args.max_new_tokens, sampler=sampler, eos_id=eos_id, on_token=stream,

@@ -32,6 +32,7 @@ TEST_ENV = {
     "HF_HOME": str(_SCRATCH / "hf"),
     "HF_DATASETS_CACHE": str(_SCRATCH / "hf" / "datasets"),
     "HF_HUB_DISABLE_TELEMETRY": "1",
+    "GQA_GPT_COMPILED_DIR": str(_SCRATCH / "compiled"),  # generate.py's kept compiled steps (generation/)
 }
 os.environ.update(TEST_ENV)
 

@@ -3,7 +3,7 @@
 A benchmark is run as a user runs it (`python -m benchmarks.<name>`), from an empty working directory with an
 empty TMPDIR, both checked empty afterwards: a run folder, a checkpoint or a temporary file left there fails.
 Each test looks for the benchmark's final line, so a refactor that breaks any step on the way fails here.
-benchmarks.device_check's smoke run is tests/benchmarks/test_device_check.py.
+benchmarks.device_check's smoke run is tests/benchmarks/test_device_check.py, first_token's tests/generation/.
 """
 
 from __future__ import annotations
@@ -24,7 +24,10 @@ import benchmarks
 from benchmarks.external import built_probe, smollm2_gguf
 from tests.conftest import ROOT, TEST_ENV
 
-SMOKED_ELSEWHERE = {"device_check": "tests/benchmarks/test_device_check.py"}
+SMOKED_ELSEWHERE = {
+    "device_check": "tests/benchmarks/test_device_check.py",
+    "first_token": "tests/generation/test_compiled_step.py",
+}
 
 
 def run_benchmark(tmp_path: Path, name: str, *args: str, timeout: float = 300) -> str:

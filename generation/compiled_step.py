@@ -1,0 +1,125 @@
+"""The compiled decode step kept between processes: built once per model, shape and torch, then loaded.
+
+After the step of model/static_decode.py is compiled, torch's cache artifacts of that compile ("mega-cache",
+`torch.compiler.save_cache_artifacts`: the AOTAutograd and Inductor entries of its graph) go into one file per
+key under ~/.cache/gqa-gpt/compiled ($GQA_GPT_COMPILED_DIR). A later process hot-loads them
+(`load_cache_artifacts`) before compiling: dynamo still traces the step, but nothing is lowered again. Inductor
+keeps the C++ kernels it builds in its own cache, which the artifacts only name, so that cache lives in the same
+folder (unless TORCHINDUCTOR_CACHE_DIR says otherwise) rather than in a temporary one.
+
+The key covers the model's modules and tensors (shapes, dtypes, quantised layout), the batch size, the static
+cache's length, the device, torch's version and the source of model/. The file starts with a header line
+naming the key, torch's version and the payload's hash: a damaged or stale file is built again, with a note.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+import model as model_package
+from common.files import atomic_write
+from model.static_decode import static_cache_length, static_decoder
+
+DIR_ENV = "GQA_GPT_COMPILED_DIR"
+
+
+def folder() -> Path:
+    return Path(os.environ.get(DIR_ENV) or Path.home() / ".cache" / "gqa-gpt" / "compiled")
+
+
+def artifact(model: torch.nn.Module, batch: int, length: int) -> tuple[Path, str]:
+    """The file of the compiled step for this model, batch size and request length (prompt + new tokens), and
+    its key."""
+    key = hashlib.sha256()
+    for path in sorted(Path(model_package.__file__).parent.iterdir()):
+        if path.suffix in (".py", ".cpp"):
+            key.update(path.read_bytes())
+    tensors = itertools.chain(model.named_parameters(), model.named_buffers())
+    shape = [model.config, model, [(name, t.shape, t.dtype, t.device) for name, t in tensors]]
+    shape += [batch, static_cache_length(length, model.config.block_size), torch.__version__]
+    key.update(repr(shape).encode())
+    key = key.hexdigest()[:32]
+    return folder() / f"{key}.bin", key
+
+
+def note(text: str, end: str = "\n") -> None:
+    print(f"note: {text}", end=end, file=sys.stderr, flush=True)
+
+
+def compiled_step(model: torch.nn.Module, batch: int, length: int, build: bool) -> bool:
+    """Whether to decode with the compiled step, made ready now: loaded where built earlier, else built when
+    `build` (and kept). Without `build` and a kept step, nothing happens: the default stays eager."""
+    path, key = artifact(model, batch, length)
+    if not (build or path.is_file()):
+        return False
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder() / "inductor"))
+    loaded = path.is_file() and load(path, key)
+    if loaded:
+        note(f"decoding with the compiled step built earlier for this model and shape ({path}); "
+             "--no_compile decodes eagerly")  # fmt: skip
+    built, start = graphs_built(), time.perf_counter()
+    with contextlib.nullcontext() if loaded else ticking():
+        static_decoder(model, batch, length=length).warm_up()
+    if loaded and graphs_built() == built:
+        return True
+    note(f"compiled the decode step in {time.perf_counter() - start:.1f} s; kept in {path}")
+    saved = torch.compiler.save_cache_artifacts()  # None: nothing to keep (a backend other than inductor)
+    try:
+        if saved:
+            atomic_write(path, header(key, saved[0]) + b"\n" + saved[0])
+    except OSError as err:
+        note(f"the compiled step could not be kept in {path} ({err.strerror}); the next run builds it again")
+    return True
+
+
+def graphs_built() -> int:
+    """How many graphs Inductor has built in this process (not found in its cache)."""
+    from torch._dynamo.utils import counters  # imports dynamo: only when compiling
+
+    return counters["inductor"]["fxgraph_cache_miss"] + counters["inductor"]["fxgraph_cache_bypass"]
+
+
+def header(key: str, payload: bytes) -> bytes:
+    """The first line of a kept file: its key, torch's version and the payload's hash."""
+    digest = hashlib.sha256(payload).hexdigest()
+    return json.dumps({"key": key, "torch": torch.__version__, "sha256": digest}).encode()
+
+
+def load(path: Path, key: str) -> bool:
+    """Hot-load the artifacts of `path` into torch's caches; False, after a note, for a damaged or stale file."""
+    head, _, payload = path.read_bytes().partition(b"\n")
+    if head == header(key, payload) and torch.compiler.load_cache_artifacts(payload) is not None:
+        return True
+    note(f"the compiled step in {path} is damaged or from another torch ({torch.__version__} here); "
+         "building it again")  # fmt: skip
+    return False
+
+
+@contextlib.contextmanager
+def ticking():
+    """A note before the compile; on a terminal, the seconds since then ticking at its end."""
+    start, done, tty = time.perf_counter(), threading.Event(), sys.stderr.isatty()
+    text = "compiling the decode step for this model and shape, once ..."
+    note(text, end="" if tty else "\n")
+
+    def tick() -> None:
+        while not done.wait(1):
+            print(f"\rnote: {text} {time.perf_counter() - start:.0f} s", end="", file=sys.stderr, flush=True)
+
+    if tty:
+        threading.Thread(target=tick, daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
+        print(end="\n" if tty else "", file=sys.stderr)

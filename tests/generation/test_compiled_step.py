@@ -1,0 +1,114 @@
+"""The compiled decode step is kept between processes (generation/compiled_step.py): the next process loads it
+instead of building it, another shape is built anew, a damaged or stale file is built again after one note, and
+generate.py decodes with a kept step by default (one note) unless --no_compile.
+
+The subprocess tests compile with inductor (slow); the others trace with "aot_eager", with torch's
+save/load of cache artifacts replaced by a stand-in payload (aot_eager leaves no artifacts to keep).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import generation.compiled_step as store
+from tests.benchmarks.test_smoke import run_benchmark
+from tests.conftest import ROOT, TEST_ENV
+from tests.conftest import run_generate as run_cli
+from tests.hf.conftest import make_model, tokenizer_json  # noqa: F401 (fixtures)
+from tests.model.lively import lively_model
+from tests.test_generate_ux import gguf_of  # noqa: F401 (fixture)
+
+BUILD = """import sys
+from generation.compiled_step import compiled_step
+from tests.model.lively import lively_model
+print(compiled_step(lively_model(int(sys.argv[1]), block_size=32), 1, 8, build=True))
+"""
+
+
+def build_in_a_process(tmp_path, n_kv_head: int, inductor: str) -> str:
+    """stderr of a fresh process compiling a tiny model's step, keeping it under tmp_path/kept."""
+    folders = {store.DIR_ENV: str(tmp_path / "kept"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / inductor)}
+    env = {**os.environ, **TEST_ENV, **folders, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", BUILD, str(n_kv_head)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=900)  # fmt: skip
+    assert done.returncode == 0 and done.stdout == "True\n", done.stderr
+    return done.stderr
+
+
+@pytest.mark.slow
+def test_the_next_process_loads_the_kept_step_and_another_shape_is_built(tmp_path):
+    assert "compiled the decode step in" in build_in_a_process(tmp_path, 2, "inductor1")
+    # An empty Inductor cache: only the kept file can spare the second process its build.
+    again = build_in_a_process(tmp_path, 2, "inductor2")
+    assert "built earlier" in again and "compiled the decode step" not in again, again
+    assert "compiled the decode step in" in build_in_a_process(tmp_path, 1, "inductor2")  # other head layout
+    assert len(list((tmp_path / "kept").glob("*.bin"))) == 2
+
+
+@pytest.fixture
+def traced(monkeypatch, tmp_path):
+    """aot_eager for inductor, a stand-in payload for torch's artifacts, a tmp folder; the steps compiled."""
+    built, compile = [], torch.compile
+    monkeypatch.setenv(store.DIR_ENV, str(tmp_path / "kept"))
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: built.append(fn) or compile(fn, **kw | NO_KERNELS))
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"artifacts", None))
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda data: None if data != b"artifacts" else {})  # fmt: skip
+    return built
+
+
+NO_KERNELS = {"backend": "aot_eager", "mode": None}
+DAMAGE = {
+    "garbage": lambda data: os.urandom(len(data)),
+    "truncated": lambda data: data[:-3],
+    "other torch": lambda data: data.replace(torch.__version__.encode(), b"1.0.0", 1),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE.values(), ids=DAMAGE.keys())
+def test_a_damaged_or_stale_file_is_built_again_after_one_note(traced, capsys, damage):
+    model = lively_model(block_size=32)
+    assert store.compiled_step(model, 1, 8, build=True)
+    path, key = store.artifact(model, 1, 8)
+    assert json.loads(path.read_bytes().partition(b"\n")[0])["key"] == key
+    path.write_bytes(damage(path.read_bytes()))
+    capsys.readouterr()
+    assert store.compiled_step(model, 1, 8, build=False)
+    err = capsys.readouterr().err
+    notes = [line for line in err.splitlines() if "is damaged" in line]
+    assert len(notes) == 1 and str(path) in notes[0] and "compiled the decode step in" in err, err
+    assert store.compiled_step(model, 1, 8, build=False)  # built and kept again: now loaded
+    assert "built earlier" in capsys.readouterr().err
+
+
+def test_the_key_follows_the_shape_batch_dtype_and_length():
+    model, path = lively_model(block_size=1024), store.artifact(lively_model(block_size=1024), 1, 8)[0]
+    assert store.artifact(model, 1, 200) == store.artifact(model, 1, 8)  # one static length, 256
+    others = [store.artifact(model, 2, 8), store.artifact(model, 1, 300), store.artifact(model.float(), 1, 8)]
+    others.append(store.artifact(lively_model(1, block_size=1024), 1, 8))
+    assert len({path, *(p for p, _ in others)}) == 5
+
+
+def test_generate_decodes_with_a_kept_step_by_default_and_eagerly_with_no_compile(traced, gguf_of, capsys):  # noqa: F811
+    argv = ["--checkpoint", gguf_of(), "--prompt", "a b", "--max_new_tokens", "8", "--temperature", "0"]
+    code, eager, err = run_cli(capsys, *argv)
+    assert code == 0 and "note:" not in err and traced == []  # nothing kept: eager, no compile
+    code, _, err = run_cli(capsys, *argv, "--compile")
+    assert code == 0 and "compiling the decode step" in err and "compiled the decode step in" in err, err
+    code, out, err = run_cli(capsys, *argv)
+    notes = [line for line in err.splitlines() if line.startswith("note:")]
+    assert code == 0 and out == eager and len(notes) == 1 and "--no_compile" in notes[0], err
+    assert len(traced) == 2  # one step a process: the one compiled_step prepares is the one generate runs
+    code, out, err = run_cli(capsys, *argv, "--no_compile")
+    assert code == 0 and out == eager and "note:" not in err and len(traced) == 2
+
+
+@pytest.mark.slow
+def test_first_token_benchmark_runs(tmp_path, ckpt):
+    out = run_benchmark(tmp_path, "first_token", "--model", ckpt, "--repeats", "1", timeout=900)
+    assert "float32: eager" in out and "warm/cold" in out
