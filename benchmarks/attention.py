@@ -1,18 +1,11 @@
 """Time and peak memory of causal attention: fused SDPA vs the explicit matrix vs the flash reference.
 
-Run from the repository root:
-
     python -m benchmarks.attention                      # B=1, H=8, D=64, MHA, T = 512 .. 4096
     python -m benchmarks.attention --n_kv_head 2        # GQA
 
-Each measurement runs in a fresh Python process, so one path's freed memory can never hide another
-path's allocations and every row starts from the same state.
-
-Peak memory is the growth of the resident set (torch's CPU allocations are invisible to `tracemalloc`): after
-a warm-up call on a tiny input (thread pools, kernel dispatch), the kernel's high-water mark is reset
-(`echo 5 > /proc/self/clear_refs`) and VmHWM - VmRSS is read around one call. Without the reset (not Linux),
-the growth of ru_maxrss, which under-reports a peak below the import-time one. Time is the median of
-`--repeats` further calls. Everything is fp32 on the CPU, causal, under no_grad.
+fp32 on the CPU, under no_grad. Each measurement runs in a fresh Python process, so no path's freed memory can
+hide another's allocations. Peak memory is the growth of the resident set over one call (torch's CPU allocations
+are invisible to `tracemalloc`); time is the median of `--repeats` further calls.
 """
 
 from __future__ import annotations
@@ -34,9 +27,7 @@ from model.flash_reference import flash_attention
 # The attention callable of each path, taking (q, k, v).
 PATHS = {
     "sdpa": sdpa_attention,
-    "explicit": lambda q, k, v: explicit_attention(q, k, v)[
-        0
-    ],  # its probabilities stay alive until it returns
+    "explicit": lambda q, k, v: explicit_attention(q, k, v)[0],  # its probabilities live until it returns
     "flash": lambda q, k, v: flash_attention(q, k, v, block_size_q=128, block_size_k=128),
 }
 MIB = 2**20
@@ -56,6 +47,7 @@ def _status_bytes(field: str) -> int:
 
 
 def _reset_peak_rss() -> bool:
+    """Reset the kernel's high-water mark VmHWM (Linux only)."""
     try:
         Path("/proc/self/clear_refs").write_text("5")
         return True
@@ -66,7 +58,10 @@ def _reset_peak_rss() -> bool:
 def measure(
     path: str, t: int, n_head: int, n_kv_head: int, head_dim: int, repeats: int, threads: int
 ) -> dict[str, float]:
-    """Peak extra resident memory of one call and the median time of `repeats` calls (runs in the child)."""
+    """Peak extra resident memory of one call and the median time of `repeats` calls (runs in the child).
+
+    Without the VmHWM reset, the growth of ru_maxrss, which under-reports a peak below the import-time one.
+    """
     fn = PATHS[path]
     if threads > 0:
         torch.set_num_threads(threads)
