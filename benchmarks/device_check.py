@@ -3,19 +3,11 @@
     python -m benchmarks.device_check               # one CUDA GPU: the 124 M config of gpt2-small.yaml
     python -m benchmarks.device_check --cpu_smoke   # the same code paths, tiny, on CPU (the tests run it)
 
-Checks, in order:
-1. sdpa: the model's attention call (`model.attention.sdpa_attention`, GQA, causal) forward and backward at
-   the training shape in bf16, under `sdpa_kernel` restricted to one fused backend at a time (flash, cuDNN),
-   so a silent fallback to the math kernel is an error; outputs compared with the float32 explicit path.
-   FAIL when no fused backend runs.
-2. train: the config's model trained through Lightning (LitGPT + TextDataModule on the shipped Shakespeare,
-   bf16-mixed, torch.compile, the config's batch and accumulation; warmup shortened to 10 steps so the loss
-   moves): tokens/s and MFU after the compile steps, peak memory against training/memory.py's estimate, the
-   attention ops the profiler saw in one compiled step (FAIL if any is not flash/cuDNN), the loss falling.
-3. decode: `model.generate` with the KV cache on the trained weights in bf16, greedy (and `compile=True` when
-   generate offers it): decode tokens/s at batch 1, the prefill not counted.
-4. resume: a smaller model trained straight for 6 steps, and again stopped at step 3 and resumed from the
-   checkpoint: losses and final weights must be equal (deterministic algorithms on).
+Checks: sdpa (the model's attention forward and backward in bf16 under each fused backend alone, so a silent
+fallback to the math kernel fails), train (the config through Lightning, bf16-mixed and compiled: tokens/s, MFU,
+peak memory against training/memory.py's estimate, the attention kernels profiled, the loss falling), decode
+(`generate` with the KV cache on the trained weights, eager and compiled) and resume (stopped at step 3 and
+resumed equals a straight run, bit for bit).
 """
 
 from __future__ import annotations

@@ -105,25 +105,18 @@ def fit(settings: Settings, module: LitGPT, root: Path, cache: Path, callbacks: 
 def check_training(settings: Settings, work: Path) -> tuple[list[Row], LitGPT]:
     """Train the config's model for settings.steps steps; tokens/s, MFU, memory, attention ops, loss."""
     torch.manual_seed(0)
-    module = LitGPT(
-        vocab_size=settings.vocab_size,
-        block_size=settings.block_size,
-        **{**settings.model, "compile": settings.compile},
-    )
+    sizes = {"vocab_size": settings.vocab_size, "block_size": settings.block_size}
+    module = LitGPT(**sizes, **{**settings.model, "compile": settings.compile})
     log = StepLog(settings.accumulate, profile_step=settings.timed_from)
     on_gpu = settings.device == "cuda"
     if on_gpu:
         torch.cuda.reset_peak_memory_stats()
     fit(settings, module, work / "train", work / "cache", [log])
     config, timed_from = module.model.config, settings.timed_from
-    steps = len(log.times) - 1 - timed_from
-    tokens_per_s = (
-        steps
-        * settings.batch_size
-        * settings.block_size
-        * settings.accumulate
-        / (log.times[-1] - log.times[timed_from])
+    tokens = (
+        (len(log.times) - 1 - timed_from) * settings.batch_size * settings.block_size * settings.accumulate
     )
+    tokens_per_s = tokens / (log.times[-1] - log.times[timed_from])
     peak = device_peak_flops(torch.device(settings.device))
     flops = training_flops_per_token(config, settings.block_size)
     estimate = estimate_training_memory(config, settings.batch_size, settings.block_size, "bf16-mixed")

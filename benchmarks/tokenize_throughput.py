@@ -3,21 +3,12 @@
     python -m benchmarks.tokenize_throughput [--size_mb 1000] [--repeats 1] [--vocab_size 32768] [--part a|b|both]
 
 (Not named tokenize.py: that would shadow the standard library's `tokenize` for `python benchmarks/<script>.py`.)
-
-The corpus: `--size_mb` of JSON-lines shards in a temporary folder, documents of log-normally varied length
-(median ~2 KB, a long tail to ~100 KB) drawn from tiny Shakespeare's words. One BPE tokenizer is trained on its
-first documents and shared by every measurement.
-
-(a) For num_proc 1 and 2, interleaved in every round: the limit, raw `tokenizers` `encode_batch_fast` (what our
-    tokenizer calls; no offsets, so faster than `encode_batch`) on the same documents held in memory, split
-    into the same number of processes, writing nothing; and `python -m data.prepare` building the token cache
-    from empty. Ours is quoted twice: its tokenization phase (the rate of its own final progress line) and the
-    whole command (start-up, planning, writing the parts, meta.json). The one-time JSON -> Arrow conversion of
-    `datasets` is done before and timed apart.
-(b) Streaming on the fly: `train.py fit` with configs/gpt2-small.yaml shrunk to a CPU model of the same shape
-    but narrower (12 layers, 12/4 heads, block 1024, n_embd 192, batch 4), tokenizer given: seconds from the
-    launch to the end of step 1, and the step time. Then the streaming DataLoader alone at num_workers 2:
-    tokens/s it delivers against tokens per step / step time, what training consumes.
+The corpus: JSON-lines shards of documents of log-normal length (median ~2 KB) cut from tiny Shakespeare's words,
+and one BPE tokenizer trained on its first documents. (a) At num_proc 1 and 2, interleaved: the limit, raw
+`encode_batch_fast` (what our tokenizer calls) on the documents in memory split among as many processes, against
+`python -m data.prepare` from an empty cache: its tokenization phase and the whole command. (b) `train.py fit` on
+gpt2-small.yaml narrowed for the CPU (n_embd 192, batch 4), streaming: launch to step 1, the step time, and the
+streaming DataLoader's tokens/s at num_workers 2 against what training consumes.
 """
 
 from __future__ import annotations
@@ -59,13 +50,12 @@ def parse_args() -> argparse.Namespace:
     add(
         "--smoke",
         action="store_true",
-        help="every step at its smallest, for the tests: num_proc 1 only, a 2-layer model of 128-token blocks, "
-        "the loader read for 1 s",
+        help="the tests' size: num_proc 1, 2 layers, 128-token blocks, 1 s loads",
     )
     return parser.parse_args()
 
 
-def write_corpus(folder: Path, size_mb: float, seed: int = 0) -> list[Path]:
+def write_corpus(folder: Path, size_mb: float) -> list[Path]:
     """JSON-lines shards (an even count, so two streaming readers get whole files) of about size_mb MB.
 
     Documents are slices of varied length (log-normal, median ~2 KB) of one long text of random words in
@@ -75,7 +65,7 @@ def write_corpus(folder: Path, size_mb: float, seed: int = 0) -> list[Path]:
 
     words = TINY_SHAKESPEARE.read_text(encoding="utf-8").split()
     pool = words + ["\n\n"] * (len(words) // 60)  # paragraph breaks
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
     base = " ".join(operator.itemgetter(*rng.integers(0, len(pool), size=BASE_WORDS))(pool))
     count = max(2, 2 * round(size_mb / SHARD_MB / 2))
     files = [folder / f"shard-{index:04d}.jsonl" for index in range(count)]
@@ -192,10 +182,6 @@ def held_out_docs(files: list[str]) -> int:
     return max(1, min(1000, len(read_documents(files[:1])) // 4))
 
 
-def stream_block_size(args: argparse.Namespace) -> int:
-    return 128 if args.smoke else 1024
-
-
 def run_fit(flags: list[str], run_dir: Path) -> tuple[float, float, float]:
     """Seconds from launch to step 1's batch in hand and to its end, and the median step time after it."""
     args = [
@@ -217,17 +203,11 @@ def run_fit(flags: list[str], run_dir: Path) -> tuple[float, float, float]:
     return clocks[0] - launched, clocks[1] - launched, statistics.median(steps)
 
 
-def loader_tokens_per_s(
-    files: list[str], tokenizer: Path, cache: Path, args: argparse.Namespace, seconds: float
-) -> float:
+def loader_tokens_per_s(seconds: float, **data_settings) -> float:
     """Tokens/s the streaming DataLoader alone delivers at num_workers 2 (after its first batch)."""
     from data.datamodule import TextDataModule
 
-    data = TextDataModule(
-        dataset="json", data_files=files, streaming=True, vocab_size=args.vocab_size,
-        tokenizer_path=str(tokenizer), block_size=stream_block_size(args), batch_size=4, num_workers=2,
-        cache_dir=str(cache), val_docs=held_out_docs(files),
-    )  # fmt: skip
+    data = TextDataModule(dataset="json", streaming=True, batch_size=4, num_workers=2, **data_settings)
     data.setup()
     batches = iter(data.train_dataloader())
     next(batches)  # the workers' start-up
@@ -240,15 +220,18 @@ def loader_tokens_per_s(
 
 
 def measure_streaming(files: list[str], tokenizer: Path, folder: Path, args: argparse.Namespace) -> None:
-    rows, block = [], stream_block_size(args)
-    shape = ["--data.val_docs", str(held_out_docs(files)), "--data.block_size", str(block)]
+    rows, block, val_docs = [], 128 if args.smoke else 1024, held_out_docs(files)
+    shape = ["--data.val_docs", str(val_docs), "--data.block_size", str(block)]
     shape += ["--model.n_layer", "2"] if args.smoke else []
     for round_index in range(args.repeats):
         # A fresh cache: fit tokenizes the validation set before step 1.
         cache = folder / f"stream-cache-{round_index}"
         flags = data_flags(files, tokenizer, cache, args.vocab_size) + shape
         first_batch, step_1, step_s = run_fit(flags, folder / f"run-{round_index}")
-        loader = loader_tokens_per_s(files, tokenizer, cache, args, 1.0 if args.smoke else 15.0)
+        loader = loader_tokens_per_s(
+            1.0 if args.smoke else 15.0, data_files=files, vocab_size=args.vocab_size, tokenizer_path=str(tokenizer),
+            block_size=block, cache_dir=str(cache), val_docs=val_docs,
+        )  # fmt: skip
         rows.append((first_batch, step_1, step_s, 4 * block / step_s, loader))
         print(
             f"  round {round_index + 1}: step 1 starts {first_batch:.1f} s, ends {step_1:.1f} s after launch"
