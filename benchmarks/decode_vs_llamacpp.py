@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.decode import DECODE_CONFIGS, bytes_per_token, random_model, random_prompt
-from benchmarks.external import build_probe, run_probe, smollm2_models
+from benchmarks.external import built_probe, run_probe, smollm2_models
 from common.errors import run_command
 from data.datamodule import TINY_SHAKESPEARE
 from data.tokenizer import Tokenizer
@@ -119,7 +119,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    probe = build_probe()
+    probe = built_probe(build=True)
     print(
         f"torch {torch.__version__}, llama.cpp from llama-cpp-python 0.3.36 ({probe.name}), batch 1, greedy, "
         f"f32; decode: prompt {args.prompt_len}, {args.new_tokens} new tokens; prefill: {args.prefill_len} "

