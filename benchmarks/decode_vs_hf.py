@@ -82,17 +82,15 @@ def bench_config(
     prompt_len, new_tokens = args.prompt_len or prompt_len, args.new_tokens or new_tokens
     compile = not args.no_compile
     prompt = random_prompt(model.config, prompt_len)
-    eos_id = hf.generation_config.eos_token_id
-    eos_id = eos_id[0] if isinstance(eos_id, list) else eos_id
     # transformers compiles its static-cache decode step only on accelerators unless told to compile everywhere.
     compile_config = CompileConfig(fullgraph=True)
     compile_config._compile_all_devices = True
 
-    def theirs(n: int, **extra):
+    def theirs(n: int, **extra):  # the pad token is export_hf's, in the generation config
+        mask = torch.ones_like(prompt)
         return lambda: hf.generate(
-            prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-            max_new_tokens=n, min_new_tokens=n, pad_token_id=eos_id, **extra,
-        )  # fmt: skip
+            prompt, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n, **extra
+        )
 
     def sides(n: int) -> dict:
         runs = {"ours": lambda: generate(model, prompt, n, temperature=0), "transformers": theirs(n)}
@@ -187,25 +185,17 @@ def run_config(name: str, args: argparse.Namespace) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
+    configs = [*sorted(DECODE_CONFIGS), "smollm2"]
     add(
-        "--configs",
-        nargs="+",
-        choices=[*sorted(DECODE_CONFIGS), "smollm2"],
-        default=list(DECODE_CONFIGS),
-        help="random models of benchmarks/decode.py, or SmolLM2-135M (default: the random ones)",
+        "--configs", nargs="+", choices=configs, default=list(DECODE_CONFIGS), help="models (default: random)"
     )
     add("--prompt_len", type=int, default=None, help="default 64 (large32k: 512)")
     add("--new_tokens", type=int, default=None, help="default 256 (large32k: 128, smollm2: 64)")
     add("--no_compile", action="store_true", help="skip both compiled sides (CPU compiles are slow)")
     add("--repeats", type=int, default=3, help="timed rounds after a warm-up; medians")
-    add(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch intra-op threads, and llama.cpp's (default 1: on a machine whose cores other jobs share, "
-        "a parallel region of a one-token step waits for a descheduled worker, which measures the load, not "
-        "the code; give the core count on an idle machine)",
-    )
+    # 1 thread by default: on shared cores a one-token step's parallel region waits for a descheduled worker,
+    # which measures the load, not the code. Give the core count on an idle machine.
+    add("--threads", type=int, default=1, help="torch intra-op threads, and llama.cpp's")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     # Local folders only: never let from_pretrained reach for the Hub.

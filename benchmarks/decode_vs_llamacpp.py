@@ -99,18 +99,9 @@ def bench_pair(label: str, model: GPT, gguf: Path, probe: Path, args: argparse.N
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
-    add(
-        "--configs",
-        nargs="+",
-        choices=[*sorted(CONFIGS), "smollm2"],
-        default=list(CONFIGS),
-        help="random models, or SmolLM2-135M: its f32 GGUF and its own Q4_1 file (default: the random ones)",
-    )
-    add(
-        "--compile",
-        action="store_true",
-        help="our compiled step too, next to the eager one (CPU compiles: tens of seconds)",
-    )
+    configs = [*sorted(CONFIGS), "smollm2"]
+    add("--configs", nargs="+", choices=configs, default=list(CONFIGS), help="models (default: random)")
+    add("--compile", action="store_true", help="our compiled step too (CPU compiles: tens of seconds)")
     add("--prompt_len", type=int, default=64, help="prompt tokens before the decode (random ids)")
     add("--new_tokens", type=int, default=256, help="tokens decoded per run")
     add("--prefill_len", type=int, default=512, help="prompt tokens of the prefill test (pp512)")

@@ -179,14 +179,13 @@ def report(module, data, trainer, train_s: float, wall_s: float, scores: dict) -
         f"block: {data.block_size}   batch: {data.batch_size}"
     )
     tokenizer, model = data.tokenizer, module.model
+    # One seed per prompt: with a shared seed, prompts ending alike ("...:\n") drew the same continuation.
     for seed, (prompt, temperature) in enumerate(
         [("ROMEO:", 0.0), ("JULIET:\n", 0.8), ("First Citizen:\n", 0.8)]
     ):
+        generator = torch.Generator().manual_seed(seed)
         ids = torch.tensor([tokenizer.encode(prompt)])
-        # One seed per prompt: with a shared seed, prompts ending alike ("...:\n") drew the same continuation.
-        out = generate(
-            model, ids, 60, temperature=temperature, top_k=50, generator=torch.Generator().manual_seed(seed)
-        )
+        out = generate(model, ids, 60, temperature=temperature, top_k=50, generator=generator)
         kind = "greedy" if temperature == 0 else f"T={temperature}"
         print(f"--- {kind}: {prompt!r}\n{tokenizer.decode(out[0].tolist())}")
 

@@ -176,12 +176,6 @@ class StepClock(L.Callback):
             print(f"{CLOCK} {trainer.global_step} {time.time():.3f}", flush=True)
 
 
-def held_out_docs(files: list[str]) -> int:
-    """data.val_docs for this corpus: its default 1000, or a quarter of the first shard's documents when it holds
-    fewer; the held-out documents come first, so the first streaming reader would have none left to train on."""
-    return max(1, min(1000, len(read_documents(files[:1])) // 4))
-
-
 def run_fit(flags: list[str], run_dir: Path) -> tuple[float, float, float]:
     """Seconds from launch to step 1's batch in hand and to its end, and the median step time after it."""
     args = [
@@ -219,8 +213,10 @@ def loader_tokens_per_s(seconds: float, **data_settings) -> float:
     return tokens / (time.perf_counter() - start)
 
 
-def measure_streaming(files: list[str], tokenizer: Path, folder: Path, args: argparse.Namespace) -> None:
-    rows, block, val_docs = [], 128 if args.smoke else 1024, held_out_docs(files)
+def measure_streaming(
+    files: list[str], tokenizer: Path, folder: Path, args: argparse.Namespace, val_docs: int
+) -> None:
+    rows, block = [], 128 if args.smoke else 1024
     shape = ["--data.val_docs", str(val_docs), "--data.block_size", str(block)]
     shape += ["--model.n_layer", "2"] if args.smoke else []
     for round_index in range(args.repeats):
@@ -259,21 +255,25 @@ def main() -> None:
 
         start = time.perf_counter()
         files = [str(file) for file in write_corpus(folder, args.size_mb)]
-        lengths = [len(doc.encode("utf-8")) for doc in read_documents(files[:1])]
+        first_shard = read_documents(files[:1])
+        lengths = [len(doc.encode("utf-8")) for doc in first_shard]
         print(
             f"corpus: {sum(Path(f).stat().st_size for f in files) / 1e6:.0f} MB in {len(files)} JSON-lines shards, written in {time.perf_counter() - start:.0f} s; "
             f"document KB: median {np.median(lengths) / 1e3:.1f}, 5-95% {np.percentile(lengths, 5) / 1e3:.2f}-"
             f"{np.percentile(lengths, 95) / 1e3:.1f}, max {max(lengths) / 1e3:.0f}; {os.cpu_count()} CPUs, "
             f"load average {os.getloadavg()[0]:.1f} before the runs (other jobs make the figures noisy)"
         )
-        sample = read_documents(files[:1])[:2000]
+        sample = first_shard[:2000]
         tokenizer = Tokenizer.train(sample, args.vocab_size, show_progress=False)
         tokenizer.save(folder / "tokenizer.json")
         print(f"tokenizer: {tokenizer.vocab_size} tokens trained on {len(sample)} documents")
         if args.part != "b":
             measure_prepare(files, folder / "tokenizer.json", folder, args)
         if args.part != "a":
-            measure_streaming(files, folder / "tokenizer.json", folder, args)
+            # data.val_docs: its default 1000, or a quarter of the first shard's documents when it holds fewer
+            # (the held-out documents come first: the first streaming reader would have none left to train on).
+            val_docs = max(1, min(1000, len(first_shard) // 4))
+            measure_streaming(files, folder / "tokenizer.json", folder, args, val_docs)
 
 
 if __name__ == "__main__":
