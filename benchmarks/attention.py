@@ -114,7 +114,7 @@ def print_table(rows: list[dict], args: argparse.Namespace) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add = parser.add_argument
     add("--seq_lens", type=int, nargs="+", default=[512, 1024, 2048, 4096], help="sequence lengths T")
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     add("--repeats", type=int, default=5, help="timed calls per case after a warm-up; median")
     add("--flash_max_t", type=int, default=4096, help="longest T for the slow flash reference")
     add("--threads", type=int, default=0, help="torch threads per case; 0 keeps torch's default")
-    args = parser.parse_args(argv)
+    args = parser.parse_args()
     rows = []
     for t in args.seq_lens:
         row = {"t": t, "scores_bytes": args.n_head * t * t * 4}

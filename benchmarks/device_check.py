@@ -132,13 +132,13 @@ def _guarded(section: str, check):
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
     add("--cpu_smoke", action="store_true", help="tiny model on CPU: the code paths, not the speed")
     add("--steps", type=int, default=None, help="training steps (default 60 on GPU, 12 smoke)")
     add("--min_mfu", type=float, default=0.0, help="FAIL when MFU is below this (e.g. 0.45)")
-    args = parser.parse_args(argv)
+    args = parser.parse_args()
     settings = replace(settings_for(args.cpu_smoke), min_mfu=args.min_mfu)
     if args.steps:
         settings = replace(settings, steps=args.steps, timed_from=min(settings.timed_from, args.steps // 3))

@@ -67,18 +67,16 @@ def evaluate(model: GPT, args: argparse.Namespace) -> dict:
         args.vocab_size, (args.eval_batch, args.block_size), generator=_generator(args.seed - 1)
     )
     probe_maps = model.attention_maps(probe)  # (L, B, H, T, T), shared by every period
-    firsts, seconds, inductions = [], [], []
+    results = []
     for i, period in enumerate(args.eval_periods):
         seed = args.seed + 1_000_003 + i  # no training batch draws from these seeds
         # head_statistics draws its induction sequence from the generator it is given; a generator seeded
         # alike here draws the same sequence, so the copy losses and the induction score see the same tokens.
         repeated = repeated_random_tokens(args.vocab_size, period, args.eval_batch, _generator(seed))
-        first, second = copy_losses(model, repeated, period)
         stats = head_statistics(model, probe, period, args.eval_batch, _generator(seed), probe_maps)
-        firsts.append(first)
-        seconds.append(second)
-        inductions.append(stats["induction"])
+        results.append((*copy_losses(model, repeated, period), stats["induction"]))
     model.train()
+    firsts, seconds, inductions = zip(*results, strict=True)
     return {"first": sum(firsts) / len(firsts), "second": sum(seconds) / len(seconds),
             "induction": torch.stack(inductions).mean(dim=0), "previous": stats["previous_token"]}  # fmt: skip
 

@@ -50,7 +50,7 @@ def parse_args() -> argparse.Namespace:
     add(
         "--smoke",
         action="store_true",
-        help="the tests' size: num_proc 1, 2 layers, 128-token blocks, 1 s loads",
+        help="the tests' size (num_proc 1, 2 layers, blocks of 128, 1 s loads)",
     )
     return parser.parse_args()
 
@@ -213,10 +213,11 @@ def loader_tokens_per_s(seconds: float, **data_settings) -> float:
     return tokens / (time.perf_counter() - start)
 
 
-def measure_streaming(
-    files: list[str], tokenizer: Path, folder: Path, args: argparse.Namespace, val_docs: int
-) -> None:
+def measure_streaming(files: list[str], tokenizer: Path, folder: Path, args: argparse.Namespace) -> None:
     rows, block = [], 128 if args.smoke else 1024
+    # data.val_docs: its default 1000, or a quarter of the first shard's documents when it holds fewer (the
+    # held-out documents come first: the first streaming reader would have none left to train on).
+    val_docs = max(1, min(1000, len(read_documents(files[:1])) // 4))
     shape = ["--data.val_docs", str(val_docs), "--data.block_size", str(block)]
     shape += ["--model.n_layer", "2"] if args.smoke else []
     for round_index in range(args.repeats):
@@ -270,10 +271,7 @@ def main() -> None:
         if args.part != "b":
             measure_prepare(files, folder / "tokenizer.json", folder, args)
         if args.part != "a":
-            # data.val_docs: its default 1000, or a quarter of the first shard's documents when it holds fewer
-            # (the held-out documents come first: the first streaming reader would have none left to train on).
-            val_docs = max(1, min(1000, len(first_shard) // 4))
-            measure_streaming(files, folder / "tokenizer.json", folder, args, val_docs)
+            measure_streaming(files, folder / "tokenizer.json", folder, args)
 
 
 if __name__ == "__main__":
