@@ -1,4 +1,4 @@
-"""Measurements that print a ratio against a baseline measured in the same run, and the flags they share.
+"""Measurements that print a ratio against a baseline measured in the same run.
 
 Run each from the repository root as a module, with underscore flags like the other commands:
 `python -m benchmarks.decode --prompt_len 64`.
@@ -8,14 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-SHAPE_HELP = {
-    "vocab_size": "model vocabulary (random tokens)",
-    "block_size": "tokens per sequence",
-    "n_layer": "model layers",
-    "n_head": "query heads",
-    "n_kv_head": "key/value heads",
-    "n_embd": "model width",
-}
+SHAPE = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd")
 
 
 def new_parser(doc: str, **shape: int) -> argparse.ArgumentParser:
@@ -23,17 +16,9 @@ def new_parser(doc: str, **shape: int) -> argparse.ArgumentParser:
     argument in `shape` (its default)."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     for name, default in shape.items():
-        parser.add_argument(f"--{name}", type=int, default=default, help=SHAPE_HELP[name])
+        parser.add_argument(f"--{name}", type=int, default=default, help=f"the model's ModelConfig.{name}")
     return parser
 
 
 def model_shape(args: argparse.Namespace) -> dict[str, int]:
-    """The shape flags' values, as ModelConfig and LitGPT take them."""
-    return {name: getattr(args, name) for name in SHAPE_HELP}
-
-
-def describe_shape(args: argparse.Namespace) -> str:
-    return (
-        f"{args.n_layer} layers, {args.n_embd} wide, {args.n_head} heads / {args.n_kv_head} kv heads, "
-        f"vocab {args.vocab_size}"
-    )
+    return {name: getattr(args, name) for name in SHAPE}

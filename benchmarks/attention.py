@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import new_parser
 from model.attention import explicit_attention, sdpa_attention
 from model.flash_reference import flash_attention
 
@@ -115,7 +116,7 @@ def print_table(rows: list[dict], args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = new_parser(__doc__)
     add = parser.add_argument
     add("--seq_lens", type=int, nargs="+", default=[512, 1024, 2048, 4096], help="sequence lengths T")
     add("--n_head", type=int, default=8, help="query heads")

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import new_parser
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -179,7 +181,7 @@ def stall(args: argparse.Namespace, work: Path) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = new_parser(__doc__)
     add = parser.add_argument
     add("--kills", type=int, default=20, help="SIGKILLs to survive (M)")
     add("--seed", type=int, default=0, help="seed of the kill moments")

@@ -10,10 +10,9 @@ checkpoint is measured by `python generate.py --checkpoint <ckpt> --benchmark --
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
+from benchmarks import new_parser
 from generation.speed import timed_decode
 from generation.timing import alternate_medians, wall_seconds
 from model import GPT, ModelConfig
@@ -92,7 +91,7 @@ def gpu_decode_report(new_tokens: int = 256, prompt_len: int = 64, device: str =
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = new_parser(__doc__)
     add = parser.add_argument
     add("--batches", type=int, nargs="+", help="report tokens/s at these batch sizes instead")
     add("--gpu", action="store_true", help="run the GPU check (124 M model, bf16, compiled)")

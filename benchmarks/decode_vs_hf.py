@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import new_parser
 from benchmarks.decode import DECODE_CONFIGS, bytes_per_token, random_model, random_prompt, read_bandwidth
 from benchmarks.external import built_probe, run_probe, smollm2_models
 from common.errors import run_command
@@ -80,11 +81,11 @@ def bench_config(
 
     prompt_len, new_tokens = LENGTHS.get(name, (64, 256))
     prompt_len, new_tokens = args.prompt_len or prompt_len, args.new_tokens or new_tokens
-    compile = not args.no_compile
     prompt = random_prompt(model.config, prompt_len)
     # transformers compiles its static-cache decode step only on accelerators unless told to compile everywhere.
     compile_config = CompileConfig(fullgraph=True)
     compile_config._compile_all_devices = True
+    static = {"cache_implementation": "static", "compile_config": compile_config}
 
     def theirs(n: int, **extra):  # the pad token is export_hf's, in the generation config
         mask = torch.ones_like(prompt)
@@ -94,14 +95,12 @@ def bench_config(
 
     def sides(n: int) -> dict:
         runs = {"ours": lambda: generate(model, prompt, n, temperature=0), "transformers": theirs(n)}
-        if compile:
+        if not args.no_compile:
             runs["ours compiled"] = lambda: generate(model, prompt, n, temperature=0, compile=True)
             if blocks is not None:
                 runs["ours Q4_1 compiled"] = lambda: generate(blocks, prompt, n, temperature=0, compile=True)
             if name != "smollm2":
-                runs["hf static+compile"] = theirs(
-                    n, cache_implementation="static", compile_config=compile_config
-                )
+                runs["hf static+compile"] = theirs(n, **static)
         return runs
 
     # Each side also runs with one new token: its prefill alone. Decoding speed is then the other tokens over the
@@ -113,11 +112,11 @@ def bench_config(
         for side, run in sides(n).items()
     }
 
+    threads = torch.get_num_threads()
+
     def probe_run(side: str, n: int):
         def run() -> float:  # the seconds the probe reports for its prompt pass and n - 1 steps
-            ids, prefill_s, decode_s = run_probe(
-                probe, llamacpp[side], prompt[0].tolist(), n, torch.get_num_threads()
-            )
+            ids, prefill_s, decode_s = run_probe(probe, llamacpp[side], prompt[0].tolist(), n, threads)
             outputs[(side, n)] = torch.cat([prompt, torch.tensor([ids])], dim=1)
             return prefill_s + decode_s
 
@@ -183,7 +182,7 @@ def run_config(name: str, args: argparse.Namespace) -> bool:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = new_parser(__doc__)
     add = parser.add_argument
     configs = [*sorted(DECODE_CONFIGS), "smollm2"]
     add(

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import new_parser
 from benchmarks.decode import DECODE_CONFIGS, bytes_per_token, random_model, random_prompt
 from benchmarks.external import built_probe, run_probe, smollm2_models
 from common.errors import run_command
@@ -97,7 +98,7 @@ def bench_pair(label: str, model: GPT, gguf: Path, probe: Path, args: argparse.N
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = new_parser(__doc__)
     add = parser.add_argument
     configs = [*sorted(CONFIGS), "smollm2"]
     add("--configs", nargs="+", choices=configs, default=list(CONFIGS), help="models (default: random)")

@@ -12,7 +12,6 @@ resumed equals a straight run, bit for bit).
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
@@ -23,6 +22,7 @@ import torch
 import yaml
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from benchmarks import new_parser
 from benchmarks.decode import compare_paths
 from benchmarks.lightning_checks import Row, Settings, check_resume, check_training, passed
 from model import GPT
@@ -133,7 +133,7 @@ def _guarded(section: str, check):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = new_parser(__doc__)
     add = parser.add_argument
     add("--cpu_smoke", action="store_true", help="tiny model on CPU: the code paths, not the speed")
     add("--steps", type=int, default=None, help="training steps (default 60 on GPU, 12 smoke)")

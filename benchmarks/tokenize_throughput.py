@@ -31,6 +31,8 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 
+from benchmarks import new_parser
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARD_MB = 128
 BASE_WORDS = 4_000_000  # ~22 MB of text that documents are cut from
@@ -41,7 +43,7 @@ _shared: dict = {}  # what the forked raw-baseline processes inherit
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = new_parser(__doc__)
     add = parser.add_argument
     add("--size_mb", type=float, default=1000.0, help="corpus size in MB of text")
     add("--repeats", type=int, default=1, help="interleaved rounds; medians are reported")

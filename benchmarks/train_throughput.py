@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from benchmarks import describe_shape, model_shape, new_parser
+from benchmarks import model_shape, new_parser
 from benchmarks.lightning_checks import StepLog
 from data.batches import TrainBatches
 from training import LitGPT
@@ -126,7 +126,8 @@ def report(results: dict[str, list[tuple[float, list[float], float]]], args: arg
     lit_losses, bare_losses = results["lightning"][0][1], results["bare"][0][1]
     per_round = [(b[0] - li[0]) / b[0] for li, b in zip(results["lightning"], results["bare"], strict=True)]
     overhead = statistics.median(per_round)
-    print(f"model: {describe_shape(args)}; batch {args.batch_size} x {args.block_size} tokens; "
+    print(f"model: {args.n_layer} layers, {args.n_embd} wide, {args.n_head} heads / "
+          f"{args.n_kv_head} kv heads, vocab {args.vocab_size}; batch {args.batch_size} x {args.block_size} tokens; "
           f"torch threads {torch.get_num_threads()}; "
           f"{'glibc default malloc' if args.default_allocator else 'freed memory retained as in train.py'}")  # fmt: skip
     print(f"steps {args.steps}, timed after step {args.warmup}; median of {args.repeats} rounds")
