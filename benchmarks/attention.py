@@ -25,8 +25,7 @@ from benchmarks import new_parser
 from model.attention import explicit_attention, sdpa_attention
 from model.flash_reference import flash_attention
 
-# The attention callable of each path, taking (q, k, v).
-PATHS = {
+PATHS = {  # each takes (q, k, v)
     "sdpa": sdpa_attention,
     "explicit": lambda q, k, v: explicit_attention(q, k, v)[0],  # its probabilities live until it returns
     "flash": lambda q, k, v: flash_attention(q, k, v, block_size_q=128, block_size_k=128),
@@ -47,49 +46,36 @@ def _status_bytes(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def _reset_peak_rss() -> bool:
-    """Reset the kernel's high-water mark VmHWM (Linux only)."""
+def peak_growth(call) -> int:
+    """Bytes the resident set grows by at its peak during call(): VmHWM - VmRSS after resetting the high-water
+    mark; where it cannot be reset (not Linux), the growth of ru_maxrss, which under-reports a peak below the
+    import-time one."""
     try:
         Path("/proc/self/clear_refs").write_text("5")
-        return True
     except OSError:
-        return False
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        call()
+        return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024  # kB on Linux
+    before = _status_bytes("VmRSS")
+    call()
+    return _status_bytes("VmHWM") - before
 
 
-def measure(
-    path: str, t: int, n_head: int, n_kv_head: int, head_dim: int, repeats: int, threads: int
-) -> dict[str, float]:
-    """Peak extra resident memory of one call and the median time of `repeats` calls (runs in the child).
-
-    Without the VmHWM reset, the growth of ru_maxrss, which under-reports a peak below the import-time one.
-    """
-    fn = PATHS[path]
-    if threads > 0:
-        torch.set_num_threads(threads)
+def measure(path: str, t: int, args: argparse.Namespace) -> dict[str, float]:
+    """Peak extra resident memory of one call and the median time of --repeats calls (runs in the child)."""
+    fn, shape = PATHS[path], (args.n_head, args.n_kv_head, args.head_dim)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     with torch.no_grad():
-        fn(*random_qkv(16, n_head, n_kv_head, head_dim))  # one-time library set-up, not billed to the path
-        q, k, v = random_qkv(t, n_head, n_kv_head, head_dim)
-        if _reset_peak_rss():
-            before = _status_bytes("VmRSS")
-            fn(q, k, v)
-            peak = _status_bytes("VmHWM") - before
-        else:
-            before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            fn(q, k, v)
-            peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024  # kB on Linux
+        fn(*random_qkv(16, *shape))  # one-time library set-up, not billed to the path
+        q, k, v = random_qkv(t, *shape)
+        peak = peak_growth(lambda: fn(q, k, v))
         times = []
-        for _ in range(repeats):
+        for _ in range(args.repeats):
             start = time.perf_counter()
             fn(q, k, v)
             times.append(time.perf_counter() - start)
     return {"time_s": statistics.median(times), "peak_bytes": peak}
-
-
-def measure_in_child(path: str, t: int, args: argparse.Namespace) -> dict[str, float]:
-    """Run `measure` in a fresh interpreter (spawned, not forked: nothing of this process carries over)."""
-    shape = (args.n_head, args.n_kv_head, args.head_dim)
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
-        return child.submit(measure, path, t, *shape, args.repeats, args.threads).result()
 
 
 def print_table(rows: list[dict], args: argparse.Namespace) -> None:
@@ -131,7 +117,9 @@ def main() -> None:
         row = {"t": t, "scores_bytes": args.n_head * t * t * 4}
         for path in PATHS:
             if path != "flash" or t <= args.flash_max_t:
-                row[path] = measure_in_child(path, t, args)
+                # A fresh interpreter for each: spawned, not forked, so nothing of this process carries over.
+                with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
+                    row[path] = child.submit(measure, path, t, args).result()
         rows.append(row)
         print(f"T={t} done", file=sys.stderr, flush=True)
     print_table(rows, args)

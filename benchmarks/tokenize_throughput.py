@@ -115,12 +115,6 @@ def raw_rate(procs: int, tokenizer_file: str, files: list[str]) -> tuple[float, 
     return sizes[-1] / 1e6 / (time.perf_counter() - start), sizes[-1] / 1e6
 
 
-def run_raw(procs: int, tokenizer: Path, files: list[str]) -> tuple[float, float]:
-    """raw_rate in a fresh process of its own, so no tokenizer thread pool is inherited."""
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(raw_rate, procs, str(tokenizer), files).result()
-
-
 def data_flags(files: list[str], tokenizer: Path, cache: Path, vocab_size: int) -> list[str]:
     return [
         "--data.dataset", "json", "--data.data_files", json.dumps(files), "--data.tokenizer_path",
@@ -151,7 +145,9 @@ def measure_prepare(files: list[str], tokenizer: Path, folder: Path, args: argpa
     rows: dict[int, list[tuple[float, float, float]]] = {1: []} if args.smoke else {1: [], 2: []}
     for round_index in range(args.repeats):
         for procs in rows:
-            raw, megabytes = run_raw(procs, tokenizer, files)
+            # raw_rate in a fresh process of its own, so no tokenizer thread pool is inherited.
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                raw, megabytes = pool.submit(raw_rate, procs, str(tokenizer), files).result()
             cache = folder / f"cache-{round_index}-{procs}"
             phase, whole = run_prepare(procs, data_flags(files, tokenizer, cache, args.vocab_size), megabytes)
             rows[procs].append((raw, phase, whole))
