@@ -128,10 +128,8 @@ def chaos(args: argparse.Namespace, work: Path, env: dict) -> None:
     swept = sum(left and "removed" in text for left, text in zip(left_by_kill, outputs[1:], strict=True))
     print(f"kills that left a temp file: {sum(left_by_kill)}; removed by the next start: {swept}")
     print(f"bytes left behind at the end (temp files in the run dir + anything in TMPDIR): {left_bytes}")
-    print(
-        f"final weights equal the uninterrupted run's: {same} ({args.steps} steps, "
-        f"n_layer {args.n_layer}, n_embd {args.n_embd})"
-    )
+    print(f"final weights equal the uninterrupted run's: {same} ({args.steps} steps, "
+          f"n_layer {args.n_layer}, n_embd {args.n_embd})")  # fmt: skip
 
 
 def stall(args: argparse.Namespace, work: Path) -> None:
@@ -174,10 +172,8 @@ def stall(args: argparse.Namespace, work: Path) -> None:
             io.teardown()
     size = (work / "stall-sync" / "last.ckpt").stat().st_size
     sync_ms, async_ms = (statistics.median(stalls[m]) * 1e3 for m in ("sync", "async"))
-    print(
-        f"save stall per save ({size / 1e6:.0f} MB checkpoint, median of {len(stalls['sync'])}): "
-        f"sync {sync_ms:.0f} ms, async {async_ms:.0f} ms; async/sync = {async_ms / sync_ms:.2f}"
-    )
+    print(f"save stall per save ({size / 1e6:.0f} MB checkpoint, median of {len(stalls['sync'])}): "
+          f"sync {sync_ms:.0f} ms, async {async_ms:.0f} ms; async/sync = {async_ms / sync_ms:.2f}")  # fmt: skip
 
 
 def main() -> int:

@@ -112,11 +112,9 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     probe = built_probe(build=True)
-    print(
-        f"torch {torch.__version__}, llama.cpp from llama-cpp-python 0.3.36 ({probe.name}), batch 1, greedy, "
-        f"f32; decode: prompt {args.prompt_len}, {args.new_tokens} new tokens; prefill: {args.prefill_len} "
-        f"tokens; medians of {args.repeats}"
-    )
+    print(f"torch {torch.__version__}, llama.cpp from llama-cpp-python 0.3.36 ({probe.name}), batch 1, greedy, "
+          f"f32; decode: prompt {args.prompt_len}, {args.new_tokens} new tokens; prefill: {args.prefill_len} "
+          f"tokens; medians of {args.repeats}")  # fmt: skip
     for name in args.configs:
         with tempfile.TemporaryDirectory() as tmp:
             for label, model, gguf in pairs(name, Path(tmp)):

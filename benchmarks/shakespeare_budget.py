@@ -174,10 +174,8 @@ def report(module, data, trainer, train_s: float, wall_s: float, scores: dict) -
         f"train: {steps} steps in {train_s:.1f} s, {tokens_per_s:,.0f} tokens/s, "
         f"{tokens_per_s * data.chars_per_token:,.0f} chars/s ({wall_s:.1f} s wall with evaluations)"
     )
-    print(
-        f"params: {module.model.num_params():,}   vocab: {data.tokenizer.vocab_size}   "
-        f"block: {data.block_size}   batch: {data.batch_size}"
-    )
+    print(f"params: {module.model.num_params():,}   vocab: {data.tokenizer.vocab_size}   "
+          f"block: {data.block_size}   batch: {data.batch_size}")  # fmt: skip
     tokenizer, model = data.tokenizer, module.model
     # One seed per prompt: with a shared seed, prompts ending alike ("...:\n") drew the same continuation.
     for seed, (prompt, temperature) in enumerate(

@@ -232,10 +232,8 @@ def measure_streaming(files: list[str], tokenizer: Path, folder: Path, args: arg
             f"  round {round_index + 1}: step 1 starts {first_batch:.1f} s, ends {step_1:.1f} s after launch"
         )
     first_batch, step_1, step_s, consumed, loader = (statistics.median(c) for c in zip(*rows, strict=True))
-    print(
-        f"(b) train.py fit (streaming, tokenizer given, validation set tokenized): step 1's batch in hand "
-        f"{first_batch:.1f} s after launch, step 1 done at {step_1:.1f} s"
-    )
+    print(f"(b) train.py fit (streaming, tokenizer given, validation set tokenized): step 1's batch in hand "
+          f"{first_batch:.1f} s after launch, step 1 done at {step_1:.1f} s")  # fmt: skip
     print(
         f"(b) loader alone, num_workers 2: {loader:,.0f} tokens/s | training consumes {consumed:,.0f} tokens/s "
         f"(4 x {block} tokens per {step_s:.2f} s step) | loader / consumption {loader / consumed:.0f}x"

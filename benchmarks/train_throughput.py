@@ -136,10 +136,8 @@ def report(results: dict[str, list[tuple[float, list[float], float]]], args: arg
         print(f"{side + ':':10s} {speed[side]:9.0f} tokens/s ({1000 * tokens_per_step / speed[side]:7.1f} ms/step, "
               f"{faults[side]:.0f} page faults/step)")  # fmt: skip
     print("overhead per round: " + ", ".join(f"{100 * o:.1f}%" for o in per_round))
-    print(
-        f"overhead:  {100 * overhead:8.2f} % of bare tokens/s, median of the rounds "
-        f"(target < 5%): {'PASS' if overhead < 0.05 else 'FAIL'}"
-    )
+    print(f"overhead:  {100 * overhead:8.2f} % of bare tokens/s, median of the rounds "
+          f"(target < 5%): {'PASS' if overhead < 0.05 else 'FAIL'}")  # fmt: skip
     print(f"first-step loss: lightning {lit_losses[0]:.6f}, bare {bare_losses[0]:.6f}, "
           f"|diff| {abs(lit_losses[0] - bare_losses[0]):.2e}")  # fmt: skip
     worst = max(abs(a - b) for a, b in zip(lit_losses, bare_losses, strict=True))
