@@ -72,10 +72,8 @@ def bytes_per_token(model: GPT, context: int) -> int:
 
 
 def gpu_decode_report(new_tokens: int = 256, prompt_len: int = 64, device: str = "cuda") -> dict[str, float]:
-    """The GPU check: compiled (CUDA graph) vs eager decode of a 124 M model in bf16, with tok/s and MBU.
-
-    MBU = bytes read per token (weights + cache at the mean context) x tokens/s / read bandwidth measured here.
-    """
+    """The GPU check: compiled (CUDA graph) vs eager decode of a 124 M model in bf16, tok/s and MBU (bytes read
+    per token, weights + cache at the mean context, x tokens/s / the read bandwidth measured here)."""
     model = random_model(GPT2_SMALL, device).to(torch.bfloat16)
     prompt = torch.randint(0, GPT2_SMALL.vocab_size, (1, prompt_len), device=device)
     tps = compare_paths(model, prompt, new_tokens, 3, {"eager": {}, "compiled": {"compile": True}})
