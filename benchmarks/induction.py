@@ -56,12 +56,9 @@ def copy_losses(model: GPT, repeated: torch.Tensor, period: int) -> tuple[float,
 
 @torch.no_grad()
 def evaluate(model: GPT, args: argparse.Namespace) -> dict:
-    """Copy losses and per-head scores on the same held-out sequences at every evaluation.
-
-    Scores are averaged over several periods: on one fixed layout a purely positional head (attend to about
-    t / 2, say) can sit on key t - period + 1 and score like an induction head; over several periods only
-    a head that matches tokens keeps scoring.
-    """
+    """Copy losses and per-head scores on the same held-out sequences at every evaluation, averaged over
+    several periods: on one layout a purely positional head can sit on key t - period + 1 and score like an
+    induction head; over several, only a head that matches tokens keeps scoring."""
     model.eval()
     probe = torch.randint(
         args.vocab_size, (args.eval_batch, args.block_size), generator=_generator(args.seed - 1)

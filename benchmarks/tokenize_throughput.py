@@ -58,11 +58,8 @@ def parse_args() -> argparse.Namespace:
 
 
 def write_corpus(folder: Path, size_mb: float) -> list[Path]:
-    """JSON-lines shards (an even count, so two streaming readers get whole files) of about size_mb MB.
-
-    Documents are slices of varied length (log-normal, median ~2 KB) of one long text of random words in
-    their Shakespeare frequencies, so writing 1 GB takes seconds, not minutes.
-    """
+    """JSON-lines shards (an even count, so two streaming readers get whole files) of about size_mb MB: slices
+    of one long text of random words in their Shakespeare frequencies, so writing 1 GB takes seconds."""
     from data.datamodule import TINY_SHAKESPEARE  # imported once the fresh HF caches are set (main)
 
     words = TINY_SHAKESPEARE.read_text(encoding="utf-8").split()
