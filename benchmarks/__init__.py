@@ -3,3 +3,22 @@
 Run each from the repository root as a module, with underscore flags like the other commands:
 `python -m benchmarks.decode --prompt_len 64`.
 """
+
+from __future__ import annotations
+
+import argparse
+
+SHAPE = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd")
+
+
+def new_parser(doc: str, **shape: int) -> argparse.ArgumentParser:
+    """A benchmark's parser, described by its docstring's first paragraph, with a flag for each model-shape
+    argument in `shape` (its default)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    for name, default in shape.items():
+        parser.add_argument(f"--{name}", type=int, default=default, help=f"the model's ModelConfig.{name}")
+    return parser
+
+
+def model_shape(args: argparse.Namespace) -> dict[str, int]:
+    return {name: getattr(args, name) for name in SHAPE}

@@ -1,18 +1,11 @@
 """Time and peak memory of causal attention: fused SDPA vs the explicit matrix vs the flash reference.
 
-Run from the repository root:
-
     python -m benchmarks.attention                      # B=1, H=8, D=64, MHA, T = 512 .. 4096
     python -m benchmarks.attention --n_kv_head 2        # GQA
 
-Each measurement runs in a fresh Python process, so one path's freed memory can never hide another
-path's allocations and every row starts from the same state.
-
-Peak memory is the growth of the resident set (torch's CPU allocations are invisible to `tracemalloc`): after
-a warm-up call on a tiny input (thread pools, kernel dispatch), the kernel's high-water mark is reset
-(`echo 5 > /proc/self/clear_refs`) and VmHWM - VmRSS is read around one call. Without the reset (not Linux),
-the growth of ru_maxrss, which under-reports a peak below the import-time one. Time is the median of
-`--repeats` further calls. Everything is fp32 on the CPU, causal, under no_grad.
+fp32 on the CPU, under no_grad. Each measurement runs in a fresh Python process, so no path's freed memory can
+hide another's allocations. Peak memory is the growth of the resident set over one call (torch's CPU allocations
+are invisible to `tracemalloc`); time is the median of `--repeats` further calls.
 """
 
 from __future__ import annotations
@@ -28,15 +21,13 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import new_parser
 from model.attention import explicit_attention, sdpa_attention
 from model.flash_reference import flash_attention
 
-# The attention callable of each path, taking (q, k, v).
-PATHS = {
+PATHS = {  # each takes (q, k, v)
     "sdpa": sdpa_attention,
-    "explicit": lambda q, k, v: explicit_attention(q, k, v)[
-        0
-    ],  # its probabilities stay alive until it returns
+    "explicit": lambda q, k, v: explicit_attention(q, k, v)[0],  # its probabilities live until it returns
     "flash": lambda q, k, v: flash_attention(q, k, v, block_size_q=128, block_size_k=128),
 }
 MIB = 2**20
@@ -55,45 +46,36 @@ def _status_bytes(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def _reset_peak_rss() -> bool:
+def peak_growth(call) -> int:
+    """Bytes the resident set grows by at its peak during call(): VmHWM - VmRSS after resetting the high-water
+    mark; where it cannot be reset (not Linux), the growth of ru_maxrss, which under-reports a peak below the
+    import-time one."""
     try:
         Path("/proc/self/clear_refs").write_text("5")
-        return True
     except OSError:
-        return False
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        call()
+        return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024  # kB on Linux
+    before = _status_bytes("VmRSS")
+    call()
+    return _status_bytes("VmHWM") - before
 
 
-def measure(
-    path: str, t: int, n_head: int, n_kv_head: int, head_dim: int, repeats: int, threads: int
-) -> dict[str, float]:
-    """Peak extra resident memory of one call and the median time of `repeats` calls (runs in the child)."""
-    fn = PATHS[path]
-    if threads > 0:
-        torch.set_num_threads(threads)
+def measure(path: str, t: int, args: argparse.Namespace) -> dict[str, float]:
+    """Peak extra resident memory of one call and the median time of --repeats calls (runs in the child)."""
+    fn, shape = PATHS[path], (args.n_head, args.n_kv_head, args.head_dim)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     with torch.no_grad():
-        fn(*random_qkv(16, n_head, n_kv_head, head_dim))  # one-time library set-up, not billed to the path
-        q, k, v = random_qkv(t, n_head, n_kv_head, head_dim)
-        if _reset_peak_rss():
-            before = _status_bytes("VmRSS")
-            fn(q, k, v)
-            peak = _status_bytes("VmHWM") - before
-        else:
-            before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            fn(q, k, v)
-            peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024  # kB on Linux
+        fn(*random_qkv(16, *shape))  # one-time library set-up, not billed to the path
+        q, k, v = random_qkv(t, *shape)
+        peak = peak_growth(lambda: fn(q, k, v))
         times = []
-        for _ in range(repeats):
+        for _ in range(args.repeats):
             start = time.perf_counter()
             fn(q, k, v)
             times.append(time.perf_counter() - start)
     return {"time_s": statistics.median(times), "peak_bytes": peak}
-
-
-def measure_in_child(path: str, t: int, args: argparse.Namespace) -> dict[str, float]:
-    """Run `measure` in a fresh interpreter (spawned, not forked: nothing of this process carries over)."""
-    shape = (args.n_head, args.n_kv_head, args.head_dim)
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
-        return child.submit(measure, path, t, *shape, args.repeats, args.threads).result()
 
 
 def print_table(rows: list[dict], args: argparse.Namespace) -> None:
@@ -119,8 +101,8 @@ def print_table(rows: list[dict], args: argparse.Namespace) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main() -> None:
+    parser = new_parser(__doc__)
     add = parser.add_argument
     add("--seq_lens", type=int, nargs="+", default=[512, 1024, 2048, 4096], help="sequence lengths T")
     add("--n_head", type=int, default=8, help="query heads")
@@ -129,13 +111,15 @@ def main(argv: list[str] | None = None) -> None:
     add("--repeats", type=int, default=5, help="timed calls per case after a warm-up; median")
     add("--flash_max_t", type=int, default=4096, help="longest T for the slow flash reference")
     add("--threads", type=int, default=0, help="torch threads per case; 0 keeps torch's default")
-    args = parser.parse_args(argv)
+    args = parser.parse_args()
     rows = []
     for t in args.seq_lens:
         row = {"t": t, "scores_bytes": args.n_head * t * t * 4}
         for path in PATHS:
             if path != "flash" or t <= args.flash_max_t:
-                row[path] = measure_in_child(path, t, args)
+                # A fresh interpreter for each: spawned, not forked, so nothing of this process carries over.
+                with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
+                    row[path] = child.submit(measure, path, t, args).result()
         rows.append(row)
         print(f"T={t} done", file=sys.stderr, flush=True)
     print_table(rows, args)

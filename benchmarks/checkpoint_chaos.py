@@ -3,17 +3,12 @@
     python -m benchmarks.checkpoint_chaos                  # 20 kills (seed 0), then the save stall of a ~100M model
     python -m benchmarks.checkpoint_chaos --kills 5 --stall_rounds 0   # a quick look, no stall measurement
 
-Chaos part: a worker (this module with --worker: a Lightning run of a small GPT on tiny Shakespeare, a
-checkpoint every step through train.py's CheckpointIO, every other segment saving asynchronously) starts with
-`--ckpt_path last` semantics, is SIGKILLed at a random moment after its first new checkpoint and started
-again, M times; then it runs to the end. TMPDIR is a fresh folder on /dev/shm where available (another
-filesystem than the run's). Printed: kills survived / M (the next start resumed with no fallback warning and
-no error), temp files the sweeps removed, bytes left behind (temp files in the run directory plus anything in
-TMPDIR), and whether the final weights equal an uninterrupted run's, bit for bit.
-
-Stall part: a ~100M-parameter GPT (12 layers, 768 wide) with AdamW state; how long `save_checkpoint` blocks the training thread, sync
-and async rounds interleaved with a training step between saves (an async save waits for the previous one if it
-is still writing). Prints the median ms per save of each and their ratio.
+Chaos: a worker (this module with --worker: a small GPT on tiny Shakespeare, a checkpoint every step, every other
+segment saving asynchronously) is SIGKILLed at a random moment after its first new checkpoint and resumed, M
+times, then runs to the end, with TMPDIR on /dev/shm where available. Printed: kills survived, temp files swept,
+bytes left behind, and whether the final weights equal an uninterrupted run's, bit for bit.
+Stall: how long `save_checkpoint` blocks the training thread for a ~100M-parameter GPT with AdamW state, sync
+against async (median ms per save).
 """
 
 from __future__ import annotations
@@ -29,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks import new_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -131,15 +128,13 @@ def chaos(args: argparse.Namespace, work: Path, env: dict) -> None:
     swept = sum(left and "removed" in text for left, text in zip(left_by_kill, outputs[1:], strict=True))
     print(f"kills that left a temp file: {sum(left_by_kill)}; removed by the next start: {swept}")
     print(f"bytes left behind at the end (temp files in the run dir + anything in TMPDIR): {left_bytes}")
-    print(
-        f"final weights equal the uninterrupted run's: {same} ({args.steps} steps, "
-        f"n_layer {args.n_layer}, n_embd {args.n_embd})"
-    )
+    print(f"final weights equal the uninterrupted run's: {same} ({args.steps} steps, "
+          f"n_layer {args.n_layer}, n_embd {args.n_embd})")  # fmt: skip
 
 
 def stall(args: argparse.Namespace, work: Path) -> None:
-    """Median ms the training thread is blocked per save, sync vs async, for a ~100M-parameter model (at the
-    default --stall_n_embd)."""
+    """Median ms the training thread is blocked per save, sync vs async rounds interleaved, a training step
+    between saves (an async save waits for the previous one if it is still writing)."""
     import torch
 
     from checkpoints.settings import checkpoint_io
@@ -177,33 +172,21 @@ def stall(args: argparse.Namespace, work: Path) -> None:
             io.teardown()
     size = (work / "stall-sync" / "last.ckpt").stat().st_size
     sync_ms, async_ms = (statistics.median(stalls[m]) * 1e3 for m in ("sync", "async"))
-    print(
-        f"save stall per save ({size / 1e6:.0f} MB checkpoint, median of {len(stalls['sync'])}): "
-        f"sync {sync_ms:.0f} ms, async {async_ms:.0f} ms; async/sync = {async_ms / sync_ms:.2f}"
-    )
+    print(f"save stall per save ({size / 1e6:.0f} MB checkpoint, median of {len(stalls['sync'])}): "
+          f"sync {sync_ms:.0f} ms, async {async_ms:.0f} ms; async/sync = {async_ms / sync_ms:.2f}")  # fmt: skip
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = new_parser(__doc__)
     add = parser.add_argument
     add("--kills", type=int, default=20, help="SIGKILLs to survive (M)")
     add("--seed", type=int, default=0, help="seed of the kill moments")
-    add(
-        "--window_s",
-        type=float,
-        default=1.5,
-        help="a kill lands up to this long after a segment's first checkpoint",
-    )
+    add("--window_s", type=float, default=1.5, help="a kill lands up to this long after a first save")
     add("--steps", type=int, default=300, help="optimizer steps of the whole run")
     add("--n_embd", type=int, default=192, help="width of the killed runs' model")
     add("--n_layer", type=int, default=4, help="layers of the killed runs' model")
     add("--stall_rounds", type=int, default=3, help="sync/async rounds of 2 saves each (0: skip)")
-    add(
-        "--stall_n_embd",
-        type=int,
-        default=768,
-        help="width of the stall model (a multiple of 12; 768: ~100M)",
-    )
+    add("--stall_n_embd", type=int, default=768, help="stall model width (a multiple of 12; 768: ~100M)")
     add("--workdir", type=Path, default=None, help="where runs go (default: a new temporary folder)")
     add("--keep", action="store_true", help="keep the work folder")
     # worker mode (internal)

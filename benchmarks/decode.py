@@ -2,28 +2,24 @@
 
     python -m benchmarks.decode                          # 1024-context model: cached vs recompute vs compiled
     python -m benchmarks.decode --batches 1 8 32         # tokens/s at batch 1, 8 and 32, one cache each
+    python -m benchmarks.decode --gpu                    # the GPU check: compiled decode of a 124 M model, bf16
 
-Random model: 4 layers, 256 wide, 8/2 heads, block_size 1024, vocab 1024. Prompt 64 tokens, 512 new, greedy,
-fp32 on CPU (or --device). The paths alternate within each repeat and medians are printed with the ratios
-(generation/timing.py); the target is a cached path at least 10x faster than recomputing. `--gpu` is the GPU
-check: the compiled decode of a 124 M model in bf16, tokens/s and bandwidth use. A trained checkpoint is
-measured the same way by `python generate.py --checkpoint <ckpt> --benchmark --no_cache`.
+Greedy, prompt 64, 512 new, fp32 on the CPU (or --device); target: a cached path >= 10x recompute. A trained
+checkpoint is measured by `python generate.py --checkpoint <ckpt> --benchmark --no_cache`.
 """
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
+from benchmarks import new_parser
 from generation.speed import timed_decode
 from generation.timing import alternate_medians, wall_seconds
 from model import GPT, ModelConfig
 
 SMALL_1024 = ModelConfig(vocab_size=1024, block_size=1024, n_layer=4, n_head=8, n_kv_head=2, n_embd=256)
-# The 124 M shape of configs/gpt2-small.yaml (tests/training/test_flops.py checks it against the YAML): GPT-2
-# small's widths with 12 query / 4 key-value heads, our 32768-token BPE. The GPU check and the FLOP and memory
-# tests use it.
+# The 124 M shape of configs/gpt2-small.yaml (tests/training/test_flops.py checks it against the YAML), for the
+# GPU check and the FLOP and memory tests.
 GPT2_SMALL = ModelConfig(vocab_size=32768, block_size=1024, n_layer=12, n_head=12, n_kv_head=4, n_embd=768)
 # The random models of benchmarks.decode_vs_hf (all) and decode_vs_llamacpp (small and large).
 DECODE_CONFIGS = {
@@ -33,6 +29,17 @@ DECODE_CONFIGS = {
         vocab_size=32000, block_size=1024, n_layer=12, n_head=12, n_kv_head=4, n_embd=768
     ),
 }
+
+
+def random_model(config: ModelConfig, device: str = "cpu") -> GPT:
+    """The benchmarks' random model of `config`: the same weights in every run."""
+    torch.manual_seed(0)
+    return GPT(config).to(device).eval()
+
+
+def random_prompt(config: ModelConfig, length: int) -> torch.Tensor:
+    """(1, length) random ids, the same in every run."""
+    return torch.randint(config.vocab_size, (1, length), generator=torch.Generator().manual_seed(1))
 
 
 def compare_paths(
@@ -46,66 +53,28 @@ def compare_paths(
     return alternate_medians(runs, repeats)
 
 
-def bench_random_model(args: argparse.Namespace) -> None:
-    torch.manual_seed(0)
-    model = GPT(SMALL_1024).to(args.device).eval()
-    prompt = torch.randint(0, SMALL_1024.vocab_size, (1, args.prompt_len), device=args.device)
-    paths = {"cached": {}, "no cache": {"use_cache": False}}
-    if not args.no_compile:
-        paths["compiled"] = {"compile": True}
-    tps = compare_paths(model, prompt, args.new_tokens, args.repeats, paths)
-    c = SMALL_1024
-    print(
-        f"model: {c.n_layer} layers, {c.n_embd} wide, {c.n_head}/{c.n_kv_head} heads, block_size {c.block_size}; "
-        f"{torch.get_num_threads()} threads; prompt {args.prompt_len}, {args.new_tokens} new, median of {args.repeats}"
-    )
-    for name, value in tps.items():
-        print(f"{name:>9}: {value:9.1f} tokens/s  ({value / tps['no cache']:5.1f}x recompute)")
-    print("target: a cached path >= 10x recompute (the eager one is the readable reference)")
-
-
-def bench_batches(args: argparse.Namespace) -> None:
-    """Tokens/s summed over the batch, for each batch size: one cache holds every sequence."""
-    torch.manual_seed(0)
-    model = GPT(SMALL_1024).to(args.device).eval()
-    print(
-        f"batch throughput, {torch.get_num_threads()} threads, prompt {args.prompt_len}, {args.new_tokens} new"
-    )
-    paths = {"cached": {}} | ({} if args.no_compile else {"compiled": {"compile": True}})
-    for batch in args.batches:
-        prompt = torch.randint(0, SMALL_1024.vocab_size, (batch, args.prompt_len), device=args.device)
-        tps = compare_paths(model, prompt, args.new_tokens, args.repeats, paths)
-        print(
-            f"batch {batch:>3}: " + ", ".join(f"{name} {value:9.1f} tokens/s" for name, value in tps.items())
-        )
-
-
 def read_bandwidth(device: torch.device, megabytes: int = 512) -> float:
     """Bytes/s of the device reading a large tensor once (a sum), median of 5: the bandwidth a decode can use."""
     data = torch.ones(megabytes * 2**20 // 4, device=device)
     return data.nbytes / alternate_medians({"read": wall_seconds(lambda: data.sum().item())}, 5)["read"]
 
 
-def bytes_per_token(model: GPT, context: int, batch: int = 1) -> int:
+def bytes_per_token(model: GPT, context: int) -> int:
     """Bytes one decode step reads: every weight once (a tied embedding once, an untied one a row) plus the
     keys/values in use. Weights kept in GGUF blocks (model.quantized) count as stored."""
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     if getattr(model.lm_head, "weight", None) is not model.wte.weight:  # each step looks up one row
         weights -= model.wte.weight[1:].numel() * model.wte.weight.element_size()
     c = model.config
-    cache = (
-        2 * c.n_layer * batch * c.n_kv_head * context * c.head_dim * next(model.parameters()).element_size()
+    return (
+        weights + 2 * c.n_layer * c.n_kv_head * context * c.head_dim * next(model.parameters()).element_size()
     )
-    return weights + cache
 
 
 def gpu_decode_report(new_tokens: int = 256, prompt_len: int = 64, device: str = "cuda") -> dict[str, float]:
-    """The GPU check: compiled (CUDA graph) vs eager decode of a 124 M model in bf16, with tok/s and MBU.
-
-    MBU = bytes read per token (weights + cache at the mean context) x tokens/s / read bandwidth measured here.
-    """
-    torch.manual_seed(0)
-    model = GPT(GPT2_SMALL).to(device=device, dtype=torch.bfloat16).eval()
+    """The GPU check: compiled (CUDA graph) vs eager decode of a 124 M model in bf16, tok/s and MBU (bytes read
+    per token, weights + cache at the mean context, x tokens/s / the read bandwidth measured here)."""
+    model = random_model(GPT2_SMALL, device).to(torch.bfloat16)
     prompt = torch.randint(0, GPT2_SMALL.vocab_size, (1, prompt_len), device=device)
     tps = compare_paths(model, prompt, new_tokens, 3, {"eager": {}, "compiled": {"compile": True}})
     bandwidth = read_bandwidth(torch.device(device), 2048)
@@ -119,7 +88,7 @@ def gpu_decode_report(new_tokens: int = 256, prompt_len: int = 64, device: str =
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = new_parser(__doc__)
     add = parser.add_argument
     add("--batches", type=int, nargs="+", help="report tokens/s at these batch sizes instead")
     add("--gpu", action="store_true", help="run the GPU check (124 M model, bf16, compiled)")
@@ -131,10 +100,33 @@ def main() -> None:
     args = parser.parse_args()
     if args.gpu:
         gpu_decode_report(args.new_tokens, args.prompt_len)
-    elif args.batches:
-        bench_batches(args)
-    else:
-        bench_random_model(args)
+        return
+    model = random_model(SMALL_1024, args.device)
+    compiled = {} if args.no_compile else {"compiled": {"compile": True}}
+
+    def tokens_per_s(batch: int, paths: dict) -> dict[str, float]:
+        prompt = torch.randint(0, SMALL_1024.vocab_size, (batch, args.prompt_len), device=args.device)
+        return compare_paths(model, prompt, args.new_tokens, args.repeats, paths | compiled)
+
+    threads = torch.get_num_threads()
+    if args.batches:  # one cache holds every sequence; tokens/s summed over the batch
+        print(f"batch throughput, {threads} threads, prompt {args.prompt_len}, {args.new_tokens} new")
+        for batch in args.batches:
+            tps = tokens_per_s(batch, {"cached": {}})
+            print(
+                f"batch {batch:>3}: "
+                + ", ".join(f"{name} {value:9.1f} tokens/s" for name, value in tps.items())
+            )
+        return
+    tps = tokens_per_s(1, {"cached": {}, "no cache": {"use_cache": False}})
+    c = SMALL_1024
+    print(
+        f"model: {c.n_layer} layers, {c.n_embd} wide, {c.n_head}/{c.n_kv_head} heads, block_size {c.block_size}; "
+        f"{threads} threads; prompt {args.prompt_len}, {args.new_tokens} new, median of {args.repeats}"
+    )
+    for name, value in tps.items():
+        print(f"{name:>9}: {value:9.1f} tokens/s  ({value / tps['no cache']:5.1f}x recompute)")
+    print("target: a cached path >= 10x recompute (the eager one is the readable reference)")
 
 
 if __name__ == "__main__":

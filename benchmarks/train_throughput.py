@@ -3,17 +3,11 @@
     python -m benchmarks.train_throughput --threads 2                     # 150 steps, 7 rounds of each
     python -m benchmarks.train_throughput --steps 12 --warmup 3 --repeats 1 --threads 1   # a quick look
 
-Both sides train the same model (by default configs/shakespeare.yaml's shape) from the same initialisation on
-the same batches (`data.TrainBatches` over a random token stream), on the CPU. The bare loop does per step what
-LitGPT + Trainer do: `LitGPT.loss`, backward, `clip_grad_norm_(1.0)`, `LitGPT.make_optimizer`'s optimizer,
-LambdaLR over `lr_multiplier`, zero_grad; what the comparison measures is Lightning's own extra per-step work
-(metric logging, LitGPT's finite-loss check, hooks).
-
-Time runs from the end of step --warmup to the end of the last step, at the same point on both sides (after
-the scheduler step, where Lightning calls on_train_batch_end). Rounds alternate the sides; since a whole run's
-speed moves by 10-20% between runs on a shared machine, the overhead is the median of each round's own
-(bare - lightning) / bare tokens/s; target under 5%. The losses should agree at every step (same init, batches
-and updates): the first step's and the largest difference are printed.
+Both sides train the same model from the same initialisation on the same batches, on the CPU; the bare loop does
+per step what LitGPT + Trainer do, so the difference is Lightning's own per-step work (logging, LitGPT's
+finite-loss check, hooks). Rounds alternate the sides, and since a whole run's speed moves by 10-20% on a shared
+machine, the overhead is the median of each round's (bare - lightning) / bare tokens/s; target under 5%.
+The losses should agree at every step.
 """
 
 from __future__ import annotations
@@ -30,6 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from benchmarks import model_shape, new_parser
 from benchmarks.lightning_checks import StepLog
 from data.batches import TrainBatches
 from training import LitGPT
@@ -43,8 +38,7 @@ RECIPE = {"learning_rate": 3e-3, "weight_decay": 0.1, "warmup_steps": 50, "sched
 
 def build_module(args: argparse.Namespace) -> LitGPT:
     torch.manual_seed(args.seed)  # the same initial weights on both sides, every round
-    return LitGPT(vocab_size=args.vocab_size, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
-                  n_kv_head=args.n_kv_head, n_embd=args.n_embd, mlp_hidden=args.mlp_hidden, **RECIPE)  # fmt: skip
+    return LitGPT(**model_shape(args), mlp_hidden=args.mlp_hidden, **RECIPE)
 
 
 def batches(tokens: np.ndarray, args: argparse.Namespace) -> DataLoader:
@@ -54,7 +48,8 @@ def batches(tokens: np.ndarray, args: argparse.Namespace) -> DataLoader:
 def run_lightning(
     module: LitGPT, tokens: np.ndarray, args: argparse.Namespace
 ) -> tuple[list[float], list[float]]:
-    """Step end times and losses of `args.steps` steps of Trainer.fit."""
+    """Step end times and losses of `args.steps` steps of Trainer.fit (timed after the scheduler step, where
+    Lightning calls on_train_batch_end)."""
     clock = StepLog(accumulate=1)  # perf_counter and loss after each optimizer and scheduler step
     trainer = L.Trainer(
         max_steps=args.steps, max_epochs=-1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
@@ -109,6 +104,7 @@ def measure(args: argparse.Namespace) -> dict[str, list[tuple[float, list[float]
     # memory addresses, one less difference between runs that moves their speed.
     module = build_module(args)
     initial = {name: tensor.clone() for name, tensor in module.state_dict().items()}
+    timed = (args.steps - args.warmup) * args.batch_size * args.block_size  # tokens after the warm-up steps
     for round_index in range(args.repeats):
         # Alternate which side goes first too, so a slow start of a round does not always hit the same side.
         order = ("lightning", "bare") if round_index % 2 == 0 else ("bare", "lightning")
@@ -118,9 +114,6 @@ def measure(args: argparse.Namespace) -> dict[str, list[tuple[float, list[float]
             faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             times, losses = runners[side](module, tokens, args)
             faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before) / args.steps
-            timed = (
-                (args.steps - args.warmup) * args.batch_size * args.block_size
-            )  # tokens after the warm-up steps
             results[side].append((timed / (times[-1] - times[args.warmup - 1]), losses, faults))
             print(f"round {round_index + 1} {side:9s} {results[side][-1][0]:9.0f} tokens/s, {faults:6.0f} page "
                   "faults/step", flush=True)  # fmt: skip
@@ -133,8 +126,8 @@ def report(results: dict[str, list[tuple[float, list[float], float]]], args: arg
     lit_losses, bare_losses = results["lightning"][0][1], results["bare"][0][1]
     per_round = [(b[0] - li[0]) / b[0] for li, b in zip(results["lightning"], results["bare"], strict=True)]
     overhead = statistics.median(per_round)
-    print(f"model: {args.n_layer} layers, {args.n_embd} wide, {args.n_head} heads / {args.n_kv_head} kv heads, "
-          f"vocab {args.vocab_size}; batch {args.batch_size} x {args.block_size} tokens; "
+    print(f"model: {args.n_layer} layers, {args.n_embd} wide, {args.n_head} heads / "
+          f"{args.n_kv_head} kv heads, vocab {args.vocab_size}; batch {args.batch_size} x {args.block_size} tokens; "
           f"torch threads {torch.get_num_threads()}; "
           f"{'glibc default malloc' if args.default_allocator else 'freed memory retained as in train.py'}")  # fmt: skip
     print(f"steps {args.steps}, timed after step {args.warmup}; median of {args.repeats} rounds")
@@ -143,34 +136,24 @@ def report(results: dict[str, list[tuple[float, list[float], float]]], args: arg
         print(f"{side + ':':10s} {speed[side]:9.0f} tokens/s ({1000 * tokens_per_step / speed[side]:7.1f} ms/step, "
               f"{faults[side]:.0f} page faults/step)")  # fmt: skip
     print("overhead per round: " + ", ".join(f"{100 * o:.1f}%" for o in per_round))
-    print(
-        f"overhead:  {100 * overhead:8.2f} % of bare tokens/s, median of the rounds "
-        f"(target < 5%): {'PASS' if overhead < 0.05 else 'FAIL'}"
-    )
-    first_diff = abs(lit_losses[0] - bare_losses[0])
-    print(
-        f"first-step loss: lightning {lit_losses[0]:.6f}, bare {bare_losses[0]:.6f}, |diff| {first_diff:.2e}"
-    )
+    print(f"overhead:  {100 * overhead:8.2f} % of bare tokens/s, median of the rounds "
+          f"(target < 5%): {'PASS' if overhead < 0.05 else 'FAIL'}")  # fmt: skip
+    print(f"first-step loss: lightning {lit_losses[0]:.6f}, bare {bare_losses[0]:.6f}, "
+          f"|diff| {abs(lit_losses[0] - bare_losses[0]):.2e}")  # fmt: skip
     worst = max(abs(a - b) for a, b in zip(lit_losses, bare_losses, strict=True))
     print(f"last-step loss:  lightning {lit_losses[-1]:.6f}, bare {bare_losses[-1]:.6f}; "
           f"max |diff| over all {len(lit_losses)} steps {worst:.2e}")  # fmt: skip
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = new_parser(__doc__, vocab_size=1024, block_size=64, n_layer=3, n_head=4, n_kv_head=2, n_embd=128)
     add = parser.add_argument
     add("--steps", type=int, default=150, help="optimizer steps per run")
     add("--warmup", type=int, default=5, help="steps left out of the timing at the start of each run")
     add("--repeats", type=int, default=7, help="rounds; each trains the same initial model on each side")
     add("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     add("--seed", type=int, default=0, help="seed of the weights and the batches")
-    add("--vocab_size", type=int, default=1024, help="model vocabulary (random token stream)")
-    add("--block_size", type=int, default=64, help="tokens per sequence")
     add("--batch_size", type=int, default=8, help="sequences per step")
-    add("--n_layer", type=int, default=3, help="model layers")
-    add("--n_head", type=int, default=4, help="query heads")
-    add("--n_kv_head", type=int, default=2, help="key/value heads")
-    add("--n_embd", type=int, default=128, help="model width")
     add("--mlp_hidden", type=int, default=256, help="SwiGLU hidden width")
     add("--default_allocator", action="store_true", help="glibc's malloc thresholds (train.py changes them)")
     add("--stream_tokens", type=int, default=2_000_000, help="length of the random token stream")
