@@ -14,11 +14,12 @@ ggml's (ggml-common.h, ggml-quants.c):
   sub-block s). `block_q6_K` (210 bytes): 128 bytes of low nibbles, 64 of 2-bit highs, 16 signed 8-bit scales,
   float16 `d`; sub-block t of 16 weights has weight `d * sc[t] * (q - 32)`.
 
-Each sub-block is one of our blocks: scale `d * sc` (an 11-bit by 8-bit product, exact in float32), minimum
-`-(dmin * m)` (exact too), so `scale * q + minimum` rounds once, where the `gguf` package's `d * sc * q - dmin * m`
-does, to the same float32. Q4_K is then Q4_1's 4-bit codes in blocks of 32, Q5_K 8-bit codes 0..31 with a
-minimum, Q6_K 8-bit codes q - 32 in blocks of 16 without one (its `d * sc * (q - 32)` has at most 23 significant
-bits, so it is exact whatever the order of the products).
+Each sub-block is one of our blocks, its codes unsigned at the type's own width (4, 5, 6 or 8 bits): scale
+`d * sc` (an 11-bit by 8-bit product, exact in float32), minimum `-(dmin * m)` (exact too), so `scale * q +
+minimum` rounds once, where the `gguf` package's `d * sc * q - dmin * m` does, to the same float32. A type with
+signed codes keeps its unsigned ones and the offset of weight 0 instead of a minimum (Q4_0's 8, Q5_0's 16, Q6_K's
+32, Q8_0's 128): `scale * (q - offset)` is the package's product itself (Q6_K's has at most 23 significant bits,
+so it is exact whatever the order of the products).
 """
 
 from __future__ import annotations
@@ -33,19 +34,20 @@ from model.quantized import BLOCK, QuantizedLinear
 
 
 class Blocks(NamedTuple):
-    """One matrix: codes (out, in), scale and minimum (out, in / block; minimum None for Q8_0 and Q6_K), bits,
-    codes per block."""
+    """One matrix: unsigned codes (out, in), scale and minimum (out, in / block; minimum None where the type
+    has an offset), bits, codes per block, the code of weight 0."""
 
     codes: torch.Tensor
     scale: torch.Tensor
     minimum: torch.Tensor | None
     bits: int
     block: int = BLOCK
+    offset: int = 0
 
     def rows(self, fn) -> Blocks:
         """The same matrix with `fn` applied to the rows of codes, scale and minimum alike."""
         minimum = None if self.minimum is None else fn(self.minimum)
-        return Blocks(fn(self.codes), fn(self.scale), minimum, self.bits, self.block)
+        return self._replace(codes=fn(self.codes), scale=fn(self.scale), minimum=minimum)
 
 
 def read_blocks(data: np.ndarray, type_name: str) -> Blocks | None:
@@ -63,9 +65,8 @@ def _half(raw: torch.Tensor) -> torch.Tensor:
 
 def _q8_0(raw: torch.Tensor) -> Blocks:
     rows = raw.shape[0]
-    return Blocks(
-        raw[..., 2:].contiguous().view(torch.int8).reshape(rows, -1), _half(raw[..., 0:2])[..., 0], None, 8
-    )
+    codes = raw[..., 2:].contiguous().view(torch.int8).reshape(rows, -1).to(torch.int16) + 128
+    return Blocks(codes, _half(raw[..., 0:2])[..., 0], None, 8, BLOCK, 128)
 
 
 def _nibbles_32(raw: torch.Tensor) -> torch.Tensor:
@@ -84,19 +85,17 @@ def _q4_0_or_1(raw: torch.Tensor) -> Blocks:
     rows, scale = raw.shape[0], _half(raw[..., 0:2])[..., 0]
     codes = _nibbles_32(raw).reshape(rows, -1)
     if raw.shape[-1] == READERS["Q4_0"][0]:
-        minimum = -8 * scale  # d * (q - 8) == d * q - 8 d, both exact in float32
-    else:
-        minimum = _half(raw[..., 2:4])[..., 0]
-    return Blocks(codes, scale, minimum, 4)
+        return Blocks(codes, scale, None, 4, BLOCK, 8)
+    return Blocks(codes, scale, _half(raw[..., 2:4])[..., 0], 4)
 
 
 def _q5_0_or_1(raw: torch.Tensor) -> Blocks:
-    """The 32 fifth bits lie in the 4 bytes before the nibbles; Q5_0's code q - 16 is signed, without minimum."""
+    """The 32 fifth bits lie in the 4 bytes before the nibbles; Q5_0's weight is d * (q - 16), without minimum."""
     rows, scale = raw.shape[0], _half(raw[..., 0:2])[..., 0]
-    codes = (_nibbles_32(raw) | (_bits(raw[..., -20:-16]) << 4)).to(torch.int8).reshape(rows, -1)
+    codes = (_nibbles_32(raw) | (_bits(raw[..., -20:-16]) << 4)).reshape(rows, -1)
     if raw.shape[-1] == READERS["Q5_0"][0]:
-        return Blocks(codes - 16, scale, None, 8)
-    return Blocks(codes, scale, _half(raw[..., 2:4])[..., 0], 8)
+        return Blocks(codes, scale, None, 5, BLOCK, 16)
+    return Blocks(codes, scale, _half(raw[..., 2:4])[..., 0], 5)
 
 
 def _nibbles(packed: torch.Tensor) -> torch.Tensor:
@@ -127,7 +126,7 @@ def _q5_k(raw: torch.Tensor) -> Blocks:
     # (rows, nb, sub-block s, weight l): bit s of byte l
     fifth = _bits(raw[..., 16:48]).reshape(rows, nb, 32, 8).transpose(-1, -2)
     codes = _nibbles(raw[..., 48:]) | (fifth.reshape(rows, nb, 256) << 4)
-    return _k_quant(raw, codes.to(torch.int8), 8)
+    return _k_quant(raw, codes, 5)
 
 
 def _q6_k(raw: torch.Tensor) -> Blocks:
@@ -138,9 +137,9 @@ def _q6_k(raw: torch.Tensor) -> Blocks:
     low = torch.cat([low & 15, low >> 4], dim=3).reshape(rows, nb, 2, 128)
     high = raw[..., 128:192].reshape(rows, nb, 2, 1, 32) >> torch.arange(0, 8, 2, dtype=torch.uint8)[:, None]
     high = (high & 3).reshape(rows, nb, 2, 128)
-    codes = ((low | (high << 4)).to(torch.int8) - 32).reshape(rows, -1)
     sc = raw[..., 192:208].contiguous().view(torch.int8).float()
-    return Blocks(codes, (_half(raw[..., 208:210]) * sc).reshape(rows, -1), None, 8, 16)
+    scale = (_half(raw[..., 208:210]) * sc).reshape(rows, -1)
+    return Blocks((low | (high << 4)).reshape(rows, -1), scale, None, 6, 16, 32)
 
 
 # Each kept type's bytes per block and the reader of its raw blocks (rows, blocks, bytes).
@@ -157,32 +156,31 @@ READERS = {
 KEPT_TYPES = tuple(READERS)  # what keep_quantized keeps, as user messages name them
 
 
-def _widened(matrix: Blocks, bits: int, block: int, with_minimum: bool) -> Blocks:
-    """The same weights as `bits`-bit codes in blocks of `block` (no wider, no longer than its own), with a
-    minimum of zeros if it has none and `with_minimum`: the codes as they are (4-bit codes fit 8 bits), each
-    scale and minimum repeated over the smaller blocks it spans. Exact: `s * q + 0` is `s * q`."""
+def _widened(matrix: Blocks, block: int, offset: int | None) -> Blocks:
+    """The same weights in blocks of `block` (no longer than its own), each scale and minimum repeated over the
+    smaller blocks it spans; with `offset` None, a minimum for every block: `-offset * scale` where the type has
+    an offset (exact, as `scale * q` has at most 24 significant bits for every type and code)."""
     repeat = matrix.block // block
-    scale = matrix.scale.repeat_interleave(repeat, dim=1)
-    minimum = matrix.minimum
-    if minimum is None and with_minimum:
-        minimum = torch.zeros_like(matrix.scale)
+    scale, minimum = matrix.scale.repeat_interleave(repeat, dim=1), matrix.minimum
+    if offset is None:
+        minimum = -matrix.offset * matrix.scale if minimum is None else minimum
+        offset = 0
     minimum = None if minimum is None else minimum.repeat_interleave(repeat, dim=1)
-    return Blocks(matrix.codes.to(torch.int16), scale, minimum, bits, block)
+    return Blocks(matrix.codes.to(torch.int16), scale, minimum, matrix.bits, block, offset)
 
 
 def stacked(parts: list[Blocks | None]) -> Blocks | None:
     """Matrices stacked by rows into one fused layer, or None unless all are blocks. Parts of different types
-    (Q4_K_M stores some layers' v or down as Q6_K) share the widest codes, the shortest blocks and a minimum if
-    any has one, so the fused layer holds the very weights of each part."""
+    (Q4_K_M stores some layers' v or down as Q6_K) share the widest codes, the shortest blocks, and a minimum
+    unless all have the same offset and none a minimum, so the fused layer holds the very weights of each part."""
     if any(p is None for p in parts):
         return None
-    bits, block = max(p.bits for p in parts), min(p.block for p in parts)
-    with_minimum = any(p.minimum is not None for p in parts)
-    parts = [_widened(p, bits, block, with_minimum) for p in parts]
-    minimum = torch.cat([p.minimum for p in parts]) if with_minimum else None
-    return Blocks(
-        torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]), minimum, bits, block
-    )
+    offsets = {p.offset if p.minimum is None else None for p in parts}
+    offset = offsets.pop() if len(offsets) == 1 else None
+    parts = [_widened(p, min(p.block for p in parts), offset) for p in parts]
+    minimum = None if parts[0].minimum is None else torch.cat([p.minimum for p in parts])
+    codes, scale = torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts])
+    return Blocks(codes, scale, minimum, max(p.bits for p in parts), parts[0].block, parts[0].offset)
 
 
 def linear_weights(model: GPT) -> list[str]:

@@ -1,14 +1,14 @@
-"""Linear layers whose weights stay in blocks of codes, as a GGUF file stores them (Q4_0, Q4_1, Q8_0, and the
-K-quants' sub-blocks: Q4_K, Q5_K of 32, Q6_K of 16; interop/gguf_blocks.py).
+"""Linear layers whose weights stay in blocks of codes, as a GGUF file stores them (Q4_0 ... Q8_0, and the
+K-quants' sub-blocks: Q4_K, Q5_K of 32, Q6_K of 16; interop/gguf_blocks.py), each type at its own code width.
 
-Weight j of block b is `scale[b] * code[j] + minimum[b]`, computed in float32: the very value the `gguf`
-package's dequantisation gives. A 4-bit weight takes 6 bits with its block's float32 scale and minimum:
-SmolLM2-135M's matrices shrink from 540 MB to 111 MB, and a decode step, which reads every weight once, reads
-that much less (`python -m benchmarks.decode_vs_hf --configs smollm2`). The codes are packed into int32 words
-laid out (block, word, output), so a one-row product is a sum over blocks and words that reads each word once,
-vectorised across outputs: on the CPU the C++ kernel of model/row_kernel.cpp (`row_product_op`, below), eagerly
-and in the compiled step; where it cannot run, the same sum in torch (which Inductor fuses). More rows (a
-prefill, several samples, a speculative check) dequantise the whole matrix and keep the matrix product.
+Weight j of block b is `scale[b] * (code[j] - offset) + minimum[b]`, computed in float32: the very value the
+`gguf` package's dequantisation gives. A 4-bit weight takes 5 or 6 bits with its block's float32 scale (and
+minimum): SmolLM2-135M's matrices shrink from 540 MB to 111 MB, and a decode step, which reads every weight once,
+reads that much less (`python -m benchmarks.decode_vs_hf --configs smollm2`). The codes are packed into int32
+words laid out (block, word, output), so a one-row product is a sum over blocks and words that reads each word
+once, vectorised across outputs: on the CPU the C++ kernel of model/row_kernel.cpp (`row_product_op`, below),
+eagerly and in the compiled step; where it cannot run, the same sum in torch (which Inductor fuses). More rows
+(a prefill, several samples, a speculative check) dequantise the whole matrix and keep the matrix product.
 """
 
 from __future__ import annotations
@@ -26,29 +26,61 @@ from torch import nn
 
 BLOCK = 32  # codes per group of packed words; a block (one scale and minimum) is this or half of it
 BLOCK_SIZES = (16, 32)  # Q6_K's sub-blocks hold 16 codes, every other type's 32
+BITS = (4, 5, 6, 8)
+
+
+def _pack(fields: torch.Tensor, width: int) -> torch.Tensor:
+    """(..., 32 / width) fields below 2^width -> (...) int32 words, field i in bits width*i and up."""
+    shifts = width * torch.arange(32 // width, device=fields.device)
+    words = (fields.to(torch.int64) << shifts).sum(-1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def _unpack(words: torch.Tensor, width: int) -> torch.Tensor:
+    """(nb, n, out) int32 words -> (nb, n * 32 / width, out) their fields, word by word, lowest first."""
+    shifts = width * torch.arange(32 // width, device=words.device, dtype=torch.int32)
+    return ((words[:, :, None] >> shifts[:, None]) & ((1 << width) - 1)).flatten(1, 2)
+
+
+def high_order(width: int) -> list[int]:
+    """The codes of a block of 32 in the order their top `width` bits (5- and 6-bit codes) fill the high words:
+    high word h holds pairs k = 16 h / width .. of codes (8 (k // 4) + k % 4, that + 4) in its low and high
+    16 bits, so one shift and mask of it gives the pair the kernel reads from nibble k % 4 of word k // 4."""
+    per = 16 // width
+    return [
+        8 * (k // 4) + 4 * half + k % 4
+        for h in range(width)
+        for half in (0, 1)
+        for k in range(h * per, h * per + per)
+    ]
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """(out, in) integer codes -> int32 words (in / 32, bits, out): word w of a block holds codes w*k .. w*k+k-1
-    (k = 32 / bits), the first in the lowest bits. 8-bit codes may be negative (two's complement bytes)."""
+    """(out, in) codes in [0, 2^bits) -> int32 words (in / 32, bits, out). 8 bits: word w holds codes 4w .. 4w+3
+    a byte each, the first lowest. 4, 5, 6 bits: words 0-3 hold the low nibbles of codes 8w .. 8w+7, and 5 or 6
+    bits add 1 or 2 words of the top bits (`high_order`)."""
     out, inp = codes.shape
-    per_word = 32 // bits
-    fields = (codes.to(torch.int64) & ((1 << bits) - 1)).view(out, inp // BLOCK, bits, per_word)
-    shifts = bits * torch.arange(per_word, device=codes.device)
-    words = (fields << shifts).sum(-1)  # (out, nb, bits), in [0, 2^32)
-    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    blocks = codes.to(torch.int64).view(out, inp // BLOCK, BLOCK)
+    if bits == 8:
+        words = _pack(blocks.view(out, -1, 8, 4), 8)
+    else:
+        words = _pack((blocks & 15).view(out, -1, 4, 8), 4)
+        if bits > 4:
+            high = (blocks[..., high_order(bits - 4)] >> 4).view(out, -1, bits - 4, 32 // (bits - 4))
+            words = torch.cat([words, _pack(high, bits - 4)], dim=2)
     return words.permute(1, 2, 0).contiguous()
 
 
 class QuantizedLinear(nn.Module):
-    """`y = x Wᵀ` with W kept as 4-bit (unsigned, with a minimum) or 8-bit (signed) block codes.
+    """`y = x Wᵀ` with W kept as unsigned 4-, 5-, 6- or 8-bit block codes: `scale * (code - offset) + minimum`.
 
     Args:
-        codes: (out, in) integer codes, `in` a multiple of 32; 0..15 for 4 bits, -128..127 for 8 bits.
+        codes: (out, in) integer codes in [0, 2^bits), `in` a multiple of 32.
         scale: (out, in / block) float32 scale of each block.
-        minimum: (out, in / block) float32 offset of each block, or None (Q8_0 and Q6_K have none).
-        bits: 4 or 8.
+        minimum: (out, in / block) float32 offset of each block, or None (Q4_0, Q5_0, Q8_0, Q6_K have none).
+        bits: 4, 5, 6 or 8.
         block: codes per block, 32 or 16.
+        offset: the code of weight 0 where there is no minimum (Q4_0's 8, Q5_0's 16, Q6_K's 32, Q8_0's 128).
     """
 
     def __init__(
@@ -58,22 +90,25 @@ class QuantizedLinear(nn.Module):
         minimum: torch.Tensor | None,
         bits: int,
         block: int = BLOCK,
+        offset: int = 0,
     ) -> None:
         super().__init__()
-        if bits not in (4, 8) or block not in BLOCK_SIZES or codes.shape[1] % BLOCK:
+        if bits not in BITS or block not in BLOCK_SIZES or codes.shape[1] % BLOCK:
             raise ValueError(
-                f"blocks of 16 or 32 4- or 8-bit codes, {BLOCK} dividing the inputs; got {bits} bits, blocks of "
-                f"{block} and {codes.shape[1]} inputs"
+                f"blocks of 16 or 32 4-, 5-, 6- or 8-bit codes, {BLOCK} dividing the inputs; got {bits} bits, "
+                f"blocks of {block} and {codes.shape[1]} inputs"
             )
         if scale.shape != (codes.shape[0], codes.shape[1] // block):
             raise ValueError(
                 f"one scale per block of {block}: {tuple(scale.shape)} for codes {tuple(codes.shape)}"
             )
-        self.bits, self.block = bits, block
+        self.bits, self.block, self.offset = bits, block, offset
         self.out_features, self.in_features = codes.shape
         self.register_buffer("words", pack_codes(codes, bits))
-        self.register_buffer("scale", scale.t().contiguous().float())  # (nb, out)
+        self.register_buffer("scale", scale.t().contiguous().float())  # (in / block, out)
         self.register_buffer("minimum", None if minimum is None else minimum.t().contiguous().float())
+        order = high_order(bits - 4) if bits in (5, 6) else []
+        self._high = sorted(range(len(order)), key=order.__getitem__)  # code j's place among the high fields
         if codes.device.type == "cpu":
             row_product_op()  # loaded (or built) now: a compiled step's trace cannot build it
 
@@ -85,17 +120,22 @@ class QuantizedLinear(nn.Module):
             )
         return super()._apply(fn, recurse)
 
-    def code(self, i: int) -> torch.Tensor:
-        """Float codes (nb, bits, out) of field i of every word: input i of each group of 32 / bits."""
-        if self.bits == 4:
-            return ((self.words >> (4 * i)) & 15).float()
-        return ((self.words << (24 - 8 * i)) >> 24).float()  # the arithmetic shift restores the sign
+    def codes(self) -> torch.Tensor:
+        """The float codes less the offset, (in / block, block, out)."""
+        if self.bits == 8:
+            codes = _unpack(self.words, 8)
+        else:
+            codes = _unpack(self.words[:, :4], 4)
+            if self.bits > 4:
+                high = _unpack(self.words[:, 4:], self.bits - 4)
+                codes = codes | (high[:, self._high] << 4)
+        codes = codes.float().sub_(self.offset) if self.offset else codes.float()
+        return codes.view(-1, self.block, self.out_features)
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weight (out, in)."""
-        codes = torch.stack([self.code(i) for i in range(32 // self.bits)], dim=2)  # (nb, bits, k, out)
         # In place: a prefill dequantises every matrix, so each pass over them counts.
-        weight = codes.view(-1, self.block, self.out_features).mul_(self.scale[:, None])
+        weight = self.codes().mul_(self.scale[:, None])
         if self.minimum is not None:
             weight.add_(self.minimum[:, None])
         return weight.view(self.in_features, self.out_features).t()
@@ -103,29 +143,17 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[:-1].numel() != 1:
             return F.linear(x, self.dequantize().to(x.dtype))
-        kernel = self._row_kernel(x)
-        if kernel is not None:
-            return kernel(x, self.words, self.scale, self.minimum, self.bits)
-        k = 32 // self.bits  # inputs per word
-        groups = x.float().reshape(-1, self.bits, k)  # (nb, bits, k): the inputs of each word
-        per_word = sum(self.code(i) * groups[:, :, i, None] for i in range(k))  # (nb, bits, out)
-        per_block = per_word.view(-1, self.block // k, self.out_features).sum(1)  # the words of each block
-        y = (self.scale * per_block).sum(0)  # (out,)
+        if x.device.type == "cpu" and x.dtype == torch.float32 and not x.requires_grad and row_product_op():
+            return row_product_op()(x, self.words, self.scale, self.minimum, self.offset)
+        # The same sum in torch, block by block (which Inductor fuses): where the C++ kernel cannot run.
+        blocks = x.float().reshape(-1, self.block, 1)
+        y = (self.scale * (self.codes() * blocks).sum(1)).sum(0)
         if self.minimum is not None:
-            y = y + (self.minimum * groups.reshape(-1, self.block).sum(1)[:, None]).sum(0)
+            y = y + (self.minimum * blocks.sum(1)).sum(0)
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
-    def _row_kernel(self, x: torch.Tensor):
-        """The C++ one-row product (`row_product_op`) where it applies: a float32 row on the CPU without
-        autograd, and blocks of 32 inputs (words (in / 32, bits, out)); None keeps the float path below."""
-        if x.device.type != "cpu" or x.dtype != torch.float32 or x.requires_grad:
-            return None
-        if self.block != BLOCK or self.words.shape[1] != self.bits:  # Q6_K's 16-blocks keep the float path
-            return None
-        return row_product_op()
-
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, block={self.block}"
+        return f"in={self.in_features}, out={self.out_features}, bits={self.bits}, block={self.block}, offset={self.offset}"
 
 
 # The C++ one-row product of model/row_kernel.cpp. It is compiled at first use (about a minute) with AVX2 + FMA
@@ -140,7 +168,7 @@ _loaded: dict[str, object] = {}  # "op": the op, or None once it could not be lo
 
 
 def row_product_op():
-    """`torch.ops.gqa_quant.row_product(x, words, scale, minimum, bits)`, loaded (or built) once per process,
+    """`torch.ops.gqa_quant.row_product(x, words, scale, minimum, offset)`, loaded (or built) once per process,
     or None where it cannot run (after one note)."""
     if "op" not in _loaded:
         _loaded["op"] = _load()
@@ -173,9 +201,7 @@ def _load():
             _open_or_build(library_path())
             _register_fake()
             return torch.ops.gqa_quant.row_product
-        except (
-            Exception
-        ) as error:  # a compiler's or loader's failure, whatever its type: the float path stays
+        except Exception as error:  # any compiler's or loader's failure: the float path stays
             lines = str(error).strip().splitlines()  # a compiler's log: its last line says why
             reason = f"its build failed: {lines[-1] if lines else type(error).__name__}"
     print(f"note: the quantised one-row kernel is off ({reason}); decoding reads the blocks on the slower float "
@@ -204,5 +230,5 @@ def _open_or_build(path: Path) -> None:
 
 def _register_fake() -> None:
     @torch.library.register_fake("gqa_quant::row_product")
-    def _(x, words, scale, minimum, bits):
+    def _(x, words, scale, minimum, offset):
         return x.new_empty(*x.shape[:-1], words.shape[-1])

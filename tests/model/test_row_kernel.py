@@ -15,9 +15,12 @@ from model import quantized as row_kernel
 from model.quantized import QuantizedLinear
 from tests.conftest import ROOT
 
-# (bits, with a minimum, outputs, inputs): Q4_1 / Q4_0 (a minimum of -8 scale), Q8_0, and an 8-bit kind with a
-# minimum (what Q5_K becomes); output counts off a multiple of 8 reach the scalar tail.
-KINDS = [(4, True, 61, 96), (4, True, 576, 576), (8, False, 61, 64), (8, False, 1030, 576), (8, True, 40, 64)]
+# (bits, with a minimum (else an offset), outputs, inputs, block): Q4_1, Q4_0, Q8_0, an 8-bit kind with a
+# minimum (a fused layer of mixed types), Q5_1 / Q5_K, Q5_0, Q6_K (blocks of 16) and a 6-bit kind with a minimum;
+# output counts off a multiple of 8 reach the scalar tail.
+KINDS = [(4, True, 61, 96, 32), (4, False, 576, 576, 32), (8, False, 61, 64, 32), (8, False, 1030, 576, 32),
+         (8, True, 40, 64, 32), (5, True, 61, 96, 32), (5, False, 576, 256, 32), (6, False, 61, 96, 16),
+         (6, False, 576, 256, 16), (6, True, 40, 64, 16)]  # fmt: skip
 
 
 def kernel():
@@ -33,13 +36,12 @@ def kernel():
     return op
 
 
-def random_layer(bits: int, with_minimum: bool, out: int, inp: int, seed: int = 0) -> QuantizedLinear:
+def random_layer(bits: int, with_minimum: bool, out: int, inp: int, block: int = 32, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    low, high = (0, 16) if bits == 4 else (-128, 128)  # -128 included: the sign extension must keep it
-    codes = torch.randint(low, high, (out, inp), generator=g)
-    scale = torch.rand(out, inp // 32, generator=g) * 0.02
-    minimum = -torch.rand(out, inp // 32, generator=g) * 0.1 if with_minimum else None
-    return QuantizedLinear(codes, scale, minimum, bits)
+    codes = torch.randint(0, 2**bits, (out, inp), generator=g)  # every code, the top one included
+    scale = torch.rand(out, inp // block, generator=g) * 0.02
+    minimum = -torch.rand(out, inp // block, generator=g) * 0.1 if with_minimum else None
+    return QuantizedLinear(codes, scale, minimum, bits, block, 0 if with_minimum else 2 ** (bits - 1))
 
 
 def sixteen_bit_reference(layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
@@ -52,15 +54,20 @@ def sixteen_bit_reference(layer: QuantizedLinear, x: torch.Tensor) -> torch.Tens
     weight = layer.dequantize().double()
     if layer.minimum is None:
         return rounded @ weight.T
-    minimum = layer.minimum.t().double()  # (out, in / 32)
-    return (rounded @ (weight - minimum.repeat_interleave(32, 1)).T) + blocks.double().sum(1) @ minimum.T
+    minimum = layer.minimum.t().double()  # (out, in / block)
+    sums = x.view(-1, layer.block).double().sum(1)
+    return (rounded @ (weight - minimum.repeat_interleave(layer.block, 1)).T) + sums @ minimum.T
 
 
-@pytest.mark.parametrize("bits, with_minimum, out, inp", KINDS)
-def test_the_kernel_sums_the_blocks_of_the_16_bit_row(bits, with_minimum, out, inp):
-    op, layer = kernel(), random_layer(bits, with_minimum, out, inp)
+def run(op, layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
+    return op(x, layer.words, layer.scale, layer.minimum, layer.offset)
+
+
+@pytest.mark.parametrize("bits, with_minimum, out, inp, block", KINDS)
+def test_the_kernel_sums_the_blocks_of_the_16_bit_row(bits, with_minimum, out, inp, block):
+    op, layer = kernel(), random_layer(bits, with_minimum, out, inp, block)
     x = torch.randn(1, inp, generator=torch.Generator().manual_seed(1))
-    got = op(x, layer.words, layer.scale, layer.minimum, bits)
+    got = run(op, layer, x)
     expected = sixteen_bit_reference(layer, x)
     assert got.shape == (1, out) and got.dtype == torch.float32 and got.std() > 0.5
     # float32 rounding of the block products only: the integer sums are exact
@@ -70,10 +77,19 @@ def test_the_kernel_sums_the_blocks_of_the_16_bit_row(bits, with_minimum, out, i
     assert (got.double() - exact).abs().max().item() <= 1e-4 * exact.abs().max().item()
 
 
+@pytest.mark.parametrize("bits, with_minimum, out, inp, block", KINDS)
+def test_the_float_path_sums_the_same_weights(monkeypatch, bits, with_minimum, out, inp, block):
+    """Where the kernel cannot run (no AVX2, another device), one row takes the float sum over blocks."""
+    layer, x = random_layer(bits, with_minimum, out, inp, block), torch.randn(1, inp)
+    monkeypatch.setattr(row_kernel, "_loaded", {"op": None})
+    exact = F.linear(x.double(), layer.dequantize().double())
+    assert (layer(x).double() - exact).abs().max().item() <= 1e-5 * exact.abs().max().item()
+
+
 def test_the_layer_uses_the_kernel_for_one_row_only():
     op, layer = kernel(), random_layer(4, True, 64, 96)
     rows = torch.randn(3, 96, generator=torch.Generator().manual_seed(2))
-    assert torch.equal(layer(rows[:1]), op(rows[:1], layer.words, layer.scale, layer.minimum, 4))
+    assert torch.equal(layer(rows[:1]), run(op, layer, rows[:1]))
     assert torch.equal(layer(rows[None, :1]).view(1, -1), layer(rows[:1]))  # (1, 1, in): one row too
     several = layer(rows)  # more rows: the matrix product, which the kernel does not take
     torch.testing.assert_close(several, F.linear(rows, layer.dequantize()), rtol=0, atol=1e-5)
@@ -85,22 +101,22 @@ def test_threads_split_the_outputs_without_changing_them():
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = op(x, layer.words, layer.scale, layer.minimum, 8)
+        one = run(op, layer, x)
         torch.set_num_threads(2)
-        two = op(x, layer.words, layer.scale, layer.minimum, 8)
+        two = run(op, layer, x)
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, two)  # each output is one thread's, summed in the same order
 
 
-@pytest.mark.parametrize("bits, with_minimum", [(4, True), (8, False)])
-def test_a_nan_input_gives_nan_outputs(bits, with_minimum):
-    op, layer = kernel(), random_layer(bits, with_minimum, 16, 64)
+@pytest.mark.parametrize("bits, with_minimum, block", [(4, True, 32), (8, False, 32), (6, False, 16)])
+def test_a_nan_input_gives_nan_outputs(bits, with_minimum, block):
+    op, layer = kernel(), random_layer(bits, with_minimum, 16, 64, block)
     x = torch.randn(1, 64)
     x[0, 40] = float("nan")
-    assert op(x, layer.words, layer.scale, layer.minimum, bits).isnan().all()
+    assert run(op, layer, x).isnan().all()
     x[0, 40] = float("inf")
-    assert not op(x, layer.words, layer.scale, layer.minimum, bits).isfinite().any()
+    assert not run(op, layer, x).isfinite().any()
 
 
 def test_compiled_graphs_call_the_kernel():
@@ -144,7 +160,7 @@ def test_without_the_kernel_the_float_path_runs_after_one_note(monkeypatch, caps
 LOAD_AND_RUN = (
     "import torch; from model import quantized as row_kernel; "
     "op = row_kernel.row_product_op(); assert op is not None; "
-    "print(op(torch.ones(1, 32), torch.zeros(1, 4, 8, dtype=torch.int32), torch.ones(1, 8), None, 4).sum().item())"
+    "print(op(torch.ones(1, 32), torch.zeros(1, 4, 8, dtype=torch.int32), torch.ones(1, 8), None, 0).sum().item())"
 )
 
 
