@@ -71,7 +71,7 @@ def compiled_step(model: torch.nn.Module, batch: int, length: int, build: bool) 
         note(f"decoding with the compiled step built earlier for this model and shape ({path}); "
              "--no_compile decodes eagerly")  # fmt: skip
         decoder.use(step)
-        decoder.warm_up()  # loads its kernels now, not at the first token
+        decoder.warm_up()  # its kernels loaded now, not at the first token
         return True
     from torch._dynamo.aot_compile import AOTCompiledFunction  # imports dynamo: only when compiling
 

@@ -134,6 +134,7 @@ class StaticDecoder:
         (`torch.compiler.load_compiled_function`, then `use`) without tracing again."""
         token = torch.zeros(self.cache.k.shape[1], 1, dtype=torch.long, device=self.cache.k.device)
         self.use(self.compiled_on_call.aot_compile(((self.model, token, self.static), {})))
+        self.warm_up()  # its kernels loaded now, not at the first token
         return self.step
 
     def use(self, step: Callable) -> None:
