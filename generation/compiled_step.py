@@ -1,11 +1,11 @@
 """The compiled decode step kept between processes: built once per model, shape and torch, then loaded.
 
-After the step of model/static_decode.py is compiled, torch's cache artifacts of that compile ("mega-cache",
-`torch.compiler.save_cache_artifacts`: the AOTAutograd and Inductor entries of its graph) go into one file per
-key under ~/.cache/gqa-gpt/compiled ($GQA_GPT_COMPILED_DIR). A later process hot-loads them
-(`load_cache_artifacts`) before compiling: dynamo still traces the step, but nothing is lowered again. Inductor
-keeps the C++ kernels it builds in its own cache, which the artifacts only name, so that cache lives in the same
-folder (unless TORCHINDUCTOR_CACHE_DIR says otherwise) rather than in a temporary one.
+The step of model/static_decode.py is compiled ahead of time (`StaticDecoder.compile_ahead`, torch's
+`aot_compile`): Dynamo's trace, its Inductor graph and the code that calls it make one function that torch
+serialises, into one file per key under ~/.cache/gqa-gpt/compiled ($GQA_GPT_COMPILED_DIR). A later process loads
+it (`torch.compiler.load_compiled_function`) and decodes with it: nothing is traced or lowered again. Inductor
+keeps the C++ kernels it builds in its own cache, so that cache lives in the same folder (unless
+TORCHINDUCTOR_CACHE_DIR says otherwise) rather than in a temporary one.
 
 The key covers the model's modules and tensors (shapes, dtypes, quantised layout), the batch size, the static
 cache's length, the device, torch's version and the source of model/. The file starts with a header line
@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import itertools
 import json
 import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -63,30 +65,26 @@ def compiled_step(model: torch.nn.Module, batch: int, length: int, build: bool) 
     if not (build or path.is_file()):
         return False
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder() / "inductor"))
-    loaded = path.is_file() and load(path, key)
-    if loaded:
+    decoder = static_decoder(model, batch, length=length)
+    step = load(path, key) if path.is_file() else None
+    if step is not None:
         note(f"decoding with the compiled step built earlier for this model and shape ({path}); "
              "--no_compile decodes eagerly")  # fmt: skip
-    built, start = graphs_built(), time.perf_counter()
-    with contextlib.nullcontext() if loaded else ticking():
-        static_decoder(model, batch, length=length).warm_up()
-    if loaded and graphs_built() == built:
+        decoder.use(step)
+        decoder.warm_up()  # its kernels loaded now, not at the first token
         return True
+    from torch._dynamo.aot_compile import AOTCompiledFunction  # imports dynamo: only when compiling
+
+    start = time.perf_counter()
+    with ticking():
+        step = decoder.compile_ahead()
     note(f"compiled the decode step in {time.perf_counter() - start:.1f} s; kept in {path}")
-    saved = torch.compiler.save_cache_artifacts()  # None: nothing to keep (a backend other than inductor)
     try:
-        if saved:
-            atomic_write(path, header(key, saved[0]) + b"\n" + saved[0])
+        payload = AOTCompiledFunction.serialize(step).serialized_data
+        atomic_write(path, header(key, payload) + b"\n" + payload)
     except OSError as err:
         note(f"the compiled step could not be kept in {path} ({err.strerror}); the next run builds it again")
     return True
-
-
-def graphs_built() -> int:
-    """How many graphs Inductor has built in this process (not found in its cache)."""
-    from torch._dynamo.utils import counters  # imports dynamo: only when compiling
-
-    return counters["inductor"]["fxgraph_cache_miss"] + counters["inductor"]["fxgraph_cache_bypass"]
 
 
 def header(key: str, payload: bytes) -> bytes:
@@ -95,14 +93,15 @@ def header(key: str, payload: bytes) -> bytes:
     return json.dumps({"key": key, "torch": torch.__version__, "sha256": digest}).encode()
 
 
-def load(path: Path, key: str) -> bool:
-    """Hot-load the artifacts of `path` into torch's caches; False, after a note, for a damaged or stale file."""
+def load(path: Path, key: str) -> Callable | None:
+    """The step kept in `path`; None, after a note, for a damaged or stale file."""
     head, _, payload = path.read_bytes().partition(b"\n")
-    if head == header(key, payload) and torch.compiler.load_cache_artifacts(payload) is not None:
-        return True
+    if head == header(key, payload):
+        with contextlib.suppress(Exception):  # a payload this torch cannot read, though its bytes are intact
+            return torch.compiler.load_compiled_function(io.BytesIO(payload))
     note(f"the compiled step in {path} is damaged or from another torch ({torch.__version__} here); "
          "building it again")  # fmt: skip
-    return False
+    return None
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ weight that does not fit in cache at about one core's bandwidth (`python -m benc
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -102,7 +103,12 @@ class StaticDecoder:
             # Every cache length, model shape and batch size is one more graph of this one function: dynamo's
             # default limit of 8 per function would end a long process (a test run, a sweep) with a hard error.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-            self.step = torch.compile(decode_step, fullgraph=True, dynamic=False, backend=backend, mode=mode)
+            # enable_aot_compile: the step also gets `aot_compile`, for `compile_ahead`.
+            with torch._dynamo.config.patch(enable_aot_compile=True):
+                self.step = torch.compile(
+                    decode_step, fullgraph=True, dynamic=False, backend=backend, mode=mode
+                )
+        self.compiled_on_call = self.step  # compiled at its first call; `use` may replace the step
 
     def prefill(self, idx: torch.Tensor) -> torch.Tensor:
         """Forget the cache, feed idx (B, T) through the eager forward and return the last logits (B, V).
@@ -120,6 +126,26 @@ class StaticDecoder:
         self.static.pos.fill_(0)
         token = torch.zeros(self.cache.k.shape[1], 1, dtype=torch.long, device=self.cache.k.device)
         self.step(self.model, token, self.static)
+
+    @torch.inference_mode()
+    def compile_ahead(self) -> Callable:
+        """Trace and compile the step now, for the examples of `warm_up`, into a function that decodes from now on
+        and that torch can save (`AOTCompiledFunction.serialize`) and load in another process
+        (`torch.compiler.load_compiled_function`, then `use`) without tracing again."""
+        token = torch.zeros(self.cache.k.shape[1], 1, dtype=torch.long, device=self.cache.k.device)
+        self.use(self.compiled_on_call.aot_compile(((self.model, token, self.static), {})))
+        self.warm_up()  # its kernels loaded now, not at the first token
+        return self.step
+
+    def use(self, step: Callable) -> None:
+        """Decode with `step`, built by `compile_ahead` (here or in another process) for this model and shape.
+
+        Its guards are off: loaded in a fresh process, torch's saved guards refused the cache's tensors (a
+        dispatch key check), and this decoder's batch size, dtype, device and length are the ones it was built
+        for (the caller's key says so).
+        """
+        step.disable_guard_check()
+        self.step = step
 
     def decode(self, token: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (B,) at the cache's position; the logits (B, V) of the next token."""

@@ -2,8 +2,8 @@
 instead of building it, another shape is built anew, a damaged or stale file is built again after one note, and
 generate.py decodes with a kept step by default (one note) unless --no_compile.
 
-The subprocess tests compile with inductor (slow); the others trace with "aot_eager", with torch's
-save/load of cache artifacts replaced by a stand-in payload (aot_eager leaves no artifacts to keep).
+The subprocess tests compile with inductor (slow); the others trace with "aot_eager", whose compiled function
+torch saves and loads as well.
 """
 
 from __future__ import annotations
@@ -53,12 +53,10 @@ def test_the_next_process_loads_the_kept_step_and_another_shape_is_built(tmp_pat
 
 @pytest.fixture
 def traced(monkeypatch, tmp_path):
-    """aot_eager for inductor, a stand-in payload for torch's artifacts, a tmp folder; the steps compiled."""
+    """aot_eager for inductor, a tmp folder; the steps compiled."""
     built, compile = [], torch.compile
     monkeypatch.setenv(store.DIR_ENV, str(tmp_path / "kept"))
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: built.append(fn) or compile(fn, **kw | NO_KERNELS))
-    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"artifacts", None))
-    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda data: None if data != b"artifacts" else {})  # fmt: skip
     return built
 
 
