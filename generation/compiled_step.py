@@ -61,6 +61,12 @@ def note(text: str, end: str = "\n") -> None:
 def compiled_step(model: torch.nn.Module, batch: int, length: int, build: bool) -> bool:
     """Whether to decode with the compiled step, made ready now: loaded where built earlier, else built when
     `build` (and kept). Without `build` and a kept step, nothing happens: the default stays eager."""
+    # Off the CPU the step is compiled in this process only: keeping one that replays CUDA graphs is untested.
+    if next(model.parameters()).device.type != "cpu":
+        if build:
+            note("--compile builds the decode step first (tens of seconds)")
+            static_decoder(model, batch, length=length).warm_up()
+        return build
     path, key = artifact(model, batch, length)
     if not (build or path.is_file()):
         return False
