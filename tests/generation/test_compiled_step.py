@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import generation.compiled_step as store
+from model import generate
 from tests.benchmarks.test_smoke import run_benchmark
 from tests.conftest import ROOT, TEST_ENV
 from tests.conftest import run_generate as run_cli
@@ -82,6 +83,22 @@ def test_a_damaged_or_stale_file_is_built_again_after_one_note(traced, capsys, d
     assert len(notes) == 1 and str(path) in notes[0] and "compiled the decode step in" in err, err
     assert store.compiled_step(model, 1, 8, build=False)  # built and kept again: now loaded
     assert "built earlier" in capsys.readouterr().err
+
+
+def test_a_kept_step_decodes_another_model_of_its_shape_with_that_models_weights(traced, capsys):
+    """The key holds no weights, so a fine-tuned checkpoint loads the step its base built: the step must read the
+    weights it is called with, not ones saved with it."""
+    built_for, other = lively_model(block_size=32, seed=0), lively_model(block_size=32, seed=1)
+    prompt = torch.tensor([[3, 14, 15, 92]])
+    assert store.compiled_step(built_for, 1, 16, build=True)
+    assert store.artifact(other, 1, 16) == store.artifact(built_for, 1, 16)
+    capsys.readouterr()
+    assert store.compiled_step(other, 1, 16, build=False) and "built earlier" in capsys.readouterr().err
+    compiled = generate(other, prompt, 12, temperature=0.0, compile=True)
+    assert torch.equal(compiled, generate(other, prompt, 12, temperature=0.0))
+    assert not torch.equal(
+        compiled, generate(built_for, prompt, 12, temperature=0.0)
+    )  # the two models differ
 
 
 def test_the_key_follows_the_shape_batch_dtype_and_length():
