@@ -218,11 +218,14 @@ def test_compile_builds_the_step_before_the_first_token(ckpt, capsys, monkeypatc
     from generation.text import TextStream
 
     events, real_stream = [], TextStream.__call__
-
-    def traced(step, **kwargs):  # the step as dynamo would trace it, recording its first call
-        return lambda *args: events.append("step") or step(*args)
-
-    monkeypatch.setattr(static_decode.torch, "compile", traced)
+    real_warm_up, compile = static_decode.StaticDecoder.warm_up, torch.compile
+    # aot_eager only traces (no C++ build); the warm-up is the step's first run, which must precede every token.
+    monkeypatch.setattr(
+        torch, "compile", lambda fn, **kw: compile(fn, **kw | {"backend": "aot_eager", "mode": None})
+    )
+    monkeypatch.setattr(
+        static_decode.StaticDecoder, "warm_up", lambda self: events.append("step") or real_warm_up(self)
+    )
     monkeypatch.setattr(
         TextStream, "__call__", lambda self, token: events.append("token") or real_stream(self, token)
     )
