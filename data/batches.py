@@ -35,6 +35,12 @@ def masked_pair(window: np.ndarray, mask: np.ndarray | None) -> Batch:
     return x, y
 
 
+def worker_slot() -> tuple[int, int]:
+    """(this DataLoader worker's id, the number of workers); (0, 1) in the main process."""
+    worker = get_worker_info()
+    return (worker.id, worker.num_workers) if worker is not None else (0, 1)
+
+
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:
     """A 63-bit generator seed from (seed, epoch, rank); distinct triples practically never collide."""
     digest = hashlib.blake2b(f"{seed}/{epoch}/{rank}".encode(), digest_size=8).digest()
@@ -50,8 +56,8 @@ def epoch_order(seed: int, epoch: int, rank: int, windows: int, max_offset: int)
 
 
 class TokenParts:
-    """The token stream's part files read as one array (len, slices, `np.asarray`) without merging them; pickled
-    as its file names, so DataLoader workers map the files themselves."""
+    """The token stream's part files read as one array (len, slices, `np.asarray`); pickled as its file names, so
+    DataLoader workers map the files themselves."""
 
     def __init__(self, files: list[Path], dtype: np.dtype) -> None:
         self.files = [Path(file) for file in files]
@@ -103,8 +109,8 @@ class TrainBatches(IterableDataset):
 
     Each epoch reads every window of block_size + 1 tokens on a randomly shifted grid once, in a random order
     (a lower validation loss than drawing start positions with replacement: docs/results.md). Yields batches
-    start_batch, start_batch + 1, ... (forever when `num_batches` is None) for `DataLoader(batch_size=None)`;
-    worker w yields every num_workers-th one and the DataLoader's round-robin puts them back in order.
+    start_batch, start_batch + 1, ... (forever when `num_batches` is None); worker w yields every
+    num_workers-th one and the DataLoader's round-robin puts them back in order.
     """
 
     def __init__(
@@ -151,8 +157,7 @@ class TrainBatches(IterableDataset):
         return masked_pair(windows(self.tokens), None if self.mask is None else windows(self.mask))
 
     def __iter__(self) -> Iterator[Batch]:
-        worker = get_worker_info()
-        worker_id, num_workers = (worker.id, worker.num_workers) if worker is not None else (0, 1)
+        worker_id, num_workers = worker_slot()
         stop = None if self.num_batches is None else self.start_batch + self.num_batches
         index = self.start_batch + worker_id
         while stop is None or index < stop:
@@ -178,7 +183,7 @@ class ValWindows(Dataset):
 
 class Loader(DataLoader):
     """Our DataLoader: pinned memory on a GPU machine, workers that leave Ctrl-C to the main process, and their
-    UserErrors keeping their own line (see `_WorkerErrorLines`)."""
+    UserErrors keeping their own line."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("pin_memory", torch.cuda.is_available())

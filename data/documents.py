@@ -1,14 +1,13 @@
 """Documents -> token ids, the one encoding both pipelines use: text cut into segments, conversations with a mask;
 and the held-out character cut.
 
-Long documents are cut into segments of a few KB (parallel, bounded memory), only after a lone newline between
-two non-space characters: the byte-level pre-tokenizer always ends a piece there (a newline only joins whitespace
-runs), so the segments' ids joined are the whole document's (tests/data/test_data_segments.py checks this).
+Long documents are cut into segments of a few KB (parallel, bounded memory) only after a lone newline between two
+non-space characters, where the byte-level pre-tokenizer always ends a piece: the segments' ids joined are the
+whole document's.
 
-A conversation (`data.chat_column`, the Hugging Face / TRL chat format) is rendered with the model's chat
-template; assistant turn i spans from the end of messages[:i] rendered with the generation prompt to the end of
-messages[:i + 1], so any template works and its turn closer (`<|im_end|>`) is learned. The whole text is
-tokenized once (pieces would differ at their seams) and a token is the assistant's if its first character is.
+A conversation is rendered with the model's chat template; assistant turn i spans from the end of messages[:i]
+rendered with the generation prompt to the end of messages[:i + 1], so any template works and its turn closer is
+learned. The whole text is tokenized once and a token is the assistant's if its first character is.
 """
 
 from __future__ import annotations
@@ -17,8 +16,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -54,8 +52,8 @@ def split_at_safe_newlines(text: str, max_chars: int = SEGMENT_CHARS) -> list[st
 def segment_documents(
     texts: Sequence[str | None], first_in_split: Sequence[bool], max_chars: int = SEGMENT_CHARS
 ) -> dict[str, list]:
-    """Segments of each non-empty document, with `separator_before` where the EOS separator goes (before every
-    document but the first of its split) and `doc_start` where a document begins (for a BOS)."""
+    """Segments of each non-empty document, with `separator_before` where the EOS goes (before every document but
+    the first of its split) and `doc_start` where a document begins (for a BOS)."""
     segments: list[str] = []
     separator_before: list[bool] = []
     doc_start: list[bool] = []
@@ -70,8 +68,7 @@ def segment_documents(
 
 
 def encode_segments(tokenizer: Tokenizer, segments: dict[str, list]) -> list[list[int]]:
-    """Token ids of each segment: the EOS separator before a document, then BOS if the tokenizer adds one (once
-    per document, not per segment)."""
+    """Token ids of each segment: EOS before a document, then BOS if the tokenizer adds one (once a document)."""
     eos, bos = tokenizer.eos_id, tokenizer.bos_id if tokenizer.add_bos else None
     encoded = tokenizer.encode_batch(segments["text"], add_bos=False)
     return [
@@ -83,8 +80,7 @@ def encode_segments(tokenizer: Tokenizer, segments: dict[str, list]) -> list[lis
 
 
 def document_ids(texts: list[str | None], tokenizer: Tokenizer) -> np.ndarray:
-    """Ids of `texts` as one stream, EOS (and BOS if the tokenizer adds one) before every non-empty document;
-    encoded DOCS_PER_BATCH documents at a time, in bounded memory."""
+    """Ids of `texts` as one stream, EOS (and BOS if the tokenizer adds one) before every non-empty document."""
 
     def batch_ids(batch: list[str | None]) -> np.ndarray:
         pieces = encode_segments(tokenizer, segment_documents(batch, [False] * len(batch)))
@@ -105,9 +101,8 @@ def segment_batch(
     last_index: int,
     last_limit: int | None,
 ) -> dict[str, list]:
-    """Clip the split's first/last document to the hold-out cut, then segment: row 0 starts at character
-    `first_offset`, row `last_index` ends at character `last_limit` (None: no clip), both in the original
-    document's coordinates."""
+    """Segments of `batch` clipped to the hold-out cut: row 0 starts at character `first_offset`, row `last_index`
+    ends at character `last_limit` (None: no clip), both in the original document."""
     texts = []
     for index, text in zip(indices, batch[column], strict=True):
         text = text or ""
@@ -119,8 +114,7 @@ def segment_batch(
     return segment_documents(texts, [index == 0 for index in indices])
 
 
-@dataclass(frozen=True)
-class CharCut:
+class CharCut(NamedTuple):
     """A position in the concatenated documents: character `offset` of document `row`."""
 
     row: int
@@ -167,7 +161,7 @@ def conversation_sizes(rows: Sequence[object]) -> np.ndarray:
 
 
 def encode_conversation(tokenizer: Tokenizer, messages: object, where: str) -> tuple[list[int], list[int]]:
-    """(ids, mask) of one conversation: mask[k] is 1 where ids[k] is the assistant's. `where` names the row."""
+    """(ids, mask) of one conversation, mask 1 on the assistant's ids; `where` names the row in errors."""
     messages = _checked(messages, where)
     try:
         text = tokenizer.render_chat(messages, add_generation_prompt=False)
@@ -202,8 +196,8 @@ def row_name(row: int, split: str) -> str:
 def encode_conversations(
     tokenizer: Tokenizer, rows: Sequence[object], names: Iterable[str], eos_first: bool
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, mask) of `rows` (each named by `names` in errors), packed like text documents: one EOS (mask 0)
-    before each conversation, the first only with `eos_first`."""
+    """(ids, mask) of `rows` (named by `names` in errors) packed like text: an EOS (mask 0) before each
+    conversation, the first only with `eos_first`."""
     ids: list[int] = []
     mask: list[int] = []
     for index, (messages, where) in enumerate(zip(rows, names, strict=True)):

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,10 +102,16 @@ class PrepareSettings:
         return tokenizer
 
     def num_procs(self, total_bytes: int) -> int:
-        """`num_proc`, or for None one process per ~4 MB of text, up to min(8, CPUs)."""
+        """`num_proc`, or for None one process per ~4 MB of text, up to min(8, CPUs); one without fork, as the
+        tokenize workers inherit the documents and the tokenizer by forking."""
+        forks = "fork" in multiprocessing.get_all_start_methods()
+        if self.num_proc is not None and self.num_proc > 1 and not forks:
+            raise DataConfigError(
+                f"data.num_proc: {self.num_proc} processes need fork, which {sys.platform} lacks; set data.num_proc 1"
+            )
         if self.num_proc is not None:
             return max(1, self.num_proc)
-        return max(1, min(8, os.cpu_count() or 1, total_bytes // _BYTES_PER_PROCESS))
+        return max(1, min(8 if forks else 1, os.cpu_count() or 1, total_bytes // _BYTES_PER_PROCESS))
 
     def check_sizes(self, meta: dict[str, Any]) -> None:
         """A folder's meta.json against this run: training tokens left (a stream's meta has no train counts) and

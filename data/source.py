@@ -71,7 +71,7 @@ class CorpusSource:
 
     def files(self) -> list[str]:
         """Every data file: local paths, globs and folders resolved to the files they name; URLs as given."""
-        return [path for file in _flatten(self.builder_files) for path in _resolve_local(file)]
+        return _flatten(_map_files(self.builder_files, _resolve_local))
 
     def check(self) -> None:
         """Fail fast, before any loading, on a builder without files and on local files that do not exist."""
@@ -97,17 +97,7 @@ class CorpusSource:
 
     def resolved_data_files(self) -> DataFiles | None:
         """`data_files` with local paths made absolute (globs kept), so the cache key ignores the cwd."""
-
-        def resolve(file: str) -> str | list[str]:
-            if is_remote(file):
-                return file
-            path = Path(file).expanduser().resolve()
-            return _folder_files(path) if path.is_dir() else str(path)
-
-        files = self.builder_files
-        if isinstance(files, dict):
-            return {split: _map_files(split_files, resolve) for split, split_files in files.items()}
-        return None if files is None else _map_files(files, resolve)
+        return _map_files(self.builder_files, _absolute)
 
     def identity(self) -> dict[str, Any]:
         """Everything that decides the documents: the cache key. Local files count by path, size and mtime."""
@@ -248,12 +238,14 @@ def _flatten(data_files: DataFiles | None) -> list[str]:
     return list(data_files)
 
 
-def _map_files(files: str | list[str], function: Any) -> str | list[str]:
-    """`function` over one file or a list; a folder maps to its files, flattened into the list."""
-    if isinstance(files, str):
-        return function(files)
-    mapped = [function(file) for file in files]
-    return [file for item in mapped for file in (item if isinstance(item, list) else [item])]
+def _map_files(files: DataFiles | None, function: Any) -> Any:
+    """`function` over each file of `data_files`, keeping its shape (one, a list, a dict of splits); a list it
+    returns (a folder's files) is flattened into the list."""
+    if files is None or isinstance(files, str):
+        return None if files is None else function(files)
+    if isinstance(files, dict):
+        return {split: _map_files(split_files, function) for split, split_files in files.items()}
+    return [file for item in map(function, files) for file in (item if isinstance(item, list) else [item])]
 
 
 def _folder_files(folder: Path) -> list[str]:
@@ -268,14 +260,20 @@ def _folder_files(folder: Path) -> list[str]:
     return files
 
 
-def _resolve_local(file: str) -> list[str]:
-    """The local files `file` names (a path or a glob); raises when there are none. URLs pass through."""
+def _absolute(file: str) -> str | list[str]:
+    """A local path or glob made absolute (a folder: its files); a URL as given."""
     if is_remote(file):
-        return [file]
-    path = str(Path(file).expanduser().resolve())
-    if os.path.isdir(path):
-        return _folder_files(Path(path))
-    matches = sorted(glob.glob(path)) if glob.has_magic(path) else [path] if os.path.isfile(path) else []
+        return file
+    path = Path(file).expanduser().resolve()
+    return _folder_files(path) if path.is_dir() else str(path)
+
+
+def _resolve_local(file: str) -> list[str]:
+    """The files `file` names (a glob expanded); raises when there are none. URLs pass through."""
+    found = _absolute(file)
+    if isinstance(found, list) or is_remote(found):
+        return found if isinstance(found, list) else [found]
+    matches = sorted(glob.glob(found)) if glob.has_magic(found) else [found] if os.path.isfile(found) else []
     if not matches:
         raise DataConfigError(f"data.data_files: {file} does not exist; pass an existing file or URL")
     return matches

@@ -1,8 +1,7 @@
 """The data on disk, found, built and opened here: the token cache, or for streaming the tokenizer and validation set.
 
-A folder holds token files, tokenizer.json and meta.json (the part files in order, and the counts bits per byte
-needs). meta.json is written last and a folder gets its final name only once complete, so a crashed run never
-leaves one a later run would trust; a killed build leaves `tokens-<sha>.building/` for the next one to finish.
+meta.json is written last and a folder gets its final name only once complete, so a crashed run never leaves one
+a later run would trust; a killed build leaves `tokens-<sha>.building/` for the next one to finish.
 """
 
 from __future__ import annotations
@@ -48,8 +47,7 @@ def find_data(settings: PrepareSettings) -> Path | None:
 
 
 def prepare_data(settings: PrepareSettings, before_tokenizing: Callable[[int], None]) -> Path:
-    """The complete folder for `settings`, built or finished first if needed; `before_tokenizing` is told how
-    many bytes of text are left to tokenize."""
+    """The complete folder for `settings`, built first if needed; `before_tokenizing(bytes of text left)`."""
     found = find_data(settings)
     if found is not None:
         return found
@@ -82,33 +80,33 @@ def prepare_data(settings: PrepareSettings, before_tokenizing: Callable[[int], N
         "val_fraction": settings.val_fraction,
     }
     meta = write_meta(building, tokenizer, names, masks, details | {"parts": names, "format": FORMAT_VERSION})
-    try:
-        building.rename(final)
-    except OSError:
-        if not is_complete(final):  # another process (a second node on a shared disk) finished it first
-            raise
-        shutil.rmtree(building, ignore_errors=True)
+    _publish(final, lambda: building.rename(final))
+    shutil.rmtree(building, ignore_errors=True)  # left only where another process published first
     settings.check_sizes(meta)  # after publishing: the folder is good for another block size
     return final
 
 
 def publish_token_folder(staged: StagedFolder, name: str) -> Path:
-    """Publish a complete staged folder as `name`; if another process published it first, keep theirs."""
-    final = staged.parent / name
+    """Publish a complete staged folder as `name` (leaving the with-block deletes a copy not published)."""
+    return _publish(staged.parent / name, lambda: staged.publish(name))
+
+
+def _publish(final: Path, rename: Callable[[], object]) -> Path:
+    """Rename a complete folder in as `final`; if another process (a second node on a shared disk) published it
+    first, keep theirs."""
     try:
-        return staged.publish(name)
+        rename()
     except OSError:
         if not is_complete(final):
             raise
-    return final  # leaving the with-block deletes our copy
+    return final
 
 
 def build_stream(settings: PrepareSettings) -> Path:
     """Build the streaming folder: val.bin (for chat with val.bin.mask), heldout.json, tokenizer.json, meta.json.
 
-    Without a validation split the first `val_docs` train documents are held out (their digests go to
-    heldout.json, for the training readers to skip) and the tokenizer trains on the next `tokenizer_train_docs`,
-    so it never sees validation text.
+    Without a validation split the first `val_docs` train documents are held out (their digests in heldout.json,
+    for the readers to skip) and the tokenizer trains on the next ones, so it never sees validation text.
     """
     source = settings.source
     tokenizer = settings.known_tokenizer()
@@ -188,9 +186,8 @@ def write_meta(
     masks: dict[str, list[str]] | None,
     details: dict[str, Any],
 ) -> dict[str, Any]:
-    """Write tokenizer.json and then (last: it marks the folder complete) meta.json into `folder`: the token,
-    byte and character counts of each split's `files` (with assistant `masks`, of the assistant's tokens, the
-    only ones the loss scores) and the bytes per validation token for val/bpb."""
+    """Write tokenizer.json and then (last: it marks the folder complete) meta.json: each split's counts (with
+    `masks`, of the assistant's tokens, the only ones the loss scores) and the bytes per token for val/bpb."""
     stats, token_bytes = {}, tokenizer.token_bytes()
     for split, names in files.items():
         tokens = _open(folder, names, token_dtype(tokenizer.vocab_size))
@@ -218,7 +215,7 @@ def write_meta(
 @dataclass(frozen=True)
 class DataFolder:
     """An opened folder: memory-mapped tokens (a stream's train tokens are read live), for chat the assistant
-    masks (one uint8 per token, 1 where the token is a target), and a stream's held-out document digests."""
+    masks (1 where the token is a target), and a stream's held-out document digests."""
 
     folder: Path
     tokenizer: Tokenizer

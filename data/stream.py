@@ -1,14 +1,13 @@
 """Streaming (`data.streaming: true`): training batches tokenized live by readers, resumed exactly.
 
-A reader is one DataLoader worker of one rank, out of world_size * num_workers; `split_dataset_by_node` gives
-each its own documents. The DataLoader takes batches from its workers in turn, so the rank's batch g comes from
-reader rank * num_workers + g % num_workers, and a loader resumed at batch s gives worker w the reader of
-g = s + w: the readers keep their turns. A reader packs its documents, each after an EOS, into one stream cut into
-windows of block_size + 1 tokens, back to back, as the token cache is (chat: with the assistant mask).
+A reader is one DataLoader worker of one rank, each with its own documents (`split_dataset_by_node`). The
+DataLoader takes batches from its workers in turn, so the rank's batch g comes from reader
+rank * num_workers + g % num_workers, and a loader resumed at batch s gives worker w the reader of g = s + w.
+A reader packs its documents, each after an EOS, into windows of block_size + 1 tokens, as the token cache is.
 
-Exact resume: with each batch a reader sends its position (the `datasets` state before the oldest chunk it still
-holds, and how many of that chunk's tokens it has used); `PositionedLoader` keeps these in the main process and
-gives the checkpoint the position after the last batch trained on, not the ones the DataLoader prefetched.
+Exact resume: with each batch a reader sends its position (the `datasets` state before the oldest chunk it holds,
+and how many of its tokens are used); `PositionedLoader` gives the checkpoint the position after the last batch
+trained on, not the ones the DataLoader prefetched.
 """
 
 from __future__ import annotations
@@ -22,10 +21,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset
 
 from data import DataConfigError
-from data.batches import Loader, masked_pair
+from data.batches import Loader, masked_pair, worker_slot
 from data.documents import document_ids, encode_conversations, row_digest, row_name
 from data.tokenizer import Tokenizer
 
@@ -55,8 +54,7 @@ class StreamBatches(IterableDataset):
     chat: bool = False  # the column holds conversations: tokens carry the assistant mask (data/documents.py)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, int, ReaderState]]:
-        worker = get_worker_info()
-        worker_id, num_workers = (worker.id, worker.num_workers) if worker is not None else (0, 1)
+        worker_id, num_workers = worker_slot()
         reader = self.rank * num_workers + (self.start_batch + worker_id) % num_workers
         yield from self.reader_batches(reader, self.world_size * num_workers)
 
@@ -90,8 +88,7 @@ class StreamBatches(IterableDataset):
     def _chunks(
         self, reader: int, readers: int, state: ReaderState
     ) -> Iterator[tuple[ReaderState, np.ndarray, np.ndarray | None]]:
-        """(position before the chunk, its tokens, their assistant mask or None) for ever, epoch after epoch;
-        raises if a reader gets nothing."""
+        """(position before the chunk, its tokens, their assistant mask or None), epoch after epoch."""
         from datasets.distributed import split_dataset_by_node
 
         epoch, hf_state, rows = state["epoch"], state["hf"], state.get("rows", 0)
@@ -124,7 +121,7 @@ class StreamBatches(IterableDataset):
         self, column: list, rows: int, reader: int, readers: int, by_file: bool
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """(tokens, assistant mask or None) of a chunk's documents but the held-out ones; the chunk starts at
-        the reader's row `rows` of this epoch, which names a bad conversation."""
+        the reader's row `rows` of this epoch."""
         if not self.chat:
             texts = [text for text in column if text and row_digest(text) not in self.heldout]
             return document_ids(texts, self.tokenizer), None
@@ -139,8 +136,8 @@ class StreamBatches(IterableDataset):
 
 
 class PositionedLoader(Loader):
-    """A DataLoader over `StreamBatches` that yields (x, y) and records, in the main process, every reader's
-    position after each of its batches, for the checkpoint (`state`)."""
+    """A DataLoader over `StreamBatches` that yields (x, y) and records every reader's position after each of
+    its batches, for the checkpoint (`state`)."""
 
     def __init__(self, batches: StreamBatches, num_workers: int) -> None:
         if num_workers:
@@ -158,8 +155,7 @@ class PositionedLoader(Loader):
             yield x, y
 
     def positions(self, trained_batches: int) -> dict[int, ReaderState]:
-        """Each of this rank's readers' position after `trained_batches` (counted like start_batch): reader index
-        j trained the batches g in [start_batch, trained_batches) with g % num_workers == j."""
+        """Each of this rank's readers' position after `trained_batches` (counted like start_batch)."""
         positions = {}
         for index, reader in enumerate(self.readers):
             own = self._turns(trained_batches, index) - self._turns(self.batches.start_batch, index)
@@ -175,8 +171,8 @@ class PositionedLoader(Loader):
         return max(0, -(-(batches - index) // len(self.readers)))
 
     def state(self, trained_batches: int) -> dict[str, Any]:
-        """Every rank's reader positions after `trained_batches`, as the checkpoint keeps them (a collective
-        under DDP: Lightning builds the checkpoint dict on every rank)."""
+        """Every rank's reader positions after `trained_batches` (a collective under DDP: Lightning builds the
+        checkpoint dict on every rank)."""
         import torch.distributed as dist
 
         mine, world_size = self.positions(trained_batches), self.batches.world_size

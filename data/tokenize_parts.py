@@ -1,9 +1,8 @@
 """The token cache's tokenize stage: the corpus cut into parts, each tokenized into its own file in `num_proc` processes.
 
-Parts are cut at document boundaries by the corpus alone, so a resumed build (with any `num_proc`) finds the parts a
-killed one finished. A part is written to a temporary file beside the building folder (where the cache sweep finds
-it, never inside what is published) and renamed in when complete. The forked processes inherit the memory-mapped
-documents and the tokenizer, run one tokenizer thread each, and exit once their parent is gone (after a kill -9).
+Parts are cut by the corpus alone, so a resumed build (with any `num_proc`) finds the parts a killed one finished.
+A part is written beside the building folder (where the cache sweep finds it) and renamed in when complete. The
+forked processes inherit the documents and the tokenizer and exit once their parent is gone (after a kill -9).
 """
 
 from __future__ import annotations
@@ -83,8 +82,7 @@ def plan_parts(
     chat: bool = False,
 ) -> Plan:
     """Cut both splits into parts. Without a validation split the hold-out is the last `val_fraction` of the
-    characters (nanoGPT's `data[int(n * 0.9):]`), cut inside a document; conversations (`chat`) are held out whole,
-    as a cut inside one would part its turns."""
+    characters (nanoGPT's), cut inside a document; conversations (`chat`) are held out whole."""
     lengths = documents.conversation_lengths if chat else documents.document_lengths
     train_docs = train_docs.select_columns([column])
     chars, sizes = lengths(train_docs, column)
@@ -126,9 +124,8 @@ def _split_parts(
     last_row: int = -1,
     last_limit: int | None = None,
 ) -> list[Part]:
-    """Consecutive parts of rows [start, stop) holding about PART_BYTES of text each (at least one row), bounded
-    by the whole documents' sizes; `text_bytes` counts only the clipped documents' share (by characters), so the
-    document the hold-out cuts (all of tiny Shakespeare) is not counted twice."""
+    """Consecutive parts of rows [start, stop) of about PART_BYTES of text each (at least one row); `text_bytes`
+    counts only a clipped document's share (by characters), so the one the hold-out cuts is not counted twice."""
     ends = np.cumsum(sizes[start:stop], dtype=np.int64)
     kept = sizes[start:stop].copy()
     if chars is not None and first_offset:
@@ -184,12 +181,12 @@ def tokenize_parts(
     num_proc: int,
     chat: bool = False,
 ) -> None:
-    """Write every part of `parts` missing from `out_dir` (with `chat`, its mask too); progress on stderr."""
+    """Write every part missing from `out_dir` (with `chat`, its mask too); progress on stderr."""
     todo = [part for part in parts if not (out_dir / part.name).is_file()]
     if not todo:
         return
     procs = max(1, min(num_proc, len(todo)))
-    context = multiprocessing.get_context("fork" if sys.platform != "win32" else "spawn")
+    context = multiprocessing.get_context("fork" if procs > 1 else None)  # settings.num_procs: 1 without fork
     counter = context.Value("q", 0)
     _shared.update(
         counter=counter, tokenizer=tokenizer, column=column, out_dir=out_dir, dtype=dtype, chat=chat
@@ -240,8 +237,7 @@ def _tokenize_part(part: Part) -> None:
 
 
 def _encode_chunk(part: Part, start: int, stop: int) -> tuple[list[tuple], int]:
-    """(ids,) of each segment of rows [start, stop), or for chat (ids, assistant mask) of them all; and the bytes
-    of text they hold."""
+    """(ids,) of each segment of rows [start, stop), or for chat (ids, assistant mask) of them all; their bytes."""
     tokenizer, column = _shared["tokenizer"], _shared["column"]
     if not _shared["chat"]:
         segments = part.read(start, stop, column)
@@ -255,8 +251,7 @@ def _encode_chunk(part: Part, start: int, stop: int) -> tuple[list[tuple], int]:
 
 
 def _exit_with_parent(parent_pid: int) -> None:
-    """Pool initializer: end this worker silently once its parent is gone, instead of tokenizing on and printing
-    BrokenPipeError tracebacks into whatever runs next in the terminal."""
+    """Pool initializer: end silently once the parent is gone, not with BrokenPipeError tracebacks in the terminal."""
 
     def watch() -> None:
         while os.getppid() == parent_pid:

@@ -69,33 +69,24 @@ def _q8_0(raw: torch.Tensor) -> Blocks:
     return Blocks(codes, _half(raw[..., 0:2])[..., 0], None, 8, BLOCK, 128)
 
 
-def _nibbles_32(raw: torch.Tensor) -> torch.Tensor:
-    """(rows, nb, 32) low 4 bits of the codes of 32-blocks whose last 16 bytes hold them (Q4_0, Q4_1, Q5_0, Q5_1)."""
-    packed = raw[..., -16:]
-    return torch.cat([packed & 15, packed >> 4], dim=-1)
-
-
 def _bits(packed: torch.Tensor) -> torch.Tensor:
     """(rows, nb, n) bytes -> (rows, nb, 8 n) bits, bit k of byte j at 8 j + k (a little-endian bit field)."""
     bits = (packed[..., None] >> torch.arange(8, dtype=torch.uint8)) & 1
     return bits.reshape(*packed.shape[:-1], -1)
 
 
-def _q4_0_or_1(raw: torch.Tensor) -> Blocks:
-    rows, scale = raw.shape[0], _half(raw[..., 0:2])[..., 0]
-    codes = _nibbles_32(raw).reshape(rows, -1)
-    if raw.shape[-1] == READERS["Q4_0"][0]:
-        return Blocks(codes, scale, None, 4, BLOCK, 8)
-    return Blocks(codes, scale, _half(raw[..., 2:4])[..., 0], 4)
-
-
-def _q5_0_or_1(raw: torch.Tensor) -> Blocks:
-    """The 32 fifth bits lie in the 4 bytes before the nibbles; Q5_0's weight is d * (q - 16), without minimum."""
-    rows, scale = raw.shape[0], _half(raw[..., 0:2])[..., 0]
-    codes = (_nibbles_32(raw) | (_bits(raw[..., -20:-16]) << 4)).reshape(rows, -1)
-    if raw.shape[-1] == READERS["Q5_0"][0]:
-        return Blocks(codes, scale, None, 5, BLOCK, 16)
-    return Blocks(codes, scale, _half(raw[..., 2:4])[..., 0], 5)
+def _q4_or_q5(raw: torch.Tensor) -> Blocks:
+    """Q4_0, Q4_1, Q5_0, Q5_1 (told apart by their block size): the low 4 bits of the codes in the last 16 bytes,
+    Q5's fifth bits in the 4 bytes before; Q4_0's weight is d * (q - 8), Q5_0's d * (q - 16), without minimum."""
+    rows, size, scale = raw.shape[0], raw.shape[-1], _half(raw[..., 0:2])[..., 0]
+    bits = 4 if size <= READERS["Q4_1"][0] else 5
+    packed = raw[..., -16:]
+    codes = torch.cat([packed & 15, packed >> 4], dim=-1)
+    if bits == 5:
+        codes |= _bits(raw[..., -20:-16]) << 4
+    if size in (READERS["Q4_0"][0], READERS["Q5_0"][0]):
+        return Blocks(codes.reshape(rows, -1), scale, None, bits, BLOCK, 1 << (bits - 1))
+    return Blocks(codes.reshape(rows, -1), scale, _half(raw[..., 2:4])[..., 0], bits)
 
 
 def _nibbles(packed: torch.Tensor) -> torch.Tensor:
@@ -144,10 +135,10 @@ def _q6_k(raw: torch.Tensor) -> Blocks:
 
 # Each kept type's bytes per block and the reader of its raw blocks (rows, blocks, bytes).
 READERS = {
-    "Q4_0": (18, _q4_0_or_1),
-    "Q4_1": (20, _q4_0_or_1),
-    "Q5_0": (22, _q5_0_or_1),
-    "Q5_1": (24, _q5_0_or_1),
+    "Q4_0": (18, _q4_or_q5),
+    "Q4_1": (20, _q4_or_q5),
+    "Q5_0": (22, _q4_or_q5),
+    "Q5_1": (24, _q4_or_q5),
     "Q8_0": (34, _q8_0),
     "Q4_K": (144, _q4_k),
     "Q5_K": (176, _q5_k),
