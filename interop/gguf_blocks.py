@@ -1,25 +1,15 @@
 """A GGUF file's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices as block codes, for `model.quantized.QuantizedLinear`.
 
-`interop.load(..., keep_quantized=True)` replaces each linear layer whose weight the file stores in one of
-these types by a `QuantizedLinear` of the same codes, so the float32 copy is dropped. The byte layouts are
-ggml's (ggml-common.h, ggml-quants.c):
+`interop.load(..., keep_quantized=True)` replaces each linear layer stored in one of these types by a
+`QuantizedLinear` of the same codes. The byte layouts are ggml's (ggml-common.h, ggml-quants.c): Q4_0, Q4_1, Q5_0,
+Q5_1 and Q8_0 hold 32 weights a block after a float16 scale `d` (and for _1 a float16 minimum `m`); the K-quants
+hold super-blocks of 256 weights with 6-bit (Q4_K, Q5_K) or 8-bit (Q6_K) sub-block scales.
 
-- `block_q4_0`, `block_q4_1`, `block_q8_0`, 32 weights a block: a float16 scale `d`, for Q4_1 a float16 minimum
-  `m`, then the codes. 4-bit codes come two to a byte, weight j in the low nibble of byte j and weight j + 16 in
-  its high nibble; Q4_0's weight is `d * (q - 8)`, Q4_1's `d * q + m`, Q8_0's `d * q` with q signed.
-- The K-quants, super-blocks of 256 weights. `block_q4_K` (144 bytes): float16 `d` and `dmin`, 12 bytes of
-  eight 6-bit scales `sc` and minima `m`, then 128 bytes of 4-bit codes, each 32 bytes holding two sub-blocks of
-  32 (low nibbles the first, high nibbles the second); sub-block s's weight is `d * sc[s] * q - dmin * m[s]`.
-  `block_q5_K` (176 bytes) is Q4_K with 32 bytes of fifth bits before the nibbles (bit s of byte l: weight l of
-  sub-block s). `block_q6_K` (210 bytes): 128 bytes of low nibbles, 64 of 2-bit highs, 16 signed 8-bit scales,
-  float16 `d`; sub-block t of 16 weights has weight `d * sc[t] * (q - 32)`.
-
-Each sub-block is one of our blocks, its codes unsigned at the type's own width (4, 5, 6 or 8 bits): scale
-`d * sc` (an 11-bit by 8-bit product, exact in float32), minimum `-(dmin * m)` (exact too), so `scale * q +
-minimum` rounds once, where the `gguf` package's `d * sc * q - dmin * m` does, to the same float32. A type with
-signed codes keeps its unsigned ones and the offset of weight 0 instead of a minimum (Q4_0's 8, Q5_0's 16, Q6_K's
-32, Q8_0's 128): `scale * (q - offset)` is the package's product itself (Q6_K's has at most 23 significant bits,
-so it is exact whatever the order of the products).
+Each sub-block is one of our blocks, its codes unsigned at the type's own width: scale `d * sc` and minimum
+`-(dmin * m)` are exact in float32, so `scale * q + minimum` rounds once, where the `gguf` package's
+`d * sc * q - dmin * m` does, to the same float32. A type with signed codes keeps its unsigned ones and the offset
+of weight 0 instead of a minimum (Q4_0's 8, Q5_0's 16, Q6_K's 32, Q8_0's 128): `scale * (q - offset)` is the
+package's product itself.
 """
 
 from __future__ import annotations
@@ -96,9 +86,10 @@ def _nibbles(packed: torch.Tensor) -> torch.Tensor:
 
 
 def _k_quant(raw: torch.Tensor, codes: torch.Tensor, bits: int) -> Blocks:
-    """Q4_K / Q5_K `codes` (rows, nb, 256) with their sub-block scales `d * sc` and minima `-(dmin * m)`. The 12
-    bytes hold sc 0-3 and m 0-3 in the low 6 bits of bytes 0-3 and 4-7; sc 4-7 and m 4-7 in the low and high
-    nibbles of bytes 8-11, their top two bits in the top two bits of bytes 0-3 and 4-7."""
+    """Q4_K / Q5_K (float16 `d` and `dmin`, 12 bytes of scales, then the codes): `codes` (rows, nb, 256) with
+    their sub-block scales `d * sc` and minima `-(dmin * m)`. The 12 bytes hold sc 0-3 and m 0-3 in the low 6 bits
+    of bytes 0-3 and 4-7; sc 4-7 and m 4-7 in the low and high nibbles of bytes 8-11, their top two bits in the top
+    two bits of bytes 0-3 and 4-7."""
     packed = raw[..., 4:16].to(torch.int32)
     low, high, mixed = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
     sc = torch.cat([low & 63, (mixed & 15) | ((low >> 6) << 4)], dim=-1)
@@ -114,7 +105,7 @@ def _q4_k(raw: torch.Tensor) -> Blocks:
 
 def _q5_k(raw: torch.Tensor) -> Blocks:
     rows, nb = raw.shape[:2]
-    # (rows, nb, sub-block s, weight l): bit s of byte l
+    # Q4_K with 32 bytes of fifth bits before the nibbles, (rows, nb, sub-block s, weight l): bit s of byte l
     fifth = _bits(raw[..., 16:48]).reshape(rows, nb, 32, 8).transpose(-1, -2)
     codes = _nibbles(raw[..., 48:]) | (fifth.reshape(rows, nb, 256) << 4)
     return _k_quant(raw, codes, 5)
@@ -123,7 +114,8 @@ def _q5_k(raw: torch.Tensor) -> Blocks:
 def _q6_k(raw: torch.Tensor) -> Blocks:
     rows, nb = raw.shape[:2]
     # Each half of 128 weights: 64 bytes of low nibbles (weights 0-63, then 64-127) and 32 bytes of 2-bit highs
-    # (weights l, 32 + l, 64 + l, 96 + l in bits 0-1, 2-3, 4-5, 6-7 of byte l).
+    # (weights l, 32 + l, 64 + l, 96 + l in bits 0-1, 2-3, 4-5, 6-7 of byte l); then 16 signed 8-bit scales of
+    # 16 weights each and a float16 `d`.
     low = raw[..., 0:128].reshape(rows, nb, 2, 1, 64)
     low = torch.cat([low & 15, low >> 4], dim=3).reshape(rows, nb, 2, 128)
     high = raw[..., 128:192].reshape(rows, nb, 2, 1, 32) >> torch.arange(0, 8, 2, dtype=torch.uint8)[:, None]

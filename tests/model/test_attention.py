@@ -82,7 +82,7 @@ def test_attention_maps_are_the_models_own():
 
 
 def test_explained_steps_match_the_attention_maps():
-    from inspection.explain import attention_steps
+    from inspection.writers import attention_steps
 
     torch.manual_seed(0)
     model = GPT(ModelConfig(vocab_size=50, block_size=32, n_layer=2, n_head=4, n_kv_head=2, n_embd=32)).eval()
