@@ -18,10 +18,8 @@ TRACEBACK_ENV = "GQA_GPT_TRACEBACK"
 
 
 class UserError(ValueError):
-    """A mistake in a config, flag, path, prompt, checkpoint or dataset, in one line naming it and the fix.
-
-    Commands catch `UserError` only, so any other exception is a bug and keeps its traceback.
-    """
+    """A mistake in a config, flag, path, prompt, checkpoint or dataset, in one line naming it and the fix;
+    commands catch `UserError` only, so any other exception is a bug and keeps its traceback."""
 
 
 # Errors of the machine, not the program: a write that fails with one of these is one line, whoever wrote.

@@ -1,8 +1,8 @@
 """Atomic file and folder writes (a reader sees the old version or the new one, never a partial one), and the
 check every command makes on an output path before working (`refuse_existing`).
 
-Temporaries live in the destination's own folder, so the final rename stays on one filesystem (atomic on POSIX,
-NFS and Lustre); their names start with `.` and hold TEMP_MARK, so `stale_temp_files` finds what a kill left.
+Temporaries live in the destination's own folder, so the final rename stays on one filesystem; their names start
+with `.` and hold TEMP_MARK, so `stale_temp_files` finds what a kill left.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ from typing import BinaryIO
 from .errors import UserError
 
 TEMP_MARK = ".partial-"
-
-
 _OWNER = re.compile(rf"{re.escape(TEMP_MARK)}(\d+)@(.+)-[0-9a-f]+$")
 
 
@@ -50,8 +48,8 @@ def owner_has_exited(temp: Path) -> bool:
 
 
 def _is_zombie(pid: int) -> bool:
-    """Whether `pid` has exited but is not reaped yet (state Z in /proc/<pid>/stat), which a container's init
-    may never do: it still answers a signal but will never write again. Off Linux: False."""
+    """Whether `pid` has exited but is not reaped yet (state Z), which a container's init may never do: it still
+    answers a signal but will never write again. Off Linux: False."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except FileNotFoundError:  # reaped since the signal (exited), or no /proc here (not Linux: as before)
@@ -76,11 +74,8 @@ def fsync_dir(folder: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path next to `path` for a writer that insists on opening the file itself.
-
-    On a clean exit it replaces `path`; on any error it is removed. A symlink is written through, as `open`
-    would: its target is replaced, the link stays.
-    """
+    """Yield a temporary path next to `path` for a writer that opens the file itself; on a clean exit it replaces
+    `path` (a symlink's target, as `open` would write), on any error it is removed."""
     path = Path(path)
     if path.is_symlink():
         path = path.resolve()
@@ -95,11 +90,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 
 def atomic_write(path: str | Path, content: bytes | str | Callable[[BinaryIO], None]) -> Path:
-    """Write `content` (bytes, text as UTF-8, or a function that writes to a binary file) to `path` atomically.
-
-    The file gets the usual permissions (0666 minus the umask). A writer that must survive a power loss
-    (checkpoints) fsyncs the file itself and then calls `fsync_dir`.
-    """
+    """Write `content` (bytes, text as UTF-8, or a function that writes to a binary file) to `path` atomically,
+    with the usual permissions. A writer that must survive a power loss fsyncs the file, then calls `fsync_dir`."""
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         if callable(content):
             content(f)
@@ -109,18 +101,15 @@ def atomic_write(path: str | Path, content: bytes | str | Callable[[BinaryIO], N
 
 
 class OutputPathError(UserError):
-    """An output path that a command cannot write as asked: it exists (and --force was not given), is not a
-    regular file, has the wrong suffix, or lies in a folder that cannot be written."""
+    """An output path that a command cannot write as asked (exists without --force, not a regular file, wrong
+    suffix, unwritable folder)."""
 
 
 def refuse_existing(
     out: Path, force: bool, *, file: bool = False, flag: str = "--out", suffixes: tuple[str, ...] = ()
 ) -> Path:
-    """Refuse, in one line and before any work, an output that cannot be written or would replace something.
-
-    `out` must end in one of `suffixes` (if given); what it names (a symlink's target) must be free, or a file
-    (a folder too, unless `file`) that `force` allows replacing; its folder must be writable. Returns the target.
-    """
+    """Refuse, in one line and before any work, an output that cannot be written or would replace something
+    without `force` (with `file`, a folder is refused too); returns what it names (a symlink's target)."""
     if suffixes and out.suffix.lower() not in suffixes:
         example = out.with_suffix(suffixes[0]).name
         raise OutputPathError(f"{flag} {out}: expected a {' or '.join(suffixes)} file, e.g. {example}")
@@ -156,11 +145,8 @@ def refuse_unwritable_folder(folder: Path, flag: str) -> None:
 
 
 class StagedFolder:
-    """A folder built under a temporary name inside `parent` and published by one rename (`publish`).
-
-    On leaving the with-block, a folder not published is deleted, and so is `parent` if this created it and it
-    is left empty. The folder gets the usual permissions (0777 minus the umask), unlike `mkdtemp`'s 0700.
-    """
+    """A folder built under a temporary name inside `parent` and published by one rename (`publish`); on leaving
+    the with-block a folder not published is deleted, and so is `parent` if this made it and it is left empty."""
 
     def __init__(self, parent: str | Path) -> None:
         self.parent = Path(parent)
@@ -175,8 +161,8 @@ class StagedFolder:
         return self
 
     def publish(self, name: str, *, replace: bool = False) -> Path:
-        """Rename the folder to `parent/name`; OSError if that exists, unless `replace` swaps it out (the old
-        one moved aside and deleted only once the new one is in place, so a failed rename puts it back)."""
+        """Rename the folder to `parent/name`; OSError if that exists, unless `replace` swaps it out (the old one
+        is deleted only once the new one is in place)."""
         assert self.path is not None, "publish() outside the with-block"
         final = self.parent / name
         old = temp_path_for(final) if replace and final.exists() else None

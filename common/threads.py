@@ -1,8 +1,6 @@
 """How many CPU threads torch uses: an explicit count (`--threads N`, the `threads` config key), else
-OMP_NUM_THREADS as torch would, else this process's CPUs minus the 1-minute load average (at least 1).
-
-Torch's one thread per core makes its threads wait for each other at every operation where other jobs share
-the cores (a small model's step gets several times slower), hence the load. Standard library only.
+OMP_NUM_THREADS as torch would, else this process's CPUs minus the 1-minute load average (at least 1): torch's
+one thread per core makes its threads wait for each other where other jobs share the cores. Standard library only.
 """
 
 from __future__ import annotations

@@ -54,10 +54,8 @@ def load(
     keep_quantized: bool = False,
 ) -> Loaded:
     """Our GPT and tokenizer for any model name (see interop.source); `dtype` None keeps the stored one.
-
-    `keep_quantized` (a .gguf file, float32): matrices stored as one of KEPT_TYPES (Q4_0 ... Q6_K) stay in their
-    blocks (model.quantized.QuantizedLinear): the same weights, ~5x smaller, read directly by the compiled step.
-    """
+    `keep_quantized` (a .gguf file, float32): matrices stored as one of KEPT_TYPES stay in their blocks
+    (model.quantized.QuantizedLinear): the same weights, ~5x smaller, read directly by the compiled step."""
     if keep_quantized and dtype not in (None, torch.float32):
         raise PretrainedError(f"keep_quantized computes in float32; drop the dtype {dtype} or keep_quantized")
     source = resolve(name, revision)
