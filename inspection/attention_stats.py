@@ -30,11 +30,9 @@ def previous_token_score(probs: torch.Tensor) -> torch.Tensor:
 
 
 def induction_score(probs: torch.Tensor, period: int) -> torch.Tensor:
-    """Mean weight an induction head would use, on a sequence whose tokens repeat with `period`.
-
-    A query t >= period holds the same token as position t - period; an induction head attends to the token
-    that followed that earlier occurrence, key t - period + 1. Rows t < period have no earlier occurrence.
-    """
+    """Mean weight an induction head would use, on a sequence whose tokens repeat with `period`: query
+    t >= period holds the token of position t - period, and an induction head attends to its follower, key
+    t - period + 1."""
     if period < 1:
         raise ValueError(f"induction period must be at least 1, got {period}")
     # Offset 1 - period holds p[t, t - period + 1] for rows t >= period - 1; the first is still in the first copy.
@@ -44,11 +42,8 @@ def induction_score(probs: torch.Tensor, period: int) -> torch.Tensor:
 def repeated_random_tokens(
     vocab_size: int, period: int, batch: int, generator: torch.Generator | None = None
 ) -> torch.Tensor:
-    """Token ids (batch, 2 * period): a uniformly random segment of `period` tokens followed by itself.
-
-    Random tokens carry no n-gram statistics a model could have learned, so attending to the follower of the
-    earlier occurrence is the only way to predict the second copy: that is what `induction_score` measures.
-    """
+    """Token ids (batch, 2 * period): a uniformly random segment of `period` tokens followed by itself; random
+    tokens carry no n-gram statistics, so only an induction head predicts the second copy."""
     segment = torch.randint(vocab_size, (batch, period), generator=generator)  # (B, period)
     return torch.cat([segment, segment], dim=1)  # (B, 2 * period)
 

@@ -1,8 +1,5 @@
-"""Spot the step at which a head becomes an induction head: its score first rises above a threshold.
-
-The training callback and `benchmarks/induction.py` both report a formation once per head, at its first step
-above the threshold (a score that dips and recovers is no second phase change).
-"""
+"""Spot the step at which a head becomes an induction head: its score first rises above a threshold (once per
+head: a score that dips and recovers is no second phase change)."""
 
 from __future__ import annotations
 

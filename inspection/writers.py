@@ -101,11 +101,8 @@ def explain_attention(model, tokenizer, text: str, layer: int, head: int) -> Non
 
 @torch.no_grad()
 def attention_steps(model: GPT, idx: torch.Tensor, layer: int, head: int) -> dict[str, torch.Tensor]:
-    """For idx (1, T): the scaled scores q·kᵀ/sqrt(D), the same with -inf above the diagonal, and softmax.
-
-    Each is a float32 (T, T) matrix from the model's own projections at `layer`, `head` (checked by the
-    caller): a hook records what the forward hands that attention layer (its normed input and RoPE rows).
-    """
+    """For idx (1, T): the scaled scores q·kᵀ/sqrt(D), the same with -inf above the diagonal, and softmax, each
+    a float32 (T, T) matrix from the model's own projections: a hook records what the forward hands that layer."""
     attn = model.blocks[layer].attn
     inputs: list[tuple] = []
     hook = attn.register_forward_pre_hook(lambda _, args: inputs.append(args[:3]))  # (x, cos, sin)

@@ -56,10 +56,7 @@ def export_gguf(
     tokenizer_name: str = "the tokenizer",
 ) -> Path:
     """Write `model` and its tokenizer as a llama.cpp GGUF file at `out` (replaced only with `force`, atomically).
-
-    Norm weights stay float32 (llama.cpp keeps 1-D tensors in f32); under q8_0, a matrix whose rows are not a
-    multiple of 32 falls back to f16. A tokenizer llama.cpp would run differently names `tokenizer_name`.
-    """
+    Norms stay float32, as llama.cpp keeps 1-D tensors; under q8_0, rows not a multiple of 32 fall back to f16."""
     gguf = import_gguf()
     out = Path(out).expanduser()
     refuse_existing(out, force, file=True)
@@ -127,10 +124,8 @@ def gguf_architecture(config: ModelConfig) -> str:
 
 
 def gguf_tensors(model: GPT) -> dict[str, torch.Tensor]:
-    """Our weights under llama.cpp names, float32 copies on the CPU, q and k rows in the architecture's RoPE layout.
-
-    A tied output projection is left out: llama.cpp uses token_embd.weight when output.weight is absent.
-    """
+    """Our weights under llama.cpp names, float32 CPU copies, q and k rows in the architecture's RoPE layout
+    (a tied output is left out: llama.cpp then uses token_embd.weight)."""
     c = model.config
     tensors = to_format(model.state_dict(), c, "gguf", interleave=gguf_architecture(c) in INTERLEAVED)
     if c.rope_type == "llama3":
@@ -146,11 +141,8 @@ def llama3_freq_factors(config: ModelConfig) -> torch.Tensor:
 
 
 def gguf_vocab(tokenizer: Tokenizer, vocab_size: int, source: str = "the tokenizer") -> GGUFVocabulary:
-    """A byte-level BPE tokenizer and its rules as a `gpt2` GGUF vocabulary of exactly `vocab_size` rows.
-
-    Rows past the tokenizer's size become unused padding tokens (llama.cpp needs one per embedding row).
-    Anything llama.cpp would split or merge differently is a UserError naming `source`.
-    """
+    """A byte-level BPE tokenizer and its rules as a `gpt2` GGUF vocabulary of exactly `vocab_size` rows, the
+    ones past the tokenizer's size unused padding (llama.cpp needs one per embedding row)."""
     spec = json.loads(tokenizer.backend_json)
     check_byte_level_bpe(spec, source)
     pre = pre_tokenizers.llamacpp_name(spec, source)
