@@ -1,8 +1,6 @@
 """Data, by stage: source -> tokenize_parts -> store (the token cache) or stream -> batches, joined by
-datamodule.py's `TextDataModule`; documents.py turns documents and conversations into ids with the tokenizer
-(tokenizer.py, pretrained_tokenizer.py), settings.py names what a run needs, prepare.py builds it ahead of fit.
-
-Importing the package loads only the standard library and `tokenizers` (`generate.py` needs just `Tokenizer`).
+datamodule.py's `TextDataModule`. Importing the package loads only the standard library and `tokenizers`
+(`generate.py` needs just `Tokenizer`).
 """
 
 from common.errors import UserError

@@ -133,8 +133,7 @@ class TextDataModule(L.LightningDataModule):
         self._stream_loader: PositionedLoader | None = None
 
     def use_tokenizer(self, tokenizer: Tokenizer) -> None:
-        """Tokenize with a pretrained model's tokenizer instead of training one (train.py's model.init_from);
-        call before `setup`."""
+        """Tokenize with a pretrained model's tokenizer (model.init_from) instead of training one; before `setup`."""
         if tokenizer.vocab_size > self.vocab_size:
             raise DataConfigError(
                 f"data.vocab_size: {self.vocab_size} is smaller than the pretrained tokenizer's "
@@ -241,8 +240,7 @@ class TextDataModule(L.LightningDataModule):
         return self._stream_loader
 
     def _start_batch(self) -> int:
-        """A trainer at optimizer step s has trained s * accumulate_grad_batches batches: the loaders (and the
-        stream position a checkpoint saves) continue from there."""
+        """The batches a trainer at optimizer step s has trained, where the loaders and a stream position resume."""
         trainer = self.trainer
         return trainer.global_step * trainer.accumulate_grad_batches if trainer is not None else 0
 

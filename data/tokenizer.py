@@ -33,9 +33,8 @@ SENTENCEPIECE_SPACE = "\u2581"  # how sentencepiece-style vocabularies (Llama 2)
 class TokenRules:
     """How a model uses its special tokens."""
 
-    eos_ids: tuple[
-        int, ...
-    ]  # ids that end a text (Llama 3 Instruct has three); the first separates documents
+    # The ids that end a text (Llama 3 Instruct has three); the first separates documents.
+    eos_ids: tuple[int, ...]
     bos_id: int | None = None
     add_bos: bool = False  # whether `encode` puts `bos_id` first by default (Llama does, SmolLM2 does not)
     chat_template: str | None = None  # jinja2

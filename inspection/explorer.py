@@ -1,10 +1,8 @@
 """An interactive attention explorer as one self-contained HTML file (inline JS and CSS, no network).
 
-Kept small, so that 12 layers x 12 heads x 1024 tokens opens quickly (budget 32 MiB, asserted on noisy maps in
-tests/inspection/test_explorer_browser.py): per head, its map's lower triangle quantised row by row to uint8
-(`quantise_rows`), deflated with zlib's run-length strategy (runs of zeros between noisy values: as small as
-level 9, 6x quicker), base64-encoded and decoded by the browser only when the head is opened; per head, two
-max-pooled thumbnails (probability, row-relative); the head statistics, their history and the formations.
+Kept small, so that 12 layers x 12 heads x 1024 tokens opens quickly (budget 32 MiB): per head, its map's lower
+triangle quantised row by row to uint8, deflated with zlib's run-length strategy (as small as level 9, 6x quicker)
+and decoded by the browser only when the head is opened, and two max-pooled thumbnails.
 """
 
 from __future__ import annotations

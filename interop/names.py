@@ -3,10 +3,9 @@
 Each row is one tensor of our state_dict (`{i}` is the block index) and the tensors other formats store for it:
 one, or several stacked by rows into our fused layers (q/k/v and their Qwen2 biases, gate/up).
 
-RoPE layout: ours is rotate-half (Hugging Face Llama), pairing dimension j of a head with j + D/2; llama.cpp's
-`llama` rotates adjacent pairs (2j, 2j + 1), as Meta's checkpoints do. Both give pair j the frequency
-theta^(-2j/D), so moving row j + D/2 next to row j in every q and k head (the `rope` parts) computes the same
-attention. llama.cpp's `qwen2` and `qwen3` rotate halves as we do.
+RoPE layout: ours is rotate-half, pairing dimension j of a head with j + D/2; llama.cpp's `llama` rotates
+adjacent pairs (2j, 2j + 1) with the same frequencies, so moving row j + D/2 next to row j in every q and k head
+(the `rope` parts) computes the same attention. llama.cpp's `qwen2` and `qwen3` rotate halves as we do.
 """
 
 from __future__ import annotations
