@@ -214,3 +214,15 @@ def test_fit_names_the_data_key_typed_not_the_model_key_it_feeds(script) -> None
     result = script("train.py", "fit", "--config", "configs/tiny.yaml", "--data.block_size", "0", check=False)
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1] == "error: data.block_size: must be positive, got 0"
+
+
+def test_without_fork_one_process_tokenizes(tmp_path: Path, monkeypatch) -> None:
+    """The tokenize workers inherit the documents by fork: elsewhere None picks one process, and more are refused."""
+    from data.settings import PrepareSettings
+    from data.source import CorpusSource
+
+    monkeypatch.setattr("multiprocessing.get_all_start_methods", lambda: ["spawn"])
+    settings = PrepareSettings(CorpusSource(data_files="x.txt"), tmp_path, 300)
+    assert settings.num_procs(1 << 30) == 1
+    with pytest.raises(DataConfigError, match=r"^data.num_proc: 2 processes need fork"):
+        PrepareSettings(CorpusSource(data_files="x.txt"), tmp_path, 300, num_proc=2).num_procs(1 << 30)
