@@ -70,7 +70,7 @@ class TextDataModule(L.LightningDataModule):
             validation tokens, and the checkpoint holds the stream position for an exact resume.
         val_fraction: Without a validation split, the fraction of the train text held out for validation (the
             last characters, as nanoGPT does).
-        num_proc: Processes for tokenizing; None picks one per ~4 MB of text, up to min(8, CPUs).
+        num_proc: Processes for tokenizing; None picks one per ~4 MB of text, up to min(8, CPUs) (1 without fork).
         tokenizer_train_docs: With streaming, how many leading documents train the tokenizer.
         val_docs: With streaming, how many documents form the fixed validation set: the first ones of the
             validation split, or else the first ones of the train split, which training then skips.
