@@ -271,8 +271,10 @@ def _absolute(file: str) -> str | list[str]:
 def _resolve_local(file: str) -> list[str]:
     """The files `file` names (a glob expanded); raises when there are none. URLs pass through."""
     found = _absolute(file)
-    if isinstance(found, list) or is_remote(found):
-        return found if isinstance(found, list) else [found]
+    if isinstance(found, list):  # a folder's files
+        return found
+    if is_remote(found):
+        return [found]
     matches = sorted(glob.glob(found)) if glob.has_magic(found) else [found] if os.path.isfile(found) else []
     if not matches:
         raise DataConfigError(f"data.data_files: {file} does not exist; pass an existing file or URL")
