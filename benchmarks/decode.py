@@ -21,7 +21,7 @@ SMALL_1024 = ModelConfig(vocab_size=1024, block_size=1024, n_layer=4, n_head=8, 
 # The 124 M shape of configs/gpt2-small.yaml (tests/training/test_flops.py checks it against the YAML), for the
 # GPU check and the FLOP and memory tests.
 GPT2_SMALL = ModelConfig(vocab_size=32768, block_size=1024, n_layer=12, n_head=12, n_kv_head=4, n_embd=768)
-# The random models of benchmarks.decode_vs_hf (all) and decode_vs_llamacpp (small and large).
+# The random models of benchmarks.decode_vs_hf.
 DECODE_CONFIGS = {
     "small": ModelConfig(vocab_size=1024, block_size=512, n_layer=4, n_head=8, n_kv_head=2, n_embd=256),
     "large": ModelConfig(vocab_size=1024, block_size=512, n_layer=12, n_head=12, n_kv_head=4, n_embd=768),
