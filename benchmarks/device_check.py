@@ -6,7 +6,7 @@
 Checks: sdpa (the model's attention forward and backward in bf16 under each fused backend alone, so a silent
 fallback to the math kernel fails), train (the config through Lightning, bf16-mixed and compiled: tokens/s, MFU,
 peak memory against training/memory.py's estimate, the attention kernels profiled, the loss falling), decode
-(`generate` with the KV cache on the trained weights, eager and compiled) and resume (stopped at step 3 and
+(`generate` with the KV cache on the trained weights, eager and compiled: tokens/s and MBU) and resume (stopped at step 3 and
 resumed equals a straight run, bit for bit).
 """
 
@@ -23,7 +23,7 @@ import yaml
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from benchmarks import new_parser
-from benchmarks.decode import compare_paths
+from benchmarks.decode import bytes_per_token, compare_paths, read_bandwidth
 from benchmarks.lightning_checks import Row, Settings, check_resume, check_training, passed
 from model import GPT
 from model.attention import explicit_attention, sdpa_attention
@@ -80,14 +80,22 @@ def check_sdpa(device: str, shape: tuple[int, int, int, int, int], attention=sdp
 
 
 def check_decode(settings: Settings, trained: GPT, prompt: torch.Tensor) -> list[Row]:
-    """Decode tokens/s of cached greedy decoding at batch 1 in bf16 (median of 3 after a warm-up, which compiles)."""
+    """Cached greedy decoding of the trained weights at batch 1 in bf16, eager and compiled: tokens/s (median of 3
+    after a warm-up, which compiles) and MBU, the bytes a step reads (weights + cache at the mean context) x
+    tokens/s / the read bandwidth measured here."""
     model = GPT(trained.config)
     model.load_state_dict(trained.state_dict())
     model = model.to(settings.device, torch.bfloat16).eval()
     variants = {"decode tokens/s": {}, "decode tokens/s (compile=True)": {"compile": True}}
     tokens_per_s = compare_paths(model, prompt, settings.decode_tokens, 3, variants)
+    bandwidth = read_bandwidth(torch.device(settings.device))
+    per_token = bytes_per_token(model, prompt.shape[1] + settings.decode_tokens // 2)
     detail = f"prompt {prompt.shape[1]}, {settings.decode_tokens} new, batch 1, bf16, KV cache, prefill not counted"
-    return [Row(name, "INFO", f"{value:,.0f}", detail) for name, value in tokens_per_s.items()]
+    mbu = f"{per_token / 1e6:.0f} MB per token, read {bandwidth / 1e9:.0f} GB/s"
+    return [
+        Row(name, "INFO", f"{value:,.0f}", f"{detail}; MBU {per_token * value / bandwidth:.1%} ({mbu})")
+        for name, value in tokens_per_s.items()
+    ]
 
 
 def print_table(rows: list[Row]) -> None:

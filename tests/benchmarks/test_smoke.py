@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 import benchmarks
 from benchmarks.external import built_probe, smollm2_gguf
@@ -167,14 +166,6 @@ def test_decode(tmp_path):
     tiny = ["--prompt_len", "8", "--new_tokens", "4", "--repeats", "1", "--no_compile"]
     assert "x recompute" in run_benchmark(tmp_path, "decode", *tiny)
     assert "batch   2:" in run_benchmark(tmp_path, "decode", *tiny, "--batches", "1", "2")
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the --gpu check needs CUDA")
-def test_decode_gpu(tmp_path):
-    assert "compiled_mbu" in run_benchmark(
-        tmp_path, "decode", "--gpu", "--prompt_len", "8", "--new_tokens", "8"
-    )
 
 
 @pytest.mark.slow
