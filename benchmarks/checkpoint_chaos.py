@@ -4,11 +4,10 @@
     python -m benchmarks.checkpoint_chaos --kills 5 --stall_rounds 0   # a quick look, no stall measurement
 
 Chaos: a worker (this module with --worker: a small GPT on tiny Shakespeare, a checkpoint every step, every other
-segment saving asynchronously) is SIGKILLed at a random moment after its first new checkpoint and resumed, M
-times, then runs to the end, with TMPDIR on /dev/shm where available. Printed: kills survived, temp files swept,
-bytes left behind, and whether the final weights equal an uninterrupted run's, bit for bit.
-Stall: how long `save_checkpoint` blocks the training thread for a ~100M-parameter GPT with AdamW state, sync
-against async (median ms per save).
+segment saving asynchronously, TMPDIR on /dev/shm where available) is SIGKILLed at a random moment after its first
+new checkpoint and resumed, M times, then runs to the end. Printed: kills survived, temp files swept, bytes left
+behind, and whether the final weights equal an uninterrupted run's, bit for bit. Stall: how long `save_checkpoint`
+blocks the training thread for a ~100M-parameter GPT with AdamW state, sync against async (median ms per save).
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def worker_main(args: argparse.Namespace) -> None:
-    """One training segment (the process the chaos part kills)."""
     import lightning as L
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -54,9 +52,9 @@ def worker_main(args: argparse.Namespace) -> None:
                                    enable_version_counter=False), LastCheckpoint()],
     )  # fmt: skip
     sizes = {"vocab_size": 384, "block_size": 32}
-    loading = {"batch_size": 8, "num_workers": args.workers}
+    corpus = args.corpus or str(TINY_SHAKESPEARE)
     data = TextDataModule(
-        data_files=args.corpus or str(TINY_SHAKESPEARE), cache_dir=args.cache, **sizes, **loading
+        data_files=corpus, cache_dir=args.cache, batch_size=8, num_workers=args.workers, **sizes
     )
     torch.manual_seed(0)  # the same initial weights in every segment
     shape = {"n_layer": args.n_layer, "n_head": 4, "n_kv_head": 2, "n_embd": args.n_embd}
@@ -74,13 +72,12 @@ def worker_command(args: argparse.Namespace, run_dir: Path, *flags: str) -> list
 def newest_step(checkpoints: Path) -> int:
     from checkpoints.run_dir import step_files
 
-    files = step_files(checkpoints)
-    return max(files) if files else -1
+    return max(step_files(checkpoints), default=-1)
 
 
 def resumed_cleanly(output: str) -> bool:
     """A start after a kill resumed from a checkpoint, with no fallback warning and no error."""
-    return "resuming from: None" not in output and "warning" not in output and "Traceback" not in output
+    return not any(sign in output for sign in ("resuming from: None", "warning", "Traceback"))
 
 
 def chaos(args: argparse.Namespace, work: Path, env: dict) -> None:
@@ -133,8 +130,8 @@ def chaos(args: argparse.Namespace, work: Path, env: dict) -> None:
 
 
 def stall(args: argparse.Namespace, work: Path) -> None:
-    """Median ms the training thread is blocked per save, sync vs async rounds interleaved, a training step
-    between saves (an async save waits for the previous one if it is still writing)."""
+    """Median ms the training thread is blocked per save, sync and async rounds interleaved, a training step
+    between saves (an async save waits for a previous one still writing)."""
     import torch
 
     from checkpoints.settings import checkpoint_io
@@ -160,11 +157,8 @@ def stall(args: argparse.Namespace, work: Path) -> None:
     for round_ in range(args.stall_rounds):
         for mode, io in ios.items():
             for save in range(2):  # the second async save may wait for the first: that wait is stall too
-                checkpoint = {
-                    "state_dict": model.state_dict(),
-                    "optimizer_states": [optimizer.state_dict()],
-                    "global_step": round_ * 2 + save,
-                }
+                state = {"state_dict": model.state_dict(), "optimizer_states": [optimizer.state_dict()]}
+                checkpoint = state | {"global_step": round_ * 2 + save}
                 start = time.perf_counter()
                 io.save_checkpoint(checkpoint, work / f"stall-{mode}" / "last.ckpt")
                 stalls[mode].append(time.perf_counter() - start)

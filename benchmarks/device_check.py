@@ -41,16 +41,15 @@ def settings_for(cpu_smoke: bool) -> Settings:
             n_layer=2, n_head=4, n_kv_head=2, n_embd=64, learning_rate=3e-3, warmup_steps=2, compile=False
         )
         resume = {"n_layer": 1, "n_head": 2, "n_kv_head": 1, "n_embd": 32}
-        return Settings("cpu", model, 384, 64, 4, 2, steps=12, timed_from=4, compile=False, decode_tokens=16,
-                        resume_model=resume)  # fmt: skip
+        return Settings(
+            "cpu", model, 384, 64, 4, 2, steps=12, timed_from=4, decode_tokens=16, resume_model=resume
+        )
     config = yaml.safe_load((ROOT / "configs" / "gpt2-small.yaml").read_text())
-    model, data = {**config["model"], "warmup_steps": 10}, config["data"]
+    model, data = {**config["model"], "warmup_steps": 10, "compile": True}, config["data"]
     assert (model["n_layer"], model["n_embd"], model["n_head"], model["n_kv_head"]) == (12, 768, 12, 4)
-    return Settings(
-        "cuda", model, data["vocab_size"], data["block_size"], data["batch_size"],
-        config["trainer"]["accumulate_grad_batches"], steps=60, timed_from=20, compile=True, decode_tokens=256,
-        resume_model={"n_layer": 4, "n_head": 8, "n_kv_head": 2, "n_embd": 256},
-    )  # fmt: skip
+    return Settings("cuda", model, data["vocab_size"], data["block_size"], data["batch_size"],
+                    config["trainer"]["accumulate_grad_batches"], steps=60, timed_from=20, decode_tokens=256,
+                    resume_model={"n_layer": 4, "n_head": 8, "n_kv_head": 2, "n_embd": 256})  # fmt: skip
 
 
 def check_sdpa(device: str, shape: tuple[int, int, int, int, int], attention=sdpa_attention) -> list[Row]:
