@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from benchmarks import new_parser
-from generation.speed import timed_decode
+from generation.speed import report_decode_speed
 from generation.timing import alternate_medians, wall_seconds
 from model import GPT, ModelConfig
 
@@ -39,17 +39,6 @@ def random_model(config: ModelConfig, device: str = "cpu") -> GPT:
 def random_prompt(config: ModelConfig, length: int) -> torch.Tensor:
     """(1, length) random ids, the same in every run."""
     return torch.randint(config.vocab_size, (1, length), generator=torch.Generator().manual_seed(1))
-
-
-def compare_paths(
-    model: GPT, prompt: torch.Tensor, new_tokens: int, repeats: int, paths: dict
-) -> dict[str, float]:
-    """Median decode tokens/s of each path (name -> generate kwargs), the paths alternating in every round."""
-    runs = {
-        name: (lambda kwargs=kwargs: timed_decode(model, prompt, new_tokens + 1, **kwargs)[1])
-        for name, kwargs in paths.items()
-    }
-    return alternate_medians(runs, repeats)
 
 
 def read_bandwidth(device: torch.device) -> float:
@@ -80,31 +69,23 @@ def main() -> None:
     add("--repeats", type=int, default=3, help="timed rounds after a warm-up; medians")
     add("--device", default="cpu", help="torch device of the model and cache")
     args = parser.parse_args()
-    model = random_model(SMALL_1024, args.device)
-    compiled = {} if args.no_compile else {"compiled": {"compile": True}}
-
-    def tokens_per_s(batch: int, paths: dict) -> dict[str, float]:
-        prompt = torch.randint(0, SMALL_1024.vocab_size, (batch, args.prompt_len), device=args.device)
-        return compare_paths(model, prompt, args.new_tokens, args.repeats, paths | compiled)
-
-    threads = torch.get_num_threads()
-    if args.batches:  # one cache holds every sequence; tokens/s summed over the batch
-        print(f"batch throughput, {threads} threads, prompt {args.prompt_len}, {args.new_tokens} new")
-        for batch in args.batches:
-            tps = tokens_per_s(batch, {"cached": {}})
+    model, c = random_model(SMALL_1024, args.device), SMALL_1024
+    print(f"model: {c.n_layer} layers, {c.n_embd} wide, {c.n_head}/{c.n_kv_head} heads, block_size {c.block_size}; "
+          f"{torch.get_num_threads()} threads; prompt {args.prompt_len}, {args.new_tokens} new")  # fmt: skip
+    speeds = {}
+    for batch in args.batches or [1]:  # one cache holds a batch's sequences; tokens/s summed over them
+        prompt = torch.randint(0, c.vocab_size, (batch, args.prompt_len), device=args.device)
+        speeds[batch] = report_decode_speed(model, prompt, args.new_tokens, compile=not args.no_compile,
+                                            with_recompute=not args.batches, repeats=args.repeats)  # fmt: skip
+    if args.batches:
+        for batch, tps in speeds.items():
             print(
                 f"batch {batch:>3}: "
                 + ", ".join(f"{name} {value:9.1f} tokens/s" for name, value in tps.items())
             )
         return
-    tps = tokens_per_s(1, {"cached": {}, "no cache": {"use_cache": False}})
-    c = SMALL_1024
-    print(
-        f"model: {c.n_layer} layers, {c.n_embd} wide, {c.n_head}/{c.n_kv_head} heads, block_size {c.block_size}; "
-        f"{threads} threads; prompt {args.prompt_len}, {args.new_tokens} new, median of {args.repeats}"
-    )
-    for name, value in tps.items():
-        print(f"{name:>9}: {value:9.1f} tokens/s  ({value / tps['no cache']:5.1f}x recompute)")
+    for name, value in speeds[1].items():
+        print(f"{name:>9}: {value:9.1f} tokens/s  ({value / speeds[1]['no_cache']:5.1f}x recompute)")
     print("target: a cached path >= 10x recompute (the eager one is the readable reference)")
 
 

@@ -23,8 +23,9 @@ import yaml
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from benchmarks import new_parser
-from benchmarks.decode import bytes_per_token, compare_paths, read_bandwidth
+from benchmarks.decode import bytes_per_token, read_bandwidth
 from benchmarks.lightning_checks import Row, Settings, check_resume, check_training, passed
+from generation.speed import report_decode_speed
 from model import GPT
 from model.attention import explicit_attention, sdpa_attention
 
@@ -85,14 +86,16 @@ def check_decode(settings: Settings, trained: GPT, prompt: torch.Tensor) -> list
     model = GPT(trained.config)
     model.load_state_dict(trained.state_dict())
     model = model.to(settings.device, torch.bfloat16).eval()
-    variants = {"decode tokens/s": {}, "decode tokens/s (compile=True)": {"compile": True}}
-    tokens_per_s = compare_paths(model, prompt, settings.decode_tokens, 3, variants)
+    tokens_per_s = report_decode_speed(model, prompt, settings.decode_tokens, compile=True, repeats=3)
+    names = {"cached": "decode tokens/s", "compiled": "decode tokens/s (compile=True)"}
     bandwidth = read_bandwidth(torch.device(settings.device))
     per_token = bytes_per_token(model, prompt.shape[1] + settings.decode_tokens // 2)
     detail = f"prompt {prompt.shape[1]}, {settings.decode_tokens} new, batch 1, bf16, KV cache, prefill not counted"
     mbu = f"{per_token / 1e6:.0f} MB per token, read {bandwidth / 1e9:.0f} GB/s"
     return [
-        Row(name, "INFO", f"{value:,.0f}", f"{detail}; MBU {per_token * value / bandwidth:.1%} ({mbu})")
+        Row(
+            names[name], "INFO", f"{value:,.0f}", f"{detail}; MBU {per_token * value / bandwidth:.1%} ({mbu})"
+        )
         for name, value in tokens_per_s.items()
     ]
 
