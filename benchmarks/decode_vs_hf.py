@@ -72,9 +72,7 @@ def probe_runs(side: str, probe: Path, gguf: Path) -> bool:
     return True
 
 
-def bench_config(
-    name: str, model: GPT, hf, args, llamacpp: dict, probe=None, blocks: GPT | None = None
-) -> bool:
+def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, probe, blocks: GPT | None) -> bool:  # fmt: skip
     """Print one model's speeds and MBU for each side, with ratios to transformers' default and to llama.cpp on
     the same file; return whether our sides and transformers made the same tokens. `llamacpp` maps a side's name
     to the GGUF the probe runs; `blocks`, the model with its GGUF matrices kept in their blocks, adds Q4_1 sides."""
@@ -96,12 +94,12 @@ def bench_config(
             p, attention_mask=torch.ones_like(p), do_sample=False, max_new_tokens=n, min_new_tokens=n, **extra
         )
 
-    sides = {"ours": ours(model), "transformers": theirs()}
-    sides |= {} if blocks is None else {"ours Q4_1": ours(blocks)}
+    sides = {"ours": ours(model), "transformers": theirs(), "ours Q4_1": blocks and ours(blocks)}
     if not args.no_compile:
         sides["ours compiled"] = ours(model, compile=True)
-        sides |= {} if blocks is None else {"ours Q4_1 compiled": ours(blocks, compile=True)}
-        sides |= {} if name == "smollm2" else {"hf static+compile": theirs(**static)}
+        sides["ours Q4_1 compiled"] = blocks and ours(blocks, compile=True)
+        sides["hf static+compile"] = name != "smollm2" and theirs(**static)
+    sides = {side: run for side, run in sides.items() if run}
     outputs: dict = {}
 
     def probe_run(side: str, p: torch.Tensor, n: int):
@@ -141,11 +139,9 @@ def bench_config(
     for side, gguf in llamacpp.items():  # llama.cpp reads each weight as its file stores it (Q4_1: 1/6)
         per_token[side] = per_token["ours"] + gguf.stat().st_size - bytes_per_token(model, 0)
     c = model.config
-    print(
-        f"{name}: {c.n_layer}L {c.n_embd}C {c.n_head}H/{c.n_kv_head}kv V={c.vocab_size} "
-        f"{model.num_params() / 1e6:.1f}M, prompt {prompt_len}, {new_tokens} new, {per_token['ours'] / 1e6:.0f} MB read "
-        f"per token, read bandwidth {bandwidth / 1e9:.1f} GB/s, load average {os.getloadavg()[0]:.1f}"
-    )
+    print(f"{name}: {c.n_layer}L {c.n_embd}C {c.n_head}H/{c.n_kv_head}kv V={c.vocab_size} {model.num_params() / 1e6:.1f}M, "
+          f"prompt {prompt_len}, {new_tokens} new, {per_token['ours'] / 1e6:.0f} MB read per token, read bandwidth "
+          f"{bandwidth / 1e9:.1f} GB/s, load average {os.getloadavg()[0]:.1f}")  # fmt: skip
     total = {side: seconds[(side, prompt_len, new_tokens)] for side in names}
     decode = {side: (new_tokens - 1) / (total[side] - seconds[(side, prompt_len, 1)]) for side in names}
     pp = {
@@ -156,22 +152,17 @@ def bench_config(
 
     def vs_llamacpp(values: dict, side: str) -> str:  # ours against llama.cpp on the same file
         twin = "llama.cpp Q4_1" if "Q4_1" in side else "llama.cpp f32"
-        return (
-            f" ({values[side] / values[twin]:4.2f}x llama.cpp)"
-            if side.startswith("ours") and twin in values
-            else ""
-        )
+        ours = side.startswith("ours") and twin in values
+        return f" ({values[side] / values[twin]:4.2f}x llama.cpp)" if ours else ""
 
-    for side in names:
+    for side in names:  # the first tok/s counts the prefill too, alike on every side
         pp_text = (
             f" | pp{args.prefill_len} {pp[side]:7.0f} tok/s{vs_llamacpp(pp, side)}" if side in pp else ""
         )
-        print(
-            f"  {side:<18} {new_tokens / total[side]:8.2f} tok/s {total['transformers'] / total[side]:5.2f}x "
-            f"transformers | prefill {1000 * seconds[(side, prompt_len, 1)]:7.1f} ms | decode {decode[side]:7.2f} "
-            f"tok/s {decode[side] / decode['transformers']:5.2f}x{vs_llamacpp(decode, side)}, MBU "
-            f"{per_token[side] * decode[side] / bandwidth:6.1%}{pp_text} | same tokens as ours: {same[side]}"
-        )  # the first tok/s counts the prefill too, alike on every side
+        print(f"  {side:<18} {new_tokens / total[side]:8.2f} tok/s {total['transformers'] / total[side]:5.2f}x "
+              f"transformers | prefill {1000 * seconds[(side, prompt_len, 1)]:7.1f} ms | decode {decode[side]:7.2f} "
+              f"tok/s {decode[side] / decode['transformers']:5.2f}x{vs_llamacpp(decode, side)}, MBU "
+              f"{per_token[side] * decode[side] / bandwidth:6.1%}{pp_text} | same tokens as ours: {same[side]}")  # fmt: skip
     best = max((side for side in total if side.startswith("ours")), key=lambda side: decode[side])
     print(f"  target: ours >= {TARGET_RATIO[name]}x transformers; got {total['transformers'] / total[best]:.2f}x "
           f"end to end, {decode[best] / decode['transformers']:.2f}x decoding ({best})")  # fmt: skip
@@ -179,8 +170,7 @@ def bench_config(
 
 
 def run_config(name: str, args: argparse.Namespace, probe: Path | None) -> bool:
-    """Build one config's models and llama.cpp's files (into a temporary folder), run it; whether the tokens
-    agreed."""
+    """Build one config's models and llama.cpp's files (in a temporary folder), run it; whether the tokens agreed."""
     with tempfile.TemporaryDirectory() as tmp:
         if name == "smollm2":
             loaded, blocks, f32, shipped = smollm2_models(Path(tmp))
@@ -190,8 +180,7 @@ def run_config(name: str, args: argparse.Namespace, probe: Path | None) -> bool:
             f32 = export_gguf(model, tokenizer, Path(tmp) / f"{name}.gguf") if probe else None
         files = {"llama.cpp f32": f32, **files} if probe else {}
         llamacpp = {side: gguf for side, gguf in files.items() if probe_runs(side, probe, gguf)}
-        hf = hf_twin(model, tokenizer)
-        return bench_config(name, model, hf, args, llamacpp, probe, blocks)
+        return bench_config(name, model, hf_twin(model, tokenizer), args, llamacpp, probe, blocks)
 
 
 def main() -> None:
@@ -216,13 +205,15 @@ def main() -> None:
     import transformers
 
     probe = built_probe()
-    print(
-        f"torch {torch.__version__}, transformers {transformers.__version__}, llama.cpp "
-        f"{'from llama-cpp-python 0.3.36' if probe else 'skipped: run tools/llamacpp/build.sh (minutes) to add it'}"
-        f"; {torch.get_num_threads()} threads on every side, batch 1, greedy, median of {args.repeats}; MBU = "
-        "(weights + cache at the mean context) bytes per token x decode tok/s / the best read bandwidth of the "
-        "rounds (a torch.sum over 512 MiB, median of 5, each round)"
+    llamacpp = (
+        "from llama-cpp-python 0.3.36"
+        if probe
+        else "skipped: run tools/llamacpp/build.sh (minutes) to add it"
     )
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, llama.cpp {llamacpp}; "
+          f"{torch.get_num_threads()} threads on every side, batch 1, greedy, median of {args.repeats}; MBU = (weights + "
+          "cache at the mean context) bytes per token x decode tok/s / the best read bandwidth of the rounds (a "
+          "torch.sum over 512 MiB, median of 5, each round)")  # fmt: skip
     agreed = [run_config(name, args, probe) for name in args.configs]
     if not all(agreed):
         raise SystemExit("error: ours and transformers made different tokens (see 'same tokens' above)")
