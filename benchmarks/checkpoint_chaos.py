@@ -34,6 +34,7 @@ def worker_main(args: argparse.Namespace) -> None:
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
 
+    from benchmarks.lightning_checks import QUIET_TRAINER
     from checkpoints.run_lock import own_run_dir
     from checkpoints.settings import checkpoint_io, resolve_ckpt_path
     from data.datamodule import TINY_SHAKESPEARE, TextDataModule
@@ -45,11 +46,9 @@ def worker_main(args: argparse.Namespace) -> None:
     ckpt_path = resolve_ckpt_path(checkpoints, "last" if args.resume else None)
     print(f"resuming from: {ckpt_path}", file=sys.stderr, flush=True)
     trainer = L.Trainer(
-        default_root_dir=run_dir, max_steps=args.steps, max_epochs=-1, accelerator="cpu", devices=1,
-        logger=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-        num_sanity_val_steps=0, gradient_clip_val=1.0, plugins=[checkpoint_io(2, args.async_save)],
+        default_root_dir=run_dir, max_steps=args.steps, accelerator="cpu", plugins=[checkpoint_io(2, args.async_save)],
         callbacks=[ModelCheckpoint(dirpath=checkpoints, save_last=True, every_n_train_steps=1, save_top_k=0,
-                                   enable_version_counter=False), LastCheckpoint()],
+                                   enable_version_counter=False), LastCheckpoint()], **QUIET_TRAINER,
     )  # fmt: skip
     sizes = {"vocab_size": 384, "block_size": 32}
     corpus = args.corpus or str(TINY_SHAKESPEARE)

@@ -21,6 +21,10 @@ from training import LitGPT
 from training.flops import device_peak_flops, mfu, training_flops_per_token
 from training.memory import estimate_training_memory
 
+# The Trainer flags of every benchmark's run: no logger, progress bar, summary or validation; clipping as train.py.
+QUIET_TRAINER = dict(devices=1, max_epochs=-1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                     limit_val_batches=0, num_sanity_val_steps=0, gradient_clip_val=1.0)  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -91,10 +95,9 @@ class StepLog(L.Callback):
 def fit(settings: Settings, module: LitGPT, root: Path, cache: Path, callbacks: list, **fit_kwargs) -> None:
     """Trainer.fit of `module` on the shipped Shakespeare in bf16-mixed, as train.py would run it."""
     trainer = L.Trainer(
-        accelerator=settings.device, devices=1, precision="bf16-mixed", max_steps=settings.steps, max_epochs=-1,
-        accumulate_grad_batches=settings.accumulate, gradient_clip_val=1.0, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, default_root_dir=root,
-        callbacks=callbacks, enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+        accelerator=settings.device, precision="bf16-mixed", max_steps=settings.steps, default_root_dir=root,
+        accumulate_grad_batches=settings.accumulate, callbacks=callbacks, **QUIET_TRAINER,
+        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
     )  # fmt: skip
     data = TextDataModule(cache_dir=str(cache), batch_size=settings.batch_size, **settings.sizes())
     trainer.fit(module, data, **fit_kwargs)
