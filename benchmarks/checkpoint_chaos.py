@@ -74,11 +74,6 @@ def newest_step(checkpoints: Path) -> int:
     return max(step_files(checkpoints), default=-1)
 
 
-def resumed_cleanly(output: str) -> bool:
-    """A start after a kill resumed from a checkpoint, with no fallback warning and no error."""
-    return not any(sign in output for sign in ("resuming from: None", "warning", "Traceback"))
-
-
 def chaos(args: argparse.Namespace, work: Path, env: dict) -> None:
     """Kill and resume M times, then finish; print the survival figures."""
     import torch
@@ -115,8 +110,10 @@ def chaos(args: argparse.Namespace, work: Path, env: dict) -> None:
     if same:
         ours, theirs = torch.load(run_dir / "final.pt"), torch.load(straight / "final.pt")
         same = ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-    # Start k + 1 tells whether kill k was survived.
-    survived = sum(resumed_cleanly(text) for text in outputs[1:])
+    # Kill k was survived when start k + 1 resumed from a checkpoint, with no fallback warning and no error.
+    survived = sum(
+        not any(s in text for s in ("resuming from: None", "warning", "Traceback")) for text in outputs[1:]
+    )
     left = [p for p in run_dir.rglob("*") if ".partial-" in p.name]
     in_tmpdir = [p for p in Path(env["TMPDIR"]).rglob("*") if p.is_file()]
     left_bytes = sum(p.stat().st_size for p in left + in_tmpdir)

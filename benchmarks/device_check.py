@@ -92,19 +92,20 @@ def check_decode(settings: Settings, trained: GPT, prompt: torch.Tensor) -> list
     per_token = bytes_per_token(model, prompt.shape[1] + settings.decode_tokens // 2)
     detail = f"prompt {prompt.shape[1]}, {settings.decode_tokens} new, batch 1, bf16, KV cache, prefill not counted"
     mbu = f"{per_token / 1e6:.0f} MB per token, read {bandwidth / 1e9:.0f} GB/s"
-    return [
-        Row(
-            names[name], "INFO", f"{value:,.0f}", f"{detail}; MBU {per_token * value / bandwidth:.1%} ({mbu})"
-        )
-        for name, value in tokens_per_s.items()
-    ]
+    return [Row(names[k], "INFO", f"{v:,.0f}", f"{detail}; MBU {per_token * v / bandwidth:.1%} ({mbu})")
+            for k, v in tokens_per_s.items()]  # fmt: skip
 
 
 def print_table(rows: list[Row]) -> None:
-    columns = ("check", "status", "value")
-    widths = [max(len(getattr(r, column)) for r in rows) for column in columns]
+    widths = [
+        max(len(r.check) for r in rows),
+        max(len(r.status) for r in rows),
+        max(len(r.value) for r in rows),
+    ]
     for row in rows:
-        cells = [getattr(row, column).ljust(width) for column, width in zip(columns, widths, strict=True)]
+        cells = [
+            cell.ljust(width) for cell, width in zip((row.check, row.status, row.value), widths, strict=True)
+        ]
         print("  ".join([*cells, row.detail]).rstrip())
 
 
@@ -113,9 +114,14 @@ def run_checks(settings: Settings, work: Path) -> list[Row]:
     device = torch.device(settings.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (smoke mode)"
     rows = [Row("device", "INFO", name, f"torch {torch.__version__}")]
-    model = settings.model
-    heads = (model["n_head"], model["n_kv_head"])
-    shape = (settings.batch_size, *heads, settings.block_size, model["n_embd"] // model["n_head"])
+    m = settings.model
+    shape = (
+        settings.batch_size,
+        m["n_head"],
+        m["n_kv_head"],
+        settings.block_size,
+        m["n_embd"] // m["n_head"],
+    )
     rows += _guarded("sdpa", lambda: check_sdpa(settings.device, shape))
     outcome = _guarded("train", lambda: check_training(settings, work))  # (rows, module), or a FAIL row
     train_rows, trained = outcome if isinstance(outcome, tuple) else (outcome, None)
@@ -135,9 +141,7 @@ def _guarded(section: str, check):
         import traceback
 
         traceback.print_exc()
-        return [
-            Row(section, "FAIL", type(error).__name__, str(error).splitlines()[0][:100] if str(error) else "")
-        ]
+        return [Row(section, "FAIL", type(error).__name__, (str(error).splitlines() or [""])[0][:100])]
     print(f"[{section}: {time.perf_counter() - start:.0f} s]", file=sys.stderr)
     return result
 

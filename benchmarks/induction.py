@@ -161,7 +161,10 @@ def main() -> None:
     add("--min_period", type=int, default=8, help="shortest repeated segment in training")
     add("--max_period", type=int, default=32, help="longest repeated segment in training (<= (block+1)/2)")
     add(
-        "--eval_periods", type=_int_list, default=(8, 12, 16, 24, 32), help="comma-separated held-out periods"
+        "--eval_periods",
+        type=lambda text: tuple(map(int, text.split(","))),
+        default=(8, 12, 16, 24, 32),
+        help="comma-separated held-out periods",
     )
     add("--no_tile", dest="tile", action="store_false", help="repeat a segment once, not up to the row's end")
     add("--eval_batch", type=int, default=8, help="held-out sequences per evaluation period")
@@ -174,10 +177,6 @@ def main() -> None:
     if min(args.eval_periods) < 2 or 2 * max(args.eval_periods) > args.block_size:
         parser.error("need every --eval_periods value in [2, --block_size / 2]")
     run(args)
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split(","))
 
 
 if __name__ == "__main__":

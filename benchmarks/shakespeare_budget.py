@@ -144,18 +144,14 @@ def train_and_score(cli: GPTCLI, args: argparse.Namespace) -> None:
     if targeted:
         if not budget.evaluations or budget.evaluations[-1][1] != trainer.global_step:
             budget.evaluations.append((train_s, trainer.global_step, scores["nats_per_char"]))
-        report_target(budget, args)
-
-
-def report_target(budget: TimeBudget, args: argparse.Namespace) -> None:
-    print("evaluations (training s, step, val nats/char): " + ", ".join(
+        print("evaluations (training s, step, val nats/char): " + ", ".join(
         f"({s:.1f}, {step}, {nats:.4f})" for s, step, nats in budget.evaluations))  # fmt: skip
-    reached = budget.time_to_target()
-    if reached is None:
-        print(f"target {args.target_nats_per_char} nats/char: not reached in {args.budget_s:.0f} s")
-    else:
-        print(f"target {args.target_nats_per_char} nats/char: reached after {reached[0]:.1f} s of training "
-              f"(step {reached[1]}; evaluated every {args.eval_every_s} s)")  # fmt: skip
+        reached, target = budget.time_to_target(), f"target {args.target_nats_per_char} nats/char"
+        if reached is None:
+            print(f"{target}: not reached in {args.budget_s:.0f} s")
+        else:
+            print(f"{target}: reached after {reached[0]:.1f} s of training (step {reached[1]}; evaluated every "
+                  f"{args.eval_every_s} s)")  # fmt: skip
 
 
 def report(module, data, trainer, train_s: float, wall_s: float, scores: dict) -> None:

@@ -59,10 +59,7 @@ def write_corpus(folder: Path, size_mb: float) -> list[Path]:
             while written < target:
                 lengths = np.clip(rng.lognormal(7.6, 1.1, size=256), 20, 200_000).astype(int)
                 starts = rng.integers(0, len(base) - lengths.max(), size=len(lengths))
-                docs = [
-                    base[start : start + length].strip()
-                    for start, length in zip(starts, lengths, strict=True)
-                ]
+                docs = [base[s : s + n].strip() for s, n in zip(starts, lengths, strict=True)]
                 out.write("".join(json.dumps({"text": doc}) + "\n" for doc in docs))
                 written += sum(map(len, docs))
     return files
@@ -73,10 +70,9 @@ def read_documents(files: list[str]) -> list[str]:
 
 
 def _encode_share(bounds: tuple[int, int]) -> None:
+    docs, encode = _shared["docs"], _shared["backend"].encode_batch_fast
     for start in range(bounds[0], bounds[1], BATCH_DOCS):
-        _shared["backend"].encode_batch_fast(
-            _shared["docs"][start : min(bounds[1], start + BATCH_DOCS)], add_special_tokens=False
-        )
+        encode(docs[start : min(bounds[1], start + BATCH_DOCS)], add_special_tokens=False)
 
 
 def raw_rate(procs: int, tokenizer_file: str, files: list[str]) -> tuple[float, float]:
@@ -224,18 +220,13 @@ def main() -> None:
     add("--repeats", type=int, default=1, help="interleaved rounds; medians are reported")
     add("--vocab_size", type=int, default=32768, help="BPE vocab (gpt2-small's)")
     add("--part", choices=["a", "b", "both"], default="both", help="(a) prepare, (b) streaming")
-    add(
-        "--smoke",
-        action="store_true",
-        help="the tests' size (num_proc 1, 2 layers, blocks of 128, 1 s loads)",
-    )
+    add("--smoke", action="store_true", help="tests' size: num_proc 1, 2 layers, blocks of 128, 1 s loads")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tokenize-bench-") as folder_name:
         folder = Path(folder_name)
         # Fresh Hugging Face caches, so nothing an earlier run converted is found; offline like the tests.
-        os.environ.update(
-            HF_HOME=str(folder / "hf"), HF_DATASETS_CACHE=str(folder / "hf" / "datasets"), HF_HUB_OFFLINE="1"
-        )
+        hf = folder / "hf"
+        os.environ.update(HF_HOME=str(hf), HF_DATASETS_CACHE=str(hf / "datasets"), HF_HUB_OFFLINE="1")
         from data.tokenizer import Tokenizer
 
         start = time.perf_counter()

@@ -72,16 +72,6 @@ def run_bare(module: LitGPT, tokens: np.ndarray, args: argparse.Namespace) -> tu
     return times, losses
 
 
-def quiet_lightning() -> None:
-    # Lightning's banner ("GPU available", ...) and its advice to add DataLoader workers would bury the table;
-    # both sides read batches in the main process, so the advice does not change the comparison.
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-    warnings.filterwarnings("ignore", message=".*no `val_dataloader`.*")  # validation is off on purpose
-    warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # Lightning's own deprecation, not ours
-
-
 def measure(args: argparse.Namespace) -> dict[str, list[tuple[float, list[float], float]]]:
     """Alternating rounds: per side a list of (tokens/s, losses, minor page faults per step)."""
     tokens = np.random.default_rng(args.seed).integers(
@@ -154,7 +144,13 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if not args.default_allocator:
         retain_freed_memory()
-    quiet_lightning()
+    # Lightning's banner ("GPU available", ...) and its advice to add DataLoader workers would bury the table;
+    # both sides read batches in the main process, so the advice does not change the comparison.
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*no `val_dataloader`.*")  # validation is off on purpose
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # Lightning's own deprecation, not ours
     report(measure(args), args)
 
 
