@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import time
 
 import torch
@@ -68,7 +69,7 @@ def evaluate(model: GPT, args: argparse.Namespace) -> dict:
         results.append((*copy_losses(model, repeated, period), stats["induction"]))
     model.train()
     firsts, seconds, inductions = zip(*results, strict=True)
-    return {"first": sum(firsts) / len(firsts), "second": sum(seconds) / len(seconds),
+    return {"first": statistics.mean(firsts), "second": statistics.mean(seconds),
             "induction": torch.stack(inductions).mean(dim=0), "previous": stats["previous_token"]}  # fmt: skip
 
 
@@ -77,11 +78,8 @@ def _generator(seed: int) -> torch.Generator:
 
 
 def format_row(step: int, elapsed: float, train_loss: float, result: dict) -> str:
-    cells = [
-        f"{step:6d}",
-        f"{elapsed:6.1f}",
-        *(f"{x:6.3f}" for x in (train_loss, result["first"], result["second"])),
-    ]
+    cells = [f"{step:6d}", f"{elapsed:6.1f}", f"{train_loss:6.3f}"]
+    cells += [f"{result['first']:6.3f}", f"{result['second']:6.3f}"]
     for name in ("induction", "previous"):
         best, head = result[name].max(dim=1)  # (L,), best head per layer
         cells += [f"{score:.2f}(h{h})" for score, h in zip(best.tolist(), head.tolist(), strict=True)]
