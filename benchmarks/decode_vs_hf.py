@@ -72,7 +72,7 @@ def probe_runs(side: str, probe: Path, gguf: Path) -> bool:
     return True
 
 
-def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, probe, blocks: GPT | None) -> bool:  # fmt: skip
+def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, probe, blocks: GPT | None) -> bool:
     """Print one model's speeds and MBU for each side, with ratios to transformers' default and to llama.cpp on
     the same file; return whether our sides and transformers made the same tokens. `llamacpp` maps a side's name
     to the GGUF the probe runs; `blocks`, the model with its GGUF matrices kept in their blocks, adds Q4_1 sides."""
@@ -94,12 +94,16 @@ def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, probe, blocks:
             p, attention_mask=torch.ones_like(p), do_sample=False, max_new_tokens=n, min_new_tokens=n, **extra
         )
 
-    sides = {"ours": ours(model), "transformers": theirs(), "ours Q4_1": blocks and ours(blocks)}
-    if not args.no_compile:
-        sides["ours compiled"] = ours(model, compile=True)
-        sides["ours Q4_1 compiled"] = blocks and ours(blocks, compile=True)
-        sides["hf static+compile"] = name != "smollm2" and theirs(**static)
-    sides = {side: run for side, run in sides.items() if run}
+    sides, compiled = (
+        {"ours": ours(model), "transformers": theirs()},
+        {"ours compiled": ours(model, compile=True)},
+    )
+    if blocks is not None:
+        sides["ours Q4_1"] = ours(blocks)
+        compiled["ours Q4_1 compiled"] = ours(blocks, compile=True)
+    if name != "smollm2":
+        compiled["hf static+compile"] = theirs(**static)
+    sides |= {} if args.no_compile else compiled
     outputs: dict = {}
 
     def probe_run(side: str, p: torch.Tensor, n: int):
@@ -117,9 +121,11 @@ def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, probe, blocks:
         cases = [(prompt, new_tokens), (prompt, 1)]
         cases += [] if "compile" in side else [(random_prompt(model.config, args.prefill_len), 1)]
         for p, n in cases:
-            key, run = (side, p.shape[1], n), sides.get(side)
-            timed = wall_seconds(lambda r=run, p=p, n=n: r(p, n), outputs, key) if run else None
-            runs[key] = timed or probe_run(side, p, n)
+            key = (side, p.shape[1], n)
+            if side in sides:
+                runs[key] = wall_seconds(lambda r=sides[side], p=p, n=n: r(p, n), outputs, key)
+            else:
+                runs[key] = probe_run(side, p, n)
     # The read bandwidth is measured in every round, between the decoding runs, and the best round counts: a
     # reading swings by 2x on a shared machine, and a dip would flatter the MBU.
     readings: list[float] = []
