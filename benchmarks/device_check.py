@@ -6,8 +6,8 @@
 Checks: sdpa (the model's attention forward and backward in bf16 under each fused backend alone, so a silent
 fallback to the math kernel fails), train (the config through Lightning, bf16-mixed and compiled: tokens/s, MFU,
 peak memory against training/memory.py's estimate, the attention kernels profiled, the loss falling), decode
-(`generate` with the KV cache on the trained weights, eager and compiled: tokens/s and MBU) and resume (stopped at step 3 and
-resumed equals a straight run, bit for bit).
+(`generate` with the KV cache on the trained weights, eager and compiled: tokens/s and MBU) and resume (stopped
+at step 3 and resumed equals a straight run, bit for bit).
 """
 
 from __future__ import annotations
