@@ -3,9 +3,9 @@
     python -m benchmarks.attention                      # B=1, H=8, D=64, MHA, T = 512 .. 4096
     python -m benchmarks.attention --n_kv_head 2        # GQA
 
-fp32 on the CPU, under no_grad. Each measurement runs in a fresh Python process, so no path's freed memory can
-hide another's allocations. Peak memory is the growth of the resident set over one call (torch's CPU allocations
-are invisible to `tracemalloc`); time is the median of `--repeats` further calls.
+fp32 on the CPU, under no_grad, each measurement in a fresh process (no path's freed memory hides another's
+allocations). Peak memory is the resident set's growth over one call (`tracemalloc` misses torch's allocations);
+time is the median of `--repeats` further calls.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import multiprocessing
 import resource
 import statistics
 import sys
-import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
 
 from benchmarks import new_parser
+from generation.timing import wall_seconds
 from model.attention import explicit_attention, sdpa_attention
 from model.flash_reference import flash_attention
 
@@ -34,22 +34,18 @@ MIB = 2**20
 
 
 def random_qkv(t: int, n_head: int, n_kv_head: int, head_dim: int) -> tuple[torch.Tensor, ...]:
-    """q (1, H, T, D), k and v (1, Hkv, T, D)."""
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(0)  # q (1, H, T, D), k and v (1, Hkv, T, D)
     return tuple(torch.randn(1, heads, t, head_dim, generator=g) for heads in (n_head, n_kv_head, n_kv_head))
 
 
 def _status_bytes(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024  # reported in kB
-    raise RuntimeError(f"/proc/self/status has no {field}")
+    status = Path("/proc/self/status").read_text()
+    return int(status.split(f"\n{field}:")[1].split()[0]) * 1024  # reported in kB
 
 
 def peak_growth(call) -> int:
     """Bytes the resident set grows by at its peak during call(): VmHWM - VmRSS after resetting the high-water
-    mark; where it cannot be reset (not Linux), the growth of ru_maxrss, which under-reports a peak below the
-    import-time one."""
+    mark; where it cannot be reset (not Linux), ru_maxrss's growth, blind to a peak below the import-time one."""
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:
@@ -70,12 +66,8 @@ def measure(path: str, t: int, args: argparse.Namespace) -> dict[str, float]:
         fn(*random_qkv(16, *shape))  # one-time library set-up, not billed to the path
         q, k, v = random_qkv(t, *shape)
         peak = peak_growth(lambda: fn(q, k, v))
-        times = []
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            fn(q, k, v)
-            times.append(time.perf_counter() - start)
-    return {"time_s": statistics.median(times), "peak_bytes": peak}
+        time_s = statistics.median(wall_seconds(lambda: fn(q, k, v))() for _ in range(args.repeats))
+    return {"time_s": time_s, "peak_bytes": peak}
 
 
 def print_table(rows: list[dict], args: argparse.Namespace) -> None:

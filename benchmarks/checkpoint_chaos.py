@@ -4,11 +4,10 @@
     python -m benchmarks.checkpoint_chaos --kills 5 --stall_rounds 0   # a quick look, no stall measurement
 
 Chaos: a worker (this module with --worker: a small GPT on tiny Shakespeare, a checkpoint every step, every other
-segment saving asynchronously) is SIGKILLed at a random moment after its first new checkpoint and resumed, M
-times, then runs to the end, with TMPDIR on /dev/shm where available. Printed: kills survived, temp files swept,
-bytes left behind, and whether the final weights equal an uninterrupted run's, bit for bit.
-Stall: how long `save_checkpoint` blocks the training thread for a ~100M-parameter GPT with AdamW state, sync
-against async (median ms per save).
+segment saving asynchronously, TMPDIR on /dev/shm where available) is SIGKILLed at a random moment after its first
+new checkpoint and resumed, M times, then runs to the end. Printed: kills survived, temp files swept, bytes left
+behind, and whether the final weights equal an uninterrupted run's, bit for bit. Stall: how long `save_checkpoint`
+blocks the training thread for a ~100M-parameter GPT with AdamW state, sync against async (median ms per save).
 """
 
 from __future__ import annotations
@@ -31,11 +30,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def worker_main(args: argparse.Namespace) -> None:
-    """One training segment (the process the chaos part kills)."""
     import lightning as L
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
 
+    from benchmarks.lightning_checks import QUIET_TRAINER
     from checkpoints.run_lock import own_run_dir
     from checkpoints.settings import checkpoint_io, resolve_ckpt_path
     from data.datamodule import TINY_SHAKESPEARE, TextDataModule
@@ -47,16 +46,14 @@ def worker_main(args: argparse.Namespace) -> None:
     ckpt_path = resolve_ckpt_path(checkpoints, "last" if args.resume else None)
     print(f"resuming from: {ckpt_path}", file=sys.stderr, flush=True)
     trainer = L.Trainer(
-        default_root_dir=run_dir, max_steps=args.steps, max_epochs=-1, accelerator="cpu", devices=1,
-        logger=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-        num_sanity_val_steps=0, gradient_clip_val=1.0, plugins=[checkpoint_io(2, args.async_save)],
+        default_root_dir=run_dir, max_steps=args.steps, accelerator="cpu", plugins=[checkpoint_io(2, args.async_save)],
         callbacks=[ModelCheckpoint(dirpath=checkpoints, save_last=True, every_n_train_steps=1, save_top_k=0,
-                                   enable_version_counter=False), LastCheckpoint()],
+                                   enable_version_counter=False), LastCheckpoint()], **QUIET_TRAINER,
     )  # fmt: skip
     sizes = {"vocab_size": 384, "block_size": 32}
-    loading = {"batch_size": 8, "num_workers": args.workers}
+    corpus = args.corpus or str(TINY_SHAKESPEARE)
     data = TextDataModule(
-        data_files=args.corpus or str(TINY_SHAKESPEARE), cache_dir=args.cache, **sizes, **loading
+        data_files=corpus, cache_dir=args.cache, batch_size=8, num_workers=args.workers, **sizes
     )
     torch.manual_seed(0)  # the same initial weights in every segment
     shape = {"n_layer": args.n_layer, "n_head": 4, "n_kv_head": 2, "n_embd": args.n_embd}
@@ -74,13 +71,7 @@ def worker_command(args: argparse.Namespace, run_dir: Path, *flags: str) -> list
 def newest_step(checkpoints: Path) -> int:
     from checkpoints.run_dir import step_files
 
-    files = step_files(checkpoints)
-    return max(files) if files else -1
-
-
-def resumed_cleanly(output: str) -> bool:
-    """A start after a kill resumed from a checkpoint, with no fallback warning and no error."""
-    return "resuming from: None" not in output and "warning" not in output and "Traceback" not in output
+    return max(step_files(checkpoints), default=-1)
 
 
 def chaos(args: argparse.Namespace, work: Path, env: dict) -> None:
@@ -119,8 +110,10 @@ def chaos(args: argparse.Namespace, work: Path, env: dict) -> None:
     if same:
         ours, theirs = torch.load(run_dir / "final.pt"), torch.load(straight / "final.pt")
         same = ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-    # Start k + 1 tells whether kill k was survived.
-    survived = sum(resumed_cleanly(text) for text in outputs[1:])
+    # Kill k was survived when start k + 1 resumed from a checkpoint, with no fallback warning and no error.
+    survived = sum(
+        not any(s in text for s in ("resuming from: None", "warning", "Traceback")) for text in outputs[1:]
+    )
     left = [p for p in run_dir.rglob("*") if ".partial-" in p.name]
     in_tmpdir = [p for p in Path(env["TMPDIR"]).rglob("*") if p.is_file()]
     left_bytes = sum(p.stat().st_size for p in left + in_tmpdir)
@@ -133,8 +126,8 @@ def chaos(args: argparse.Namespace, work: Path, env: dict) -> None:
 
 
 def stall(args: argparse.Namespace, work: Path) -> None:
-    """Median ms the training thread is blocked per save, sync vs async rounds interleaved, a training step
-    between saves (an async save waits for the previous one if it is still writing)."""
+    """Median ms the training thread is blocked per save, sync and async rounds interleaved, a training step
+    between saves (an async save waits for a previous one still writing)."""
     import torch
 
     from checkpoints.settings import checkpoint_io
@@ -160,11 +153,8 @@ def stall(args: argparse.Namespace, work: Path) -> None:
     for round_ in range(args.stall_rounds):
         for mode, io in ios.items():
             for save in range(2):  # the second async save may wait for the first: that wait is stall too
-                checkpoint = {
-                    "state_dict": model.state_dict(),
-                    "optimizer_states": [optimizer.state_dict()],
-                    "global_step": round_ * 2 + save,
-                }
+                state = {"state_dict": model.state_dict(), "optimizer_states": [optimizer.state_dict()]}
+                checkpoint = state | {"global_step": round_ * 2 + save}
                 start = time.perf_counter()
                 io.save_checkpoint(checkpoint, work / f"stall-{mode}" / "last.ckpt")
                 stalls[mode].append(time.perf_counter() - start)

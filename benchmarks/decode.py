@@ -2,10 +2,10 @@
 
     python -m benchmarks.decode                          # 1024-context model: cached vs recompute vs compiled
     python -m benchmarks.decode --batches 1 8 32         # tokens/s at batch 1, 8 and 32, one cache each
-    python -m benchmarks.decode --gpu                    # the GPU check: compiled decode of a 124 M model, bf16
 
 Greedy, prompt 64, 512 new, fp32 on the CPU (or --device); target: a cached path >= 10x recompute. A trained
-checkpoint is measured by `python generate.py --checkpoint <ckpt> --benchmark --no_cache`.
+checkpoint is measured by `python generate.py --checkpoint <ckpt> --benchmark --no_cache`; the GPU's compiled bf16
+decode and its MBU by benchmarks.device_check.
 """
 
 from __future__ import annotations
@@ -13,15 +13,14 @@ from __future__ import annotations
 import torch
 
 from benchmarks import new_parser
-from generation.speed import timed_decode
+from generation.speed import report_decode_speed
 from generation.timing import alternate_medians, wall_seconds
 from model import GPT, ModelConfig
 
 SMALL_1024 = ModelConfig(vocab_size=1024, block_size=1024, n_layer=4, n_head=8, n_kv_head=2, n_embd=256)
-# The 124 M shape of configs/gpt2-small.yaml (tests/training/test_flops.py checks it against the YAML), for the
-# GPU check and the FLOP and memory tests.
+# The 124 M shape of configs/gpt2-small.yaml (tests/training/test_flops.py checks it against the YAML).
 GPT2_SMALL = ModelConfig(vocab_size=32768, block_size=1024, n_layer=12, n_head=12, n_kv_head=4, n_embd=768)
-# The random models of benchmarks.decode_vs_hf (all) and decode_vs_llamacpp (small and large).
+# The random models of benchmarks.decode_vs_hf.
 DECODE_CONFIGS = {
     "small": ModelConfig(vocab_size=1024, block_size=512, n_layer=4, n_head=8, n_kv_head=2, n_embd=256),
     "large": ModelConfig(vocab_size=1024, block_size=512, n_layer=12, n_head=12, n_kv_head=4, n_embd=768),
@@ -42,20 +41,9 @@ def random_prompt(config: ModelConfig, length: int) -> torch.Tensor:
     return torch.randint(config.vocab_size, (1, length), generator=torch.Generator().manual_seed(1))
 
 
-def compare_paths(
-    model: GPT, prompt: torch.Tensor, new_tokens: int, repeats: int, paths: dict
-) -> dict[str, float]:
-    """Median decode tokens/s of each path (name -> generate kwargs), the paths alternating in every round."""
-    runs = {
-        name: (lambda kwargs=kwargs: timed_decode(model, prompt, new_tokens + 1, **kwargs)[1])
-        for name, kwargs in paths.items()
-    }
-    return alternate_medians(runs, repeats)
-
-
-def read_bandwidth(device: torch.device, megabytes: int = 512) -> float:
+def read_bandwidth(device: torch.device) -> float:
     """Bytes/s of the device reading a large tensor once (a sum), median of 5: the bandwidth a decode can use."""
-    data = torch.ones(megabytes * 2**20 // 4, device=device)
+    data = torch.ones((2048 if device.type == "cuda" else 512) * 2**18, device=device)  # MiB of float32
     return data.nbytes / alternate_medians({"read": wall_seconds(lambda: data.sum().item())}, 5)["read"]
 
 
@@ -71,61 +59,33 @@ def bytes_per_token(model: GPT, context: int) -> int:
     )
 
 
-def gpu_decode_report(new_tokens: int = 256, prompt_len: int = 64, device: str = "cuda") -> dict[str, float]:
-    """The GPU check: compiled (CUDA graph) vs eager decode of a 124 M model in bf16, tok/s and MBU (bytes read
-    per token, weights + cache at the mean context, x tokens/s / the read bandwidth measured here)."""
-    model = random_model(GPT2_SMALL, device).to(torch.bfloat16)
-    prompt = torch.randint(0, GPT2_SMALL.vocab_size, (1, prompt_len), device=device)
-    tps = compare_paths(model, prompt, new_tokens, 3, {"eager": {}, "compiled": {"compile": True}})
-    bandwidth = read_bandwidth(torch.device(device), 2048)
-    per_token = bytes_per_token(model, prompt_len + new_tokens // 2)
-    report = {"eager_tok_s": tps["eager"], "compiled_tok_s": tps["compiled"], "read_gb_s": bandwidth / 1e9}
-    report["bytes_per_token"] = per_token
-    report |= {f"{side}_mbu": per_token * tps[side] / bandwidth for side in ("compiled", "eager")}
-    for key, value in report.items():
-        print(f"{key:>16}: {value:,.3f}")
-    return report
-
-
 def main() -> None:
     parser = new_parser(__doc__)
     add = parser.add_argument
     add("--batches", type=int, nargs="+", help="report tokens/s at these batch sizes instead")
-    add("--gpu", action="store_true", help="run the GPU check (124 M model, bf16, compiled)")
     add("--no_compile", action="store_true", help="skip the compiled path (its compile is slow)")
     add("--prompt_len", type=int, default=64, help="prompt tokens (random ids)")
     add("--new_tokens", type=int, default=512, help="tokens decoded per run")
     add("--repeats", type=int, default=3, help="timed rounds after a warm-up; medians")
     add("--device", default="cpu", help="torch device of the model and cache")
     args = parser.parse_args()
-    if args.gpu:
-        gpu_decode_report(args.new_tokens, args.prompt_len)
-        return
-    model = random_model(SMALL_1024, args.device)
-    compiled = {} if args.no_compile else {"compiled": {"compile": True}}
-
-    def tokens_per_s(batch: int, paths: dict) -> dict[str, float]:
-        prompt = torch.randint(0, SMALL_1024.vocab_size, (batch, args.prompt_len), device=args.device)
-        return compare_paths(model, prompt, args.new_tokens, args.repeats, paths | compiled)
-
-    threads = torch.get_num_threads()
-    if args.batches:  # one cache holds every sequence; tokens/s summed over the batch
-        print(f"batch throughput, {threads} threads, prompt {args.prompt_len}, {args.new_tokens} new")
-        for batch in args.batches:
-            tps = tokens_per_s(batch, {"cached": {}})
+    model, c = random_model(SMALL_1024, args.device), SMALL_1024
+    print(f"model: {c.n_layer} layers, {c.n_embd} wide, {c.n_head}/{c.n_kv_head} heads, block_size {c.block_size}; "
+          f"{torch.get_num_threads()} threads; prompt {args.prompt_len}, {args.new_tokens} new")  # fmt: skip
+    speeds = {}
+    for batch in args.batches or [1]:  # one cache holds a batch's sequences; tokens/s summed over them
+        prompt = torch.randint(0, c.vocab_size, (batch, args.prompt_len), device=args.device)
+        speeds[batch] = report_decode_speed(model, prompt, args.new_tokens, compile=not args.no_compile,
+                                            with_recompute=not args.batches, repeats=args.repeats)  # fmt: skip
+    if args.batches:
+        for batch, tps in speeds.items():
             print(
                 f"batch {batch:>3}: "
                 + ", ".join(f"{name} {value:9.1f} tokens/s" for name, value in tps.items())
             )
         return
-    tps = tokens_per_s(1, {"cached": {}, "no cache": {"use_cache": False}})
-    c = SMALL_1024
-    print(
-        f"model: {c.n_layer} layers, {c.n_embd} wide, {c.n_head}/{c.n_kv_head} heads, block_size {c.block_size}; "
-        f"{threads} threads; prompt {args.prompt_len}, {args.new_tokens} new, median of {args.repeats}"
-    )
-    for name, value in tps.items():
-        print(f"{name:>9}: {value:9.1f} tokens/s  ({value / tps['no cache']:5.1f}x recompute)")
+    for name, value in speeds[1].items():
+        print(f"{name:>9}: {value:9.1f} tokens/s  ({value / speeds[1]['no_cache']:5.1f}x recompute)")
     print("target: a cached path >= 10x recompute (the eager one is the readable reference)")
 
 

@@ -1,21 +1,24 @@
-"""Greedy decoding speed: our `generate` against transformers' `generate` on the same exported weights.
+"""Greedy decoding speed: ours against transformers' `generate` and llama.cpp on the same weights.
 
-Run from the repository root (needs the `hf` extra):
+Run from the repository root (needs the `hf` extra; llama.cpp sides once tools/llamacpp/build.sh has built it):
 
     python -m benchmarks.decode_vs_hf                   # the random configs; prompt 64, 256 new (large32k: 512, 128)
-    python -m benchmarks.decode_vs_hf --configs small --repeats 5 --threads 1 --no_compile
+    python -m benchmarks.decode_vs_hf --configs small --repeats 5 --threads 2 --no_compile
     python -m benchmarks.decode_vs_hf --configs smollm2 --repeats 2   # SmolLM2-135M, 64 new (compile: minutes)
 
-Batch 1, fp32, CPU; every side runs the weights `export_hf` wrote. Sides: our eager and compiled `generate`,
-transformers' default (dynamic cache) and its static cache + `torch.compile` (not for smollm2: too slow to
-compile). smollm2 adds our compiled step on the file's Q4_1 blocks and, when built, llama.cpp's probe on the
-shipped file and on our f32 export. Each side also runs with one new token, its prefill: decode tok/s is
-(new - 1) / (time - prefill). MBU = bytes a step reads x decode tok/s / the best read bandwidth of the rounds.
+Batch 1, fp32 activations and cache, CPU, one thread count on every side. Sides: our eager and compiled `generate`
+and transformers' default and static cache + `torch.compile` (not for smollm2: too slow to compile) on the weights
+`export_hf` wrote; llama.cpp's probe on our f32 GGUF export. smollm2 adds ours on the file's Q4_1 blocks and
+llama.cpp on the shipped file. Each side also runs with one new token, its prefill: decode tok/s is
+(new - 1) / (time - prefill); llama.cpp times its own passes, leaving out its load. The eager sides also prefill a
+--prefill_len prompt alone (llama-bench's pp512). MBU = bytes a step reads x decode tok/s / the best read
+bandwidth of the rounds. Sides alternate within every round; medians.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import subprocess
 import sys
@@ -28,9 +31,10 @@ from benchmarks import new_parser
 from benchmarks.decode import DECODE_CONFIGS, bytes_per_token, random_model, random_prompt, read_bandwidth
 from benchmarks.external import built_probe, run_probe, smollm2_models
 from common.errors import run_command
-from common.tokens import EOS_TOKEN
+from data.datamodule import TINY_SHAKESPEARE
 from data.tokenizer import Tokenizer
 from generation.timing import alternate_medians, wall_seconds
+from interop.export_gguf import export_gguf
 from interop.export_hf import export_hf
 from model import GPT, generate
 
@@ -40,14 +44,11 @@ TARGET_RATIO = {"small": 3.0, "large": 1.2, "large32k": 1.5, "smollm2": 1.5}
 LENGTHS = {"large32k": (512, 128), "smollm2": (64, 64)}
 
 
-def minimal_tokenizer() -> Tokenizer:
-    """A tokenizer that only knows `<|endoftext|>`: the benchmark feeds token ids, never text."""
-    from tokenizers import Tokenizer as BackendTokenizer
-    from tokenizers import models
-
-    backend = BackendTokenizer(models.BPE())
-    backend.add_special_tokens([EOS_TOKEN])
-    return Tokenizer.from_json(backend.to_str())
+@functools.cache
+def shakespeare_bpe() -> Tokenizer:
+    """A real byte-level BPE, as the GGUF export needs one; the benchmark itself feeds token ids."""
+    text = TINY_SHAKESPEARE.read_text(encoding="utf-8")[:300_000]
+    return Tokenizer.train([text[i : i + 2000] for i in range(0, len(text), 2000)], 1024, show_progress=False)
 
 
 def hf_twin(model: GPT, tokenizer: Tokenizer):
@@ -71,58 +72,60 @@ def probe_runs(side: str, probe: Path, gguf: Path) -> bool:
     return True
 
 
-def bench_config(
-    name: str, model: GPT, hf, args: argparse.Namespace, llamacpp: dict, probe=None, blocks: GPT | None = None
-) -> bool:
-    """Print one model's tokens/s and MBU for each side and the ratios against transformers' default; return
-    whether ours and transformers made the same tokens. `llamacpp` maps a side's name to the GGUF the probe
-    runs; `blocks`, the same model with its GGUF matrices kept in their blocks, adds a compiled side."""
+def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, probe, blocks: GPT | None) -> bool:
+    """Print one model's speeds and MBU for each side, with ratios to transformers' default and to llama.cpp on
+    the same file; return whether our sides and transformers made the same tokens. `llamacpp` maps a side's name
+    to the GGUF the probe runs; `blocks`, the model with its GGUF matrices kept in their blocks, adds Q4_1 sides."""
     from transformers.generation import CompileConfig
 
     prompt_len, new_tokens = LENGTHS.get(name, (64, 256))
     prompt_len, new_tokens = args.prompt_len or prompt_len, args.new_tokens or new_tokens
-    prompt = random_prompt(model.config, prompt_len)
+    prompt, threads = random_prompt(model.config, prompt_len), torch.get_num_threads()
     # transformers compiles its static-cache decode step only on accelerators unless told to compile everywhere.
     compile_config = CompileConfig(fullgraph=True)
     compile_config._compile_all_devices = True
     static = {"cache_implementation": "static", "compile_config": compile_config}
 
-    def theirs(n: int, **extra):  # the pad token is export_hf's, in the generation config
-        mask = torch.ones_like(prompt)
-        return lambda: hf.generate(
-            prompt, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n, **extra
+    def ours(m: GPT, **kwargs):
+        return lambda p, n: generate(m, p, n, temperature=0, **kwargs)
+
+    def theirs(**extra):  # the pad token is export_hf's, in the generation config
+        return lambda p, n: hf.generate(
+            p, attention_mask=torch.ones_like(p), do_sample=False, max_new_tokens=n, min_new_tokens=n, **extra
         )
 
-    def sides(n: int) -> dict:
-        runs = {"ours": lambda: generate(model, prompt, n, temperature=0), "transformers": theirs(n)}
-        if not args.no_compile:
-            runs["ours compiled"] = lambda: generate(model, prompt, n, temperature=0, compile=True)
-            if blocks is not None:
-                runs["ours Q4_1 compiled"] = lambda: generate(blocks, prompt, n, temperature=0, compile=True)
-            if name != "smollm2":
-                runs["hf static+compile"] = theirs(n, **static)
-        return runs
-
-    # Each side also runs with one new token: its prefill alone. Decoding speed is then the other tokens over the
-    # difference, the same way on every side.
+    sides, compiled = (
+        {"ours": ours(model), "transformers": theirs()},
+        {"ours compiled": ours(model, compile=True)},
+    )
+    if blocks is not None:
+        sides["ours Q4_1"] = ours(blocks)
+        compiled["ours Q4_1 compiled"] = ours(blocks, compile=True)
+    if name != "smollm2":
+        compiled["hf static+compile"] = theirs(**static)
+    sides |= {} if args.no_compile else compiled
     outputs: dict = {}
-    runs = {
-        (side, n): wall_seconds(run, outputs, (side, n))
-        for n in (new_tokens, 1)
-        for side, run in sides(n).items()
-    }
 
-    threads = torch.get_num_threads()
-
-    def probe_run(side: str, n: int):
+    def probe_run(side: str, p: torch.Tensor, n: int):
         def run() -> float:  # the seconds the probe reports for its prompt pass and n - 1 steps
-            ids, prefill_s, decode_s = run_probe(probe, llamacpp[side], prompt[0].tolist(), n, threads)
-            outputs[(side, n)] = torch.cat([prompt, torch.tensor([ids])], dim=1)
+            ids, prefill_s, decode_s = run_probe(probe, llamacpp[side], p[0].tolist(), n, threads)
+            outputs[(side, p.shape[1], n)] = torch.cat([p, torch.tensor([ids])], dim=1)
             return prefill_s + decode_s
 
         return run
 
-    runs |= {(side, n): probe_run(side, n) for side in llamacpp for n in (new_tokens, 1)}
+    # Each side also runs with one new token: its prefill alone. Decoding speed is then the other tokens over the
+    # difference, the same way on every side. The compiled sides prefill eagerly: no pp run of their own.
+    runs = {}
+    for side in [*sides, *llamacpp]:
+        cases = [(prompt, new_tokens), (prompt, 1)]
+        cases += [] if "compile" in side else [(random_prompt(model.config, args.prefill_len), 1)]
+        for p, n in cases:
+            key = (side, p.shape[1], n)
+            if side in sides:
+                runs[key] = wall_seconds(lambda r=sides[side], p=p, n=n: r(p, n), outputs, key)
+            else:
+                runs[key] = probe_run(side, p, n)
     # The read bandwidth is measured in every round, between the decoding runs, and the best round counts: a
     # reading swings by 2x on a shared machine, and a dip would flatter the MBU.
     readings: list[float] = []
@@ -134,51 +137,56 @@ def bench_config(
     runs["read"] = read_round
     with torch.inference_mode():
         seconds = alternate_medians(runs, args.repeats)
-    names, bandwidth = [*sides(1), *llamacpp], max(readings)
-    same = {side: torch.equal(outputs[(side, new_tokens)], outputs[("ours", new_tokens)]) for side in names}
+    names, bandwidth = [*sides, *llamacpp], max(readings)
+    full = {side: outputs[(side, prompt_len, new_tokens)] for side in names}
+    same = {side: torch.equal(full[side], full["ours"]) for side in names}
     context = prompt_len + new_tokens // 2
-    per_token = {side: bytes_per_token(model, context) for side in names}
-    if blocks is not None:
-        per_token["ours Q4_1 compiled"] = bytes_per_token(blocks, context)
+    per_token = {side: bytes_per_token(blocks if "Q4_1" in side else model, context) for side in sides}
     for side, gguf in llamacpp.items():  # llama.cpp reads each weight as its file stores it (Q4_1: 1/6)
-        per_token[side] += gguf.stat().st_size - bytes_per_token(model, 0)
+        per_token[side] = per_token["ours"] + gguf.stat().st_size - bytes_per_token(model, 0)
     c = model.config
-    print(
-        f"{name}: {c.n_layer}L {c.n_embd}C {c.n_head}H/{c.n_kv_head}kv V={c.vocab_size} "
-        f"{model.num_params() / 1e6:.1f}M, prompt {prompt_len}, {new_tokens} new, {per_token['ours'] / 1e6:.0f} MB read "
-        f"per token, read bandwidth {bandwidth / 1e9:.1f} GB/s, load average {os.getloadavg()[0]:.1f}"
-    )
-    total = {side: seconds[(side, new_tokens)] for side in names}
-    decode = {side: (new_tokens - 1) / (total[side] - seconds[(side, 1)]) for side in names}
-    for side in names:
-        print(
-            f"  {side:<18} {new_tokens / total[side]:8.2f} tok/s {total['transformers'] / total[side]:5.2f}x "
-            f"transformers | prefill {1000 * seconds[(side, 1)]:7.1f} ms | decode {decode[side]:7.2f} tok/s "
-            f"{decode[side] / decode['transformers']:5.2f}x, MBU {per_token[side] * decode[side] / bandwidth:6.1%} | "
-            f"same tokens as ours: {same[side]}"
-        )  # the first tok/s counts the prefill too, alike on every side
+    print(f"{name}: {c.n_layer}L {c.n_embd}C {c.n_head}H/{c.n_kv_head}kv V={c.vocab_size} {model.num_params() / 1e6:.1f}M, "
+          f"prompt {prompt_len}, {new_tokens} new, {per_token['ours'] / 1e6:.0f} MB read per token, read bandwidth "
+          f"{bandwidth / 1e9:.1f} GB/s, load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+    total = {side: seconds[(side, prompt_len, new_tokens)] for side in names}
+    decode = {side: (new_tokens - 1) / (total[side] - seconds[(side, prompt_len, 1)]) for side in names}
+    pp = {
+        side: args.prefill_len / seconds[key]
+        for side in names
+        if (key := (side, args.prefill_len, 1)) in seconds
+    }
+
+    def vs_llamacpp(values: dict, side: str) -> str:  # ours against llama.cpp on the same file
+        twin = "llama.cpp Q4_1" if "Q4_1" in side else "llama.cpp f32"
+        ours = side.startswith("ours") and twin in values
+        return f" ({values[side] / values[twin]:4.2f}x llama.cpp)" if ours else ""
+
+    for side in names:  # the first tok/s counts the prefill too, alike on every side
+        pp_text = (
+            f" | pp{args.prefill_len} {pp[side]:7.0f} tok/s{vs_llamacpp(pp, side)}" if side in pp else ""
+        )
+        print(f"  {side:<18} {new_tokens / total[side]:8.2f} tok/s {total['transformers'] / total[side]:5.2f}x "
+              f"transformers | prefill {1000 * seconds[(side, prompt_len, 1)]:7.1f} ms | decode {decode[side]:7.2f} "
+              f"tok/s {decode[side] / decode['transformers']:5.2f}x{vs_llamacpp(decode, side)}, MBU "
+              f"{per_token[side] * decode[side] / bandwidth:6.1%}{pp_text} | same tokens as ours: {same[side]}")  # fmt: skip
     best = max((side for side in total if side.startswith("ours")), key=lambda side: decode[side])
     print(f"  target: ours >= {TARGET_RATIO[name]}x transformers; got {total['transformers'] / total[best]:.2f}x "
           f"end to end, {decode[best] / decode['transformers']:.2f}x decoding ({best})")  # fmt: skip
-    return all(same[side] for side in sides(1))
+    return all(same[side] for side in sides)
 
 
-def run_config(name: str, args: argparse.Namespace) -> bool:
-    """Build one config's models (and llama.cpp's files for smollm2), run it; whether the tokens agreed."""
-    if name != "smollm2":
-        model = random_model(DECODE_CONFIGS[name])
-        return bench_config(name, model, hf_twin(model, minimal_tokenizer()), args, {})
-    probe = built_probe()
-    if probe is None:
-        print("  llama.cpp: skipped, its probe is not built (tools/llamacpp/build.sh builds it, minutes)")
+def run_config(name: str, args: argparse.Namespace, probe: Path | None) -> bool:
+    """Build one config's models and llama.cpp's files (in a temporary folder), run it; whether the tokens agreed."""
     with tempfile.TemporaryDirectory() as tmp:
-        loaded, blocks, f32, shipped = smollm2_models(Path(tmp))
-        files = {"llama.cpp Q4_1": shipped, "llama.cpp f32": f32} if probe else {}
+        if name == "smollm2":
+            loaded, blocks, f32, shipped = smollm2_models(Path(tmp))
+            model, tokenizer, files = loaded.model, loaded.tokenizer, {"llama.cpp Q4_1": shipped}
+        else:
+            model, tokenizer, blocks, files = random_model(DECODE_CONFIGS[name]), shakespeare_bpe(), None, {}
+            f32 = export_gguf(model, tokenizer, Path(tmp) / f"{name}.gguf") if probe else None
+        files = {"llama.cpp f32": f32, **files} if probe else {}
         llamacpp = {side: gguf for side, gguf in files.items() if probe_runs(side, probe, gguf)}
-        hf = hf_twin(loaded.model, loaded.tokenizer)
-        return bench_config(
-            name, loaded.model, hf, args, llamacpp, probe, None if args.no_compile else blocks
-        )
+        return bench_config(name, model, hf_twin(model, tokenizer), args, llamacpp, probe, blocks)
 
 
 def main() -> None:
@@ -190,7 +198,8 @@ def main() -> None:
     )
     add("--prompt_len", type=int, default=None, help="default 64 (large32k: 512)")
     add("--new_tokens", type=int, default=None, help="default 256 (large32k: 128, smollm2: 64)")
-    add("--no_compile", action="store_true", help="skip both compiled sides (CPU compiles are slow)")
+    add("--prefill_len", type=int, default=512, help="prompt tokens of the prefill test (pp512)")
+    add("--no_compile", action="store_true", help="skip the compiled sides (CPU compiles are slow)")
     add("--repeats", type=int, default=3, help="timed rounds after a warm-up; medians")
     # 1 thread by default: on shared cores a one-token step's parallel region waits for a descheduled worker,
     # which measures the load, not the code. Give the core count on an idle machine.
@@ -201,12 +210,17 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
 
-    print(
-        f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads, "
-        f"batch 1, greedy, median of {args.repeats}; MBU = (weights + cache at the mean context) bytes per token "
-        "x decode tok/s / the best read bandwidth of the rounds (a torch.sum over 512 MiB, median of 5, each round)"
+    probe = built_probe()
+    llamacpp = (
+        "from llama-cpp-python 0.3.36"
+        if probe
+        else "skipped: run tools/llamacpp/build.sh (minutes) to add it"
     )
-    agreed = [run_config(name, args) for name in args.configs]
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, llama.cpp {llamacpp}; "
+          f"{torch.get_num_threads()} threads on every side, batch 1, greedy, median of {args.repeats}; MBU = (weights + "
+          "cache at the mean context) bytes per token x decode tok/s / the best read bandwidth of the rounds (a "
+          "torch.sum over 512 MiB, median of 5, each round)")  # fmt: skip
+    agreed = [run_config(name, args, probe) for name in args.configs]
     if not all(agreed):
         raise SystemExit("error: ours and transformers made different tokens (see 'same tokens' above)")
 

@@ -6,8 +6,8 @@
 Checks: sdpa (the model's attention forward and backward in bf16 under each fused backend alone, so a silent
 fallback to the math kernel fails), train (the config through Lightning, bf16-mixed and compiled: tokens/s, MFU,
 peak memory against training/memory.py's estimate, the attention kernels profiled, the loss falling), decode
-(`generate` with the KV cache on the trained weights, eager and compiled) and resume (stopped at step 3 and
-resumed equals a straight run, bit for bit).
+(`generate` with the KV cache on the trained weights, eager and compiled: tokens/s and MBU) and resume (stopped
+at step 3 and resumed equals a straight run, bit for bit).
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ import yaml
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from benchmarks import new_parser
-from benchmarks.decode import compare_paths
+from benchmarks.decode import bytes_per_token, read_bandwidth
 from benchmarks.lightning_checks import Row, Settings, check_resume, check_training, passed
+from generation.speed import report_decode_speed
 from model import GPT
 from model.attention import explicit_attention, sdpa_attention
 
@@ -41,16 +42,15 @@ def settings_for(cpu_smoke: bool) -> Settings:
             n_layer=2, n_head=4, n_kv_head=2, n_embd=64, learning_rate=3e-3, warmup_steps=2, compile=False
         )
         resume = {"n_layer": 1, "n_head": 2, "n_kv_head": 1, "n_embd": 32}
-        return Settings("cpu", model, 384, 64, 4, 2, steps=12, timed_from=4, compile=False, decode_tokens=16,
-                        resume_model=resume)  # fmt: skip
+        return Settings(
+            "cpu", model, 384, 64, 4, 2, steps=12, timed_from=4, decode_tokens=16, resume_model=resume
+        )
     config = yaml.safe_load((ROOT / "configs" / "gpt2-small.yaml").read_text())
-    model, data = {**config["model"], "warmup_steps": 10}, config["data"]
+    model, data = {**config["model"], "warmup_steps": 10, "compile": True}, config["data"]
     assert (model["n_layer"], model["n_embd"], model["n_head"], model["n_kv_head"]) == (12, 768, 12, 4)
-    return Settings(
-        "cuda", model, data["vocab_size"], data["block_size"], data["batch_size"],
-        config["trainer"]["accumulate_grad_batches"], steps=60, timed_from=20, compile=True, decode_tokens=256,
-        resume_model={"n_layer": 4, "n_head": 8, "n_kv_head": 2, "n_embd": 256},
-    )  # fmt: skip
+    return Settings("cuda", model, data["vocab_size"], data["block_size"], data["batch_size"],
+                    config["trainer"]["accumulate_grad_batches"], steps=60, timed_from=20, decode_tokens=256,
+                    resume_model={"n_layer": 4, "n_head": 8, "n_kv_head": 2, "n_embd": 256})  # fmt: skip
 
 
 def check_sdpa(device: str, shape: tuple[int, int, int, int, int], attention=sdpa_attention) -> list[Row]:
@@ -80,21 +80,32 @@ def check_sdpa(device: str, shape: tuple[int, int, int, int, int], attention=sdp
 
 
 def check_decode(settings: Settings, trained: GPT, prompt: torch.Tensor) -> list[Row]:
-    """Decode tokens/s of cached greedy decoding at batch 1 in bf16 (median of 3 after a warm-up, which compiles)."""
+    """Cached greedy decoding of the trained weights at batch 1 in bf16, eager and compiled: tokens/s (median of 3
+    after a warm-up, which compiles) and MBU, the bytes a step reads (weights + cache at the mean context) x
+    tokens/s / the read bandwidth measured here."""
     model = GPT(trained.config)
     model.load_state_dict(trained.state_dict())
     model = model.to(settings.device, torch.bfloat16).eval()
-    variants = {"decode tokens/s": {}, "decode tokens/s (compile=True)": {"compile": True}}
-    tokens_per_s = compare_paths(model, prompt, settings.decode_tokens, 3, variants)
+    tokens_per_s = report_decode_speed(model, prompt, settings.decode_tokens, compile=True, repeats=3)
+    names = {"cached": "decode tokens/s", "compiled": "decode tokens/s (compile=True)"}
+    bandwidth = read_bandwidth(torch.device(settings.device))
+    per_token = bytes_per_token(model, prompt.shape[1] + settings.decode_tokens // 2)
     detail = f"prompt {prompt.shape[1]}, {settings.decode_tokens} new, batch 1, bf16, KV cache, prefill not counted"
-    return [Row(name, "INFO", f"{value:,.0f}", detail) for name, value in tokens_per_s.items()]
+    mbu = f"{per_token / 1e6:.0f} MB per token, read {bandwidth / 1e9:.0f} GB/s"
+    return [Row(names[k], "INFO", f"{v:,.0f}", f"{detail}; MBU {per_token * v / bandwidth:.1%} ({mbu})")
+            for k, v in tokens_per_s.items()]  # fmt: skip
 
 
 def print_table(rows: list[Row]) -> None:
-    columns = ("check", "status", "value")
-    widths = [max(len(getattr(r, column)) for r in rows) for column in columns]
+    widths = [
+        max(len(r.check) for r in rows),
+        max(len(r.status) for r in rows),
+        max(len(r.value) for r in rows),
+    ]
     for row in rows:
-        cells = [getattr(row, column).ljust(width) for column, width in zip(columns, widths, strict=True)]
+        cells = [
+            cell.ljust(width) for cell, width in zip((row.check, row.status, row.value), widths, strict=True)
+        ]
         print("  ".join([*cells, row.detail]).rstrip())
 
 
@@ -103,9 +114,14 @@ def run_checks(settings: Settings, work: Path) -> list[Row]:
     device = torch.device(settings.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (smoke mode)"
     rows = [Row("device", "INFO", name, f"torch {torch.__version__}")]
-    model = settings.model
-    heads = (model["n_head"], model["n_kv_head"])
-    shape = (settings.batch_size, *heads, settings.block_size, model["n_embd"] // model["n_head"])
+    m = settings.model
+    shape = (
+        settings.batch_size,
+        m["n_head"],
+        m["n_kv_head"],
+        settings.block_size,
+        m["n_embd"] // m["n_head"],
+    )
     rows += _guarded("sdpa", lambda: check_sdpa(settings.device, shape))
     outcome = _guarded("train", lambda: check_training(settings, work))  # (rows, module), or a FAIL row
     train_rows, trained = outcome if isinstance(outcome, tuple) else (outcome, None)
@@ -125,9 +141,7 @@ def _guarded(section: str, check):
         import traceback
 
         traceback.print_exc()
-        return [
-            Row(section, "FAIL", type(error).__name__, str(error).splitlines()[0][:100] if str(error) else "")
-        ]
+        return [Row(section, "FAIL", type(error).__name__, (str(error).splitlines() or [""])[0][:100])]
     print(f"[{section}: {time.perf_counter() - start:.0f} s]", file=sys.stderr)
     return result
 

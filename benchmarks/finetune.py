@@ -4,9 +4,9 @@
     python -m benchmarks.finetune --budget_s 120 --init_from <any model name> --data.block_size 128
     python -m benchmarks.finetune --sft --budget_s 600           # chat: configs/sft-smollm2.yaml
 
-Trains configs/finetune-smollm2.yaml (train.py's overrides are accepted) for --budget_s seconds, the schedule laid
-over the budget as in benchmarks/shakespeare_budget.py. Scored in nats per character of the first --val_chars
-validation characters; with --sft, nats per assistant token of the held-out conversations, plus a greedy reply.
+Trains configs/finetune-smollm2.yaml (with train.py's overrides) for --budget_s seconds, the schedule laid over the
+budget as in shakespeare_budget. Scored in nats per character of the first --val_chars validation characters; with
+--sft, nats per assistant token of the held-out conversations, plus a greedy reply.
 """
 
 from __future__ import annotations
@@ -35,8 +35,7 @@ SFT_QUESTION = "What is 9 plus 14?"
 
 
 def score(module: LitGPT, data: TextDataModule, val_chars: int) -> dict[str, float]:
-    """The first `val_chars` validation characters; for chat, every held-out conversation (the assistant's
-    tokens are the ones scored)."""
+    """The first `val_chars` validation characters; for chat, every held-out conversation's assistant tokens."""
     chat = data.val_mask is not None
     tokens = (
         data.val_tokens[:] if chat else data.val_tokens[: max(2, round(val_chars / data.chars_per_token))]
@@ -57,8 +56,8 @@ def chat_reply(module: LitGPT, data: TextDataModule, max_new_tokens: int = 24) -
     out = generate(module.model, ids, max_new_tokens, temperature=0.0, eos_id=tokenizer.eos_ids)[0].tolist()
     module.train()
     reply = out[ids.shape[1] :]
-    ends = [i for i, token in enumerate(reply) if token in tokenizer.eos_ids]
-    return tokenizer.decode(reply[: ends[0] + 1] if ends else reply)
+    end = next((i + 1 for i, token in enumerate(reply) if token in tokenizer.eos_ids), len(reply))
+    return tokenizer.decode(reply[:end])
 
 
 def main() -> None:
@@ -95,15 +94,15 @@ def fine_tune(cli, args: argparse.Namespace) -> None:
     trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, FitSummary)] + [budget]
     trainer.fit(module, data)
     after = score(module, data, args.val_chars)
-    gain = before[key] - after[key]
-    steps = trainer.global_step
+    gain, steps = before[key] - after[key], trainer.global_step
     if args.sft:
         print(f"fine-tuned reply to {SFT_QUESTION!r}: {chat_reply(module, data)!r}")
     print(f"fine-tuned: {after[key]:.4f} {unit} after {steps} steps in "
           f"{budget.train_seconds():.0f} s ({steps * data.batch_size * data.block_size:,} tokens, "
           f"batch {data.batch_size} x {data.block_size}, {args.threads} threads)")  # fmt: skip
-    verdict = "met" if gain >= target else "not met"
-    print(f"gain: {gain:.4f} {unit} below zero-shot (target >= {target}: {verdict})")
+    print(
+        f"gain: {gain:.4f} {unit} below zero-shot (target >= {target}: {'met' if gain >= target else 'not met'})"
+    )
     print(f"checkpoint: {kept_checkpoint(trainer, args.out)}")
 
 

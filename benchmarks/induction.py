@@ -3,18 +3,18 @@
     python -m benchmarks.induction --threads 2            # defaults: 2 layers, 4/2 heads, 64 wide, 3000 steps
     python -m benchmarks.induction --steps 300 --eval_every 50 --threads 1   # a quick look (no head yet)
 
-Random tokens have no n-gram statistics, so the only way to beat ln(vocab) on a repeated segment is to copy what
-followed the current token's earlier occurrence: an induction head. Expect a plateau, then a sudden drop of the
-copy-2 loss (the phase change) after about 1300-1600 steps with the defaults. Every --eval_every steps the model
-is scored on held-out segments followed by themselves: the loss on each copy, and per layer the best head's
-induction and previous-token scores (inspection.attention_stats); the verdict names the first evaluation where
-an induction score exceeds --threshold.
+Random tokens have no n-gram statistics: the only way to beat ln(vocab) on a repeated segment is to copy what
+followed the current token's earlier occurrence, an induction head. Expect a plateau, then a sudden drop of the
+copy-2 loss (the phase change) after about 1300-1600 steps with the defaults. Every --eval_every steps: the loss
+on each copy of held-out repeated segments, and per layer the best head's induction and previous-token scores;
+the verdict names the first evaluation where an induction score exceeds --threshold.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import time
 
 import torch
@@ -28,12 +28,9 @@ from training.schedule import adamw_param_groups
 
 
 def repeat_batch(args: argparse.Namespace, generator: torch.Generator) -> torch.Tensor:
-    """Token ids (B, block_size + 1): random tokens, each row holding a segment repeated right after itself.
-
-    With --tile the segment repeats up to the end of the row: more targets that only an induction circuit
-    predicts (with one repeat, no head had formed by step 600). The period varies per row: with a fixed one, a
-    head could attend to the fixed offset period - 1 through RoPE and score as an induction head.
-    """
+    """(B, block_size + 1) random ids, each row holding a segment repeated right after itself; tiled, up to the
+    row's end (with one repeat no head had formed by step 600). The period varies per row: with a fixed one, a
+    head could attend to the offset period - 1 through RoPE and score as an induction head."""
     block, batch = args.block_size, args.batch_size
     tokens = torch.randint(args.vocab_size, (batch, block + 1), generator=generator)  # (B, T + 1)
     lengths = torch.randint(args.min_period, args.max_period + 1, (batch,), generator=generator)  # (B,)
@@ -56,9 +53,8 @@ def copy_losses(model: GPT, repeated: torch.Tensor, period: int) -> tuple[float,
 
 @torch.no_grad()
 def evaluate(model: GPT, args: argparse.Namespace) -> dict:
-    """Copy losses and per-head scores on the same held-out sequences at every evaluation, averaged over
-    several periods: on one layout a purely positional head can sit on key t - period + 1 and score like an
-    induction head; over several, only a head that matches tokens keeps scoring."""
+    """Copy losses and per-head scores on the same held-out sequences, averaged over several periods: on one, a
+    positional head on key t - period + 1 scores like an induction head; over several, only token matching does."""
     model.eval()
     probe = torch.randint(
         args.vocab_size, (args.eval_batch, args.block_size), generator=_generator(args.seed - 1)
@@ -67,14 +63,13 @@ def evaluate(model: GPT, args: argparse.Namespace) -> dict:
     results = []
     for i, period in enumerate(args.eval_periods):
         seed = args.seed + 1_000_003 + i  # no training batch draws from these seeds
-        # head_statistics draws its induction sequence from the generator it is given; a generator seeded
-        # alike here draws the same sequence, so the copy losses and the induction score see the same tokens.
+        # Generators seeded alike: the copy losses and head_statistics' induction score see the same tokens.
         repeated = repeated_random_tokens(args.vocab_size, period, args.eval_batch, _generator(seed))
         stats = head_statistics(model, probe, period, args.eval_batch, _generator(seed), probe_maps)
         results.append((*copy_losses(model, repeated, period), stats["induction"]))
     model.train()
     firsts, seconds, inductions = zip(*results, strict=True)
-    return {"first": sum(firsts) / len(firsts), "second": sum(seconds) / len(seconds),
+    return {"first": statistics.mean(firsts), "second": statistics.mean(seconds),
             "induction": torch.stack(inductions).mean(dim=0), "previous": stats["previous_token"]}  # fmt: skip
 
 
@@ -150,7 +145,7 @@ def run(args: argparse.Namespace) -> None:
     print(verdict(history, detector, args))
 
 
-def parse_args() -> argparse.Namespace:
+def main() -> None:
     parser = new_parser(__doc__, vocab_size=256, block_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=64)
     add = parser.add_argument
     add("--steps", type=int, default=3000, help="optimizer steps")
@@ -164,27 +159,21 @@ def parse_args() -> argparse.Namespace:
     add("--min_period", type=int, default=8, help="shortest repeated segment in training")
     add("--max_period", type=int, default=32, help="longest repeated segment in training (<= (block+1)/2)")
     add(
-        "--eval_periods", type=_int_list, default=(8, 12, 16, 24, 32), help="comma-separated held-out periods"
+        "--eval_periods",
+        type=lambda text: tuple(map(int, text.split(","))),
+        default=(8, 12, 16, 24, 32),
+        help="comma-separated held-out periods",
     )
     add("--no_tile", dest="tile", action="store_false", help="repeat a segment once, not up to the row's end")
     add("--eval_batch", type=int, default=8, help="held-out sequences per evaluation period")
     add("--threshold", type=float, default=0.5, help="induction score that counts as an induction head")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if not 1 <= args.min_period <= args.max_period or 2 * args.max_period > args.block_size + 1:
         parser.error("need 1 <= --min_period <= --max_period and 2 * --max_period <= --block_size + 1")
     if min(args.eval_periods) < 2 or 2 * max(args.eval_periods) > args.block_size:
         parser.error("need every --eval_periods value in [2, --block_size / 2]")
-    return args
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split(","))
-
-
-def main() -> None:
-    args = parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     run(args)
 
 

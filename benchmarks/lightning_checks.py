@@ -21,6 +21,10 @@ from training import LitGPT
 from training.flops import device_peak_flops, mfu, training_flops_per_token
 from training.memory import estimate_training_memory
 
+# The Trainer flags of every benchmark's run: no logger, progress bar, summary or validation; clipping as train.py.
+QUIET_TRAINER = dict(devices=1, max_epochs=-1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                     limit_val_batches=0, num_sanity_val_steps=0, gradient_clip_val=1.0)  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -32,7 +36,6 @@ class Settings:
     accumulate: int
     steps: int
     timed_from: int  # steps before this one include compilation: not timed
-    compile: bool
     decode_tokens: int
     resume_model: dict
     min_mfu: float = 0.0  # the MFU row FAILs below it (0: INFO only)
@@ -54,13 +57,11 @@ def passed(ok: bool) -> str:
 
 
 def fused_attention_ops(op_names: set[str]) -> tuple[bool, list[str]]:
-    """(all attention kernels fused, their names) from profiler op names; the public dispatcher entry
-    `aten::scaled_dot_product_attention` is not a kernel and is ignored."""
-    kernels = sorted(
-        n for n in op_names if "scaled_dot_product" in n and n != "aten::scaled_dot_product_attention"
-    )
-    fused = bool(kernels) and all("flash" in n or "cudnn" in n for n in kernels)
-    return fused, kernels
+    """(all attention kernels fused, their names) from profiler op names; the dispatcher entry
+    `aten::scaled_dot_product_attention` is not a kernel."""
+    entry = "aten::scaled_dot_product_attention"
+    kernels = sorted(n for n in op_names if "scaled_dot_product" in n and n != entry)
+    return bool(kernels) and all("flash" in n or "cudnn" in n for n in kernels), kernels
 
 
 class StepLog(L.Callback):
@@ -93,10 +94,9 @@ class StepLog(L.Callback):
 def fit(settings: Settings, module: LitGPT, root: Path, cache: Path, callbacks: list, **fit_kwargs) -> None:
     """Trainer.fit of `module` on the shipped Shakespeare in bf16-mixed, as train.py would run it."""
     trainer = L.Trainer(
-        accelerator=settings.device, devices=1, precision="bf16-mixed", max_steps=settings.steps, max_epochs=-1,
-        accumulate_grad_batches=settings.accumulate, gradient_clip_val=1.0, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, default_root_dir=root,
-        callbacks=callbacks, enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+        accelerator=settings.device, precision="bf16-mixed", max_steps=settings.steps, default_root_dir=root,
+        accumulate_grad_batches=settings.accumulate, callbacks=callbacks, **QUIET_TRAINER,
+        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
     )  # fmt: skip
     data = TextDataModule(cache_dir=str(cache), batch_size=settings.batch_size, **settings.sizes())
     trainer.fit(module, data, **fit_kwargs)
@@ -105,7 +105,7 @@ def fit(settings: Settings, module: LitGPT, root: Path, cache: Path, callbacks: 
 def check_training(settings: Settings, work: Path) -> tuple[list[Row], LitGPT]:
     """Train the config's model for settings.steps steps; tokens/s, MFU, memory, attention ops, loss."""
     torch.manual_seed(0)
-    module = LitGPT(**settings.sizes(), **{**settings.model, "compile": settings.compile})
+    module = LitGPT(**settings.sizes(), **settings.model)
     log = StepLog(settings.accumulate, profile_step=settings.timed_from)
     on_gpu = settings.device == "cuda"
     if on_gpu:
@@ -122,30 +122,28 @@ def check_training(settings: Settings, work: Path) -> tuple[list[Row], LitGPT]:
     fused, kernels = fused_attention_ops(log.op_names)
     first, last = log.losses[0], sum(log.losses[-3:]) / 3
     falls = last < 0.95 * first and all(map(math.isfinite, log.losses))
-    run = (
-        f"{config.n_layer}L {config.n_embd}w {config.n_head}/{config.n_kv_head}h T{settings.block_size}, batch "
-        f"{settings.batch_size} x {settings.accumulate} accumulated, bf16-mixed, compile={settings.compile}, "
-        f"steps {timed_from}+"
-    )
+    run = (f"{config.n_layer}L {config.n_embd}w {config.n_head}/{config.n_kv_head}h T{settings.block_size}, batch "
+           f"{settings.batch_size} x {settings.accumulate} accumulated, bf16-mixed, "
+           f"compile={settings.model['compile']}, steps {timed_from}+")  # fmt: skip
     utilisation = mfu(tokens_per_s, flops, peak) if peak else None
     work = (
         f"{flops / 1e6:.0f} MFLOP/token; peak {peak / 1e12:.0f} TFLOP/s"
         if peak
         else "device not in the table"
     )
+    mfu_row = Row("train MFU", "INFO", "n/a" if utilisation is None else f"{utilisation:.1%}", work)
+    if settings.min_mfu and utilisation is not None:
+        mfu_row = replace(mfu_row, status=passed(utilisation >= settings.min_mfu),
+                          detail=f"{work}; target {settings.min_mfu:.0%}")  # fmt: skip
     memory = f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB" if on_gpu else "n/a"
     seen = ", ".join(k.split("::")[-1] for k in kernels) or "none seen"
-    rows = [
+    return [
         Row("train tokens/s", "INFO", f"{tokens_per_s:,.0f}", run),
-        Row("train MFU", "INFO", "n/a" if utilisation is None else f"{utilisation:.1%}", work),
+        mfu_row,
         Row("train peak memory", "INFO", memory, f"estimate {estimate.total_bytes / 2**30:.2f} GiB (eager)"),
         Row("train attention kernels", passed(fused), seen, f"profiled step {timed_from}"),
         Row("train loss falls", passed(falls), f"{first:.3f} -> {last:.3f}", f"{len(log.losses)} steps"),
-    ]
-    if settings.min_mfu and utilisation is not None:
-        ok, target = passed(utilisation >= settings.min_mfu), f"{work}; target {settings.min_mfu:.0%}"
-        rows[1] = replace(rows[1], status=ok, detail=target)
-    return rows, module
+    ], module
 
 
 class StopAt(L.Callback):
@@ -161,9 +159,7 @@ class StopAt(L.Callback):
 
 def check_resume(settings: Settings, work: Path, steps: int = 6, stop: int = 3) -> list[Row]:
     """Straight run vs. stop at `stop` + resume from last.ckpt: equal losses and weights on this device."""
-    small = replace(
-        settings, accumulate=1, compile=False, block_size=min(settings.block_size, 256), steps=steps
-    )
+    small = replace(settings, accumulate=1, block_size=min(settings.block_size, 256), steps=steps)
 
     def run(root: Path, stop_at: int | None = None, ckpt: Path | None = None) -> tuple[list[float], LitGPT]:
         torch.manual_seed(0)
@@ -182,11 +178,8 @@ def check_resume(settings: Settings, work: Path, steps: int = 6, stop: int = 3) 
         rest, resumed = run(work / "resumed", ckpt=work / "resumed" / "last.ckpt")
     finally:
         torch.use_deterministic_algorithms(False)
-    diffs = [
-        (a - b).abs().max().item()
-        for a, b in zip(straight.state_dict().values(), resumed.state_dict().values(), strict=True)
-    ]
+    pairs = zip(straight.state_dict().values(), resumed.state_dict().values(), strict=True)
+    diff = max((a - b).abs().max().item() for a, b in pairs)
     same_losses = straight_losses == first + rest
-    same = same_losses and max(diffs) == 0
     runs = f"{steps} steps straight vs stop at {stop} + resume; losses equal: {same_losses}"
-    return [Row("resume exact", passed(same), f"max |weight diff| {max(diffs):.2e}", runs)]
+    return [Row("resume exact", passed(same_losses and diff == 0), f"max |weight diff| {diff:.2e}", runs)]

@@ -3,9 +3,9 @@
     python -m benchmarks.shakespeare_budget --budget_s 150
     python -m benchmarks.shakespeare_budget --budget_s 25 --target_nats_per_char 1.88   # time to a loss
 
-Accepts train.py's overrides; the run folder is temporary unless --out names where to keep it. Data preparation
-happens before the clock starts, as nanoGPT's prepare.py does. Validation is the last 10% of the text (nanoGPT's
-split), scored in nats per character, which compares directly with a character-level model.
+Accepts train.py's overrides; the run folder is temporary unless --out keeps it. Data is prepared before the clock
+starts, as nanoGPT's prepare.py does. Validation is the last 10% of the text (nanoGPT's split), in nats per
+character, which compares directly with a character-level model.
 """
 
 from __future__ import annotations
@@ -30,18 +30,14 @@ RECIPE = Path(__file__).resolve().parents[1] / "configs" / "shakespeare.yaml"  #
 
 
 class TimeBudget(L.Callback):
-    """Stops at the budget and lays the schedule over elapsed training time, evaluating at a cadence if asked.
-
-    After every step max_steps (which LitGPT's schedule reads) becomes the step count the budget allows at the
-    average speed so far, so the decay ends when the time does. Evaluation time is taken off the clock.
-    """
+    """Stops at the budget, evaluating at a cadence if asked (off the clock). After every step max_steps (which
+    LitGPT's schedule reads) becomes the step count the budget allows at the speed so far: the decay ends with it."""
 
     def __init__(
         self, budget_s: float, evaluate=None, every_s: float = 0.0, target: float | None = None
     ) -> None:
         self.budget_s, self.evaluate, self.every_s, self.target = budget_s, evaluate, every_s, target
-        self.start = 0.0
-        self.next_eval_s = every_s
+        self.start, self.next_eval_s = 0.0, every_s
         self.evaluations: list[tuple[float, int, float]] = []  # (training seconds, step, val nats/char)
 
     def train_seconds(self) -> float:
@@ -119,10 +115,8 @@ def kept_checkpoint(trainer, out: Path | None) -> str:
 def main() -> None:
     parser = budget_parser(__doc__, budget_s=150.0, threads=None)
     add = parser.add_argument
-    add(
-        "--target_nats_per_char", type=float, default=None,
-        help="evaluate every --eval_every_s seconds of training and print when this loss is first reached",
-    )  # fmt: skip
+    add("--target_nats_per_char", type=float, default=None,
+        help="evaluate every --eval_every_s seconds of training and print when this loss is first reached")  # fmt: skip
     add("--eval_every_s", type=float, default=2.5, help="evaluation cadence with a target")
     args, overrides = parser.parse_known_args()
     with budget_run(RECIPE, overrides, args, "budget") as cli:
@@ -142,8 +136,7 @@ def train_and_score(cli: GPTCLI, args: argparse.Namespace) -> None:
     trainer.callbacks.append(budget)
     start = time.perf_counter()
     trainer.fit(module, data)
-    train_s = budget.train_seconds()
-    wall_s = time.perf_counter() - start
+    train_s, wall_s = budget.train_seconds(), time.perf_counter() - start
     module.eval()
     scores = score_validation(module.model, data.tokenizer, data.val_tokens, data.block_size)
     report(module, data, trainer, train_s, wall_s, scores)
@@ -151,18 +144,14 @@ def train_and_score(cli: GPTCLI, args: argparse.Namespace) -> None:
     if targeted:
         if not budget.evaluations or budget.evaluations[-1][1] != trainer.global_step:
             budget.evaluations.append((train_s, trainer.global_step, scores["nats_per_char"]))
-        report_target(budget, args)
-
-
-def report_target(budget: TimeBudget, args: argparse.Namespace) -> None:
-    print("evaluations (training s, step, val nats/char): " + ", ".join(
+        print("evaluations (training s, step, val nats/char): " + ", ".join(
         f"({s:.1f}, {step}, {nats:.4f})" for s, step, nats in budget.evaluations))  # fmt: skip
-    reached = budget.time_to_target()
-    if reached is None:
-        print(f"target {args.target_nats_per_char} nats/char: not reached in {args.budget_s:.0f} s")
-    else:
-        print(f"target {args.target_nats_per_char} nats/char: reached after {reached[0]:.1f} s of training "
-              f"(step {reached[1]}; evaluated every {args.eval_every_s} s)")  # fmt: skip
+        reached, target = budget.time_to_target(), f"target {args.target_nats_per_char} nats/char"
+        if reached is None:
+            print(f"{target}: not reached in {args.budget_s:.0f} s")
+        else:
+            print(f"{target}: reached after {reached[0]:.1f} s of training (step {reached[1]}; evaluated every "
+                  f"{args.eval_every_s} s)")  # fmt: skip
 
 
 def report(module, data, trainer, train_s: float, wall_s: float, scores: dict) -> None:
@@ -170,10 +159,8 @@ def report(module, data, trainer, train_s: float, wall_s: float, scores: dict) -
     tokens_per_s = steps * data.batch_size * data.block_size / train_s
     print(f"val_nats_per_char: {scores['nats_per_char']:.4f}")
     print(f"val_bpb: {scores['bpb']:.4f}   val_nats_per_token: {scores['nats_per_token']:.4f}")
-    print(
-        f"train: {steps} steps in {train_s:.1f} s, {tokens_per_s:,.0f} tokens/s, "
-        f"{tokens_per_s * data.chars_per_token:,.0f} chars/s ({wall_s:.1f} s wall with evaluations)"
-    )
+    print(f"train: {steps} steps in {train_s:.1f} s, {tokens_per_s:,.0f} tokens/s, "
+          f"{tokens_per_s * data.chars_per_token:,.0f} chars/s ({wall_s:.1f} s wall with evaluations)")  # fmt: skip
     print(f"params: {module.model.num_params():,}   vocab: {data.tokenizer.vocab_size}   "
           f"block: {data.block_size}   batch: {data.batch_size}")  # fmt: skip
     tokenizer, model = data.tokenizer, module.model
@@ -181,8 +168,7 @@ def report(module, data, trainer, train_s: float, wall_s: float, scores: dict) -
     for seed, (prompt, temperature) in enumerate(
         [("ROMEO:", 0.0), ("JULIET:\n", 0.8), ("First Citizen:\n", 0.8)]
     ):
-        generator = torch.Generator().manual_seed(seed)
-        ids = torch.tensor([tokenizer.encode(prompt)])
+        ids, generator = torch.tensor([tokenizer.encode(prompt)]), torch.Generator().manual_seed(seed)
         out = generate(model, ids, 60, temperature=temperature, top_k=50, generator=generator)
         kind = "greedy" if temperature == 0 else f"T={temperature}"
         print(f"--- {kind}: {prompt!r}\n{tokenizer.decode(out[0].tolist())}")

@@ -2,13 +2,13 @@
 
     python -m benchmarks.tokenize_throughput [--size_mb 1000] [--repeats 1] [--vocab_size 32768] [--part a|b|both]
 
-(Not named tokenize.py: that would shadow the standard library's `tokenize` for `python benchmarks/<script>.py`.)
 The corpus: JSON-lines shards of documents of log-normal length (median ~2 KB) cut from tiny Shakespeare's words,
-and one BPE tokenizer trained on its first documents. (a) At num_proc 1 and 2, interleaved: the limit, raw
-`encode_batch_fast` (what our tokenizer calls) on the documents in memory split among as many processes, against
-`python -m data.prepare` from an empty cache: its tokenization phase and the whole command. (b) `train.py fit` on
+and a BPE trained on its first documents. (a) At num_proc 1 and 2, interleaved: raw `encode_batch_fast` (what our
+tokenizer calls) on the documents in memory, split among as many processes (the limit), against `python -m
+data.prepare` from an empty cache: its tokenization phase and the whole command. (b) `train.py fit` on
 gpt2-small.yaml narrowed for the CPU (n_embd 192, batch 4), streaming: launch to step 1, the step time, and the
-streaming DataLoader's tokens/s at num_workers 2 against what training consumes.
+DataLoader's tokens/s at num_workers 2 against what training consumes. (Not named tokenize.py: it would shadow
+the standard library's module.)
 """
 
 from __future__ import annotations
@@ -42,24 +42,9 @@ FIT_STEPS = 3
 _shared: dict = {}  # what the forked raw-baseline processes inherit
 
 
-def parse_args() -> argparse.Namespace:
-    parser = new_parser(__doc__)
-    add = parser.add_argument
-    add("--size_mb", type=float, default=1000.0, help="corpus size in MB of text")
-    add("--repeats", type=int, default=1, help="interleaved rounds; medians are reported")
-    add("--vocab_size", type=int, default=32768, help="BPE vocab (gpt2-small's)")
-    add("--part", choices=["a", "b", "both"], default="both", help="(a) prepare, (b) streaming")
-    add(
-        "--smoke",
-        action="store_true",
-        help="the tests' size (num_proc 1, 2 layers, blocks of 128, 1 s loads)",
-    )
-    return parser.parse_args()
-
-
 def write_corpus(folder: Path, size_mb: float) -> list[Path]:
-    """JSON-lines shards (an even count, so two streaming readers get whole files) of about size_mb MB: slices
-    of one long text of random words in their Shakespeare frequencies, so writing 1 GB takes seconds."""
+    """An even count of JSON-lines shards (two streaming readers get whole files) of about size_mb MB in all:
+    slices of one long text of random words in their Shakespeare frequencies (1 GB takes seconds)."""
     from data.datamodule import TINY_SHAKESPEARE  # imported once the fresh HF caches are set (main)
 
     words = TINY_SHAKESPEARE.read_text(encoding="utf-8").split()
@@ -74,10 +59,7 @@ def write_corpus(folder: Path, size_mb: float) -> list[Path]:
             while written < target:
                 lengths = np.clip(rng.lognormal(7.6, 1.1, size=256), 20, 200_000).astype(int)
                 starts = rng.integers(0, len(base) - lengths.max(), size=len(lengths))
-                docs = [
-                    base[start : start + length].strip()
-                    for start, length in zip(starts, lengths, strict=True)
-                ]
+                docs = [base[s : s + n].strip() for s, n in zip(starts, lengths, strict=True)]
                 out.write("".join(json.dumps({"text": doc}) + "\n" for doc in docs))
                 written += sum(map(len, docs))
     return files
@@ -88,9 +70,9 @@ def read_documents(files: list[str]) -> list[str]:
 
 
 def _encode_share(bounds: tuple[int, int]) -> None:
-    docs, backend = _shared["docs"], _shared["backend"]
+    docs, encode = _shared["docs"], _shared["backend"].encode_batch_fast
     for start in range(bounds[0], bounds[1], BATCH_DOCS):
-        backend.encode_batch_fast(docs[start : min(bounds[1], start + BATCH_DOCS)], add_special_tokens=False)
+        encode(docs[start : min(bounds[1], start + BATCH_DOCS)], add_special_tokens=False)
 
 
 def raw_rate(procs: int, tokenizer_file: str, files: list[str]) -> tuple[float, float]:
@@ -113,10 +95,8 @@ def raw_rate(procs: int, tokenizer_file: str, files: list[str]) -> tuple[float, 
 
 
 def data_flags(files: list[str], tokenizer: Path, cache: Path, vocab_size: int) -> list[str]:
-    return [
-        "--data.dataset", "json", "--data.data_files", json.dumps(files), "--data.tokenizer_path",
-        str(tokenizer), "--data.vocab_size", str(vocab_size), "--data.cache_dir", str(cache),
-    ]  # fmt: skip
+    return ["--data.dataset", "json", "--data.data_files", json.dumps(files), "--data.tokenizer_path",
+            str(tokenizer), "--data.vocab_size", str(vocab_size), "--data.cache_dir", str(cache)]  # fmt: skip
 
 
 def run_prepare(procs: int, flags: list[str], megabytes: float) -> tuple[float, float]:
@@ -153,10 +133,8 @@ def measure_prepare(files: list[str], tokenizer: Path, folder: Path, args: argpa
             )
     for procs, measured in rows.items():
         raw, phase, whole = (statistics.median(column) for column in zip(*measured, strict=True))
-        print(
-            f"(a) num_proc {procs}: raw encode_batch_fast {raw:5.2f} MB/s | prepare tokenization {phase:5.2f} MB/s "
-            f"= {100 * phase / raw:3.0f}% of the limit | whole prepare command {whole:5.2f} MB/s = {100 * whole / raw:3.0f}%"
-        )
+        print(f"(a) num_proc {procs}: raw encode_batch_fast {raw:5.2f} MB/s | prepare tokenization {phase:5.2f} MB/s "
+              f"= {100 * phase / raw:3.0f}% of the limit | whole prepare command {whole:5.2f} MB/s = {100 * whole / raw:3.0f}%")  # fmt: skip
 
 
 class StepClock(L.Callback):
@@ -173,16 +151,16 @@ class StepClock(L.Callback):
 
 def run_fit(flags: list[str], run_dir: Path) -> tuple[float, float, float]:
     """Seconds from launch to step 1's batch in hand and to its end, and the median step time after it."""
-    args = [
-        sys.executable, "train.py", "fit", "--config", "configs/gpt2-small.yaml", *flags, "--model.n_embd", "192",
-        "--model.compile", "false", "--data.batch_size", "4", "--data.num_workers", "2", "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto",
-        "--trainer.precision", "32-true", "--trainer.accumulate_grad_batches", "1",
-        "--trainer.max_steps", str(FIT_STEPS), "--trainer.limit_val_batches", "0", "--trainer.logger", "false",
-        "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(run_dir),
-        "--checkpoint.every_n_train_steps", "100000", "--samples.every_n_steps", "0",
-        "--attention_maps.every_n_steps", "0",
-        f"--trainer.callbacks+={json.dumps({'class_path': 'benchmarks.tokenize_throughput.StepClock'})}",
-    ]  # fmt: skip
+    settings = {"model.n_embd": 192, "model.compile": "false", "data.batch_size": 4, "data.num_workers": 2,
+                "trainer.accelerator": "cpu", "trainer.devices": 1, "trainer.strategy": "auto",
+                "trainer.precision": "32-true", "trainer.accumulate_grad_batches": 1, "trainer.max_steps": FIT_STEPS,
+                "trainer.limit_val_batches": 0, "trainer.logger": "false", "trainer.enable_progress_bar": "false",
+                "trainer.default_root_dir": run_dir, "checkpoint.every_n_train_steps": 100000,
+                "samples.every_n_steps": 0, "attention_maps.every_n_steps": 0}  # fmt: skip
+    clock = json.dumps({"class_path": "benchmarks.tokenize_throughput.StepClock"})
+    args = [sys.executable, "train.py", "fit", "--config", "configs/gpt2-small.yaml", *flags,
+            *(str(part) for key, value in settings.items() for part in (f"--{key}", value)),
+            f"--trainer.callbacks+={clock}"]  # fmt: skip
     launched = time.time()
     out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
     if out.returncode:
@@ -231,32 +209,35 @@ def measure_streaming(files: list[str], tokenizer: Path, folder: Path, args: arg
     first_batch, step_1, step_s, consumed, loader = (statistics.median(c) for c in zip(*rows, strict=True))
     print(f"(b) train.py fit (streaming, tokenizer given, validation set tokenized): step 1's batch in hand "
           f"{first_batch:.1f} s after launch, step 1 done at {step_1:.1f} s")  # fmt: skip
-    print(
-        f"(b) loader alone, num_workers 2: {loader:,.0f} tokens/s | training consumes {consumed:,.0f} tokens/s "
-        f"(4 x {block} tokens per {step_s:.2f} s step) | loader / consumption {loader / consumed:.0f}x"
-    )
+    print(f"(b) loader alone, num_workers 2: {loader:,.0f} tokens/s | training consumes {consumed:,.0f} tokens/s "
+          f"(4 x {block} tokens per {step_s:.2f} s step) | loader / consumption {loader / consumed:.0f}x")  # fmt: skip
 
 
 def main() -> None:
-    args = parse_args()
+    parser = new_parser(__doc__)
+    add = parser.add_argument
+    add("--size_mb", type=float, default=1000.0, help="corpus size in MB of text")
+    add("--repeats", type=int, default=1, help="interleaved rounds; medians are reported")
+    add("--vocab_size", type=int, default=32768, help="BPE vocab (gpt2-small's)")
+    add("--part", choices=["a", "b", "both"], default="both", help="(a) prepare, (b) streaming")
+    add("--smoke", action="store_true", help="tests' size: num_proc 1, 2 layers, blocks of 128, 1 s loads")
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tokenize-bench-") as folder_name:
         folder = Path(folder_name)
         # Fresh Hugging Face caches, so nothing an earlier run converted is found; offline like the tests.
-        os.environ.update(
-            HF_HOME=str(folder / "hf"), HF_DATASETS_CACHE=str(folder / "hf" / "datasets"), HF_HUB_OFFLINE="1"
-        )
+        hf = folder / "hf"
+        os.environ.update(HF_HOME=str(hf), HF_DATASETS_CACHE=str(hf / "datasets"), HF_HUB_OFFLINE="1")
         from data.tokenizer import Tokenizer
 
         start = time.perf_counter()
         files = [str(file) for file in write_corpus(folder, args.size_mb)]
         first_shard = read_documents(files[:1])
         lengths = [len(doc.encode("utf-8")) for doc in first_shard]
-        print(
-            f"corpus: {sum(Path(f).stat().st_size for f in files) / 1e6:.0f} MB in {len(files)} JSON-lines shards, written in {time.perf_counter() - start:.0f} s; "
-            f"document KB: median {np.median(lengths) / 1e3:.1f}, 5-95% {np.percentile(lengths, 5) / 1e3:.2f}-"
-            f"{np.percentile(lengths, 95) / 1e3:.1f}, max {max(lengths) / 1e3:.0f}; {os.cpu_count()} CPUs, "
-            f"load average {os.getloadavg()[0]:.1f} before the runs (other jobs make the figures noisy)"
-        )
+        print(f"corpus: {sum(Path(f).stat().st_size for f in files) / 1e6:.0f} MB in {len(files)} JSON-lines shards, "
+              f"written in {time.perf_counter() - start:.0f} s; document KB: median {np.median(lengths) / 1e3:.1f}, "
+              f"5-95% {np.percentile(lengths, 5) / 1e3:.2f}-{np.percentile(lengths, 95) / 1e3:.1f}, max "
+              f"{max(lengths) / 1e3:.0f}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} before the "
+              "runs (other jobs make the figures noisy)")  # fmt: skip
         sample = first_shard[:2000]
         tokenizer = Tokenizer.train(sample, args.vocab_size, show_progress=False)
         tokenizer.save(folder / "tokenizer.json")

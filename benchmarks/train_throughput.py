@@ -4,10 +4,9 @@
     python -m benchmarks.train_throughput --steps 12 --warmup 3 --repeats 1 --threads 1   # a quick look
 
 Both sides train the same model from the same initialisation on the same batches, on the CPU; the bare loop does
-per step what LitGPT + Trainer do, so the difference is Lightning's own per-step work (logging, LitGPT's
-finite-loss check, hooks). Rounds alternate the sides, and since a whole run's speed moves by 10-20% on a shared
-machine, the overhead is the median of each round's (bare - lightning) / bare tokens/s; target under 5%.
-The losses should agree at every step.
+per step what LitGPT + Trainer do, so the difference is Lightning's own per-step work (logging, the finite-loss
+check, hooks). Rounds alternate the sides; a whole run's speed moves by 10-20% on a shared machine, so the overhead
+is the median of each round's (bare - lightning) / bare tokens/s (target under 5%). The losses should agree.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from benchmarks import model_shape, new_parser
-from benchmarks.lightning_checks import StepLog
+from benchmarks.lightning_checks import QUIET_TRAINER, StepLog
 from data.batches import TrainBatches
 from training import LitGPT
 from training.cli import retain_freed_memory
@@ -36,11 +35,6 @@ RECIPE = {"learning_rate": 3e-3, "weight_decay": 0.1, "warmup_steps": 50, "sched
           "decay_fraction": 0.3, "min_lr_ratio": 0.05}  # fmt: skip
 
 
-def build_module(args: argparse.Namespace) -> LitGPT:
-    torch.manual_seed(args.seed)  # the same initial weights on both sides, every round
-    return LitGPT(**model_shape(args), mlp_hidden=args.mlp_hidden, **RECIPE)
-
-
 def batches(tokens: np.ndarray, args: argparse.Namespace) -> DataLoader:
     return DataLoader(TrainBatches(tokens, args.block_size, args.batch_size, seed=args.seed), batch_size=None)
 
@@ -48,14 +42,10 @@ def batches(tokens: np.ndarray, args: argparse.Namespace) -> DataLoader:
 def run_lightning(
     module: LitGPT, tokens: np.ndarray, args: argparse.Namespace
 ) -> tuple[list[float], list[float]]:
-    """Step end times and losses of `args.steps` steps of Trainer.fit (timed after the scheduler step, where
-    Lightning calls on_train_batch_end)."""
-    clock = StepLog(accumulate=1)  # perf_counter and loss after each optimizer and scheduler step
-    trainer = L.Trainer(
-        max_steps=args.steps, max_epochs=-1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, gradient_clip_val=1.0, limit_val_batches=0,
-        num_sanity_val_steps=0, callbacks=[clock],
-    )  # fmt: skip
+    """Step end times and losses of `args.steps` steps of Trainer.fit (timed after the scheduler step)."""
+    clock = StepLog(accumulate=1)
+    trainer = L.Trainer(max_steps=args.steps, accelerator="cpu", enable_checkpointing=False, callbacks=[clock],
+                        **QUIET_TRAINER)  # fmt: skip
     trainer.fit(module, train_dataloaders=batches(tokens, args))
     return clock.times, clock.losses
 
@@ -63,8 +53,7 @@ def run_lightning(
 def run_bare(module: LitGPT, tokens: np.ndarray, args: argparse.Namespace) -> tuple[list[float], list[float]]:
     """The same steps as run_lightning without Lightning: step end times and losses."""
     module.train()
-    hp = module.hparams
-    optimizer = module.make_optimizer()
+    hp, optimizer = module.hparams, module.make_optimizer()
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(
         step, args.steps, hp.warmup_steps, hp.schedule, hp.min_lr_ratio, hp.decay_fraction))  # fmt: skip
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -83,16 +72,6 @@ def run_bare(module: LitGPT, tokens: np.ndarray, args: argparse.Namespace) -> tu
     return times, losses
 
 
-def quiet_lightning() -> None:
-    # Lightning's banner ("GPU available", ...) and its advice to add DataLoader workers would bury the table;
-    # both sides read batches in the main process, so the advice does not change the comparison.
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-    warnings.filterwarnings("ignore", message=".*no `val_dataloader`.*")  # validation is off on purpose
-    warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # Lightning's own deprecation, not ours
-
-
 def measure(args: argparse.Namespace) -> dict[str, list[tuple[float, list[float], float]]]:
     """Alternating rounds: per side a list of (tokens/s, losses, minor page faults per step)."""
     tokens = np.random.default_rng(args.seed).integers(
@@ -102,7 +81,8 @@ def measure(args: argparse.Namespace) -> dict[str, list[tuple[float, list[float]
     runners = {"lightning": run_lightning, "bare": run_bare}
     # One model for every run, reset to the same initial weights in place: the parameters then keep their
     # memory addresses, one less difference between runs that moves their speed.
-    module = build_module(args)
+    torch.manual_seed(args.seed)
+    module = LitGPT(**model_shape(args), mlp_hidden=args.mlp_hidden, **RECIPE)
     initial = {name: tensor.clone() for name, tensor in module.state_dict().items()}
     timed = (args.steps - args.warmup) * args.batch_size * args.block_size  # tokens after the warm-up steps
     for round_index in range(args.repeats):
@@ -145,7 +125,7 @@ def report(results: dict[str, list[tuple[float, list[float], float]]], args: arg
           f"max |diff| over all {len(lit_losses)} steps {worst:.2e}")  # fmt: skip
 
 
-def parse_args() -> argparse.Namespace:
+def main() -> None:
     parser = new_parser(__doc__, vocab_size=1024, block_size=64, n_layer=3, n_head=4, n_kv_head=2, n_embd=128)
     add = parser.add_argument
     add("--steps", type=int, default=150, help="optimizer steps per run")
@@ -160,16 +140,17 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if not 1 <= args.warmup < args.steps:
         parser.error("need 1 <= --warmup < --steps")
-    return args
-
-
-def main() -> None:
-    args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if not args.default_allocator:
         retain_freed_memory()
-    quiet_lightning()
+    # Lightning's banner ("GPU available", ...) and its advice to add DataLoader workers would bury the table;
+    # both sides read batches in the main process, so the advice does not change the comparison.
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*no `val_dataloader`.*")  # validation is off on purpose
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # Lightning's own deprecation, not ours
     report(measure(args), args)
 
 

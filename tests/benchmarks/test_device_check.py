@@ -22,6 +22,9 @@ def test_cpu_smoke_runs_every_check_and_passes(script):
         assert line.split()[len(check.split())] == "PASS", line
     for info in ("train tokens/s", "train MFU", "train peak memory", "decode tokens/s"):
         assert any(line.startswith(info) for line in table.splitlines()), info
+    assert "MBU" in next(
+        line for line in table.splitlines() if line.startswith("decode tokens/s (compile=True)")
+    )
 
 
 def _attention_with_dropout(q, k, v):
