@@ -43,9 +43,9 @@ class RunAlreadyFinished(Exception):
 def check_resumable(path: Path) -> None:
     """Raise CheckpointError unless `path` is intact, ours, and holds what resuming needs (a file's weights are
     loaded; a sharded folder's index must name its weights and optimizer states, and every shard be there)."""
+    ckpt, _ = read_checkpoint(path)
     sharded = is_sharded_checkpoint(path)
     held = sharded_contents(path) if sharded else set()  # the groups in its shards: weights, optimizer states
-    ckpt, _ = read_checkpoint(path)
     needed = ("global_step", "loops", "state_dict", "optimizer_0") if sharded else RESUME_KEYS
     missing = [key for key in needed if key not in ckpt and key not in held]
     if missing:
