@@ -40,9 +40,10 @@ class RunAlreadyFinished(Exception):
     """Resuming a run whose checkpoint already reached trainer.max_steps: nothing to train (exit 0)."""
 
 
-def check_resumable(path: Path) -> None:
-    """Raise CheckpointError unless `path` is intact, ours, and holds what resuming needs (a file's weights are
-    loaded; a sharded folder's index must name its weights and optimizer states, and every shard be there)."""
+def check_resumable(path: Path) -> dict:
+    """The checkpoint dict of `path`; CheckpointError unless it is intact, ours, and holds what resuming needs (a
+    file's weights are loaded; a sharded folder's index must name its weights and optimizer states, and every shard
+    be there)."""
     ckpt, _ = read_checkpoint(path)
     sharded = is_sharded_checkpoint(path)
     held = sharded_contents(path) if sharded else set()  # the groups in its shards: weights, optimizer states
@@ -52,6 +53,7 @@ def check_resumable(path: Path) -> None:
         raise CheckpointError(f"{path}: lacks {', '.join(missing)}; it cannot resume training")
     if not sharded:  # weights that fit the config
         loaded_from(ckpt, path)
+    return ckpt
 
 
 def choose_resume_checkpoint(checkpoint_dir: str | Path, warn: Callable[[str], None] = print) -> Path | None:

@@ -23,7 +23,7 @@ from checkpoints.resume import (
 from checkpoints.run_dir import RunDir
 from checkpoints.run_lock import RunDirBusyError, own_run_dir
 from checkpoints.save_on_stop import GracefulCtrlC, LastCheckpoint
-from checkpoints.settings import GPTCheckpoint, resolve_ckpt_path, with_checkpoint_io
+from checkpoints.settings import GPTCheckpoint, resume_last, with_checkpoint_io
 from common.errors import UserError
 from common.files import atomic_write, refuse_unwritable_folder
 from common.threads import apply_thread_count
@@ -69,7 +69,7 @@ class GPTCLI(LightningCLI):
     def __init__(self, *args, ctrl_c: GracefulCtrlC | None = None, **kwargs) -> None:
         self.ctrl_c = ctrl_c or GracefulCtrlC()
         self.resumed_from_run_dir = False
-        self.resumed: dict | None = None  # the checkpoint --ckpt_path names, read once
+        self.resumed: dict | None = None  # the checkpoint --ckpt_path names, read once (until the checks)
         self.explicit_config = None
         self.pretrained: Pretrained | None = None
         silence_known_noise()
@@ -181,11 +181,12 @@ class GPTCLI(LightningCLI):
             rank_zero_info(apply_thread_count(config.get("threads"), torch.set_num_threads)[1])
         config.trainer.default_root_dir = str(run_dir)
         config.checkpoint.dirpath = str(RunDir(run_dir).checkpoints)
+        # Dropped from the CLI here: Lightning loads the checkpoint itself, and its weights would stay in memory.
+        resumed, self.resumed = self.resumed, None
         if self.subcommand == "fit" and config.get("ckpt_path") == "last":
-            config.ckpt_path = resolve_ckpt_path(RunDir(run_dir).checkpoints, "last")
-            self.resumed = read_resume_point(config.ckpt_path)
-        if self.resumed is not None:
-            check_resume_point(config, config.ckpt_path, self.resumed, self.subcommand or "fit")
+            config.ckpt_path, resumed = resume_last(RunDir(run_dir).checkpoints)
+        if resumed is not None:
+            check_resume_point(config, config.ckpt_path, resumed, self.subcommand or "fit")
         ours = config.trainer.logger in (None, True) or is_run_logger(config.trainer.logger)
         if self.subcommand not in ("fit", None):
             # validate writes nothing into the run's folder (config.yaml, wandb) unless a logger is asked for.
@@ -194,7 +195,7 @@ class GPTCLI(LightningCLI):
                 config.trainer.logger = False
         elif ours:
             # Rebuilt for this run directory, so a copied or moved run logs where it now is.
-            config.trainer.logger = run_logger(run_dir, config.wandb_project, name, self.resumed)
+            config.trainer.logger = run_logger(run_dir, config.wandb_project, name, resumed)
         extra = [ThroughputMonitor(), LastCheckpoint(), self.ctrl_c, WandbResume(), FitReport()]
         # A ProgressBar callback while enable_progress_bar is False is an error in Lightning.
         if config.trainer.enable_progress_bar is not False:
