@@ -181,7 +181,7 @@ class GPTCLI(LightningCLI):
             rank_zero_info(apply_thread_count(config.get("threads"), torch.set_num_threads)[1])
         config.trainer.default_root_dir = str(run_dir)
         config.checkpoint.dirpath = str(RunDir(run_dir).checkpoints)
-        # Dropped from the CLI here: Lightning loads the checkpoint itself, and its weights would stay in memory.
+        # Held only for these checks: Lightning loads the checkpoint itself, and a kept dict would double its memory.
         resumed, self.resumed = self.resumed, None
         if self.subcommand == "fit" and config.get("ckpt_path") == "last":
             config.ckpt_path, resumed = resume_last(RunDir(run_dir).checkpoints)
