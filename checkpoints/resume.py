@@ -1,4 +1,4 @@
-"""Resuming: `--ckpt_path` checked right after parsing, which checkpoint can continue a run, `--ckpt_path runs/<run>`.
+"""Resuming: `--ckpt_path` read once and checked, which checkpoint can continue a run, `--ckpt_path runs/<run>`.
 
 Resuming from a run directory reads its config.yaml first, so no override of the first run has to be repeated.
 The checks run before any file or wandb run is touched, so a bad checkpoint, or model sizes that do not fit its
