@@ -86,7 +86,9 @@ def read_checkpoint(path: str | Path) -> tuple[dict, Path]:
     if path.is_dir() and not is_sharded_checkpoint(path) and not (path / SHARDED_INDEX).is_file():
         run = RunDir(path)
         folder = run.checkpoints if run.holds_checkpoints() else path  # a run directory, or its checkpoints/
-        chosen = choose_checkpoint(folder, _readable, READING, warn=lambda line: print(line, file=sys.stderr))
+        chosen = choose_checkpoint(
+            folder, read_checkpoint_file, READING, warn=lambda line: print(line, file=sys.stderr)
+        )
         if chosen is not None:
             return chosen[1], chosen[0]
         if not (folder / LAST_NAME).exists():
@@ -102,16 +104,9 @@ def read_checkpoint(path: str | Path) -> tuple[dict, Path]:
     return read_checkpoint_file(path), path
 
 
-def _readable(path: Path) -> dict:
-    """`read_checkpoint_file`, and for a sharded folder also its index naming shards that are all there."""
-    ckpt = read_checkpoint_file(path)
-    if is_sharded_checkpoint(path):
-        sharded_contents(path)
-    return ckpt
-
-
 def read_checkpoint_file(path: Path) -> dict:
-    """The dict of one checkpoint file or sharded folder, its zip checksums and metadata checked."""
+    """The dict of one checkpoint file or sharded folder, its zip checksums and metadata checked (and a sharded
+    folder's index naming shards that are all there)."""
     file = checkpoint_dict_file(path)
     try:
         ckpt = torch.load(file, map_location="cpu", weights_only=True)
@@ -127,6 +122,8 @@ def read_checkpoint_file(path: Path) -> dict:
             f"{path}: not a gqa-gpt checkpoint (no '{META_KEY}' metadata); use one written by train.py"
         )
     check_metadata(ckpt[META_KEY], path)
+    if is_sharded_checkpoint(path):
+        sharded_contents(path)
     return ckpt
 
 

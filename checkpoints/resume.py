@@ -1,4 +1,4 @@
-"""Resuming: `--ckpt_path` checked right after parsing, which checkpoint can continue a run, `--ckpt_path runs/<run>`.
+"""Resuming: `--ckpt_path` read once and checked, which checkpoint can continue a run, `--ckpt_path runs/<run>`.
 
 Resuming from a run directory reads its config.yaml first, so no override of the first run has to be repeated.
 The checks run before any file or wandb run is touched, so a bad checkpoint, or model sizes that do not fit its
@@ -18,15 +18,7 @@ from common.errors import UserError
 from model import GPT, ModelConfig
 
 from .format import META_KEY, loaded_from, read_checkpoint, sharded_contents
-from .run_dir import (
-    LAST_NAME,
-    CheckpointError,
-    RunDir,
-    Wording,
-    checkpoint_step,
-    choose_checkpoint,
-    is_sharded_checkpoint,
-)
+from .run_dir import CheckpointError, RunDir, Wording, choose_checkpoint, is_sharded_checkpoint
 
 CKPT_FLAG = "--ckpt_path"
 # What Lightning needs to continue a run exactly; a checkpoint without them is not resumable.
@@ -48,22 +40,20 @@ class RunAlreadyFinished(Exception):
     """Resuming a run whose checkpoint already reached trainer.max_steps: nothing to train (exit 0)."""
 
 
-def check_resumable(path: Path) -> None:
-    """Raise CheckpointError unless `path` is intact, ours, and holds what resuming needs (a file's weights are
-    loaded; a sharded folder's index must name its weights and optimizer states, and every shard be there)."""
-    sharded = is_sharded_checkpoint(path)
-    if sharded:
-        held = sharded_contents(path)
-        not_in_shards = [key for key in ("state_dict", "optimizer_0") if key not in held]
-        needed = [key for key in RESUME_KEYS if key not in ("state_dict", "optimizer_states")]
-    else:
-        not_in_shards, needed = [], list(RESUME_KEYS)
+def check_resumable(path: Path) -> dict:
+    """The checkpoint dict of `path`; CheckpointError unless it is intact, ours, and holds what resuming needs (a
+    file's weights are loaded; a sharded folder's index must name its weights and optimizer states, and every shard
+    be there)."""
     ckpt, _ = read_checkpoint(path)
-    missing = [key for key in needed if key not in ckpt] + not_in_shards
+    sharded = is_sharded_checkpoint(path)
+    held = sharded_contents(path) if sharded else set()  # the groups in its shards: weights, optimizer states
+    needed = ("global_step", "loops", "state_dict", "optimizer_0") if sharded else RESUME_KEYS
+    missing = [key for key in needed if key not in ckpt and key not in held]
     if missing:
         raise CheckpointError(f"{path}: lacks {', '.join(missing)}; it cannot resume training")
     if not sharded:  # weights that fit the config
         loaded_from(ckpt, path)
+    return ckpt
 
 
 def choose_resume_checkpoint(checkpoint_dir: str | Path, warn: Callable[[str], None] = print) -> Path | None:
@@ -119,37 +109,38 @@ def _ckpt_path_argument(args: list[str]) -> tuple[tuple[int, int], Path | None]:
     return (0, 0), None
 
 
-def is_checkpoint_file_path(ckpt_path: str | None) -> bool:
-    """True for a --ckpt_path naming a local file or folder (not 'last', a URL, or nothing)."""
-    return bool(ckpt_path) and ckpt_path not in SPECIAL_CKPT_PATHS and "://" not in ckpt_path
+def read_resume_point(ckpt_path: str | None) -> dict | None:
+    """The checkpoint dict a local --ckpt_path names (None for none, 'last' or a URL), read once for every check
+    before the run; one line (CheckpointError, exit 2) unless it is a readable checkpoint written by train.py."""
+    if not ckpt_path or ckpt_path in SPECIAL_CKPT_PATHS or "://" in ckpt_path:
+        return None
+    return read_checkpoint(ckpt_path)[0]
 
 
-def check_readable(ckpt_path: str | None) -> None:
-    """One line (CheckpointError, exit 2) unless `ckpt_path` is a readable checkpoint written by train.py."""
-    if is_checkpoint_file_path(ckpt_path):
-        read_checkpoint(ckpt_path)
-
-
-def refuse_size_change(config, ckpt_path: str | None, subcommand: str) -> None:
-    """Raise UserError when the parsed config builds a model whose weights cannot load `ckpt_path`."""
-    if not is_checkpoint_file_path(ckpt_path):
-        return
-    stored = read_checkpoint(ckpt_path)[0][META_KEY]["model_config"]
+def check_resume_point(config, ckpt_path: str, ckpt: dict, subcommand: str) -> None:
+    """Refuse a parsed config whose model cannot load the checkpoint `ckpt` read from `ckpt_path` (UserError), and
+    a fit of a run that checkpoint already finished (RunAlreadyFinished)."""
+    stored = ckpt[META_KEY]["model_config"]
     model, data = config.get("model") or {}, config.get("data") or {}
     requested = {**stored, **{name: model.get(name) for name in MODEL_FIELDS if model.get(name) is not None}}
     requested.update({name: data.get(name) for name in DATA_FIELDS if data.get(name) is not None})
-    if _weight_shapes(stored) == _weight_shapes(requested):
-        return
-    changed = ", ".join(
-        f"{name}={requested[name]!r} (checkpoint: {stored.get(name)!r})"
-        for name in MODEL_FIELDS
-        if requested.get(name) != stored.get(name)
-    )
-    if subcommand == "fit":
-        fix = "a run's model sizes are fixed: drop the override, or start a new run with --run_name"
-    else:
-        fix = f"pass the config it was trained with (--config {_run_config(ckpt_path)})"
-    raise UserError(f"--ckpt_path {ckpt_path}: the config asks {changed}; {fix}")
+    if _weight_shapes(stored) != _weight_shapes(requested):
+        changed = ", ".join(
+            f"{name}={requested[name]!r} (checkpoint: {stored.get(name)!r})"
+            for name in MODEL_FIELDS
+            if requested.get(name) != stored.get(name)
+        )
+        if subcommand == "fit":
+            fix = "a run's model sizes are fixed: drop the override, or start a new run with --run_name"
+        else:
+            fix = f"pass the config it was trained with (--config {_run_config(ckpt_path)})"
+        raise UserError(f"--ckpt_path {ckpt_path}: the config asks {changed}; {fix}")
+    step, max_steps = ckpt.get("global_step"), config.trainer.max_steps
+    if subcommand == "fit" and step is not None and max_steps is not None and 0 <= max_steps <= step:
+        raise RunAlreadyFinished(
+            f"{ckpt_path} is at step {step}, already trainer.max_steps={max_steps}: nothing to train "
+            "(raise --trainer.max_steps to train further)"
+        )
 
 
 def _weight_shapes(fields: dict) -> dict[str, tuple[int, ...]]:
@@ -172,18 +163,4 @@ def refuse_to_overwrite(run_dir: Path) -> None:
         raise UserError(
             f"{run_dir} already holds checkpoints; resume it with `python train.py fit --ckpt_path {run_dir}` "
             "or start a new run with --run_name"
-        )
-
-
-def refuse_finished_run(trainer, ckpt_path: str | None) -> None:
-    """RunAlreadyFinished when the checkpoint resumed already reached trainer.max_steps."""
-    if not ckpt_path or trainer.max_steps < 0:
-        return
-    if ckpt_path == "last" and trainer.checkpoint_callback is not None:
-        ckpt_path = str(Path(trainer.checkpoint_callback.dirpath) / LAST_NAME)
-    step = checkpoint_step(Path(ckpt_path))  # None for a path that is not a readable checkpoint
-    if step is not None and step >= trainer.max_steps:
-        raise RunAlreadyFinished(
-            f"{ckpt_path} is at step {step}, already trainer.max_steps={trainer.max_steps}: nothing to train "
-            "(raise --trainer.max_steps to train further)"
         )

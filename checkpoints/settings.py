@@ -13,7 +13,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from .atomic_io import AtomicCheckpointIO
 from .background_io import BackgroundCheckpointIO
-from .resume import choose_resume_checkpoint
+from .resume import RESUMING, check_resumable
+from .run_dir import choose_checkpoint
 
 
 class GPTCheckpoint(ModelCheckpoint):
@@ -55,15 +56,19 @@ def with_checkpoint_io(plugins: Any, keep_last: int, async_save: bool) -> list:
 def resolve_ckpt_path(
     checkpoint_dir: Path, ckpt_path: str | None, say: Callable[[str], None] | None = None
 ) -> str | None:
-    """Resolve `ckpt_path="last"` to the newest resumable file in `checkpoint_dir` (None: start fresh); a UserError
-    when none is resumable. Only reads: the sweep waits for the run's lock (run_lock)."""
+    """`ckpt_path`, with "last" resolved by `resume_last` (None: start fresh)."""
+    return resume_last(checkpoint_dir, say)[0] if ckpt_path == "last" else ckpt_path
+
+
+def resume_last(
+    checkpoint_dir: Path, say: Callable[[str], None] | None = None
+) -> tuple[str | None, dict | None]:
+    """`--ckpt_path last`: the newest resumable checkpoint in `checkpoint_dir` and its dict, (None, None) when there
+    is none yet; a UserError when none is resumable. Only reads: the sweep waits for the run's lock (run_lock)."""
     say = say or (lambda line: print(line, file=sys.stderr))
-    if ckpt_path != "last":
-        return ckpt_path
-    chosen = choose_resume_checkpoint(
-        checkpoint_dir, warn=say if rank_zero_only.rank == 0 else lambda _: None
-    )
+    warn = say if rank_zero_only.rank == 0 else lambda _: None
+    chosen = choose_checkpoint(Path(checkpoint_dir), check_resumable, RESUMING, warn)
     if chosen is None:
         say(f"--ckpt_path last: no checkpoint in {checkpoint_dir} yet; starting from step 0")
-        return None
-    return str(chosen)
+        return None, None
+    return str(chosen[0]), chosen[1]

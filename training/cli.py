@@ -15,16 +15,15 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from checkpoints.resume import (
-    check_readable,
+    check_resume_point,
     expand_run_dir_resume,
-    refuse_finished_run,
-    refuse_size_change,
+    read_resume_point,
     refuse_to_overwrite,
 )
 from checkpoints.run_dir import RunDir
 from checkpoints.run_lock import RunDirBusyError, own_run_dir
 from checkpoints.save_on_stop import GracefulCtrlC, LastCheckpoint
-from checkpoints.settings import GPTCheckpoint, resolve_ckpt_path, with_checkpoint_io
+from checkpoints.settings import GPTCheckpoint, resume_last, with_checkpoint_io
 from common.errors import UserError
 from common.files import atomic_write, refuse_unwritable_folder
 from common.threads import apply_thread_count
@@ -70,6 +69,7 @@ class GPTCLI(LightningCLI):
     def __init__(self, *args, ctrl_c: GracefulCtrlC | None = None, **kwargs) -> None:
         self.ctrl_c = ctrl_c or GracefulCtrlC()
         self.resumed_from_run_dir = False
+        self.resumed: dict | None = None  # the checkpoint --ckpt_path names, read once (until the checks)
         self.explicit_config = None
         self.pretrained: Pretrained | None = None
         silence_known_noise()
@@ -105,16 +105,19 @@ class GPTCLI(LightningCLI):
 
     def _parse_ckpt_path(self) -> None:
         subcommand = self.config.get("subcommand")
-        # Before Lightning's own torch.load of the file, which turns a text file into a traceback.
-        check_readable(self.config[subcommand].get("ckpt_path") if subcommand else None)
-        # Lightning re-applies a checkpoint's hyperparameters over the parsed config; from a run directory the
-        # saved config.yaml already holds them, and re-applying would undo the user's explicit overrides.
-        if not self.resumed_from_run_dir:
-            super()._parse_ckpt_path()
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        # Read once for every check before the run, and before Lightning's own torch.load would turn a text file
+        # into a traceback.
+        self.resumed = read_resume_point(ckpt_path)
+        # Lightning's _parse_ckpt_path: the checkpoint's hyperparameters over the parsed config. From a run
+        # directory the saved config.yaml already holds them, and re-applying would undo the user's overrides.
+        hparams = dict((self.resumed or {}).get("hyper_parameters", {}))
+        hparams.pop("_instantiator", None)
+        if hparams and not self.resumed_from_run_dir and Path(ckpt_path).is_file():
+            self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
 
     def fit(self, model, datamodule=None, ckpt_path=None, **kwargs) -> None:
-        """trainer.fit with Ctrl-C handled gracefully, after checking the resumed run is not already done."""
-        refuse_finished_run(self.trainer, ckpt_path)
+        """trainer.fit with Ctrl-C handled gracefully, as the run directory's one writer."""
         if ckpt_path:  # a resume restores our checkpoint, never the init_from weights
             model.pretrained_pending = False
         run_dir = Path(self.trainer.default_root_dir)
@@ -178,9 +181,12 @@ class GPTCLI(LightningCLI):
             rank_zero_info(apply_thread_count(config.get("threads"), torch.set_num_threads)[1])
         config.trainer.default_root_dir = str(run_dir)
         config.checkpoint.dirpath = str(RunDir(run_dir).checkpoints)
-        if self.subcommand == "fit":
-            config.ckpt_path = resolve_ckpt_path(RunDir(run_dir).checkpoints, config.get("ckpt_path"))
-        refuse_size_change(config, config.get("ckpt_path"), self.subcommand or "fit")
+        # Held only for these checks: Lightning loads the checkpoint itself, and a kept dict would double its memory.
+        resumed, self.resumed = self.resumed, None
+        if self.subcommand == "fit" and config.get("ckpt_path") == "last":
+            config.ckpt_path, resumed = resume_last(RunDir(run_dir).checkpoints)
+        if resumed is not None:
+            check_resume_point(config, config.ckpt_path, resumed, self.subcommand or "fit")
         ours = config.trainer.logger in (None, True) or is_run_logger(config.trainer.logger)
         if self.subcommand not in ("fit", None):
             # validate writes nothing into the run's folder (config.yaml, wandb) unless a logger is asked for.
@@ -189,7 +195,7 @@ class GPTCLI(LightningCLI):
                 config.trainer.logger = False
         elif ours:
             # Rebuilt for this run directory, so a copied or moved run logs where it now is.
-            config.trainer.logger = run_logger(run_dir, config.wandb_project, name, config.get("ckpt_path"))
+            config.trainer.logger = run_logger(run_dir, config.wandb_project, name, resumed)
         extra = [ThroughputMonitor(), LastCheckpoint(), self.ctrl_c, WandbResume(), FitReport()]
         # A ProgressBar callback while enable_progress_bar is False is an error in Lightning.
         if config.trainer.enable_progress_bar is not False:

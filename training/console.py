@@ -40,14 +40,13 @@ def progress_for_output() -> ProgressBar:
 
 def order_help_sections(parser) -> None:
     """In the parser of every subcommand: readable section titles, the project's sections and --ckpt_path
-    before the Trainer's flags."""
+    before the Trainer's flags, and a usage line (argparse's would list all ~400 flags before anything else)."""
     subcommands = getattr(parser, "_subcommands_action", None)
     for subparser in subcommands.choices.values() if subcommands else [parser]:
         _order_sections(subparser)
 
 
 def _order_sections(parser) -> None:
-    # argparse's usage would list all ~400 flags before anything else.
     parser.usage = (
         "%(prog)s [--config CONFIG] [--KEY VALUE ...]   (keys below; --print_config shows the result)"
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.loggers import WandbLogger
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
 from checkpoints.run_dir import RunDir
 
@@ -77,12 +77,11 @@ class KeptHistory:
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.train_rows: dict[int, dict] = {}  # step -> the train/* and val/* values logged there
-        self._restored = False  # rows came from a checkpoint: re-log those no segment file holds
-        self._held: set[tuple[int, str]] | None = None  # what the segment files hold, read once per resume
+        self._held: set[tuple[int, str]] | None = None  # after a resume, what the segment files hold (rank 0)
 
     def keep_rows(self, step: int, metrics: dict) -> None:
         """Before logging `metrics` at `step`: re-log the rows a killed segment lost, then keep these."""
-        if self._restored:
+        if self._held is not None:
             self._relog_lost()
         if any(key.startswith(KEPT_PREFIXES) for key in metrics):
             self.train_rows.setdefault(step, {}).update(
@@ -90,27 +89,21 @@ class KeptHistory:
             )
 
     def restore_train_rows(self, rows: list) -> None:
-        """Take the train/* rows a checkpoint carried; the first metrics of this segment re-log the lost ones."""
+        """Take the rows a checkpoint carried, and read which of them the run's segment files hold."""
         self.train_rows = {int(step): dict(row) for step, row in rows}
-        self._restored = bool(self.train_rows)
-        self._held = None
+        on_rank_zero = self._save_dir and rank_zero_only.rank == 0
+        self._held = held_rows(Path(self._save_dir)) if on_rank_zero else set()
 
     def lacks_val_row(self, step: int) -> bool:
         """Whether neither the resumed checkpoint's rows nor a segment file holds a val/* value at `step`."""
         if any(key.startswith("val/") for key in self.train_rows.get(step, {})):
             return False
-        return (step, "val/") not in self._held_rows()
-
-    def _held_rows(self) -> set[tuple[int, str]]:
-        if self._held is None:
-            self._held = held_rows(Path(self._save_dir)) if self._save_dir else set()
-        return self._held
+        return (step, "val/") not in (self._held or set())
 
     def _relog_lost(self) -> None:
         # A killed segment's file ends at its last whole block: the rows after it were never written. They are
         # logged again here, at their own steps, before this segment logs anything newer.
-        self._restored = False
-        held, self._held = self._held_rows(), None
+        held, self._held = self._held, None
         lost = 0
         for step, row in sorted(self.train_rows.items()):
             missing = {key for key in row if _kept(key) and (step, _kept(key)) not in held}

@@ -16,7 +16,6 @@ import lightning as L
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
-from checkpoints.format import read_checkpoint
 from checkpoints.run_dir import RunDir
 from common.files import atomic_write
 
@@ -150,9 +149,10 @@ def is_run_logger(logger) -> bool:
     return callable(get) and get("class_path") == RUN_LOGGER
 
 
-def run_logger(run_dir: Path, project: str, name: str, ckpt_path: str | None) -> dict:
-    """The `trainer.logger` entry of a run: one wandb run across preemptions and resumes."""
-    run_id = wandb_run_id(run_dir, stored_wandb_id(ckpt_path))
+def run_logger(run_dir: Path, project: str, name: str, resumed: dict | None) -> dict:
+    """The `trainer.logger` entry of a run: one wandb run across preemptions and resumes (`resumed`: the
+    checkpoint dict resumed from, whose wandb run id serves when the run directory lost its own)."""
+    run_id = wandb_run_id(run_dir, (resumed or {}).get(WANDB_ID_KEY))
     # No mkdir and no message here: both wait until the wandb run is created (see RunWandbLogger).
     where = {"save_dir": str(run_dir), "project": project, "name": name, "offline": wandb_offline()}
     return {"class_path": RUN_LOGGER, "init_args": {**where, "id": run_id, "resume": "allow"}}
@@ -190,10 +190,3 @@ def record_wandb_run_id(run_dir: Path, run_id: str) -> None:
     path = RunDir(run_dir).wandb_id_file
     if not path.is_file():
         atomic_write(path, run_id + "\n")
-
-
-def stored_wandb_id(ckpt_path: str | None) -> str | None:
-    """The wandb run id saved in the checkpoint at `ckpt_path` (None without one)."""
-    if not ckpt_path or not Path(ckpt_path).exists():  # a file, or a sharded checkpoint folder
-        return None
-    return read_checkpoint(ckpt_path)[0].get(WANDB_ID_KEY)

@@ -13,10 +13,15 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from checkpoints.format import CheckpointError, load_checkpoint
-from checkpoints.resume import check_resumable, choose_resume_checkpoint, expand_run_dir_resume
+from checkpoints.resume import (
+    check_resumable,
+    choose_resume_checkpoint,
+    expand_run_dir_resume,
+    read_resume_point,
+)
 from checkpoints.run_dir import checkpoint_step
 from tests.conftest import run_generate
-from training.wandb_logger import WANDB_ID_KEY, stored_wandb_id
+from training.wandb_logger import WANDB_ID_KEY
 
 FSDP2 = {
     "class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
@@ -222,4 +227,6 @@ def test_a_sharded_checkpoint_gives_back_its_wandb_run_id(fsdp_runs, tmp_path):
     shutil.copytree(fsdp_runs["step2"], folder)
     meta = torch.load(folder / "meta.pt", weights_only=True)
     torch.save({**meta, WANDB_ID_KEY: "abc123"}, folder / "meta.pt")  # as WandbResume stores it
-    assert stored_wandb_id(str(folder)) == "abc123"  # a resumed run logs to the same wandb run
+    assert (
+        read_resume_point(str(folder))[WANDB_ID_KEY] == "abc123"
+    )  # a resumed run logs to the same wandb run
