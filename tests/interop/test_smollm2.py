@@ -17,7 +17,6 @@ import torch
 import generate as generate_cli
 from benchmarks.external import INSTALL, smollm2_gguf
 from generation import chat as chat_module
-from interop import load
 from tests.conftest import run_generate
 from tests.hf.conftest import running_in_ci
 
@@ -42,10 +41,11 @@ def smollm2_file() -> Path:
 
 
 @pytest.fixture(scope="module")
-def both():
+def both(smollm2):
+    """Ours (tests/conftest.py: the GGUF loaded once for the session), transformers' model and tokenizer."""
     path = smollm2_file()
     transformers = pytest.importorskip("transformers")
-    ours = load(path)
+    ours = smollm2
     theirs = transformers.AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32
     )

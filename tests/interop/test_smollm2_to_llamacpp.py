@@ -28,7 +28,7 @@ def tokenizer_fields(path) -> dict:
 
 def test_the_tokenizer_is_written_as_the_shipped_file_has_it(probe, tmp_path):  # noqa: F811
     source = smollm2_file()
-    tokenizer = read_tokenizer(source)
+    tokenizer = read_tokenizer(source)  # not the session's smollm2: this fast-lane test reads no weights
     config = ModelConfig(vocab_size=tokenizer.vocab_size, block_size=64, n_layer=1, n_head=2, n_embd=32)
     path = export_gguf(GPT(config), tokenizer, tmp_path / "tok.gguf")
     theirs, ours = tokenizer_fields(source), tokenizer_fields(path)
@@ -46,7 +46,7 @@ def test_the_tokenizer_is_written_as_the_shipped_file_has_it(probe, tmp_path):  
 
 
 @pytest.mark.slow
-def test_a_chat_fine_tune_decodes_in_llamacpp_with_our_greedy_ids(probe, tmp_path):  # noqa: F811
+def test_a_chat_fine_tune_decodes_in_llamacpp_with_our_greedy_ids(probe, smollm2, tmp_path):  # noqa: F811
     source = smollm2_file()
     run_script(
         "train.py", "fit", "--config", "configs/sft-smollm2.yaml", "--model.init_from", str(source),
@@ -57,7 +57,7 @@ def test_a_chat_fine_tune_decodes_in_llamacpp_with_our_greedy_ids(probe, tmp_pat
         "--data.cache_dir", str(tmp_path / "cache"), "--trainer.default_root_dir", str(tmp_path / "runs"),
         timeout=900,
     )  # fmt: skip
-    tuned, base = load(tmp_path / "runs" / "sft-smollm2"), load(source)
+    tuned, base = load(tmp_path / "runs" / "sft-smollm2"), smollm2  # base: the shipped GGUF, loaded once
     path = export_gguf(tuned.model, tuned.tokenizer, tmp_path / "tuned.gguf")
     tokenizer = tuned.tokenizer
     prompt = tokenizer.encode(tokenizer.render_chat(QUESTION), add_bos=False)

@@ -139,7 +139,7 @@ def test_train_py_refuses_a_bad_conversation_in_one_line(streaming, script, tmp_
 def test_the_recipe_samples_a_chat_prompt():
     import yaml
 
-    from tests.training.test_configs import CONFIGS
+    from tests.training.config_cases import CONFIGS
 
     recipe = yaml.safe_load((CONFIGS / "sft-smollm2.yaml").read_text())
     assert recipe["data"]["chat_column"] == "messages"
