@@ -18,7 +18,7 @@ from model.config import ModelConfig
 from model.gpt import GPT
 
 from .gguf_blocks import Blocks, keep_blocks, linear_weights, read_blocks, stacked
-from .hf_folder import model_config_from_hf
+from .hf_folder import model_config_from_hf, model_of
 from .names import INTERLEAVED, check_stored, from_format, from_interleaved_rope, own_tensors
 from .source import PretrainedError
 
@@ -49,6 +49,23 @@ def import_gguf() -> ModuleType:
     return gguf
 
 
+def _reader_class(gguf: ModuleType) -> type:
+    """gguf's reader over a plain ndarray view of its memory map: it reads each metadata string through a slice of
+    `self.data`, and a np.memmap slice runs numpy's Python-level `__array_finalize__` (half of SmolLM2's load,
+    for its 49k tokens and merges). The same bytes, mapped the same way."""
+
+    class Reader(gguf.GGUFReader):
+        @property
+        def data(self) -> np.ndarray:
+            return self._plain
+
+        @data.setter
+        def data(self, mapped: np.ndarray) -> None:
+            self._plain = mapped.view(np.ndarray)
+
+    return Reader
+
+
 def _as_written(value: float) -> float:
     """The decimal a float32 metadata value was written from (1e-05, not 9.999999747378752e-06)."""
     return float(str(np.float32(value)))
@@ -61,7 +78,7 @@ class GGUFFile:
         gguf = import_gguf()
         self.path, self._gguf = path, gguf
         try:
-            self._reader = gguf.GGUFReader(path)
+            self._reader = _reader_class(gguf)(path)
         except Exception as err:  # the reader raises ValueError and struct/numpy errors for damaged files
             raise PretrainedError(
                 f"{path}: cannot read this GGUF file ({type(err).__name__}); it is damaged"
@@ -116,17 +133,17 @@ class GGUFFile:
         before any weight. With `keep_quantized`, a linear layer stored as KEPT_TYPES keeps its block codes."""
         tokenizer = self.tokenizer()
         config = self.model_config()
-        model = GPT(config)
+        with torch.device("meta"):
+            expected = own_tensors(GPT(config).state_dict(), config)
         tensors = self._tensors()
         shapes = {name: tuple(int(n) for n in reversed(t.shape)) for name, t in tensors.items()}
-        state = own_tensors(model.state_dict(), config)
-        check_stored(shapes, config, state, "gguf", f"{self.path}:")
+        check_stored(shapes, config, expected, "gguf", f"{self.path}:")
         interleaved = self.architecture in INTERLEAVED
         rotate = from_interleaved_rope if interleaved else None
-        state = from_format(state, config, "gguf", lambda n: self._float(tensors.get(n)), torch.cat, rotate)
-        if config.tie_embeddings:
-            state["lm_head.weight"] = state["wte.weight"]
-        model.load_state_dict(state)
+        state = from_format(
+            expected, config, "gguf", lambda n: self._float(tensors.get(n)), torch.cat, rotate
+        )
+        model = model_of(config, state)
         if keep_quantized:
             rotate = _rotate_blocks if interleaved else None
             blocks = from_format(

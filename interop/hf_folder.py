@@ -232,11 +232,21 @@ def load_hf(directory: str | Path) -> GPT:
     )
     check_stored(shapes, config, expected.state_dict(), "hf", f"{directory}:", tolerated)
     state = from_format(expected.state_dict(), config, "hf", tensors.get, torch.cat)
+    dtype = state["wte.weight"].dtype
+    return model_of(config, {name: tensor.to(dtype) for name, tensor in state.items()}).eval()
+
+
+def model_of(config: ModelConfig, state: dict[str, torch.Tensor]) -> GPT:
+    """Our GPT made of `state`'s tensors (a tied lm_head: the embedding's, whatever `state` holds for it). Built on
+    the meta device: initialising 135 M weights only to overwrite them was a fifth of SmolLM2's load."""
+    with torch.device("meta"):
+        model = GPT(config)
     if config.tie_embeddings:  # a stored copy of a tied lm_head (some exporters write one) is ignored
-        state["lm_head.weight"] = state["wte.weight"]
-    model = GPT(config).to(state["wte.weight"].dtype)
-    model.load_state_dict(state)
-    return model.eval()
+        state = state | {"lm_head.weight": state["wte.weight"]}
+    model.load_state_dict(state, assign=True)
+    if config.tie_embeddings:  # assign gave the two names a parameter each; tied, they are one
+        model.lm_head.weight = model.wte.weight
+    return model
 
 
 def load_hf_tensors(directory: Path) -> dict[str, torch.Tensor]:
