@@ -16,30 +16,54 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 from .cache import KVCache
-from .gpt import GPT
+from .gpt import GPT, OneRowLinears
+
+
+class StaticLayer(NamedTuple):
+    """One layer of a `StaticCache`: plain tensors (and a flag), so the compiled step traces a block once and
+    reuses that graph for every layer (`Block.forward`): nothing in it says which layer it is."""
+
+    k: torch.Tensor  # (B, Hkv, max_len, D), a view of the KVCache's buffer
+    v: torch.Tensor
+    pos: torch.Tensor  # (1,) long: the position written, shared by the layers
+    key_pos: torch.Tensor  # (max_len,) arange
+    reductions: bool
+    one_region = True  # `Block.forward`: under torch.compile, one graph for the blocks of every layer
+
+    @property
+    def visible(self) -> torch.Tensor:
+        return (self.key_pos <= self.pos).view(1, 1, 1, -1)  # (1, 1, 1, S)
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k.index_copy_(2, self.pos, k)
+        self.v.index_copy_(2, self.pos, v)
+        return self.k, self.v
 
 
 class StaticCache:
     """The buffers of a `KVCache` seen at a tensor position `pos` (set by `StaticDecoder` before each step),
-    one token per forward: `update` returns the whole buffers (B, Hkv, max_len, D), `visible` masks them."""
+    one token per forward: a layer's `update` returns its whole buffers (B, Hkv, max_len, D), `visible` masks
+    them."""
 
     def __init__(self, cache: KVCache, reductions: bool = False) -> None:
         device = cache.k.device
         self.reductions = reductions
-        # One view per layer rather than the stacked (L, ...) buffers: a write through a view of one stacked
-        # graph input made the compiled graph copy the whole cache at every step; separate inputs are written
-        # in place.
-        self.k, self.v = cache.k.unbind(0), cache.v.unbind(0)
         self.pos = torch.zeros(1, dtype=torch.long, device=device)
         cos, sin = cache.rope.tables(0, cache.max_len, device)
         self.cos, self.sin = cos.clone(), sin.clone()  # own tables: the shared ones are views of a bigger one
-        self.key_pos = torch.arange(cache.max_len, device=device)
+        key_pos = torch.arange(cache.max_len, device=device)
+        # One view per layer rather than the stacked (L, ...) buffers: a write through a view of one stacked
+        # graph input made the compiled graph copy the whole cache at every step; separate inputs are written
+        # in place.
+        self._layers = [
+            StaticLayer(k, v, self.pos, key_pos, reductions)
+            for k, v in zip(cache.k.unbind(0), cache.v.unbind(0), strict=True)
+        ]
 
     def rope_rows(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         if t != 1:
@@ -48,33 +72,12 @@ class StaticCache:
             )
         return self.cos.index_select(0, self.pos), self.sin.index_select(0, self.pos)  # (1, D)
 
-    @property
-    def visible(self) -> torch.Tensor:
-        return (self.key_pos <= self.pos).view(1, 1, 1, -1)  # (1, 1, 1, S)
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.k[layer].index_copy_(2, self.pos, k)
-        self.v[layer].index_copy_(2, self.pos, v)
-        return self.k[layer], self.v[layer]
+    def layers(self) -> list[StaticLayer]:
+        return self._layers
 
     def advance(self, n_tokens: int) -> None:
         """Nothing: the decoder sets `pos` between steps. Moving it inside the step would mutate a graph
         input, which keeps CUDA graphs from replaying."""
-
-
-class OneRowLinears(TorchFunctionMode):
-    """Writes a one-row `F.linear` as a product and a sum, for Inductor to fuse into one reduction (CPU).
-
-    Only meant inside a compiled step: run eagerly, the product would be materialised before the sum. More
-    rows keep the matrix product, where the GEMM kernel is the better choice.
-    """
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.linear and not kwargs and 2 <= len(args) <= 3 and args[0].shape[:-1].numel() == 1:
-            out = (args[0].unsqueeze(-2) * args[1]).sum(-1)
-            return out if len(args) == 2 or args[2] is None else out + args[2]
-        return func(*args, **kwargs)
 
 
 def decode_step(model: GPT, token: torch.Tensor, cache: StaticCache) -> torch.Tensor:
