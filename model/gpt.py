@@ -12,7 +12,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from .attention import apply_rope, explicit_attention, one_query_attention, sdpa_attention
-from .cache import Cache, LayerCache
+from .cache import Cache, LayerCache, StaticLayer
 from .config import ModelConfig
 
 
@@ -135,8 +135,8 @@ class Block(nn.Module):
         cache: LayerCache | None = None,
         probs_out: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        if cache is not None and cache.one_region:  # the static step: one graph for the blocks of all layers
-            return _one_region(self, x, cos, sin, cache)
+        if isinstance(cache, StaticLayer):  # the static step: one graph for the blocks of all layers
+            return _one_region(self, x, cos, sin, *cache)
         return self.body(x, cos, sin, cache, probs_out)
 
     def body(
@@ -152,12 +152,24 @@ class Block(nn.Module):
 
 
 @torch.compiler.nested_compile_region
-def _one_region(block: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache):
+def _one_region(
+    block: Block,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pos: torch.Tensor,
+    key_pos: torch.Tensor,
+    reductions: bool,
+) -> torch.Tensor:
     """A block under torch.compile traced and lowered once, its graph reused for every layer whose weights and
-    cache have the same shapes (torch checks that): a no-op when not compiling. Its inputs are tensors and
-    modules only, so nothing in it names its layer."""
-    with OneRowLinears() if cache.reductions else contextlib.nullcontext():  # the mode stops at the region
-        return block.body(x, cos, sin, cache)
+    cache have the same shapes (torch checks that); a plain call when not compiling. Its inputs are a module,
+    tensors and a flag, nothing naming the layer; passed one by one, torch checks them without flattening
+    a tuple (that check would add a guard a kept step cannot save)."""
+    # Inside the region the caller's modes are off: it asks for the step's one-row reductions itself.
+    with OneRowLinears() if reductions else contextlib.nullcontext():
+        return block.body(x, cos, sin, StaticLayer(k, v, pos, key_pos, reductions))
 
 
 class GPT(nn.Module):

@@ -16,33 +16,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import NamedTuple
 
 import torch
 
-from .cache import KVCache
+from .cache import KVCache, StaticLayer
 from .gpt import GPT, OneRowLinears
-
-
-class StaticLayer(NamedTuple):
-    """One layer of a `StaticCache`: plain tensors (and a flag), so the compiled step traces a block once and
-    reuses that graph for every layer (`Block.forward`): nothing in it says which layer it is."""
-
-    k: torch.Tensor  # (B, Hkv, max_len, D), a view of the KVCache's buffer
-    v: torch.Tensor
-    pos: torch.Tensor  # (1,) long: the position written, shared by the layers
-    key_pos: torch.Tensor  # (max_len,) arange
-    reductions: bool
-    one_region = True  # `Block.forward`: under torch.compile, one graph for the blocks of every layer
-
-    @property
-    def visible(self) -> torch.Tensor:
-        return (self.key_pos <= self.pos).view(1, 1, 1, -1)  # (1, 1, 1, S)
-
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.k.index_copy_(2, self.pos, k)
-        self.v.index_copy_(2, self.pos, v)
-        return self.k, self.v
 
 
 class StaticCache:
