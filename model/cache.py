@@ -57,6 +57,7 @@ class StaticLayer(NamedTuple):
     pos: torch.Tensor  # (1,) long: the position written, shared by the layers
     key_pos: torch.Tensor  # (max_len,) arange
     reductions: bool
+    one_region: bool = True  # under torch.compile, the blocks of all layers share one graph (`Block.forward`)
 
     @property
     def visible(self) -> torch.Tensor:

@@ -135,7 +135,9 @@ class Block(nn.Module):
         cache: LayerCache | None = None,
         probs_out: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        if isinstance(cache, StaticLayer):  # the static step: one graph for the blocks of all layers
+        if (
+            isinstance(cache, StaticLayer) and cache.one_region
+        ):  # the static step: one graph for the blocks of all layers
             return _one_region(self, x, cos, sin, *cache)
         return self.body(x, cos, sin, cache, probs_out)
 
@@ -162,6 +164,7 @@ def _one_region(
     pos: torch.Tensor,
     key_pos: torch.Tensor,
     reductions: bool,
+    one_region: bool,
 ) -> torch.Tensor:
     """A block under torch.compile traced and lowered once, its graph reused for every layer whose weights and
     cache have the same shapes (torch checks that); a plain call when not compiling. Its inputs are a module,
@@ -169,7 +172,7 @@ def _one_region(
     a tuple (that check would add a guard a kept step cannot save)."""
     # Inside the region the caller's modes are off: it asks for the step's one-row reductions itself.
     with OneRowLinears() if reductions else contextlib.nullcontext():
-        return block.body(x, cos, sin, StaticLayer(k, v, pos, key_pos, reductions))
+        return block.body(x, cos, sin, StaticLayer(k, v, pos, key_pos, reductions, one_region))
 
 
 class GPT(nn.Module):

@@ -22,13 +22,17 @@ import torch
 from .cache import KVCache, StaticLayer
 from .gpt import GPT, OneRowLinears
 
+# aot_eager (quick tests) inlines every block: its kept graph of a region that writes its inputs fails to run
+# once loaded (torch 2.13: "'HopSchema' object has no attribute 'tree_spec'"); inductor's kept step runs.
+ONE_REGION = True
+
 
 class StaticCache:
     """The buffers of a `KVCache` seen at a tensor position `pos` (set by `StaticDecoder` before each step),
     one token per forward: a layer's `update` returns its whole buffers (B, Hkv, max_len, D), `visible` masks
     them."""
 
-    def __init__(self, cache: KVCache, reductions: bool = False) -> None:
+    def __init__(self, cache: KVCache, reductions: bool = False, one_region: bool = True) -> None:
         device = cache.k.device
         self.reductions = reductions
         self.pos = torch.zeros(1, dtype=torch.long, device=device)
@@ -39,7 +43,7 @@ class StaticCache:
         # graph input made the compiled graph copy the whole cache at every step; separate inputs are written
         # in place.
         self._layers = [
-            StaticLayer(k, v, self.pos, key_pos, reductions)
+            StaticLayer(k, v, self.pos, key_pos, reductions, one_region)
             for k, v in zip(cache.k.unbind(0), cache.v.unbind(0), strict=True)
         ]
 
@@ -74,7 +78,8 @@ class StaticDecoder:
         self.model, self.cache = model, cache
         self.key: tuple = ()
         self.on_cuda = cache.k.device.type == "cuda"
-        self.static = StaticCache(cache, reductions=compile and cache.k.device.type == "cpu")
+        reductions = compile and cache.k.device.type == "cpu"
+        self.static = StaticCache(cache, reductions, one_region=ONE_REGION and backend != "aot_eager")
         self.step = decode_step
         if compile:
             mode = "reduce-overhead" if backend == "inductor" and self.on_cuda else None
