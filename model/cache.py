@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -11,18 +12,61 @@ from .attention import Rope
 from .config import ModelConfig
 
 
+class LayerCache(Protocol):
+    """What one block asks of a cache: its own layer's keys and values, so a block never needs its index."""
+
+    reductions: bool  # attention computes its one query as explicit reductions (the compiled CPU step)
+
+    @property
+    def visible(self) -> torch.Tensor | None: ...  # bool mask of the keys `update` returns, None: causal rule
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 class Cache(Protocol):
     """What a forward asks of a cache: `KVCache` answers at an integer position, the static cache of the
     compiled step at a tensor position, so one forward serves both."""
 
-    reductions: bool  # attention computes its one query as explicit reductions (the compiled CPU step)
-    visible: torch.Tensor | None  # bool mask of the keys `update` returns, None for the causal rule
-
     def rope_rows(self, t: int) -> tuple[torch.Tensor, torch.Tensor]: ...
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def layers(self) -> Sequence[LayerCache]: ...  # one per block, in order
 
     def advance(self, n_tokens: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class KVLayer:
+    """Layer `layer` of a `KVCache`, at the cache's position."""
+
+    cache: KVCache
+    layer: int
+    reductions = False
+    visible = None  # `update` returns only the filled keys, so the causal rule of `sdpa_attention` applies
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cache.update(self.layer, k, v)
+
+
+class StaticLayer(NamedTuple):
+    """One layer of the static cache of the compiled step (model/static_decode.py), at a tensor position: plain
+    tensors and a flag, so the step traces one block and reuses its graph for every layer (`Block.forward`):
+    nothing in it says which layer it is. `update` writes at `pos` and returns the whole buffers."""
+
+    k: torch.Tensor  # (B, Hkv, max_len, D), a view of the KVCache's buffer
+    v: torch.Tensor
+    pos: torch.Tensor  # (1,) long: the position written, shared by the layers
+    key_pos: torch.Tensor  # (max_len,) arange
+    reductions: bool
+    one_region: bool = True  # under torch.compile, the blocks of all layers share one graph (`Block.forward`)
+
+    @property
+    def visible(self) -> torch.Tensor:
+        return (self.key_pos <= self.pos).view(1, 1, 1, -1)  # (1, 1, 1, S)
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k.index_copy_(2, self.pos, k)
+        self.v.index_copy_(2, self.pos, v)
+        return self.k, self.v
 
 
 @dataclass
@@ -34,8 +78,6 @@ class KVCache:
     v: torch.Tensor  # (L, B, Hkv, max_len, D)
     rope: Rope
     pos: int = 0
-    reductions = False
-    visible = None  # `update` returns only the filled keys, so the causal rule of `sdpa_attention` applies
 
     @classmethod
     def allocate(
@@ -64,6 +106,9 @@ class KVCache:
     def rope_rows(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin (T, D) of the T new tokens, which sit at positions pos .. pos + T - 1."""
         return self.rope.tables(self.pos, t, self.k.device)
+
+    def layers(self) -> list[KVLayer]:
+        return [KVLayer(self, layer) for layer in range(self.k.shape[0])]
 
     @property
     def max_len(self) -> int:

@@ -3,15 +3,32 @@ The attention math and RoPE are in model/attention.py."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from .attention import apply_rope, explicit_attention, one_query_attention, sdpa_attention
-from .cache import Cache
+from .cache import Cache, LayerCache, StaticLayer
 from .config import ModelConfig
+
+
+class OneRowLinears(TorchFunctionMode):
+    """Writes a one-row `F.linear` as a product and a sum, for Inductor to fuse into one reduction (CPU).
+
+    Only meant inside a compiled step: run eagerly, the product would be materialised before the sum. More
+    rows keep the matrix product, where the GEMM kernel is the better choice.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear and not kwargs and 2 <= len(args) <= 3 and args[0].shape[:-1].numel() == 1:
+            out = (args[0].unsqueeze(-2) * args[1]).sum(-1)
+            return out if len(args) == 2 or args[2] is None else out + args[2]
+        return func(*args, **kwargs)
 
 
 class RMSNorm(nn.Module):
@@ -35,9 +52,8 @@ class CausalSelfAttention(nn.Module):
     """Fused QKV projection (biased for Qwen2), per-head q/k RMSNorm (Qwen3), RoPE, causal GQA attention and
     the output projection."""
 
-    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.layer_idx = layer_idx
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
         self.qkv = nn.Linear(
             config.n_embd, (config.n_head + 2 * config.n_kv_head) * config.head_dim, bias=config.qkv_bias
@@ -65,14 +81,14 @@ class CausalSelfAttention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        cache: Cache | None = None,
+        cache: LayerCache | None = None,
         probs_out: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C). With `probs_out`, the explicit path runs and appends its probabilities."""
         q, k, v = self.project(x, cos, sin)
         visible = None
         if cache is not None:
-            k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, D)
+            k, v = cache.update(k, v)  # (B, Hkv, S, D)
             visible = cache.visible
         if probs_out is not None:
             y, probs = explicit_attention(q, k, v)
@@ -102,10 +118,10 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     """x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
-        self.attn = CausalSelfAttention(config, layer_idx)
+        self.attn = CausalSelfAttention(config)
         self.mlp_norm = RMSNorm(config.n_embd, config.norm_eps)
         self.mlp = SwiGLU(config)
         # Identity when p == 0 spares two no-op calls per block in every decode step.
@@ -116,11 +132,47 @@ class Block(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        cache: Cache | None = None,
+        cache: LayerCache | None = None,
+        probs_out: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        if (
+            isinstance(cache, StaticLayer) and cache.one_region
+        ):  # the static step: one graph for the blocks of all layers
+            return _one_region(self, x, cos, sin, *cache)
+        return self.body(x, cos, sin, cache, probs_out)
+
+    def body(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: LayerCache | None = None,
         probs_out: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         x = x + self.dropout(self.attn(self.attn_norm(x), cos, sin, cache, probs_out))
         return x + self.dropout(self.mlp(self.mlp_norm(x)))
+
+
+@torch.compiler.nested_compile_region
+def _one_region(
+    block: Block,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pos: torch.Tensor,
+    key_pos: torch.Tensor,
+    reductions: bool,
+    one_region: bool,
+) -> torch.Tensor:
+    """A block under torch.compile traced and lowered once, its graph reused for every layer whose weights and
+    cache have the same shapes (torch checks that); a plain call when not compiling. Its inputs are a module,
+    tensors and a flag, nothing naming the layer; passed one by one, torch checks them without flattening
+    a tuple (that check would add a guard a kept step cannot save)."""
+    # Inside the region the caller's modes are off: it asks for the step's one-row reductions itself.
+    with OneRowLinears() if reductions else contextlib.nullcontext():
+        return block.body(x, cos, sin, StaticLayer(k, v, pos, key_pos, reductions, one_region))
 
 
 class GPT(nn.Module):
@@ -132,7 +184,7 @@ class GPT(nn.Module):
         self.rope = config.rope  # built once: a forward without a cache reads its tables
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.dropout = nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
-        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.norm = RMSNorm(config.n_embd, config.norm_eps)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -176,11 +228,13 @@ class GPT(nn.Module):
                     "crop the input or use generate(), which slides the context"
                 )
             cos, sin = self.rope.tables(0, t, idx.device)  # (T, D)
+            layers = [None] * len(self.blocks)
         else:
             cos, sin = cache.rope_rows(t)  # (T, D) at the cache's position
+            layers = cache.layers()
         x = self.dropout(self.wte(idx))  # (B, T, C)
-        for block in self.blocks:
-            x = block(x, cos, sin, cache, probs_out)
+        for block, layer in zip(self.blocks, layers, strict=True):
+            x = block(x, cos, sin, layer, probs_out)
         if cache is not None:
             cache.advance(t)
         if last_only:

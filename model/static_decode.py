@@ -18,28 +18,34 @@ import contextlib
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
-from .cache import KVCache
-from .gpt import GPT
+from .cache import KVCache, StaticLayer
+from .gpt import GPT, OneRowLinears
+
+# aot_eager (quick tests) inlines every block: its kept graph of a region that writes its inputs fails to run
+# once loaded (torch 2.13: "'HopSchema' object has no attribute 'tree_spec'"); inductor's kept step runs.
+ONE_REGION = True
 
 
 class StaticCache:
     """The buffers of a `KVCache` seen at a tensor position `pos` (set by `StaticDecoder` before each step),
-    one token per forward: `update` returns the whole buffers (B, Hkv, max_len, D), `visible` masks them."""
+    one token per forward: a layer's `update` returns its whole buffers (B, Hkv, max_len, D), `visible` masks
+    them."""
 
-    def __init__(self, cache: KVCache, reductions: bool = False) -> None:
+    def __init__(self, cache: KVCache, reductions: bool = False, one_region: bool = True) -> None:
         device = cache.k.device
         self.reductions = reductions
-        # One view per layer rather than the stacked (L, ...) buffers: a write through a view of one stacked
-        # graph input made the compiled graph copy the whole cache at every step; separate inputs are written
-        # in place.
-        self.k, self.v = cache.k.unbind(0), cache.v.unbind(0)
         self.pos = torch.zeros(1, dtype=torch.long, device=device)
         cos, sin = cache.rope.tables(0, cache.max_len, device)
         self.cos, self.sin = cos.clone(), sin.clone()  # own tables: the shared ones are views of a bigger one
-        self.key_pos = torch.arange(cache.max_len, device=device)
+        key_pos = torch.arange(cache.max_len, device=device)
+        # One view per layer rather than the stacked (L, ...) buffers: a write through a view of one stacked
+        # graph input made the compiled graph copy the whole cache at every step; separate inputs are written
+        # in place.
+        self._layers = [
+            StaticLayer(k, v, self.pos, key_pos, reductions, one_region)
+            for k, v in zip(cache.k.unbind(0), cache.v.unbind(0), strict=True)
+        ]
 
     def rope_rows(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         if t != 1:
@@ -48,33 +54,12 @@ class StaticCache:
             )
         return self.cos.index_select(0, self.pos), self.sin.index_select(0, self.pos)  # (1, D)
 
-    @property
-    def visible(self) -> torch.Tensor:
-        return (self.key_pos <= self.pos).view(1, 1, 1, -1)  # (1, 1, 1, S)
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.k[layer].index_copy_(2, self.pos, k)
-        self.v[layer].index_copy_(2, self.pos, v)
-        return self.k[layer], self.v[layer]
+    def layers(self) -> list[StaticLayer]:
+        return self._layers
 
     def advance(self, n_tokens: int) -> None:
         """Nothing: the decoder sets `pos` between steps. Moving it inside the step would mutate a graph
         input, which keeps CUDA graphs from replaying."""
-
-
-class OneRowLinears(TorchFunctionMode):
-    """Writes a one-row `F.linear` as a product and a sum, for Inductor to fuse into one reduction (CPU).
-
-    Only meant inside a compiled step: run eagerly, the product would be materialised before the sum. More
-    rows keep the matrix product, where the GEMM kernel is the better choice.
-    """
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.linear and not kwargs and 2 <= len(args) <= 3 and args[0].shape[:-1].numel() == 1:
-            out = (args[0].unsqueeze(-2) * args[1]).sum(-1)
-            return out if len(args) == 2 or args[2] is None else out + args[2]
-        return func(*args, **kwargs)
 
 
 def decode_step(model: GPT, token: torch.Tensor, cache: StaticCache) -> torch.Tensor:
@@ -93,7 +78,8 @@ class StaticDecoder:
         self.model, self.cache = model, cache
         self.key: tuple = ()
         self.on_cuda = cache.k.device.type == "cuda"
-        self.static = StaticCache(cache, reductions=compile and cache.k.device.type == "cpu")
+        reductions = compile and cache.k.device.type == "cpu"
+        self.static = StaticCache(cache, reductions, one_region=ONE_REGION and backend != "aot_eager")
         self.step = decode_step
         if compile:
             mode = "reduce-overhead" if backend == "inductor" and self.on_cuda else None

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import generation.compiled_step as store
+import model.static_decode as static_decode
 from model import generate
 from tests.benchmarks.test_smoke import run_benchmark
 from tests.conftest import ROOT, TEST_ENV
@@ -57,6 +58,7 @@ def traced(monkeypatch, tmp_path):
     """aot_eager for inductor, a tmp folder; the steps compiled."""
     built, compile = [], torch.compile
     monkeypatch.setenv(store.DIR_ENV, str(tmp_path / "kept"))
+    monkeypatch.setattr(static_decode, "ONE_REGION", False)  # aot_eager cannot run a loaded region
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: built.append(fn) or compile(fn, **kw | NO_KERNELS))
     return built
 

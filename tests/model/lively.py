@@ -15,6 +15,7 @@ def lively_model(
     vocab: int = 101,
     n_head: int = 4,
     n_embd: int = 32,
+    n_layer: int = 2,
     dtype: torch.dtype = torch.float64,
 ) -> GPT:
     """A tiny GPT with large random weights and random norm gains, in eval mode.
@@ -25,7 +26,12 @@ def lively_model(
     """
     torch.manual_seed(seed)
     config = ModelConfig(
-        vocab_size=vocab, block_size=block_size, n_layer=2, n_head=n_head, n_kv_head=n_kv_head, n_embd=n_embd
+        vocab_size=vocab,
+        block_size=block_size,
+        n_layer=n_layer,
+        n_head=n_head,
+        n_kv_head=n_kv_head,
+        n_embd=n_embd,
     )
     model = GPT(config).to(dtype).eval()
     with torch.no_grad():

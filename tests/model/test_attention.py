@@ -42,7 +42,7 @@ def test_gqa_layer_equals_mha_layer_with_repeated_kv_weights():
     torch.manual_seed(0)
     gqa_cfg = ModelConfig(vocab_size=50, block_size=32, n_layer=1, n_head=8, n_kv_head=2, n_embd=64)
     mha_cfg = ModelConfig(vocab_size=50, block_size=32, n_layer=1, n_head=8, n_kv_head=8, n_embd=64)
-    gqa, mha = CausalSelfAttention(gqa_cfg, 0), CausalSelfAttention(mha_cfg, 0)
+    gqa, mha = CausalSelfAttention(gqa_cfg), CausalSelfAttention(mha_cfg)
     d, c = gqa_cfg.head_dim, gqa_cfg.n_embd
     wq, wk, wv = gqa.qkv.weight.split([8 * d, 2 * d, 2 * d])
     repeat = lambda w: w.view(2, d, c).repeat_interleave(4, dim=0).reshape(8 * d, c)  # noqa: E731

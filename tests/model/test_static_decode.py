@@ -78,7 +78,7 @@ def test_cpu_step_compiles_linear_layers_at_batch_one_and_attention_as_reduction
         with torch.no_grad():
             decoder.prefill(torch.zeros(batch, 3, dtype=torch.long))
             decoder.decode(torch.zeros(batch, dtype=torch.long))
-        ops.append({str(node.target) for node in graphs[-1].graph.nodes})
+        ops.append(graph_ops(graphs[-1]))
     assert not any("linear" in op or "scaled_dot_product" in op for op in ops[0]), ops[0]
     assert any("linear" in op for op in ops[1]), ops[1]
     assert not any("scaled_dot_product" in op for op in ops[1]), ops[1]
@@ -87,6 +87,33 @@ def test_cpu_step_compiles_linear_layers_at_batch_one_and_attention_as_reduction
     eager = generate(model, prompt, 110, temperature=0.0)
     assert eager[0, 10:].unique().numel() >= 8, "degenerate model: the test would prove nothing"
     assert torch.equal(generate(model, prompt, 110, temperature=0.0, compile=True), eager)
+
+
+def graph_ops(gm: torch.fx.GraphModule) -> set[str]:
+    """The ops of a graph and of the subgraphs it calls (the blocks' region)."""
+    return {str(node.target) for module in gm.modules() if isinstance(module, torch.fx.GraphModule)
+            for node in module.graph.nodes}  # fmt: skip
+
+
+def test_the_compiled_step_traces_one_block_for_every_layer():
+    """The blocks are one region (`Block.forward`): traced and lowered once, called once per layer, with each
+    layer's weights and cache; the tokens stay the eager ones."""
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    model = lively_model(2, block_size=32, n_layer=3)
+    prompt = torch.randint(0, 101, (1, 10), generator=torch.Generator().manual_seed(4))
+    eager = generate(model, prompt, 40, temperature=0.0)
+    assert eager[0, 10:].unique().numel() >= 8, "degenerate model: the test would prove nothing"
+    assert torch.equal(generate(model, prompt, 40, temperature=0.0, compile=recording_backend), eager)
+    assert len(graphs) == 1
+    calls = [node for node in graphs[0].graph.nodes if node.target is torch.ops.higher_order.invoke_subgraph]
+    assert len(calls) == 3 and len({node.args[0].target for node in calls}) == 1, graphs[0].code
+    block = getattr(graphs[0], calls[0].args[0].target)
+    assert not any("linear" in op for op in graph_ops(block))  # the one-row reductions reach the region
 
 
 def test_the_reductions_give_the_linear_layers_values():
