@@ -22,6 +22,7 @@ import pytest
 import benchmarks
 from benchmarks.external import built_probe, smollm2_gguf
 from tests.conftest import ROOT, TEST_ENV
+from tests.hf.test_gguf_llamacpp import llamacpp_required
 
 SMOKED_ELSEWHERE = {
     "device_check": "tests/benchmarks/test_device_check.py",
@@ -67,9 +68,7 @@ def needs_smollm2() -> Path:
 def probe_built() -> bool:
     """Whether llama.cpp's probe is built; with CI=true or GQA_REQUIRE_LLAMACPP=1 its absence fails the test."""
     built = built_probe() is not None
-    if not built and (
-        os.environ.get("CI", "").lower() == "true" or os.environ.get("GQA_REQUIRE_LLAMACPP") == "1"
-    ):
+    if not built and llamacpp_required():
         pytest.fail("llama.cpp probe not built; run tools/llamacpp/build.sh")
     return built
 
@@ -178,9 +177,8 @@ def test_decode_vs_hf(tmp_path):
 
 
 @pytest.mark.slow
-def test_decode_vs_hf_smollm2(
-    tmp_path,
-):  # llama.cpp on our f32 export and the shipped Q4_1 file, ours on its blocks
+def test_decode_vs_hf_smollm2(tmp_path):
+    """llama.cpp on our f32 export and on the shipped Q4_1 file, ours on its blocks."""
     pytest.importorskip("transformers")
     needs_smollm2()
     tiny = ["--prompt_len", "8", "--new_tokens", "2", "--prefill_len", "8", "--repeats", "1", "--no_compile"]

@@ -39,10 +39,15 @@ def llamacpp_binary(flag: str, name: str) -> Path:
     path = Path(where.stdout.strip())
     if not os.access(path, os.X_OK):
         message = f"llama.cpp's {name} not built at {path}; run tools/llamacpp/build.sh"
-        if os.environ.get("CI", "").lower() == "true" or os.environ.get("GQA_REQUIRE_LLAMACPP") == "1":
+        if llamacpp_required():
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+def llamacpp_required() -> bool:
+    """With CI=true or GQA_REQUIRE_LLAMACPP=1 (.ci/run sets it) a llama.cpp test without llama.cpp fails."""
+    return os.environ.get("CI", "").lower() == "true" or os.environ.get("GQA_REQUIRE_LLAMACPP") == "1"
 
 
 @pytest.fixture(scope="module")
