@@ -163,7 +163,9 @@ class QuantizedLinear(nn.Module):
 # failed build leaves it off with one `note:` line, and `QuantizedLinear` keeps its float path. A fake
 # implementation gives the output's shape, so `torch.compile` graphs call the op too.
 SOURCE = Path(__file__).with_name("row_kernel.cpp")
-FLAGS = ["-O3", "-mavx2", "-mfma"]  # not -march=native: the cached library may meet another CPU of this host
+# Not -march=native: the cached library may meet another CPU of this host. -fopenmp: without it at::parallel_for
+# compiles to a plain call and the kernel runs on one thread; the libgomp it links is the one torch has loaded.
+FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]
 _loaded: dict[str, object] = {}  # "op": the op, or None once it could not be loaded
 
 
@@ -224,8 +226,8 @@ def _open_or_build(path: Path) -> None:
     from torch.utils.cpp_extension import load  # its import costs a second: only when building
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    load(name=path.stem, sources=[str(SOURCE)], extra_cflags=FLAGS, build_directory=str(path.parent),
-         is_python_module=False, verbose=False)  # fmt: skip
+    load(name=path.stem, sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+         build_directory=str(path.parent), is_python_module=False, verbose=False)  # fmt: skip
 
 
 def _register_fake() -> None:

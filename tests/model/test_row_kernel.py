@@ -107,6 +107,8 @@ def test_threads_split_the_outputs_without_changing_them():
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, two)  # each output is one thread's, summed in the same order
+    # and the split happens: built without OpenMP, at::parallel_for is a plain call on one thread
+    assert b"GOMP_parallel" in row_kernel.library_path().read_bytes()
 
 
 @pytest.mark.parametrize("bits, with_minimum, block", [(4, True, 32), (8, False, 32), (6, False, 16)])
