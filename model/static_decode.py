@@ -22,10 +22,6 @@ import torch
 from .cache import KVCache, StaticLayer
 from .gpt import GPT, OneRowLinears
 
-# aot_eager (quick tests) inlines every block: its kept graph of a region that writes its inputs fails to run
-# once loaded (torch 2.13: "'HopSchema' object has no attribute 'tree_spec'"); inductor's kept step runs.
-ONE_REGION = True
-
 
 class StaticCache:
     """The buffers of a `KVCache` seen at a tensor position `pos` (set by `StaticDecoder` before each step),
@@ -79,7 +75,9 @@ class StaticDecoder:
         self.key: tuple = ()
         self.on_cuda = cache.k.device.type == "cuda"
         reductions = compile and cache.k.device.type == "cpu"
-        self.static = StaticCache(cache, reductions, one_region=ONE_REGION and backend != "aot_eager")
+        # aot_eager (quick tests) inlines every block: its kept graph of a region that writes its inputs fails
+        # to run once loaded (torch 2.13: "'HopSchema' object has no attribute 'tree_spec'"); inductor's runs.
+        self.static = StaticCache(cache, reductions, one_region=backend != "aot_eager")
         self.step = decode_step
         if compile:
             mode = "reduce-overhead" if backend == "inductor" and self.on_cuda else None

@@ -55,15 +55,17 @@ def test_the_next_process_loads_the_kept_step_and_another_shape_is_built(tmp_pat
 
 @pytest.fixture
 def traced(monkeypatch, tmp_path):
-    """aot_eager for inductor, a tmp folder; the steps compiled."""
-    built, compile = [], torch.compile
+    """Every decoder asked for inductor traces with aot_eager (no kernels built), in a tmp folder; the steps
+    compiled."""
+    built, compile, decoder = [], torch.compile, static_decode.StaticDecoder
     monkeypatch.setenv(store.DIR_ENV, str(tmp_path / "kept"))
-    monkeypatch.setattr(static_decode, "ONE_REGION", False)  # aot_eager cannot run a loaded region
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: built.append(fn) or compile(fn, **kw | NO_KERNELS))
+    monkeypatch.setattr(
+        static_decode, "StaticDecoder", lambda model, cache, **kw: decoder(model, cache, backend="aot_eager")
+    )
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: built.append(fn) or compile(fn, **kw))
     return built
 
 
-NO_KERNELS = {"backend": "aot_eager", "mode": None}
 DAMAGE = {
     "garbage": lambda data: os.urandom(len(data)),
     "truncated": lambda data: data[:-3],
