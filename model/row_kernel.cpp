@@ -1,7 +1,7 @@
-// One-row (batch-1 decode) product of a float32 row with weights kept in blocks of unsigned codes, read in the
-// layout model/quantized.py packs them: int32 words (in / 32, bits, out), 4-, 5-, 6- or 8-bit codes (the
-// low nibbles of 4/5/6-bit codes in words 0-3, their top bits in the words after: `pack_codes`), scale and
-// minimum (in / block, out), a block 32 or 16 codes; weight = scale * (code - offset) + minimum.
+// Product of a few float32 rows (a decode step's one, a short prompt's) with weights kept in blocks of unsigned
+// codes, read in the layout model/quantized.py packs them: int32 words (in / 32, bits, out), 4-, 5-, 6- or 8-bit
+// codes (the low nibbles of 4/5/6-bit codes in words 0-3, their top bits in the words after: `pack_codes`), scale
+// and minimum (in / block, out), a block 32 or 16 codes; weight = scale * (code - offset) + minimum.
 //
 // As llama.cpp does, the row is quantised per block of 32 and each block's codes meet it in integer
 // multiply-adds (AVX2 madd: pairs of int16 products summed into int32 lanes), the block's integer sum, less
@@ -12,7 +12,8 @@
 // pairs either way). The vectors run across 8 outputs, not along a row: the layout puts 8 outputs' words side by
 // side, so one broadcast of two activations serves 8 outputs and every load is a full vector. The minimum term
 // uses the exact float sum of the block's inputs. Threads split the outputs (at::parallel_for: torch's intra-op
-// pool, so never more threads than torch uses), each streaming its columns block by block.
+// pool, so never more threads than torch uses), each streaming its columns block by block; several rows share
+// each read and unpacking of a block.
 //
 // Compiled for AVX2 + FMA only (flags given by model/quantized.py, which checks the CPU at run time first).
 
@@ -33,6 +34,7 @@ constexpr int64_t kBlock = 32;
 constexpr int64_t kLanes = 8;  // outputs per vector
 constexpr float kLimit = 32767.f;  // activations' codes: 16 bits
 constexpr int64_t kPatterns = 16;  // broadcast int32 patterns per block
+constexpr int64_t kTile = 16;  // rows that share one read of the weights: their outputs stay in L2
 
 // The row quantised per block of 32 to 16 bits, as int16 pairs in the orders the kernels broadcast: for nibble
 // codes pattern (b, 4w + s) holds inputs 8w+s and 8w+s+4 (nibbles s and s+4 of word w), for 8-bit codes (b, w)
@@ -85,38 +87,36 @@ QuantRow quantise_row(const float* x, int64_t blocks, int bits, int halves) {
 
 inline __m256i load(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-// The integer sums of one block's codes against the row for 8 outputs, inputs 0-15 into acc[0] and 16-31 into
-// acc[1]. Nibble codes: nibbles s and s + 4 of each word land in the two int16 halves of its lane (shift by 4s,
-// mask 0x000F000F), their top bits shifted in from the high words, and meet their activations in one madd.
-// 8 bits: even and odd bytes, zero-extended to int16. Sums stay below 2^31.
+// Vector i of one block's codes for 8 outputs (wb: the block's first word of the 8), int16 pairs that meet
+// broadcast pattern i of the row (`QuantRow`) in one madd. Nibble codes: nibbles s and s + 4 of word w land in
+// the two int16 halves of its lane (shift by 4s, mask 0x000F000F), their top bits shifted in from the high words:
+// vector 4w + s. 8 bits: the even and odd bytes of word w, zero-extended to int16: vectors w and 8 + w.
 template <int kBits>
-inline void block_sums(const int32_t* words, int64_t out, int64_t b, int64_t o, const int32_t* p, __m256i* acc) {
-  const int32_t* wb = words + b * kBits * out + o;
+inline __m256i code_vector(const int32_t* wb, int64_t out, int i) {
   if constexpr (kBits == 8) {
-    const __m256i mask = _mm256_set1_epi32(0x00FF00FF);
-    for (int w = 0; w < 8; ++w) {
-      const __m256i v = load(wb + w * out);
-      const __m256i even = _mm256_madd_epi16(_mm256_and_si256(v, mask), _mm256_set1_epi32(p[w]));
-      const __m256i odd = _mm256_madd_epi16(_mm256_and_si256(_mm256_srli_epi32(v, 8), mask), _mm256_set1_epi32(p[8 + w]));
-      acc[w / 4] = _mm256_add_epi32(acc[w / 4], _mm256_add_epi32(even, odd));
-    }
+    const __m256i v = load(wb + (i % 8) * out);
+    return _mm256_and_si256(i < 8 ? v : _mm256_srli_epi32(v, 8), _mm256_set1_epi32(0x00FF00FF));
   } else {
     constexpr int kHigh = kBits - 4, kPer = kHigh ? 16 / kHigh : 1;  // top bits per code, pairs per high word
-    const __m256i mask = _mm256_set1_epi32(0x000F000F), high_mask = _mm256_set1_epi32(((1 << kHigh) - 1) * 0x10001);
-    __m256i high[2];
-    for (int h = 0; h < kHigh; ++h) high[h] = load(wb + (4 + h) * out);
-    for (int w = 0; w < 4; ++w) {
-      const __m256i v = load(wb + w * out);
-      for (int s = 0; s < 4; ++s) {
-        __m256i codes = _mm256_and_si256(_mm256_srli_epi32(v, 4 * s), mask);
-        if constexpr (kHigh > 0) {
-          const int k = 4 * w + s;
-          const __m256i top = _mm256_and_si256(_mm256_srli_epi32(high[k / kPer], kHigh * (k % kPer)), high_mask);
-          codes = _mm256_or_si256(codes, _mm256_slli_epi32(top, 4));
-        }
-        acc[w / 2] = _mm256_add_epi32(acc[w / 2], _mm256_madd_epi16(codes, _mm256_set1_epi32(p[4 * w + s])));
-      }
+    const __m256i low = _mm256_srli_epi32(load(wb + (i / 4) * out), 4 * (i % 4));
+    __m256i codes = _mm256_and_si256(low, _mm256_set1_epi32(0x000F000F));
+    if constexpr (kHigh > 0) {
+      const __m256i high = _mm256_srli_epi32(load(wb + (4 + i / kPer) * out), kHigh * (i % kPer));
+      const __m256i top = _mm256_and_si256(high, _mm256_set1_epi32(((1 << kHigh) - 1) * 0x10001));
+      codes = _mm256_or_si256(codes, _mm256_slli_epi32(top, 4));
     }
+    return codes;
+  }
+}
+
+// The integer sums of a block's code vectors (`codes(i)`) against one row's patterns: inputs 0-15 of the block
+// into acc[0], 16-31 into acc[1]; they stay below 2^31.
+template <int kBits, class Codes>
+inline void block_sums(const Codes& codes, const int32_t* p, __m256i* acc) {
+#pragma GCC unroll 16
+  for (int i = 0; i < kPatterns; ++i) {
+    const int half = kBits == 8 ? (i % 8) / 4 : i / 8;
+    acc[half] = _mm256_add_epi32(acc[half], _mm256_madd_epi16(codes(i), _mm256_set1_epi32(p[i])));
   }
 }
 
@@ -138,31 +138,57 @@ struct Matrix {
   int64_t blocks, out, halves, offset;  // halves: weight blocks per 32 inputs (1, or 2 for blocks of 16)
 };
 
+// One block's integer sums for 8 outputs of one row, less offset times the sum of the row's codes, scaled by both
+// scales, plus minimum times the row's exact block sum, added to the row's outputs yr.
+inline void add_block(__m256i* acc, const QuantRow& row, const Matrix& m, int64_t b, int64_t o, float* yr) {
+  if (m.halves == 1) acc[0] = _mm256_add_epi32(acc[0], acc[1]);
+  __m256 yv = _mm256_loadu_ps(yr);
+  for (int64_t h = 0, q = b * m.halves; h < m.halves; ++h, ++q) {
+    const __m256i ints = _mm256_sub_epi32(acc[h], _mm256_set1_epi32(static_cast<int32_t>(m.offset * row.qsum[q])));
+    const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(m.scale + q * m.out + o), _mm256_set1_ps(row.step[b]));
+    yv = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ints), scale, yv);
+    if (m.minimum) yv = _mm256_fmadd_ps(_mm256_loadu_ps(m.minimum + q * m.out + o), _mm256_set1_ps(row.sum[q]), yv);
+  }
+  _mm256_storeu_ps(yr, yv);
+}
+
+// Outputs [begin, end) of every row, y (rows, out). Several rows (a prefill, a speculative check) unpack each
+// block's codes once per tile of rows; one row (a decode step) unpacks them as the madds go, in registers.
 template <int kBits>
-void columns(const QuantRow& row, const Matrix& m, int64_t begin, int64_t end, float* y) {
+void columns(const std::vector<QuantRow>& rows, const Matrix& m, int64_t begin, int64_t end, float* y) {
   const int64_t vec_end = begin + (end - begin) / kLanes * kLanes, width = kBlock / m.halves;
-  for (int64_t b = 0; b < m.blocks; ++b) {
-    const int32_t* p = row.patterns.data() + b * kPatterns;
-    for (int64_t o = begin; o < vec_end; o += kLanes) {
-      __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-      block_sums<kBits>(m.words, m.out, b, o, p, acc);
-      if (m.halves == 1) acc[0] = _mm256_add_epi32(acc[0], acc[1]);
-      __m256 yv = _mm256_loadu_ps(y + o);
-      for (int64_t h = 0, r = b * m.halves; h < m.halves; ++h, ++r) {
-        const __m256i ints = _mm256_sub_epi32(acc[h], _mm256_set1_epi32(static_cast<int32_t>(m.offset * row.qsum[r])));
-        const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(m.scale + r * m.out + o), _mm256_set1_ps(row.step[b]));
-        yv = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ints), scale, yv);
-        if (m.minimum) yv = _mm256_fmadd_ps(_mm256_loadu_ps(m.minimum + r * m.out + o), _mm256_set1_ps(row.sum[r]), yv);
+  const int64_t n = static_cast<int64_t>(rows.size());
+  for (int64_t r0 = 0; r0 < n; r0 += kTile) {
+    const int64_t r1 = std::min(n, r0 + kTile);
+    for (int64_t b = 0; b < m.blocks; ++b) {
+      for (int64_t o = begin; o < vec_end; o += kLanes) {
+        const int32_t* wb = m.words + b * kBits * m.out + o;
+        const int32_t* p = rows[r0].patterns.data() + b * kPatterns;
+        __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        if (r1 - r0 == 1) {
+          block_sums<kBits>([&](int i) { return code_vector<kBits>(wb, m.out, i); }, p, acc);
+          add_block(acc, rows[r0], m, b, o, y + r0 * m.out + o);
+          continue;
+        }
+        __m256i codes[kPatterns];
+        for (int i = 0; i < kPatterns; ++i) codes[i] = code_vector<kBits>(wb, m.out, i);
+        for (int64_t r = r0; r < r1; ++r) {
+          acc[0] = acc[1] = _mm256_setzero_si256();
+          block_sums<kBits>([&](int i) { return codes[i]; }, rows[r].patterns.data() + b * kPatterns, acc);
+          add_block(acc, rows[r], m, b, o, y + r * m.out + o);
+        }
       }
-      _mm256_storeu_ps(y + o, yv);
-    }
-    for (int64_t o = vec_end; o < end; ++o) {
-      for (int64_t h = 0, r = b * m.halves; h < m.halves; ++h, ++r) {
-        int32_t ints = -static_cast<int32_t>(m.offset) * row.qsum[r];
-        for (int64_t j = h * width; j < (h + 1) * width; ++j)
-          ints += code_at(m.words, m.out, b, o, static_cast<int>(j), kBits) * row.codes[b * kBlock + j];
-        y[o] += static_cast<float>(ints) * (m.scale[r * m.out + o] * row.step[b]);
-        if (m.minimum) y[o] += m.minimum[r * m.out + o] * row.sum[r];
+      for (int64_t o = vec_end; o < end; ++o) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const QuantRow& row = rows[r];
+          for (int64_t h = 0, q = b * m.halves; h < m.halves; ++h, ++q) {
+            int32_t ints = -static_cast<int32_t>(m.offset) * row.qsum[q];
+            for (int64_t j = h * width; j < (h + 1) * width; ++j)
+              ints += code_at(m.words, m.out, b, o, static_cast<int>(j), kBits) * row.codes[b * kBlock + j];
+            y[r * m.out + o] += static_cast<float>(ints) * (m.scale[q * m.out + o] * row.step[b]);
+            if (m.minimum) y[r * m.out + o] += m.minimum[q * m.out + o] * row.sum[q];
+          }
+        }
       }
     }
   }
@@ -171,11 +197,11 @@ void columns(const QuantRow& row, const Matrix& m, int64_t begin, int64_t end, f
 at::Tensor row_product(const at::Tensor& x, const at::Tensor& words, const at::Tensor& scale,
                        const std::optional<at::Tensor>& minimum, int64_t offset) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && words.scalar_type() == at::kInt && scale.scalar_type() == at::kFloat,
-              "row_product: float32 row and scales, int32 words");
+              "row_product: float32 rows and scales, int32 words");
   TORCH_CHECK(words.dim() == 3, "row_product: words (in / 32, bits, out)");
   const int64_t blocks = words.size(0), bits = words.size(1), out = words.size(2);
   TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "row_product: 4-, 5-, 6- or 8-bit codes, got ", bits);
-  TORCH_CHECK(x.numel() == blocks * kBlock, "row_product: one row of ", blocks * kBlock, " inputs");
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == blocks * kBlock, "row_product: rows of ", blocks * kBlock, " inputs");
   const int64_t halves = scale.dim() == 2 ? scale.size(0) / std::max<int64_t>(1, blocks) : 0;
   TORCH_CHECK((halves == 1 || halves == 2) && scale.sizes() == at::IntArrayRef({blocks * halves, out}),
               "row_product: scale (in / 32 or in / 16, out)");
@@ -188,21 +214,28 @@ at::Tensor row_product(const at::Tensor& x, const at::Tensor& words, const at::T
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = out;
   at::Tensor y = at::zeros(shape, x.options());
-  const QuantRow row = quantise_row(xc.data_ptr<float>(), blocks, static_cast<int>(bits), static_cast<int>(halves));
+  const int64_t n = x.numel() / (blocks * kBlock);
+  std::vector<QuantRow> rows(n);
+  at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      rows[r] = quantise_row(xc.data_ptr<float>() + r * blocks * kBlock, blocks, static_cast<int>(bits),
+                             static_cast<int>(halves));
+  });
   const Matrix m{wc.data_ptr<int32_t>(), sc.data_ptr<float>(), mc.defined() ? mc.data_ptr<float>() : nullptr,
                  blocks, out, halves, offset};
   float* yp = y.data_ptr<float>();
-  // Groups of 8 outputs; a thread's share is at least ~32 KB of words, so small matrices stay on one thread.
+  // Groups of 8 outputs; a thread's share is at least ~32 KB of words times rows, so a small product stays on
+  // one thread.
   const int64_t groups = (out + kLanes - 1) / kLanes;
-  const int64_t group_bytes = blocks * bits * 4 * kLanes;
-  const int64_t grain = std::max<int64_t>(1, (32 << 10) / std::max<int64_t>(1, group_bytes));
+  const int64_t group_work = blocks * bits * 4 * kLanes * n;
+  const int64_t grain = std::max<int64_t>(1, (32 << 10) / std::max<int64_t>(1, group_work));
   at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
     const int64_t begin = g0 * kLanes, end = std::min(out, g1 * kLanes);
     switch (bits) {
-      case 4: return columns<4>(row, m, begin, end, yp);
-      case 5: return columns<5>(row, m, begin, end, yp);
-      case 6: return columns<6>(row, m, begin, end, yp);
-      default: return columns<8>(row, m, begin, end, yp);
+      case 4: return columns<4>(rows, m, begin, end, yp);
+      case 5: return columns<5>(rows, m, begin, end, yp);
+      case 6: return columns<6>(rows, m, begin, end, yp);
+      default: return columns<8>(rows, m, begin, end, yp);
     }
   });
   return y;

@@ -1,4 +1,4 @@
-"""The C++ one-row product on kept blocks (model/row_kernel.cpp): the block sums of the row at 16 bits, close to
+"""The C++ row product on kept blocks (model/row_kernel.cpp): the block sums of the row at 16 bits, close to
 the float path, the same on any thread count, NaN kept, called inside compiled graphs, and off with one note."""
 
 from __future__ import annotations
@@ -86,12 +86,23 @@ def test_the_float_path_sums_the_same_weights(monkeypatch, bits, with_minimum, o
     assert (layer(x).double() - exact).abs().max().item() <= 1e-5 * exact.abs().max().item()
 
 
-def test_the_layer_uses_the_kernel_for_one_row_only():
+@pytest.mark.parametrize("bits, with_minimum, out, inp, block", KINDS)
+def test_several_rows_give_each_rows_own_product(bits, with_minimum, out, inp, block):
+    """Rows share the reads of each block (in tiles of 16): 37 rows reach a partial tile."""
+    op, layer = kernel(), random_layer(bits, with_minimum, out, inp, block)
+    rows = torch.randn(37, inp, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(run(op, layer, rows), torch.cat([run(op, layer, row[None]) for row in rows]))
+
+
+def test_the_layer_uses_the_kernel_up_to_kernel_rows():
     op, layer = kernel(), random_layer(4, True, 64, 96)
-    rows = torch.randn(3, 96, generator=torch.Generator().manual_seed(2))
+    rows = torch.randn(row_kernel.KERNEL_ROWS + 1, 96, generator=torch.Generator().manual_seed(2))
     assert torch.equal(layer(rows[:1]), run(op, layer, rows[:1]))
     assert torch.equal(layer(rows[None, :1]).view(1, -1), layer(rows[:1]))  # (1, 1, in): one row too
-    several = layer(rows)  # more rows: the matrix product, which the kernel does not take
+    few = rows[: row_kernel.KERNEL_ROWS].view(2, -1, 96)  # (batch, time, in): a short prompt of two samples
+    assert torch.equal(layer(few), run(op, layer, few))
+    several = layer(rows)  # more rows: the matrix product of the dequantised weights
+    assert not torch.equal(several[:1], run(op, layer, rows[:1]))
     torch.testing.assert_close(several, F.linear(rows, layer.dequantize()), rtol=0, atol=1e-5)
 
 
@@ -155,7 +166,7 @@ def test_without_the_kernel_the_float_path_runs_after_one_note(monkeypatch, caps
     assert (first - float_path).abs().max().item() <= 1e-5 and torch.equal(first, second)
     err = capsys.readouterr().err
     assert err.count("note:") == 1 and err.count("\n") == 1, err
-    assert "quantised one-row kernel is off" in err
+    assert "quantised row kernel is off" in err
     assert ("no AVX2" if cause == "cpu" else "its build failed: c++: fatal error: killed") in err
 
 
@@ -176,9 +187,9 @@ def test_a_second_process_loads_the_built_kernel_and_a_damaged_one_is_rebuilt(tm
         assert done.returncode == 0 and done.stdout.strip() == "0.0", done.stderr
         return done.stderr
 
-    assert "compiling the quantised one-row kernel" in run()
+    assert "compiling the quantised row kernel" in run()
     (library,) = tmp_path.glob("gqa_row_kernel_*/gqa_row_kernel_*.so")
     assert run() == ""  # loaded, not compiled: no note at all
     library.write_bytes(b"not a library")
-    assert "compiling the quantised one-row kernel" in run()
+    assert "compiling the quantised row kernel" in run()
     assert run() == ""
