@@ -133,8 +133,12 @@ def find_char_cut(doc_lengths: np.ndarray, val_fraction: float) -> CharCut:
     return CharCut(row=row, offset=cut - start_of_row)
 
 
-def document_lengths(docs: Dataset, column: str) -> tuple[np.ndarray, np.ndarray]:
-    """Characters and UTF-8 bytes per document (0 for null), computed in Arrow without Python strings."""
+def document_lengths(docs: Dataset, column: str, chat: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Characters and UTF-8 bytes per document (0 for null), computed in Arrow without Python strings; for
+    conversations (`chat`), their contents' bytes for both."""
+    if chat:
+        sizes = conversation_sizes(docs[column])
+        return sizes, sizes
     import pyarrow.compute as pc
 
     chars, sizes = [], []
@@ -144,11 +148,6 @@ def document_lengths(docs: Dataset, column: str) -> tuple[np.ndarray, np.ndarray
     if not chars:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     return np.concatenate(chars).astype(np.int64), np.concatenate(sizes).astype(np.int64)
-
-
-def conversation_lengths(docs: Dataset, column: str) -> tuple[np.ndarray, np.ndarray]:
-    sizes = conversation_sizes(docs[column])
-    return sizes, sizes
 
 
 def conversation_sizes(rows: Sequence[object]) -> np.ndarray:
