@@ -229,7 +229,6 @@ class TextDataModule(L.LightningDataModule):
             batches = self.train_batches(start_batch, rank, world_size)
             return Loader(batches, batch_size=None, num_workers=self.num_workers)
         self._require_setup()
-        assert self.tokenizer is not None
         start = saved_positions(self._stream_state, world_size, self.num_workers)
         batches = StreamBatches(
             self.source.load()[0], self.source.column, self.tokenizer, self.heldout, self.block_size,
@@ -246,7 +245,6 @@ class TextDataModule(L.LightningDataModule):
     def val_dataloader(self) -> Loader:
         """Every validation window once, in order (Lightning adds a DistributedSampler under DDP)."""
         self._require_setup()
-        assert self.val_tokens is not None
         # Persistent workers: validation runs many times, and restarting workers each time costs seconds.
         return Loader(
             ValWindows(self.val_tokens, self.block_size, self.val_mask),

@@ -207,6 +207,11 @@ def encode_conversations(
     return np.array(ids, dtype=np.int64), np.array(mask, dtype=np.uint8)
 
 
+def mask_name(token_file: str) -> str:
+    """The assistant-mask file beside a chat token file: one uint8 per token, 1 where the assistant wrote it."""
+    return f"{token_file}.mask"
+
+
 def row_digest(row: object) -> str:
     """Identifies a held-out row (a text, or a conversation's messages), so stream readers can leave it out."""
     text = row if isinstance(row, str) else json.dumps(row, sort_keys=True, ensure_ascii=False, default=str)

@@ -19,7 +19,7 @@ import numpy as np
 from common.files import StagedFolder, owner_has_exited, remove_stale, stale_temp_files
 from data import DataConfigError
 from data.batches import TokenParts
-from data.documents import document_ids, encode_conversations, row_digest, row_name
+from data.documents import document_ids, encode_conversations, mask_name, row_digest, row_name
 from data.settings import FORMAT_VERSION, PrepareSettings
 from data.tokenizer import Tokenizer
 
@@ -28,11 +28,6 @@ TOKENIZER_FILE = "tokenizer.json"
 VAL_FILE = "val.bin"  # a streaming folder's validation tokens
 HELDOUT_FILE = "heldout.json"  # and the digests of the train documents it holds out
 _STATS_CHUNK = 1 << 24
-
-
-def mask_name(token_file: str) -> str:
-    """The assistant-mask file beside a chat token file: one uint8 per token, 1 where the assistant wrote it."""
-    return f"{token_file}.mask"
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -220,7 +215,6 @@ class DataFolder:
     """An opened folder: memory-mapped tokens (a stream's train tokens are read live), for chat the assistant
     masks (1 where the token is a target), and a stream's held-out document digests."""
 
-    folder: Path
     tokenizer: Tokenizer
     meta: dict[str, Any]
     val: TokenParts
@@ -236,7 +230,6 @@ def open_data(folder: Path) -> DataFolder:
     files, masks, dtype = meta.get("parts", {"val": [VAL_FILE]}), meta.get("masks", {}), meta["dtype"]
     heldout = [] if "parts" in meta else json.loads((folder / HELDOUT_FILE).read_text(encoding="utf-8"))
     return DataFolder(
-        folder,
         Tokenizer.from_file(folder / TOKENIZER_FILE),
         meta,
         val=_open(folder, files["val"], dtype),

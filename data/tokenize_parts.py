@@ -24,7 +24,6 @@ from datasets import Dataset
 
 from common.files import temp_path_for
 from data import DataConfigError, documents
-from data.store import mask_name
 from data.tokenizer import Tokenizer
 
 PART_BYTES = 64 << 20
@@ -212,7 +211,7 @@ def tokenize_parts(
 
 def _tokenize_part(part: Part) -> None:
     out_dir: Path = _shared["out_dir"]
-    names = [part.name, mask_name(part.name)] if _shared["chat"] else [part.name]
+    names = [part.name, documents.mask_name(part.name)] if _shared["chat"] else [part.name]
     # Beside the folder, not in it; the mask is published first, so a part's token file implies its mask.
     temps = [temp_path_for(out_dir.parent / f"{out_dir.name}-{name}") for name in names]
     try:
