@@ -80,16 +80,14 @@ def encode_segments(tokenizer: Tokenizer, segments: dict[str, list]) -> list[lis
 
 
 def document_ids(texts: list[str | None], tokenizer: Tokenizer) -> np.ndarray:
-    """Ids of `texts` as one stream, EOS (and BOS if the tokenizer adds one) before every non-empty document."""
-
-    def batch_ids(batch: list[str | None]) -> np.ndarray:
+    """Ids of `texts` as one stream, EOS (and BOS if the tokenizer adds one) before every non-empty document;
+    DOCS_PER_BATCH documents at a time, so only their ids are ever Python ints."""
+    arrays = [np.zeros(0, np.int64)]
+    for at in range(0, len(texts), DOCS_PER_BATCH):
+        batch = texts[at : at + DOCS_PER_BATCH]
         pieces = encode_segments(tokenizer, segment_documents(batch, [False] * len(batch)))
-        return np.fromiter((i for piece in pieces for i in piece), dtype=np.int64)
-
-    starts = range(0, len(texts), DOCS_PER_BATCH)
-    return np.concatenate(
-        [np.zeros(0, np.int64), *(batch_ids(texts[at : at + DOCS_PER_BATCH]) for at in starts)]
-    )
+        arrays.append(np.fromiter((i for piece in pieces for i in piece), dtype=np.int64))
+    return np.concatenate(arrays)
 
 
 def segment_batch(
