@@ -105,12 +105,11 @@ def _by_path(tokens: np.ndarray) -> np.ndarray | TokenParts:
 
 
 class TrainBatches(IterableDataset):
-    """Shuffled (x, y) windows of rank r's contiguous 1/world_size shard of `tokens`, epoch after epoch.
+    """Shuffled (x, y) windows of rank r's contiguous 1/world_size shard of `tokens`, from batch `start_batch`.
 
-    Each epoch reads every window of block_size + 1 tokens on a randomly shifted grid once, in a random order
-    (a lower validation loss than drawing start positions with replacement: docs/results.md). Yields batches
-    start_batch, start_batch + 1, ... (forever when `num_batches` is None); worker w yields every
-    num_workers-th one and the DataLoader's round-robin puts them back in order.
+    Each epoch reads every window on a randomly shifted grid once, in a random order (a lower validation loss
+    than drawing start positions with replacement: docs/results.md). Worker w yields every num_workers-th batch
+    and the DataLoader's round-robin puts them back in order.
     """
 
     def __init__(
@@ -143,7 +142,6 @@ class TrainBatches(IterableDataset):
         self.max_offset = min(block_size - 1, shard_len - 1 - self.windows_per_epoch * block_size)
 
     def batch(self, batch_index: int) -> Batch:
-        """Batch `batch_index` of this rank: x (B, T) and y = x shifted by one, both int64 (see masked_pair)."""
         first = batch_index * self.batch_size
         starts = []
         for position in range(first, first + self.batch_size):
@@ -166,7 +164,7 @@ class TrainBatches(IterableDataset):
 
 
 class ValWindows(Dataset):
-    """Consecutive non-overlapping (x, y) windows covering the whole stream; the last partial one is dropped."""
+    """Consecutive non-overlapping (x, y) windows of the whole stream; the last partial one is dropped."""
 
     def __init__(self, tokens: np.ndarray, block_size: int, mask: np.ndarray | None = None) -> None:
         self.tokens, self.mask, self.block_size = _by_path(tokens), mask, block_size
@@ -195,8 +193,8 @@ class Loader(DataLoader):
 
 
 class _WorkerErrorLines:
-    """A DataLoader iterator that gives a worker's UserError back its one line: torch re-raises it as "Caught
-    <type> in DataLoader worker process <n>." above the worker's traceback, whose last line is the user's."""
+    """Gives a worker's UserError back its one line: torch re-raises it as "Caught <type> in DataLoader worker
+    process <n>." above the worker's traceback, whose last line is the user's."""
 
     def __init__(self, batches: Iterator) -> None:
         self.batches = batches

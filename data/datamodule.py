@@ -30,9 +30,6 @@ from data.tokenizer import Tokenizer
 TINY_SHAKESPEARE = Path(__file__).resolve().parent / "corpora" / "tinyshakespeare.txt"
 # Above this much text left to tokenize in setup, a multi-process run is told to use the prepare command.
 LARGE_BUILD_BYTES = 1 << 30
-TINY_SHAKESPEARE_URL = (
-    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-)
 POLL_S = 0.2  # how often a waiting rank looks for the folder local rank 0 builds
 WAIT_REPORT_S = 60.0
 
@@ -205,12 +202,14 @@ class TextDataModule(L.LightningDataModule):
     @property
     def bytes_per_token(self) -> float:
         """UTF-8 bytes per validation token: val/bpb = val_loss / ln 2 / bytes_per_token."""
-        return self._meta_value("bytes_per_token")
+        self._require_setup()
+        return float(self.meta["bytes_per_token"])
 
     @property
     def chars_per_token(self) -> float:
         """Characters per validation token, to compare with character-level baselines."""
-        return self._meta_value("chars_per_token")
+        self._require_setup()
+        return float(self.meta["chars_per_token"])
 
     def train_batches(self, start_batch: int = 0, rank: int = 0, world_size: int = 1) -> TrainBatches:
         """The endless training batch sequence of one rank, starting at `start_batch`."""
@@ -230,7 +229,6 @@ class TextDataModule(L.LightningDataModule):
             batches = self.train_batches(start_batch, rank, world_size)
             return Loader(batches, batch_size=None, num_workers=self.num_workers)
         self._require_setup()
-        assert self.tokenizer is not None
         start = saved_positions(self._stream_state, world_size, self.num_workers)
         batches = StreamBatches(
             self.source.load()[0], self.source.column, self.tokenizer, self.heldout, self.block_size,
@@ -247,7 +245,6 @@ class TextDataModule(L.LightningDataModule):
     def val_dataloader(self) -> Loader:
         """Every validation window once, in order (Lightning adds a DistributedSampler under DDP)."""
         self._require_setup()
-        assert self.val_tokens is not None
         # Persistent workers: validation runs many times, and restarting workers each time costs seconds.
         return Loader(
             ValWindows(self.val_tokens, self.block_size, self.val_mask),
@@ -265,10 +262,6 @@ class TextDataModule(L.LightningDataModule):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._stream_state = state_dict.get("stream", {})
-
-    def _meta_value(self, key: str) -> float:
-        self._require_setup()
-        return float(self.meta[key])
 
     def _require_setup(self) -> None:
         if self.tokenizer is None:

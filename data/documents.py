@@ -80,16 +80,14 @@ def encode_segments(tokenizer: Tokenizer, segments: dict[str, list]) -> list[lis
 
 
 def document_ids(texts: list[str | None], tokenizer: Tokenizer) -> np.ndarray:
-    """Ids of `texts` as one stream, EOS (and BOS if the tokenizer adds one) before every non-empty document."""
-
-    def batch_ids(batch: list[str | None]) -> np.ndarray:
+    """Ids of `texts` as one stream, EOS (and BOS if the tokenizer adds one) before every non-empty document;
+    DOCS_PER_BATCH documents at a time, so only their ids are ever Python ints."""
+    arrays = [np.zeros(0, np.int64)]
+    for at in range(0, len(texts), DOCS_PER_BATCH):
+        batch = texts[at : at + DOCS_PER_BATCH]
         pieces = encode_segments(tokenizer, segment_documents(batch, [False] * len(batch)))
-        return np.fromiter((i for piece in pieces for i in piece), dtype=np.int64)
-
-    starts = range(0, len(texts), DOCS_PER_BATCH)
-    return np.concatenate(
-        [np.zeros(0, np.int64), *(batch_ids(texts[at : at + DOCS_PER_BATCH]) for at in starts)]
-    )
+        arrays.append(np.fromiter((i for piece in pieces for i in piece), dtype=np.int64))
+    return np.concatenate(arrays)
 
 
 def segment_batch(
@@ -133,8 +131,12 @@ def find_char_cut(doc_lengths: np.ndarray, val_fraction: float) -> CharCut:
     return CharCut(row=row, offset=cut - start_of_row)
 
 
-def document_lengths(docs: Dataset, column: str) -> tuple[np.ndarray, np.ndarray]:
-    """Characters and UTF-8 bytes per document (0 for null), computed in Arrow without Python strings."""
+def document_lengths(docs: Dataset, column: str, chat: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Characters and UTF-8 bytes per document (0 for null), computed in Arrow without Python strings; for
+    conversations (`chat`), their contents' bytes for both."""
+    if chat:
+        sizes = conversation_sizes(docs[column])
+        return sizes, sizes
     import pyarrow.compute as pc
 
     chars, sizes = [], []
@@ -144,11 +146,6 @@ def document_lengths(docs: Dataset, column: str) -> tuple[np.ndarray, np.ndarray
     if not chars:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     return np.concatenate(chars).astype(np.int64), np.concatenate(sizes).astype(np.int64)
-
-
-def conversation_lengths(docs: Dataset, column: str) -> tuple[np.ndarray, np.ndarray]:
-    sizes = conversation_sizes(docs[column])
-    return sizes, sizes
 
 
 def conversation_sizes(rows: Sequence[object]) -> np.ndarray:
@@ -206,6 +203,11 @@ def encode_conversations(
         ids += [*separator, *row_ids]
         mask += [0] * len(separator) + row_mask
     return np.array(ids, dtype=np.int64), np.array(mask, dtype=np.uint8)
+
+
+def mask_name(token_file: str) -> str:
+    """The assistant-mask file beside a chat token file: one uint8 per token, 1 where the assistant wrote it."""
+    return f"{token_file}.mask"
 
 
 def row_digest(row: object) -> str:

@@ -79,12 +79,10 @@ def _read_json(path: Path) -> dict:
 
 
 def _token_id(backend: BackendTokenizer, token, fallback_id) -> int | None:
-    """The id of a tokenizer_config token entry (a string or an AddedToken dict), else `fallback_id`."""
+    """The id of a tokenizer_config token entry (a string or an AddedToken dict), else `fallback_id` (the first of a list)."""
     content = token.get("content") if isinstance(token, dict) else token
     token_id = backend.token_to_id(content) if content else None
-    if token_id is None and isinstance(fallback_id, list):
-        fallback_id = fallback_id[0] if fallback_id else None
-    return token_id if token_id is not None else fallback_id
+    return token_id if token_id is not None else (_ids(fallback_id) or [None])[0]
 
 
 def _ids(value) -> list[int]:

@@ -55,12 +55,11 @@ class PrepareSettings:
     pretrained_tokenizer: Tokenizer | None = None
 
     def corpus_dir(self) -> Path:
-        """The folder for this corpus and hold-out; its name changes when any input file changes."""
+        """Its name changes when any input file changes."""
         digest = stable_digest(self.source.identity(), self.val_fraction, FORMAT_VERSION, length=16)
         return self.cache_dir / f"{_readable_name(self.source)}-{digest}"
 
     def make_corpus_dir(self) -> Path:
-        """Create the corpus folder a build writes into, or say in one line why data.cache_dir cannot hold it."""
         folder = self.corpus_dir()
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -102,8 +101,8 @@ class PrepareSettings:
         return tokenizer
 
     def num_procs(self, total_bytes: int) -> int:
-        """`num_proc`, or for None one process per ~4 MB of text, up to min(8, CPUs); one without fork, as the
-        tokenize workers inherit the documents and the tokenizer by forking."""
+        """For None, one process per ~4 MB of text, up to min(8, CPUs); one without fork, as the tokenize workers
+        inherit the documents and the tokenizer by forking."""
         forks = "fork" in multiprocessing.get_all_start_methods()
         if self.num_proc is not None and self.num_proc > 1 and not forks:
             raise DataConfigError(
@@ -129,7 +128,7 @@ class PrepareSettings:
 
 
 def load_tokenizer_setting(path: Path, vocab_size: int) -> Tokenizer:
-    """Load `data.tokenizer_path`, with one-line errors for a missing or foreign file and a too-small vocab."""
+    """Load `data.tokenizer_path`, with one-line errors."""
     try:
         tokenizer = Tokenizer.from_file(path)
     except FileNotFoundError:

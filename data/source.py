@@ -51,7 +51,6 @@ class CorpusSource:
 
     @property
     def column(self) -> str:
-        """The column the documents are read from."""
         return self.chat_column or self.text_column
 
     @property
@@ -65,13 +64,12 @@ class CorpusSource:
         return self.data_files if self.uses_builder else None
 
     @property
-    def key(self) -> str:
-        """The config key to blame when the corpus itself is unusable."""
+    def key(self) -> str:  # the config key to blame when the corpus itself is unusable
         return "data.data_files" if self.uses_builder else "data.dataset"
 
     def files(self) -> list[str]:
         """Every data file: local paths, globs and folders resolved to the files they name; URLs as given."""
-        return _flatten(_map_files(self.builder_files, _resolve_local))
+        return _flatten(_map_files(self.builder_files, lambda file: _absolute(file, expand=True)))
 
     def check(self) -> None:
         """Fail fast, before any loading, on a builder without files and on local files that do not exist."""
@@ -229,13 +227,9 @@ def _is_network_error(error: BaseException) -> bool:
 
 
 def _flatten(data_files: DataFiles | None) -> list[str]:
-    if data_files is None:
-        return []
-    if isinstance(data_files, str):
-        return [data_files]
     if isinstance(data_files, dict):
         return [file for files in data_files.values() for file in _flatten(files)]
-    return list(data_files)
+    return [data_files] if isinstance(data_files, str) else list(data_files or [])
 
 
 def _map_files(files: DataFiles | None, function: Any) -> Any:
@@ -248,37 +242,26 @@ def _map_files(files: DataFiles | None, function: Any) -> Any:
     return [file for item in map(function, files) for file in (item if isinstance(item, list) else [item])]
 
 
-def _folder_files(folder: Path) -> list[str]:
-    """The files under a folder given as data_files (hidden ones skipped), in a stable order."""
-    files = sorted(
-        str(path) for path in folder.rglob("*") if path.is_file() and not path.name.startswith(".")
-    )
-    if not files:
-        raise DataConfigError(
-            f"data.data_files: the folder {folder} holds no files; put the corpus files in it"
-        )
-    return files
-
-
-def _absolute(file: str) -> str | list[str]:
-    """A local path or glob made absolute (a folder: its files); a URL as given."""
+def _absolute(file: str, expand: bool = False) -> str | list[str]:
+    """A local path or glob made absolute (a folder: its files, hidden ones skipped); a URL as given. With
+    `expand`, a glob's matches, which must exist."""
     if is_remote(file):
         return file
     path = Path(file).expanduser().resolve()
-    return _folder_files(path) if path.is_dir() else str(path)
-
-
-def _resolve_local(file: str) -> list[str]:
-    """The files `file` names (a glob expanded); raises when there are none. URLs pass through."""
-    found = _absolute(file)
-    if isinstance(found, list):  # a folder's files
+    if path.is_dir():
+        found = sorted(str(p) for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+        if not found:
+            raise DataConfigError(
+                f"data.data_files: the folder {path} holds no files; put the corpus files in it"
+            )
         return found
-    if is_remote(found):
-        return [found]
-    matches = sorted(glob.glob(found)) if glob.has_magic(found) else [found] if os.path.isfile(found) else []
-    if not matches:
+    name = str(path)
+    if not expand:
+        return name
+    found = sorted(glob.glob(name)) if glob.has_magic(name) else [name] if path.is_file() else []
+    if not found:
         raise DataConfigError(f"data.data_files: {file} does not exist; pass an existing file or URL")
-    return matches
+    return found
 
 
 def _file_identity(file: str) -> list[Any]:

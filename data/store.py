@@ -19,14 +19,13 @@ import numpy as np
 from common.files import StagedFolder, owner_has_exited, remove_stale, stale_temp_files
 from data import DataConfigError
 from data.batches import TokenParts
-from data.documents import document_ids, encode_conversations, row_digest, row_name
+from data.documents import document_ids, encode_conversations, mask_name, row_digest, row_name
 from data.settings import FORMAT_VERSION, PrepareSettings
 from data.tokenizer import Tokenizer
 
 META_FILE = "meta.json"
 TOKENIZER_FILE = "tokenizer.json"
 VAL_FILE = "val.bin"  # a streaming folder's validation tokens
-VAL_MASK_FILE = "val.bin.mask"  # for chat, their assistant mask (named as data/tokenize_parts.py's masks)
 HELDOUT_FILE = "heldout.json"  # and the digests of the train documents it holds out
 _STATS_CHUNK = 1 << 24
 
@@ -53,7 +52,7 @@ def prepare_data(settings: PrepareSettings, before_tokenizing: Callable[[int], N
         return found
     if settings.source.streaming:
         return build_stream(settings)
-    from data.tokenize_parts import mask_name, plan_parts, tokenize_parts, tokenizer_sample
+    from data.tokenize_parts import plan_parts, tokenize_parts, tokenizer_sample
 
     corpus_dir = settings.make_corpus_dir()
     source = settings.source
@@ -73,13 +72,12 @@ def prepare_data(settings: PrepareSettings, before_tokenizing: Callable[[int], N
     procs = settings.num_procs(sum(part.text_bytes for part in parts))
     tokenize_parts(parts, tokenizer, source.column, building, token_dtype(tokenizer.vocab_size), procs, chat)
     names = {"train": [part.name for part in plan.train], "val": [part.name for part in plan.val]}
-    masks = {split: [mask_name(name) for name in files] for split, files in names.items()} if chat else None
     details = {
         "val_source": plan.val_source,
         "corpus": source.identity(),
         "val_fraction": settings.val_fraction,
     }
-    meta = write_meta(building, tokenizer, names, masks, details | {"parts": names, "format": FORMAT_VERSION})
+    meta = write_meta(building, tokenizer, names, chat, details | {"parts": names, "format": FORMAT_VERSION})
     _publish(final, lambda: building.rename(final))
     shutil.rmtree(building, ignore_errors=True)  # left only where another process published first
     settings.check_sizes(meta)  # after publishing: the folder is good for another block size
@@ -109,6 +107,7 @@ def build_stream(settings: PrepareSettings) -> Path:
     for the readers to skip) and the tokenizer trains on the next ones, so it never sees validation text.
     """
     source = settings.source
+    chat = source.chat_column is not None
     tokenizer = settings.known_tokenizer()
     trained_here = tokenizer is None
     with StagedFolder(settings.make_corpus_dir()) as staged:
@@ -135,17 +134,15 @@ def build_stream(settings: PrepareSettings) -> Path:
                     "or the model on; lower data.val_docs or add a validation split"
                 )
             tokenizer = Tokenizer.train(sample, settings.vocab_size)
-        masks = None
-        if source.chat_column:  # the held-out conversations, masked as the token cache masks them
+        if chat:  # the held-out conversations, masked as the token cache masks them
             names = (row_name(row, val_split) for row in range(len(validation)))
             val, mask = encode_conversations(tokenizer, validation, names, eos_first=False)
-            mask.tofile(staged.path / VAL_MASK_FILE)
-            masks = {"val": [VAL_MASK_FILE]}
+            mask.tofile(staged.path / mask_name(VAL_FILE))
         else:
             val = document_ids(validation, tokenizer)
         val.astype(token_dtype(tokenizer.vocab_size)).tofile(staged.path / VAL_FILE)
         (staged.path / HELDOUT_FILE).write_text(json.dumps(heldout), encoding="utf-8")
-        meta = write_meta(staged.path, tokenizer, {"val": [VAL_FILE]}, masks, {"val_source": val_source})
+        meta = write_meta(staged.path, tokenizer, {"val": [VAL_FILE]}, chat, {"val_source": val_source})
         settings.check_sizes(meta)
         folder = publish_token_folder(staged, settings.folder_name(tokenizer))
     if trained_here:  # after the folder, so a found tokenizer file always means a complete folder
@@ -183,11 +180,12 @@ def write_meta(
     folder: Path,
     tokenizer: Tokenizer,
     files: dict[str, list[str]],
-    masks: dict[str, list[str]] | None,
+    chat: bool,
     details: dict[str, Any],
 ) -> dict[str, Any]:
-    """Write tokenizer.json and then (last: it marks the folder complete) meta.json: each split's counts (with
-    `masks`, of the assistant's tokens, the only ones the loss scores) and the bytes per token for val/bpb."""
+    """Write tokenizer.json and then (last: it marks the folder complete) meta.json: each split's counts (for
+    `chat`, of the assistant's tokens, the only ones the loss scores) and the bytes per token for val/bpb."""
+    masks = {split: [mask_name(name) for name in names] for split, names in files.items()} if chat else None
     stats, token_bytes = {}, tokenizer.token_bytes()
     for split, names in files.items():
         tokens = _open(folder, names, token_dtype(tokenizer.vocab_size))
@@ -217,7 +215,6 @@ class DataFolder:
     """An opened folder: memory-mapped tokens (a stream's train tokens are read live), for chat the assistant
     masks (1 where the token is a target), and a stream's held-out document digests."""
 
-    folder: Path
     tokenizer: Tokenizer
     meta: dict[str, Any]
     val: TokenParts
@@ -233,7 +230,6 @@ def open_data(folder: Path) -> DataFolder:
     files, masks, dtype = meta.get("parts", {"val": [VAL_FILE]}), meta.get("masks", {}), meta["dtype"]
     heldout = [] if "parts" in meta else json.loads((folder / HELDOUT_FILE).read_text(encoding="utf-8"))
     return DataFolder(
-        folder,
         Tokenizer.from_file(folder / TOKENIZER_FILE),
         meta,
         val=_open(folder, files["val"], dtype),

@@ -49,14 +49,13 @@ class Part:
     text_bytes: int
 
     def chunks(self) -> list[tuple[int, int]]:
-        """Row ranges of `_ROWS_PER_READ` documents, the unit read and tokenized at once."""
+        """Row ranges read and tokenized at once."""
         return [
             (start, min(self.stop, start + _ROWS_PER_READ))
             for start in range(self.first, self.stop, _ROWS_PER_READ)
         ]
 
     def read(self, start: int, stop: int, column: str) -> dict[str, list]:
-        """Segments of rows [start, stop), clipped at the hold-out cut."""
         return documents.segment_batch(
             self.docs[start:stop],
             [row - self.split_start for row in range(start, stop)],
@@ -83,9 +82,8 @@ def plan_parts(
 ) -> Plan:
     """Cut both splits into parts. Without a validation split the hold-out is the last `val_fraction` of the
     characters (nanoGPT's), cut inside a document; conversations (`chat`) are held out whole."""
-    lengths = documents.conversation_lengths if chat else documents.document_lengths
     train_docs = train_docs.select_columns([column])
-    chars, sizes = lengths(train_docs, column)
+    chars, sizes = documents.document_lengths(train_docs, column, chat)
     if not chars.sum():
         raise DataConfigError(
             f"{corpus_key}: the corpus has no text in column '{column}'; point it at real text"
@@ -93,7 +91,9 @@ def plan_parts(
     if val_docs is not None:
         val_docs = val_docs.select_columns([column])
         train = _split_parts("train", train_docs, sizes, 0, len(train_docs))
-        val = _split_parts("val", val_docs, lengths(val_docs, column)[1], 0, len(val_docs))
+        val = _split_parts(
+            "val", val_docs, documents.document_lengths(val_docs, column, chat)[1], 0, len(val_docs)
+        )
         return Plan(train, val, "the dataset's validation split")
     cut = documents.find_char_cut(chars, val_fraction)
     if chat:
@@ -128,9 +128,9 @@ def _split_parts(
     counts only a clipped document's share (by characters), so the one the hold-out cuts is not counted twice."""
     ends = np.cumsum(sizes[start:stop], dtype=np.int64)
     kept = sizes[start:stop].copy()
-    if chars is not None and first_offset:
+    if first_offset:
         kept[0] -= sizes[start] * first_offset // max(1, chars[start])
-    if chars is not None and last_limit is not None:
+    if last_limit is not None:
         kept[last_row - start] = sizes[last_row] * last_limit // max(1, chars[last_row])
     kept_ends = np.cumsum(kept, dtype=np.int64)
     bounds = [0]
@@ -138,10 +138,10 @@ def _split_parts(
         done = int(ends[bounds[-1] - 1]) if bounds[-1] else 0
         bounds.append(max(bounds[-1] + 1, int(np.searchsorted(ends, done + PART_BYTES, side="left")) + 1))
     bounds[-1] = min(bounds[-1], len(ends))
+    last_index = last_row - start if last_row >= 0 else -1
     parts = []
     for index, (first, stop_row) in enumerate(itertools.pairwise(bounds)):
         text = int(kept_ends[stop_row - 1]) - (int(kept_ends[first - 1]) if first else 0)
-        last_index = last_row - start if last_row >= 0 else -1
         parts.append(
             Part(f"{split}-{index:05d}.bin", docs, start, start + first, start + stop_row, first_offset, last_index,
                  last_limit, text)
@@ -165,11 +165,6 @@ def tokenizer_sample(parts: list[Part], column: str) -> Iterator[list[str]]:
 
 
 _shared: dict[str, Any] = {}  # what the forked processes inherit: the byte counter, tokenizer and settings
-
-
-def mask_name(part_name: str) -> str:
-    """The assistant-mask file beside a chat part: one uint8 per token, 1 where the assistant wrote it."""
-    return f"{part_name}.mask"
 
 
 def tokenize_parts(
@@ -216,7 +211,7 @@ def tokenize_parts(
 
 def _tokenize_part(part: Part) -> None:
     out_dir: Path = _shared["out_dir"]
-    names = [part.name, mask_name(part.name)] if _shared["chat"] else [part.name]
+    names = [part.name, documents.mask_name(part.name)] if _shared["chat"] else [part.name]
     # Beside the folder, not in it; the mask is published first, so a part's token file implies its mask.
     temps = [temp_path_for(out_dir.parent / f"{out_dir.name}-{name}") for name in names]
     try:

@@ -8,9 +8,12 @@ import numpy as np
 import pytest
 
 from data import EOS_TOKEN, DataConfigError, Tokenizer
-from data.datamodule import TINY_SHAKESPEARE_URL, TextDataModule
+from data.datamodule import TextDataModule
 
 VOCAB = 300
+TINY_SHAKESPEARE_URL = (
+    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+)
 
 
 def _raises(key: str, cache_dir: Path, cached_files, **settings) -> str:
