@@ -25,7 +25,7 @@ from generation.text import TextStream, encode_prompt, print_samples
 from interop import load
 from interop.gguf_blocks import KEPT_TYPES
 from model.config import DTYPES
-from model.quantized import QuantizedLinear
+from model.quantized import KERNEL_ROWS, QuantizedLinear
 from model.sampling import NonFiniteLogits, Sampler, generate
 from model.speculative import DraftModel, PromptLookup, check_draft
 
@@ -155,9 +155,10 @@ def note_kept_blocks(model: torch.nn.Module, args: argparse.Namespace) -> None:
     size = sum(b.numel() * b.element_size() for m in kept for b in m.buffers()) / 1e6
     print(f"note: {len(kept)} of {len(layers)} linear layers kept in their GGUF blocks ({size:.0f} MB)",
           file=sys.stderr)  # fmt: skip
-    if args.num_samples > 1 or args.no_cache or args.draft or args.prompt_lookup:
-        print("note: only one sample with the cache reads the blocks directly; this run dequantises every "
-              "matrix at each step, slower than without --keep_quantized", file=sys.stderr)  # fmt: skip
+    if args.num_samples > KERNEL_ROWS or args.no_cache:
+        print(f"note: up to {KERNEL_ROWS} rows a step read the blocks directly; --no_cache past {KERNEL_ROWS} tokens "
+              f"or over {KERNEL_ROWS} samples dequantises every matrix at each step, slower than without "
+              "--keep_quantized", file=sys.stderr)  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> None:
