@@ -68,7 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     decoding.add_argument("--no_cache", **yes, help="recompute the whole context every step (reference)")
     decoding.add_argument("--compile", **yes, help="build (once: kept for later runs) the compiled decode step")
     decoding.add_argument("--no_compile", **yes, help="decode eagerly even where --compile built the step earlier")
-    decoding.add_argument("--keep_quantized", **yes, help="a .gguf: its 4/5/6/8-bit matrices stay in blocks")
+    decoding.add_argument("--keep_quantized", **yes, help="a .gguf: its 4/5/6/8-bit matrices stay in blocks "
+                          "(the default on the CPU in float32)")  # fmt: skip
+    decoding.add_argument("--dequantize", **yes, help="a .gguf: float weights from its blocks")
     decoding.add_argument("--benchmark", **yes, help="print prefill/decode speed (also --compile, --no_cache)")
     decoding.add_argument("--draft", metavar="CKPT", help="speculative decoding: a smaller model, same tokenizer")
     decoding.add_argument("--prompt_lookup", **yes, help="speculative decoding, drafting by n-gram copy")
@@ -104,6 +106,8 @@ def check_args(args: argparse.Namespace) -> Sampler:
         if args.num_samples != 1 or args.no_cache or args.compile or args.repetition_penalty != 1.0:
             raise UserError("speculative decoding (--draft/--prompt_lookup) takes one sample from the cache: drop "
                             "--num_samples, --no_cache, --compile and --repetition_penalty")  # fmt: skip
+    if args.keep_quantized and args.dequantize:
+        raise UserError("--keep_quantized and --dequantize contradict each other: pass one")
     if args.compile and (args.no_cache or args.no_compile):
         raise UserError("--compile builds the step that decodes from the KV cache: drop --no_cache, --no_compile")  # fmt: skip
     given = [f"--{flag}" for flag in CHAT_CONFLICTS if flag in args.explicit]
@@ -172,7 +176,12 @@ def run(args: argparse.Namespace) -> None:
     apply_thread_count(args.threads, torch.set_num_threads)  # busy cores make torch's own threads wait
     auto = torch.bfloat16 if device.type == "cuda" and not args.keep_quantized else torch.float32
     dtype = DTYPES.get(args.dtype, auto)
-    loaded = load(args.checkpoint, args.revision, device, dtype, args.keep_quantized)
+    # By default a GGUF's blocks stay where the row kernel reads them (the CPU, float32): the file's own weights,
+    # ~5x fewer bytes a step than float32 (None: keep them if the source is a GGUF).
+    by_default = device.type == "cpu" and dtype == torch.float32 and not args.dequantize
+    loaded = load(
+        args.checkpoint, args.revision, device, dtype, args.keep_quantized or (None if by_default else False)
+    )
     model, tokenizer = loaded.model, loaded.tokenizer
     if args.keep_quantized:
         note_kept_blocks(model, args)

@@ -51,15 +51,18 @@ def load(
     revision: str | None = None,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
-    keep_quantized: bool = False,
+    keep_quantized: bool | None = False,
 ) -> Loaded:
     """Our GPT and tokenizer for any model name (see interop.source); `dtype` None keeps the stored one.
     `keep_quantized` (a .gguf file, float32): matrices stored as one of KEPT_TYPES stay in their blocks
-    (model.quantized.QuantizedLinear): the same weights, ~5x smaller, read directly by the compiled step."""
+    (model.quantized.QuantizedLinear): the same weights, ~5x smaller, read directly by the row kernel; None
+    keeps them if the source is a .gguf."""
     if keep_quantized and dtype not in (None, torch.float32):
         raise PretrainedError(f"keep_quantized computes in float32; drop the dtype {dtype} or keep_quantized")
     source = resolve(name, revision)
-    if keep_quantized and source.kind != "gguf":
+    if keep_quantized is None:
+        keep_quantized = source.kind == "gguf"
+    elif keep_quantized and source.kind != "gguf":
         raise PretrainedError(
             f"{name}: keep_quantized needs a .gguf file (its {', '.join(KEPT_TYPES)} blocks); this is "
             f"{DESCRIPTIONS[source.kind]}"
