@@ -95,10 +95,8 @@ def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, probe, blocks:
             p, attention_mask=torch.ones_like(p), do_sample=False, max_new_tokens=n, min_new_tokens=n, **extra
         )
 
-    sides, compiled = (
-        {"ours": ours(model), "transformers": theirs()},
-        {"ours compiled": ours(model, compile=True)},
-    )
+    sides = {"ours": ours(model), "transformers": theirs()}
+    compiled = {"ours compiled": ours(model, compile=True)}
     if blocks is not None:
         sides["ours Q4_1"] = ours(blocks)
         compiled["ours Q4_1 compiled"] = ours(blocks, compile=True)
@@ -151,9 +149,7 @@ def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, probe, blocks:
           f"{bandwidth / 1e9:.1f} GB/s, load average {os.getloadavg()[0]:.1f}")  # fmt: skip
     total = {side: seconds[(side, prompt_len, new_tokens)] for side in names}
     decode = {side: (new_tokens - 1) / (total[side] - seconds[(side, prompt_len, 1)]) for side in names}
-    pp = {
-        side: args.prefill_len / seconds[k] for side in names if (k := (side, args.prefill_len, 1)) in seconds
-    }
+    pp = {s: args.prefill_len / seconds[k] for s in names if (k := (s, args.prefill_len, 1)) in seconds}
 
     def vs_llamacpp(values: dict, side: str) -> str:  # ours against llama.cpp on the same file
         twin = "llama.cpp Q4_1" if "Q4_1" in side else "llama.cpp f32"
@@ -192,10 +188,8 @@ def run_config(name: str, args: argparse.Namespace, probe: Path | None) -> bool:
 def main() -> None:
     parser = new_parser(__doc__)
     add = parser.add_argument
-    configs = [*sorted(DECODE_CONFIGS), "smollm2"]
-    add(
-        "--configs", nargs="+", choices=configs, default=list(DECODE_CONFIGS), help="models (default: random)"
-    )
+    add("--configs", nargs="+", choices=[*sorted(DECODE_CONFIGS), "smollm2"], default=list(DECODE_CONFIGS),
+        help="models (default: random)")  # fmt: skip
     add("--prompt_len", type=int, default=None, help="default 64 (large32k: 512)")
     add("--new_tokens", type=int, default=None, help="default 256 (large32k: 128, smollm2: 64)")
     add("--prefill_len", type=int, default=512, help="prompt tokens of the prefill test (pp512)")
@@ -210,12 +204,9 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
 
-    probe = built_probe()
-    llamacpp = (
-        "from llama-cpp-python 0.3.36"
-        if probe
-        else "skipped: run tools/llamacpp/build.sh (minutes) to add it"
-    )
+    probe, llamacpp = built_probe(), "skipped: run tools/llamacpp/build.sh (minutes) to add it"
+    if probe:
+        llamacpp = "from llama-cpp-python 0.3.36"
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, llama.cpp {llamacpp}; "
           f"{torch.get_num_threads()} threads on every side, batch 1, greedy, median of {args.repeats}; MBU = (weights + "
           "cache at the mean context) bytes per token x decode tok/s / the best read bandwidth of the rounds (a "

@@ -97,9 +97,8 @@ def fine_tune(cli, args: argparse.Namespace) -> None:
     print(f"fine-tuned: {after[key]:.4f} {unit} after {steps} steps in "
           f"{budget.train_seconds():.0f} s ({steps * data.batch_size * data.block_size:,} tokens, "
           f"batch {data.batch_size} x {data.block_size}, {args.threads} threads)")  # fmt: skip
-    print(
-        f"gain: {gain:.4f} {unit} below zero-shot (target >= {target}: {'met' if gain >= target else 'not met'})"
-    )
+    met = "met" if gain >= target else "not met"
+    print(f"gain: {gain:.4f} {unit} below zero-shot (target >= {target}: {met})")
     print(f"checkpoint: {kept_checkpoint(trainer, args.out)}")
 
 

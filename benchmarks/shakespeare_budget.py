@@ -127,10 +127,8 @@ def train_and_score(cli: GPTCLI, args: argparse.Namespace) -> None:
     def evaluate(model) -> float:
         return score_validation(model, data.tokenizer, data.val_tokens, data.block_size)["nats_per_char"]
 
-    targeted = args.target_nats_per_char is not None
-    budget = TimeBudget(
-        args.budget_s, evaluate if targeted else None, args.eval_every_s, args.target_nats_per_char
-    )
+    goal = args.target_nats_per_char
+    budget = TimeBudget(args.budget_s, None if goal is None else evaluate, args.eval_every_s, goal)
     trainer.callbacks.append(budget)
     start = time.perf_counter()
     trainer.fit(module, data)
@@ -139,7 +137,7 @@ def train_and_score(cli: GPTCLI, args: argparse.Namespace) -> None:
     scores = score_validation(module.model, data.tokenizer, data.val_tokens, data.block_size)
     report(module, data, trainer, train_s, wall_s, scores)
     print(f"checkpoint: {kept_checkpoint(trainer, args.out)}")
-    if targeted:
+    if goal is not None:
         if not budget.evaluations or budget.evaluations[-1][1] != trainer.global_step:
             budget.evaluations.append((train_s, trainer.global_step, scores["nats_per_char"]))
         print("evaluations (training s, step, val nats/char): " + ", ".join(
