@@ -7,7 +7,11 @@ Run each from the repository root as a module, with underscore flags like the ot
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 SHAPE = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd")
 
 
@@ -22,3 +26,10 @@ def new_parser(doc: str, **shape: int) -> argparse.ArgumentParser:
 
 def model_shape(args: argparse.Namespace) -> dict[str, int]:
     return {name: getattr(args, name) for name in SHAPE}
+
+
+def in_fresh_process(fn, *args):
+    """fn(*args) in a spawned (not forked) interpreter: nothing of this process, memory or thread pools, carries
+    over."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
+        return child.submit(fn, *args).result()

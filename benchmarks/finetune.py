@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 
+from benchmarks import ROOT
 from benchmarks.external import required_smollm2
 from benchmarks.shakespeare_budget import TimeBudget, budget_parser, budget_run, kept_checkpoint
 from common.errors import run_command
@@ -26,10 +26,9 @@ from model import generate
 from training import LitGPT
 from training.fit_summary import FitSummary, score_validation
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-RECIPE = CONFIGS / "finetune-smollm2.yaml"
+RECIPE = ROOT / "configs" / "finetune-smollm2.yaml"
 TARGET_GAIN = 0.08  # nats per character below zero-shot (issue 27)
-SFT_RECIPE = CONFIGS / "sft-smollm2.yaml"
+SFT_RECIPE = ROOT / "configs" / "sft-smollm2.yaml"
 SFT_TARGET_GAIN = 0.3  # nats per assistant token below zero-shot (issue 37)
 SFT_QUESTION = "What is 9 plus 14?"
 
@@ -37,9 +36,7 @@ SFT_QUESTION = "What is 9 plus 14?"
 def score(module: LitGPT, data: TextDataModule, val_chars: int) -> dict[str, float]:
     """The first `val_chars` validation characters; for chat, every held-out conversation's assistant tokens."""
     chat = data.val_mask is not None
-    tokens = (
-        data.val_tokens[:] if chat else data.val_tokens[: max(2, round(val_chars / data.chars_per_token))]
-    )
+    tokens = data.val_tokens[: None if chat else max(2, round(val_chars / data.chars_per_token))]
     module.eval()
     result = score_validation(module.model, data.tokenizer, tokens, data.block_size, mask=data.val_mask)
     module.train()
@@ -100,9 +97,8 @@ def fine_tune(cli, args: argparse.Namespace) -> None:
     print(f"fine-tuned: {after[key]:.4f} {unit} after {steps} steps in "
           f"{budget.train_seconds():.0f} s ({steps * data.batch_size * data.block_size:,} tokens, "
           f"batch {data.batch_size} x {data.block_size}, {args.threads} threads)")  # fmt: skip
-    print(
-        f"gain: {gain:.4f} {unit} below zero-shot (target >= {target}: {'met' if gain >= target else 'not met'})"
-    )
+    met = "met" if gain >= target else "not met"
+    print(f"gain: {gain:.4f} {unit} below zero-shot (target >= {target}: {met})")
     print(f"checkpoint: {kept_checkpoint(trainer, args.out)}")
 
 

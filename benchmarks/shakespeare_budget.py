@@ -19,14 +19,16 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from benchmarks import new_parser
+from benchmarks import ROOT, new_parser
 from data.datamodule import TextDataModule
 from model import generate
 from training import LitGPT
 from training.cli import GPTCLI
 from training.fit_summary import score_validation
 
-RECIPE = Path(__file__).resolve().parents[1] / "configs" / "shakespeare.yaml"  # found from any directory
+RECIPE = ROOT / "configs" / "shakespeare.yaml"
+# One seed per prompt: with a shared seed, prompts ending alike ("...:\n") drew the same continuation.
+SAMPLES = [("ROMEO:", 0.0), ("JULIET:\n", 0.8), ("First Citizen:\n", 0.8)]  # (prompt, temperature)
 
 
 class TimeBudget(L.Callback):
@@ -90,12 +92,8 @@ def budget_run(recipe: Path, overrides: list[str], args: argparse.Namespace, nam
     goes under --out, or into a temporary folder removed at the end (a fine-tune's checkpoint is 1.6 GB)."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    root = (
-        contextlib.nullcontext(str(args.out))
-        if args.out
-        else tempfile.TemporaryDirectory(prefix="budget-run-")
-    )
-    with root as folder:
+    kept = contextlib.nullcontext(str(args.out)) if args.out else None
+    with kept or tempfile.TemporaryDirectory(prefix="budget-run-") as folder:
         # The start time in the name: a kept run never meets an earlier one.
         run_name = f"{name}-{args.budget_s:.0f}s-{time.strftime('%Y%m%d-%H%M%S')}"
         where = ["--trainer.default_root_dir", folder, "--run_name", run_name]
@@ -129,10 +127,8 @@ def train_and_score(cli: GPTCLI, args: argparse.Namespace) -> None:
     def evaluate(model) -> float:
         return score_validation(model, data.tokenizer, data.val_tokens, data.block_size)["nats_per_char"]
 
-    targeted = args.target_nats_per_char is not None
-    budget = TimeBudget(
-        args.budget_s, evaluate if targeted else None, args.eval_every_s, args.target_nats_per_char
-    )
+    goal = args.target_nats_per_char
+    budget = TimeBudget(args.budget_s, None if goal is None else evaluate, args.eval_every_s, goal)
     trainer.callbacks.append(budget)
     start = time.perf_counter()
     trainer.fit(module, data)
@@ -141,7 +137,7 @@ def train_and_score(cli: GPTCLI, args: argparse.Namespace) -> None:
     scores = score_validation(module.model, data.tokenizer, data.val_tokens, data.block_size)
     report(module, data, trainer, train_s, wall_s, scores)
     print(f"checkpoint: {kept_checkpoint(trainer, args.out)}")
-    if targeted:
+    if goal is not None:
         if not budget.evaluations or budget.evaluations[-1][1] != trainer.global_step:
             budget.evaluations.append((train_s, trainer.global_step, scores["nats_per_char"]))
         print("evaluations (training s, step, val nats/char): " + ", ".join(
@@ -164,10 +160,7 @@ def report(module, data, trainer, train_s: float, wall_s: float, scores: dict) -
     print(f"params: {module.model.num_params():,}   vocab: {data.tokenizer.vocab_size}   "
           f"block: {data.block_size}   batch: {data.batch_size}")  # fmt: skip
     tokenizer, model = data.tokenizer, module.model
-    # One seed per prompt: with a shared seed, prompts ending alike ("...:\n") drew the same continuation.
-    for seed, (prompt, temperature) in enumerate(
-        [("ROMEO:", 0.0), ("JULIET:\n", 0.8), ("First Citizen:\n", 0.8)]
-    ):
+    for seed, (prompt, temperature) in enumerate(SAMPLES):
         ids, generator = torch.tensor([tokenizer.encode(prompt)]), torch.Generator().manual_seed(seed)
         out = generate(model, ids, 60, temperature=temperature, top_k=50, generator=generator)
         kind = "greedy" if temperature == 0 else f"T={temperature}"

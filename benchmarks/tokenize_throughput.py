@@ -25,15 +25,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import lightning as L
 import numpy as np
 
-from benchmarks import new_parser
+from benchmarks import ROOT, in_fresh_process, new_parser
 
-ROOT = Path(__file__).resolve().parents[1]
 SHARD_MB = 128
 BASE_WORDS = 4_000_000  # ~22 MB of text that documents are cut from
 BATCH_DOCS = 512  # documents per encode call, as data/tokenize_parts.py reads them
@@ -116,21 +114,18 @@ def measure_prepare(files: list[str], tokenizer: Path, folder: Path, args: argpa
 
     start = time.perf_counter()
     CorpusSource(dataset="json", data_files=files).load()
-    print(
-        f"JSON -> Arrow conversion by datasets, once (not in the figures below): {time.perf_counter() - start:.1f} s"
-    )
+    seconds = time.perf_counter() - start
+    print(f"JSON -> Arrow conversion by datasets, once (not in the figures below): {seconds:.1f} s")
     rows: dict[int, list[tuple[float, float, float]]] = {1: []} if args.smoke else {1: [], 2: []}
     for round_index in range(args.repeats):
         for procs in rows:
-            # raw_rate in a fresh process of its own, so no tokenizer thread pool is inherited.
-            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-                raw, megabytes = pool.submit(raw_rate, procs, str(tokenizer), files).result()
+            # In a fresh process of its own, so no tokenizer thread pool is inherited.
+            raw, megabytes = in_fresh_process(raw_rate, procs, str(tokenizer), files)
             cache = folder / f"cache-{round_index}-{procs}"
             phase, whole = run_prepare(procs, data_flags(files, tokenizer, cache, args.vocab_size), megabytes)
             rows[procs].append((raw, phase, whole))
-            print(
-                f"  round {round_index + 1}, {procs} proc: raw {raw:.2f}, ours {phase:.2f} (command {whole:.2f}) MB/s"
-            )
+            print(f"  round {round_index + 1}, {procs} proc: raw {raw:.2f}, ours {phase:.2f} (command {whole:.2f}) "
+                  "MB/s")  # fmt: skip
     for procs, measured in rows.items():
         raw, phase, whole = (statistics.median(column) for column in zip(*measured, strict=True))
         print(f"(a) num_proc {procs}: raw encode_batch_fast {raw:5.2f} MB/s | prepare tokenization {phase:5.2f} MB/s "

@@ -144,13 +144,12 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if not args.default_allocator:
         retain_freed_memory()
-    # Lightning's banner ("GPU available", ...) and its advice to add DataLoader workers would bury the table;
-    # both sides read batches in the main process, so the advice does not change the comparison.
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-    warnings.filterwarnings("ignore", message=".*no `val_dataloader`.*")  # validation is off on purpose
-    warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # Lightning's own deprecation, not ours
+    # Lightning's banner and advice would bury the table: both sides read batches in the main process (no
+    # workers), validation is off on purpose, and LeafSpec is Lightning's own deprecation.
+    for logger in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(logger).setLevel(logging.WARNING)
+    for message in ("does not have many workers", "no `val_dataloader`", "LeafSpec"):
+        warnings.filterwarnings("ignore", message=f".*{message}.*")
     report(measure(args), args)
 
 
