@@ -106,11 +106,10 @@ class GPTCLI(LightningCLI):
     def _parse_ckpt_path(self) -> None:
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        # Read once for every check before the run, and before Lightning's own torch.load would turn a text file
-        # into a traceback.
+        # Read once for every check, and before Lightning's torch.load would turn a text file into a traceback.
         self.resumed = read_resume_point(ckpt_path)
-        # Lightning's _parse_ckpt_path: the checkpoint's hyperparameters over the parsed config. From a run
-        # directory the saved config.yaml already holds them, and re-applying would undo the user's overrides.
+        # As Lightning's: the checkpoint's hyperparameters over the parsed config, except from a run directory,
+        # whose config.yaml already holds them (re-applying would undo the user's overrides).
         hparams = dict((self.resumed or {}).get("hyper_parameters", {}))
         hparams.pop("_instantiator", None)
         if hparams and not self.resumed_from_run_dir and Path(ckpt_path).is_file():
@@ -133,8 +132,7 @@ class GPTCLI(LightningCLI):
         except RunDirBusyError:
             raise  # the folder is another live run's: nothing here to clean up
         except BaseException:
-            # A run that fails before its first step (data setup, a config check in setup) leaves only a
-            # config.yaml and an empty wandb run: remove the folder this command created, so a retry starts clean.
+            # A run that fails before its first step leaves nothing worth keeping: a retry starts clean.
             if not self.ctrl_c.training_started:
                 for logger in run_loggers(self.trainer):
                     logger.discard_segment()
@@ -214,11 +212,11 @@ class GPTCLI(LightningCLI):
 
 
 class RunConfig(SaveConfigCallback):
-    """config.yaml in the run folder, and the same config in the wandb run's, once training starts: Lightning's
-    SaveConfigCallback writes it in `setup`, so a resume that then fails would already have rewritten it."""
+    """config.yaml in the run folder and the wandb run, written once training starts, not in `setup`: a resume
+    that then fails would already have rewritten it."""
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        """Nothing yet: see on_train_start."""
+        pass
 
     def on_train_start(self, trainer, pl_module) -> None:
         if self.already_saved:
@@ -242,12 +240,9 @@ class RunConfig(SaveConfigCallback):
 
 
 def retain_freed_memory() -> bool:
-    """Keep freed host memory in the process, so a CPU training step stops paying page faults; True if applied.
-
-    glibc hands freed memory back to the kernel, so each step faulted the same activations' pages in again
-    (`python -m benchmarks.train_throughput`). A fixed mmap threshold (32 MiB) and trimming only past 256 MiB keep
-    them, as PyTorch's caching allocator does on a GPU. A no-op off glibc or when the user tuned malloc already.
-    """
+    """Keep freed host memory in the process (True if applied): glibc gave it back to the kernel, so each CPU step
+    page-faulted the same activations in again (benchmarks/train_throughput.py). Not off glibc, nor over the
+    user's own malloc tuning."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     if any(

@@ -186,22 +186,21 @@ class LitGPT(L.LightningModule):
             fused=fused or None,
         )  # fmt: skip
 
-    def configure_optimizers(self):
+    def _schedule_shape(self) -> tuple:
+        """The schedule arguments of lr_multiplier after (step, max_steps)."""
         hp = self.hparams
-        optimizer = self.make_optimizer()
+        return hp.warmup_steps, hp.schedule, hp.min_lr_ratio, hp.decay_fraction
+
+    def configure_optimizers(self):
         if self.trainer.max_steps is None or self.trainer.max_steps < 1:
             raise UserError(
                 "trainer.max_steps must be set (> 0): the learning-rate schedule is laid out over it"
             )
-
-        def multiplier(step: int) -> float:
-            # max_steps is read at every step so a time budget (benchmarks/shakespeare_budget.py) can move it.
-            max_steps = self.trainer.max_steps
-            return lr_multiplier(
-                step, max_steps, hp.warmup_steps, hp.schedule, hp.min_lr_ratio, hp.decay_fraction
-            )
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
+        optimizer, shape = self.make_optimizer(), self._schedule_shape()
+        # max_steps is read at every step so a time budget (benchmarks/shakespeare_budget.py) can move it.
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_multiplier(step, self.trainer.max_steps, *shape)
+        )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -238,12 +237,12 @@ class LitGPT(L.LightningModule):
         self.resumed_max_steps = checkpoint.get(MAX_STEPS_KEY)
 
     def on_train_start(self) -> None:
-        hp, trainer = self.hparams, self.trainer
+        trainer = self.trainer
         if self.resumed_max_steps is None or not trainer.is_global_zero:
             return
         note = schedule_change_note(
-            trainer.global_step, self.resumed_max_steps, trainer.max_steps, hp.learning_rate, hp.warmup_steps,
-            hp.schedule, hp.min_lr_ratio, hp.decay_fraction,
+            trainer.global_step, self.resumed_max_steps, trainer.max_steps, self.hparams.learning_rate,
+            *self._schedule_shape(),
         )  # fmt: skip
         if note:
             print(note, file=sys.stderr, flush=True)
