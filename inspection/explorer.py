@@ -14,12 +14,10 @@ import json
 import zlib
 from collections.abc import Mapping, Sequence
 from importlib import resources
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from common.files import atomic_write
 from inspection.attention_image import colour_table, printable_label
 from inspection.attention_stats import STATISTICS, head_statistics
 from inspection.phase_change import Formation
@@ -124,11 +122,8 @@ def build_explorer(
         "meanings": {name: STATISTIC_MEANINGS[name] for name in STATISTICS},
         "prompt_len": prompt_len,
         "initial_head": most_telling_head(statistics),
-        "stats": {name: _nested(statistics[name], n_layer, n_head) for name in STATISTICS},
-        "history": [
-            {"step": int(s), "stats": {name: _nested(values[name], n_layer, n_head) for name in STATISTICS}}
-            for s, values in history
-        ],
+        "stats": _listed(statistics),
+        "history": [{"step": int(s), "stats": _listed(values)} for s, values in history],
         "formations": [
             {"layer": f.layer, "head": f.head, "step": f.step, "score": f.score} for f in formations
         ],
@@ -186,11 +181,6 @@ def probe_attention(
     return maps, stats
 
 
-def write_explorer(path: str | Path, page: str) -> Path:
-    """Write the explorer to `path` atomically (readers see the old page or the new one)."""
-    return atomic_write(path, page)
-
-
 def _checked_maps(maps: torch.Tensor, tokens: Sequence[str]) -> np.ndarray:
     if maps.dim() != 4 or maps.shape[-1] != maps.shape[-2]:
         raise ValueError(f"expected attention maps (L, H, T, T), got {tuple(maps.shape)}")
@@ -199,10 +189,8 @@ def _checked_maps(maps: torch.Tensor, tokens: Sequence[str]) -> np.ndarray:
     return maps.detach().float().cpu().numpy()
 
 
-def _nested(values: torch.Tensor, n_layer: int, n_head: int) -> list[list[float]]:
-    if tuple(values.shape) != (n_layer, n_head):
-        raise ValueError(f"expected a statistic of shape ({n_layer}, {n_head}), got {tuple(values.shape)}")
-    return values.detach().double().cpu().tolist()
+def _listed(statistics: Mapping[str, torch.Tensor]) -> dict[str, list[list[float]]]:
+    return {name: statistics[name].detach().double().cpu().tolist() for name in STATISTICS}
 
 
 def _pack(raw: bytes) -> str:

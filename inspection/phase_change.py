@@ -22,7 +22,6 @@ class Formation:
         return f"L{self.layer}H{self.head}"
 
     def message(self) -> str:
-        """The one console line for this formation."""
         return f"induction head {self.name} formed at step {self.step} (score {self.score:.2f})"
 
 
@@ -36,8 +35,6 @@ class PhaseChangeDetector:
 
     def update(self, step: int, scores: torch.Tensor) -> list[Formation]:
         """Record `scores` (L, H) measured at `step`; the formations first seen now, strongest first."""
-        if scores.dim() != 2:
-            raise ValueError(f"expected induction scores (L, H), got {tuple(scores.shape)}")
         new = []
         for layer, head in (scores > self.threshold).nonzero().tolist():
             if (layer, head) not in self.formed:

@@ -11,14 +11,14 @@ from pathlib import Path
 import torch
 
 from common.errors import UserError
-from common.files import refuse_existing
+from common.files import atomic_write, refuse_existing
 from inspection.attention_image import (
     MAX_LABELLED_TOKENS,
     draw_attention_grid,
     printable_label,
     save_attention_png,
 )
-from inspection.explorer import model_explorer, write_explorer
+from inspection.explorer import model_explorer
 from model.attention import attention_scores, causal_mask
 from model.gpt import GPT
 
@@ -79,7 +79,7 @@ def write_attention_html(model, tokenizer, ids: torch.Tensor, path: str, prompt_
         model.float(), ids, token_labels(tokenizer, ids[0].tolist()), induction_period=32, generator=generator,
         title="generate.py", prompt_len=max(0, prompt_len - (total - ids.shape[1])),
     )  # fmt: skip
-    write_explorer(path, page)  # the path was checked before generating (check_outputs)
+    atomic_write(path, page)  # the path was checked before generating (check_outputs)
     print(f"wrote {path} (attention explorer, {ids.shape[1]} tokens)", file=sys.stderr)
 
 

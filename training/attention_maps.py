@@ -9,9 +9,10 @@ import torch
 from lightning.pytorch.loggers import WandbLogger
 
 from checkpoints.run_dir import RunDir
+from common.files import atomic_write
 from inspection.attention_image import draw_attention_grid
 from inspection.attention_stats import STATISTICS
-from inspection.explorer import build_explorer, probe_attention, write_explorer
+from inspection.explorer import build_explorer, probe_attention
 from inspection.phase_change import Formation, PhaseChangeDetector
 
 from .lit_gpt import due, evaluating, loggers_of
@@ -77,7 +78,7 @@ class AttentionMaps(L.Callback):
                 maps[:, 0], labels, stats, title=f"attention at step {step}", step=step,
                 history=self.history, formations=self.detector.formations, threshold=self.detector.threshold,
             )  # fmt: skip
-            write_explorer(RunDir(trainer.default_root_dir).attention / "explorer.html", page)
+            atomic_write(RunDir(trainer.default_root_dir).attention / "explorer.html", page)
         for logger in loggers_of(trainer, WandbLogger):  # images, tables, charts and pages are wandb features
             self._log(logger, step, maps, labels, stats, formations, page)
 

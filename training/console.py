@@ -1,8 +1,5 @@
-"""What train.py shows on the terminal: `fit --help` in a useful order, no known noise, progress in steps.
-
-Progress counts optimizer steps out of trainer.max_steps (the train stream is one endless epoch, so Lightning's
-own bar shows `Epoch 0/-2`): a rich bar on a terminal, plain lines elsewhere, where the rich bar prints nothing
-until the run ends.
+"""What train.py shows on the terminal: `fit --help` in a useful order, no known noise, and progress in optimizer
+steps out of trainer.max_steps (the train stream is one endless epoch: Lightning's bar shows `Epoch 0/-2`).
 """
 
 from __future__ import annotations
@@ -34,7 +31,7 @@ LINES_PER_RUN = 100  # the plain-line progress prints at most about this many li
 
 
 def progress_for_output() -> ProgressBar:
-    """A rich bar when stdout is a terminal, otherwise one plain line every few steps."""
+    """A rich bar on a terminal; plain lines elsewhere, where the rich bar prints nothing until the run ends."""
     return StepProgressBar() if sys.stdout.isatty() else LineProgress()
 
 
