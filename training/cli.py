@@ -70,7 +70,7 @@ class GPTCLI(LightningCLI):
         self.ctrl_c = ctrl_c or GracefulCtrlC()
         self.resumed_from_run_dir = False
         self.resumed: dict | None = None  # the checkpoint --ckpt_path names, read once (until the checks)
-        self.explicit_config = None
+        self.explicit_config = None  # the keys the user set, for init_from
         self.pretrained: Pretrained | None = None
         silence_known_noise()
         retain_freed_memory()
@@ -99,9 +99,9 @@ class GPTCLI(LightningCLI):
         self.config = parser.parse_args(args)
         _refuse_unusable_run(self.config)  # before Lightning seeds and says so
         # init_from refuses the model keys the user set: read those without the defaults.
-        prefix = f"{self.config.get('subcommand')}." if self.config.get("subcommand") else ""
-        if self.config.get(f"{prefix}model.init_from"):
-            self.explicit_config = _explicit_keys(parser, args)
+        subcommand = self.config.get("subcommand")
+        if self.config.get(f"{subcommand}.model.init_from" if subcommand else "model.init_from"):
+            self.explicit_config = _explicit_keys(parser, args, subcommand)
 
     def _parse_ckpt_path(self) -> None:
         subcommand = self.config.get("subcommand")
@@ -165,10 +165,7 @@ class GPTCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config  # None with run=False
-        explicit = self.explicit_config
-        if explicit is not None and self.subcommand:
-            explicit = explicit.get(self.subcommand)
-        self.pretrained = apply_init_from(config, explicit)  # before anything is written
+        self.pretrained = apply_init_from(config, self.explicit_config)  # before anything is written
         check_numbers(config.data)  # before the model, whose vocab_size and block_size follow data's
         files = config.get("config") or []  # the run is named after the last config file by default
         name = config.run_name or (Path(str(files[-1])).stem if files else "default")
@@ -256,14 +253,15 @@ def retain_freed_memory() -> bool:
     )
 
 
-def _explicit_keys(parser, args: list[str]):
-    """The keys the config files and flags set, without defaults (None if jsonargparse cannot tell)."""
+def _explicit_keys(parser, args: list[str], subcommand: str | None):
+    """The keys the config files and flags set for `subcommand`, without defaults (None: jsonargparse can't tell)."""
     try:  # without the links, which fail on a missing default (data.vocab_size -> model.vocab_size)
         from jsonargparse._link_arguments import skip_apply_links
     except ImportError:
         return None
     with skip_apply_links():
-        return parser.parse_args(args, defaults=False)
+        explicit = parser.parse_args(args, defaults=False)
+    return explicit.get(subcommand) if subcommand else explicit
 
 
 def _refuse_unusable_run(parsed) -> None:
