@@ -43,10 +43,7 @@ STATISTIC_MEANINGS = {  # shown under the table, for a reader who has not met th
 
 def quantise_rows(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(T, T) causal softmax rows (else ValueError) -> (row maxima (T,), lower triangle uint8 row by row).
-
-    Row i keeps keys 0..i as round(255 p / row_max), so a row's strongest keys keep their order unless two differ
-    by less than a step. The row maxima are float16 as stored (at least 1 / T: normal up to T = 16384).
-    """
+    Row i keeps keys 0..i as round(255 p / row_max); the maxima are float16 as stored (normal up to T = 16384)."""
     t = probs.shape[-1]
     rows, cols = _lower_triangle(t)
     lower = probs[rows, cols]  # (T (T + 1) / 2,) keys 0..i of row i, row after row
@@ -93,10 +90,8 @@ def build_explorer(
     threshold: float | None = None,
     prompt_len: int | None = None,
 ) -> str:
-    """The explorer's HTML for `maps` (L, H, T, T) of one text, its `tokens` (T strings) and `statistics`
-    (each name in STATISTICS -> (L, H)). `history` lists (step, statistics) pairs for the heads-over-training
-    view; `formations` are the induction heads found with `threshold`; the first `prompt_len` tokens are the
-    prompt."""
+    """The explorer's HTML for `maps` (L, H, T, T) of one text, its `tokens` (T strings) and `statistics` (each
+    name in STATISTICS -> (L, H)); `history` holds (step, statistics) pairs, `formations` the induction heads."""
     maps = _checked_maps(maps, tokens)
     n_layer, n_head, t, _ = maps.shape
     thumb = min(t, THUMB_SIZE)
@@ -145,8 +140,8 @@ def build_explorer(
 
 
 def most_telling_head(statistics: Mapping[str, torch.Tensor]) -> list[int]:
-    """[layer, head] of the head with the highest induction or previous-token score, the page's first: those
-    patterns show at a glance (a diagonal stripe), where L0H0 is often near uniform and shows nothing."""
+    """[layer, head] with the highest induction or previous-token score, the page's first: its diagonal stripe
+    shows at a glance, where L0H0 is often near uniform."""
     score = torch.maximum(statistics["induction"], statistics["previous_token"])  # (L, H)
     best = int(score.flatten().argmax())
     return [best // score.shape[1], best % score.shape[1]]
@@ -161,7 +156,7 @@ def model_explorer(
     generator: torch.Generator | None = None,
     **kwargs,
 ) -> str:
-    """The explorer of `model` (in eval mode) on ids (1, T) with the statistics of `head_statistics`."""
+    """The explorer of `model` (in eval mode) on ids (1, T)."""
     maps, stats = probe_attention(model, ids, induction_period, generator=generator)
     return build_explorer(maps[:, 0], tokens, stats, **kwargs)
 
@@ -173,7 +168,7 @@ def probe_attention(
     *,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """What the explorer shows of `model` on ids (1, T): the maps (L, 1, H, T, T) and the per-head statistics."""
+    """The maps (L, 1, H, T, T) of `model` on ids (1, T) and the per-head statistics."""
     with torch.no_grad():
         maps = model.attention_maps(ids).float()
         period = min(induction_period, model.config.block_size // 2)

@@ -130,19 +130,17 @@ class FitReport(L.Callback):
     """Prints `fit_report` on rank 0 when fit starts."""
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        datamodule = trainer.datamodule
-        batch_size = getattr(datamodule, "batch_size", None)
-        config = pl_module.model.config
-        seq_len = getattr(datamodule, "block_size", config.block_size)
+        batch_size = getattr(trainer.datamodule, "batch_size", None)
         if batch_size is None:
             return
-        device = pl_module.device
+        config, device = pl_module.model.config, pl_module.device
+        seq_len = getattr(trainer.datamodule, "block_size", config.block_size)
         memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-        shards = (
-            trainer.world_size if isinstance(trainer.strategy, (FSDPStrategy, ModelParallelStrategy)) else 1
+        sharded = isinstance(trainer.strategy, (FSDPStrategy, ModelParallelStrategy))
+        shards = trainer.world_size if sharded else 1
+        lines = fit_report(
+            config, batch_size, seq_len, str(trainer.precision), shards, memory, device_peak_flops(device)
         )
-        precision, peak = str(trainer.precision), device_peak_flops(device)
-        lines = fit_report(config, batch_size, seq_len, precision, shards, memory, peak)
         rank_zero_info("Run size (estimate):\n  " + "\n  ".join(lines))
 
 
