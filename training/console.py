@@ -127,8 +127,7 @@ class LineProgress(ProgressBar):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step, total = trainer.global_step, trainer.max_steps
         every = max(trainer.log_every_n_steps, total // LINES_PER_RUN, 1)  # stretched for a long run
-        # The last step's line waits for on_train_end: a validation after that step would come after it, and
-        # the line would show the previous val/loss.
+        # The last step's line waits for on_train_end, after the step's validation: it shows the new val/loss.
         if self._enabled and step % every == 0 and step != total:
             self._print_line(trainer, pl_module)
 

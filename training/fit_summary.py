@@ -28,12 +28,10 @@ from .lit_gpt import evaluating, loggers_of, runs_on_this_rank
 from .memory import estimate_training_memory
 from .samples import SampleGenerations
 
-# Covers the validation text of the shipped from-scratch configs; on the CPU a 135 M model scores about 130
-# tokens/s, so a fine-tune bounds it lower (configs/finetune-smollm2.yaml).
+# The whole validation text of the from-scratch configs; fine-tunes bound it (a CPU scores 130 tokens/s of 135 M).
 MAX_SCORED_TOKENS = 131_072
 DEFAULT_PROMPT = "Once upon a time"
-# float32 logits held at once: a fixed 64 windows of gpt2-small (1024 x 50304) would be 13 GB, twice that with
-# the softmax, at the end of a long run.
+# float32 logits held at once: 64 windows of gpt2-small would be 13 GB, twice that with the softmax.
 LOGITS_BUDGET_BYTES = 256 * 2**20
 
 

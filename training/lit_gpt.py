@@ -80,8 +80,7 @@ class LitGPT(L.LightningModule):
         ):
             if not ok:
                 raise UserError(f"model.{name} must be {expected}, got {value!r} (--model.{name})")
-        # With init_from, block_size is the pretrained context and data.block_size the (shorter) training window;
-        # Lightning refuses to log two values under one key, and the checkpoint's model_config keeps the context.
+        # With init_from, block_size (the context) and data.block_size (the window) differ: Lightning logs one.
         self.save_hyperparameters(ignore=["block_size"] if init_from else None)
         # jsonargparse follows **model_config into this call, so ModelConfig's fields become --model.<field>.
         config = ModelConfig(**model_config)
@@ -141,13 +140,11 @@ class LitGPT(L.LightningModule):
         return loss
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        # Lightning's logger gate counts optimizer steps its own way, restored one too high by a resume from the
-        # SIGTERM and Ctrl-C saves; with one optimizer the two counts are one number, so it follows global_step.
+        # Lightning's logger gate counts optimizer steps its own way, one too high after a resume from a stop save.
         self.trainer.fit_loop.epoch_loop._batches_that_stepped = self.trainer.global_step
 
     def _is_logging_step(self) -> bool:
-        # Lightning drops step metrics off the log_every_n_steps steps, yet each self.log call pays its bookkeeping
-        # (a measurable share of a small CPU step): log only on the steps that reach the logger.
+        # self.log costs a measurable share of a small CPU step even where Lightning drops the value: log only there.
         every = self.trainer.log_every_n_steps
         return every > 0 and (self.trainer.global_step + 1) % every == 0
 
@@ -177,8 +174,7 @@ class LitGPT(L.LightningModule):
         hp = self.hparams
         # One fused pass over all tensors instead of a loop per tensor (docs/results.md has the gain on CPU).
         fused = all(p.device.type in ("cpu", "cuda") for p in self.parameters())
-        # Lightning's mixed-precision plugin refuses gradient clipping with a fused optimizer (it would unscale
-        # fp16 gradients inside step), even for bf16, which has no scaler: bf16-mixed + clipping needs foreach.
+        # Lightning refuses gradient clipping with a fused optimizer under any mixed precision, bf16 included.
         if self._trainer is not None and str(self.trainer.precision).endswith("-mixed"):
             fused = False
         return torch.optim.AdamW(

@@ -54,8 +54,7 @@ def activation_bytes(config: ModelConfig, batch_size: int, seq_len: int, precisi
     c, h, hkv, d, f = config.n_embd, config.n_head, config.n_kv_head, config.head_dim, config.hidden_dim
     # Per RMSNorm: its float32 input and rstd, the normed output (p), the matmul input in the compute dtype (a).
     norm = 4 * c + 4 + p * c + a * c
-    # The qkv output (v is a view of it), roped q and k, the fused kernel's output (the proj input is a view of
-    # it) and its float32 logsumexp.
+    # The qkv output (v a view of it), roped q and k, the attention output (the proj input) and its logsumexp.
     attention = a * ((h + 2 * hkv) * d + (h + hkv) * d + h * d) + 4 * h
     per_layer = 2 * norm + attention + a * 4 * f  # SwiGLU: gate/up output (2F), silu(gate), the down input
     # Plus the final norm, float32 log-probabilities and the int64 inputs and targets.

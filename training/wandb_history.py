@@ -162,8 +162,7 @@ class WandbResume(L.Callback):
         )
         if not trainer.strategy.broadcast(lacks, src=0):
             return
-        # Lightning's own rule says whether the step was due a validation: on such a restart it fast-forwards
-        # the validation loop's counters (not on a save made after the validation, e.g. on SIGTERM).
+        # Lightning calls this only where the step was due a validation the save came before (not on SIGTERM's).
         val_loop = trainer.fit_loop.epoch_loop.val_loop
 
         def validate_instead() -> None:
