@@ -1,10 +1,12 @@
-"""Per-head scalars that summarise attention maps, so heads can be searched and compared over training. Each
-takes causal softmax probabilities (B, H, T, T) or (L, B, H, T, T) and averages over the batch and query rows.
+"""Per-head scalars that summarise attention maps, so heads can be searched and compared over training, and the
+step at which a head becomes an induction head. Each statistic takes causal softmax probabilities (B, H, T, T) or
+(L, B, H, T, T) and averages over the batch and query rows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -84,3 +86,44 @@ def _per_head(
     if probs.shape[-1] < min_len:
         raise ValueError(f"this statistic needs at least {min_len} tokens, got T = {probs.shape[-1]}")
     return rows(probs.float()).mean(dim=-1).mean(dim=-2)
+
+
+@dataclass(frozen=True)
+class Formation:
+    """Head `layer`/`head` first scored `score` > threshold at `step`."""
+
+    layer: int
+    head: int
+    step: int
+    score: float
+
+    @property
+    def name(self) -> str:
+        return f"L{self.layer}H{self.head}"
+
+    def message(self) -> str:
+        return f"induction head {self.name} formed at step {self.step} (score {self.score:.2f})"
+
+
+class PhaseChangeDetector:
+    """Feed it the (L, H) induction scores of each measured step; it returns the heads that just rose strictly
+    above `threshold` (once per head: a score that dips and recovers is no second phase change)."""
+
+    def __init__(self, threshold: float) -> None:
+        self.threshold = threshold
+        self.formed: dict[tuple[int, int], Formation] = {}
+
+    def update(self, step: int, scores: torch.Tensor) -> list[Formation]:
+        """Record `scores` (L, H) measured at `step`; the formations first seen now, strongest first."""
+        new = []
+        for layer, head in (scores > self.threshold).nonzero().tolist():
+            if (layer, head) not in self.formed:
+                formation = Formation(layer, head, step, float(scores[layer, head]))
+                self.formed[layer, head] = formation
+                new.append(formation)
+        return sorted(new, key=lambda f: -f.score)
+
+    @property
+    def formations(self) -> list[Formation]:
+        """Every formation so far, in the order of their steps (ties: strongest first)."""
+        return sorted(self.formed.values(), key=lambda f: (f.step, -f.score))

@@ -19,8 +19,7 @@ import numpy as np
 import torch
 
 from inspection.attention_image import colour_table, printable_label
-from inspection.attention_stats import STATISTICS, head_statistics
-from inspection.phase_change import Formation
+from inspection.attention_stats import STATISTICS, Formation, head_statistics
 
 THUMB_SIZE = 48  # thumbnail side in pixels: 12 heads fit a laptop screen's width next to the detail view
 STATISTIC_TITLES = {  # name in head_statistics -> column title in the explorer

@@ -11,9 +11,8 @@ from lightning.pytorch.loggers import WandbLogger
 from checkpoints.run_dir import RunDir
 from common.files import atomic_write
 from inspection.attention_image import draw_attention_grid
-from inspection.attention_stats import STATISTICS
+from inspection.attention_stats import STATISTICS, Formation, PhaseChangeDetector
 from inspection.explorer import build_explorer, probe_attention
-from inspection.phase_change import Formation, PhaseChangeDetector
 
 from .lit_gpt import due, evaluating, loggers_of
 

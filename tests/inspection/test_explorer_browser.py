@@ -18,14 +18,13 @@ from PIL import Image
 
 from common.files import atomic_write
 from inspection.attention_image import colour_table
-from inspection.attention_stats import STATISTICS, head_statistics
+from inspection.attention_stats import STATISTICS, Formation, head_statistics
 from inspection.explorer import (
     build_explorer,
     model_explorer,
     most_telling_head,
     quantise_rows,
 )
-from inspection.phase_change import Formation
 
 pytestmark = pytest.mark.slow  # drives a browser
 
