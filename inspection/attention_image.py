@@ -60,8 +60,7 @@ def draw_attention_grid(
     title: str,
     heads: Sequence[int] | None = None,
 ) -> Image.Image:
-    """One RGB image of a layer's heads (H, T, S) in a grid, with a colour bar and, up to 32 keys, the S
-    `token_labels`. Weight 1 is brightest, so images compare across layers and steps."""
+    """One RGB image of a layer's heads (H, T, S) in a grid; weight 1 is brightest, so images compare."""
     probs = _checked_probs(probs_layer, token_labels)
     heads = list(range(probs.shape[0])) if heads is None else list(heads)
     if not heads or not all(0 <= h < probs.shape[0] for h in heads):

@@ -40,8 +40,7 @@ def induction_score(probs: torch.Tensor, period: int) -> torch.Tensor:
 def repeated_random_tokens(
     vocab_size: int, period: int, batch: int, generator: torch.Generator | None = None
 ) -> torch.Tensor:
-    """Token ids (batch, 2 * period): a random segment twice; random tokens carry no n-gram statistics, so only
-    an induction head predicts the second copy."""
+    """Token ids (batch, 2 * period): a random segment twice, whose second copy only induction predicts."""
     segment = torch.randint(vocab_size, (batch, period), generator=generator)  # (B, period)
     return torch.cat([segment, segment], dim=1)  # (B, 2 * period)
 
@@ -54,8 +53,7 @@ def head_statistics(
     generator: torch.Generator | None = None,
     probe_maps: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Each statistic (L, H) of a model in eval mode: induction on a repeated random sequence, the others on
-    `probe_ids` (B, T) or their `probe_maps`."""
+    """Each statistic (L, H) of a model in eval mode, on `probe_ids` (B, T) or their `probe_maps`."""
     if 2 * induction_period > model.config.block_size:
         raise ValueError(
             f"induction_period {induction_period} needs 2 * {induction_period} tokens, more than the model's "

@@ -139,8 +139,7 @@ def build_explorer(
 
 
 def most_telling_head(statistics: Mapping[str, torch.Tensor]) -> list[int]:
-    """[layer, head] with the highest induction or previous-token score, the page's first: its diagonal stripe
-    shows at a glance, where L0H0 is often near uniform."""
+    """[layer, head] shown first: the highest induction or previous-token score shows a stripe at a glance."""
     score = torch.maximum(statistics["induction"], statistics["previous_token"])  # (L, H)
     best = int(score.flatten().argmax())
     return [best // score.shape[1], best % score.shape[1]]

@@ -100,8 +100,7 @@ def explain_attention(model, tokenizer, text: str, layer: int, head: int) -> Non
 
 @torch.no_grad()
 def attention_steps(model: GPT, idx: torch.Tensor, layer: int, head: int) -> dict[str, torch.Tensor]:
-    """For idx (1, T): the scaled scores q·kᵀ/sqrt(D), masked, and softmax, each a float32 (T, T), from the
-    model's own projections of what the forward hands that layer."""
+    """For idx (1, T), from the layer's own projections: scores q·kᵀ/sqrt(D), masked, softmax, each (T, T)."""
     attn = model.blocks[layer].attn
     inputs: list[tuple] = []
     hook = attn.register_forward_pre_hook(lambda _, args: inputs.append(args[:3]))  # (x, cos, sin)

@@ -63,8 +63,7 @@ WANDB_SECTIONS = ("model", "data", "trainer", "checkpoint", "samples", "attentio
 
 
 class GPTCLI(LightningCLI):
-    """`python train.py fit --config configs/x.yaml`; `ctrl_c` receives the stop state that train.py prints.
-    LightningCLI's own --optimizer/--lr_scheduler flags are off: LitGPT owns AdamW and its schedule."""
+    """`python train.py fit --config configs/x.yaml`; `ctrl_c` receives the stop state that train.py prints."""
 
     def __init__(self, *args, ctrl_c: GracefulCtrlC | None = None, **kwargs) -> None:
         self.ctrl_c = ctrl_c or GracefulCtrlC()
@@ -238,8 +237,7 @@ class RunConfig(SaveConfigCallback):
 
 def retain_freed_memory() -> bool:
     """Keep freed host memory in the process (True if applied): glibc gave it back to the kernel, so each CPU step
-    page-faulted the same activations in again (benchmarks/train_throughput.py). Not off glibc, nor over the
-    user's own malloc tuning."""
+    page-faulted the same activations in again. Not off glibc, nor over the user's own malloc tuning."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     if any(

@@ -18,9 +18,8 @@ def lr_multiplier(
     min_lr_ratio: float,
     decay_fraction: float,
 ) -> float:
-    """Factor of the peak learning rate at optimizer step `step` (0-based): linear warmup, then `cosine` decays to
-    `min_lr_ratio` at `max_steps`, `wsd` holds the peak and decays linearly over the last `decay_fraction` of the
-    steps, `constant` holds it."""
+    """Factor of the peak learning rate at optimizer step `step` (0-based): linear warmup, then `cosine` decay,
+    `wsd` (the peak, then a linear decay over the last `decay_fraction` of the steps) or `constant`."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     if schedule == "constant" or max_steps <= warmup_steps:

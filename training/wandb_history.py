@@ -132,8 +132,7 @@ def _row_not_logged_yet(trainer: L.Trainer, logger: KeptHistory) -> dict[int, di
 
 class WandbResume(L.Callback):
     """Carry the wandb run id and the kept rows in every checkpoint; at the start of a resume, run the validation
-    Lightning skips there when no segment logged its values. (ModelCheckpoint saves before that step's validation,
-    which a resume counts as done; run here, it gives the straight run's values.)"""
+    that the checkpoint was saved before, and Lightning skips, when no segment logged its values."""
 
     def __init__(self) -> None:
         self._resumed_step: int | None = None

@@ -58,8 +58,7 @@ class RunWandbLogger(KeptHistory, WandbLogger):
         self._sync_hint: str | None = None
 
     def follow(self, trainer) -> None:
-        """Log at `trainer.global_step` (the steps the console shows and the callbacks log at), not Lightning's
-        0-based step index."""
+        """Log at `trainer.global_step`, as the console and the callbacks do, not at Lightning's step index."""
         self._trainer = trainer
 
     def _say_sync_hint(self) -> None:
@@ -148,7 +147,7 @@ def is_run_logger(logger) -> bool:
 
 def run_logger(run_dir: Path, project: str, name: str, resumed: dict | None) -> dict:
     """The `trainer.logger` entry of a run: one wandb run across resumes (the `resumed` checkpoint's run id
-    serves when the run directory lost its own). Nothing is created before the wandb run is."""
+    serves when the run directory lost its own)."""
     run_id = wandb_run_id(run_dir, (resumed or {}).get(WANDB_ID_KEY))
     where = {"save_dir": str(run_dir), "project": project, "name": name, "offline": wandb_offline()}
     return {"class_path": RUN_LOGGER, "init_args": {**where, "id": run_id, "resume": "allow"}}
