@@ -43,11 +43,10 @@ def to_colours(values: np.ndarray, vmax: float) -> np.ndarray:
 
 def printable_label(token: str, max_chars: int = MAX_LABEL_CHARS) -> str:
     """A token made visible in ASCII: spaces as '·', newlines and tabs as \\n and \\t, others escaped."""
-    visible = token.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
-    visible = visible.replace(" ", "·")
     # The default font lacks most non-Latin glyphs (they would draw as boxes), so escape them instead.
     visible = "".join(
-        c if c == "·" or 32 <= ord(c) < 127 else c.encode("unicode_escape").decode() for c in visible
+        "·" if c in " ·" else c if 32 <= ord(c) < 127 and c != "\\" else c.encode("unicode_escape").decode()
+        for c in token
     )
     if not visible:
         return '""'
