@@ -46,8 +46,9 @@ def quantise_rows(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     t = probs.shape[-1]
     rows, cols = _lower_triangle(t)
     lower = probs[rows, cols]  # (T (T + 1) / 2,) keys 0..i of row i, row after row
+    row_starts = np.arange(t) * (np.arange(t) + 1) // 2
     # 1 only for rows summing to 1 over keys 0..i and over all keys: nothing above the diagonal.
-    row_sums = np.minimum(np.add.reduceat(lower, _row_starts(t)), 2.0 - probs.sum(axis=1))
+    row_sums = np.minimum(np.add.reduceat(lower, row_starts), 2.0 - probs.sum(axis=1))
     if not np.allclose(row_sums, 1.0, atol=1e-3):
         worst = int(np.abs(row_sums - 1.0).argmax())
         raise ValueError(
@@ -62,12 +63,6 @@ def quantise_rows(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 @functools.lru_cache(maxsize=4)
 def _lower_triangle(t: int) -> tuple[np.ndarray, np.ndarray]:
     return np.tril_indices(t)
-
-
-@functools.lru_cache(maxsize=4)
-def _row_starts(t: int) -> np.ndarray:
-    i = np.arange(t)
-    return i * (i + 1) // 2
 
 
 def max_pool(image: np.ndarray, size: int) -> np.ndarray:
