@@ -13,7 +13,6 @@ from common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, UserError,
 
 
 def fit() -> int | None:
-    """Parse the command line and run the LightningCLI subcommand."""
     from jsonargparse import ArgumentError
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 

@@ -21,8 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks import model_shape, new_parser
-from inspection.attention_stats import head_statistics, repeated_random_tokens
-from inspection.phase_change import PhaseChangeDetector
+from inspection.attention_stats import PhaseChangeDetector, head_statistics, repeated_random_tokens
 from model import GPT, ModelConfig
 from training.schedule import adamw_param_groups
 

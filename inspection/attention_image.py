@@ -1,7 +1,5 @@
-"""Attention maps as a picture: one RGB image per layer with a grid of heads, built with Pillow only.
-
-It is a uint8 RGB image, never a float array, which wandb would render nearly black (it expects 0..255).
-"""
+"""Attention maps as a picture: one uint8 RGB image per layer with a grid of heads, built with Pillow only (wandb
+renders a float array nearly black)."""
 
 from __future__ import annotations
 
@@ -16,8 +14,8 @@ from PIL import Image, ImageDraw, ImageFont
 
 from common.files import atomic_write
 
-# A viridis-like ramp: dark blue-purple through teal to yellow. Lightness rises monotonically, so larger
-# weights always look brighter, also in greyscale and for most colour-vision deficiencies.
+# A viridis-like ramp whose lightness rises monotonically: larger weights look brighter, also in greyscale and for
+# most colour-vision deficiencies.
 _ANCHORS = np.array(
     [(68, 1, 84), (65, 68, 135), (42, 120, 142), (34, 168, 132), (122, 209, 81), (253, 231, 37)]
 )
@@ -30,7 +28,7 @@ BACKGROUND, INK = (255, 255, 255), (0, 0, 0)
 
 
 def colour_table() -> np.ndarray:
-    """(256, 3) uint8 lookup table: the anchors interpolated linearly at 256 evenly spaced levels."""
+    """(256, 3) uint8 lookup table interpolating the anchors."""
     anchor_levels = np.linspace(0.0, 1.0, len(_ANCHORS))
     levels = np.linspace(0.0, 1.0, 256)
     channels = [np.interp(levels, anchor_levels, _ANCHORS[:, c]) for c in range(3)]
@@ -38,18 +36,17 @@ def colour_table() -> np.ndarray:
 
 
 def to_colours(values: np.ndarray, vmax: float) -> np.ndarray:
-    """Map values in [0, vmax] linearly to uint8 RGB colours (..., 3); values outside are clipped."""
+    """Values in [0, vmax] (clipped) to uint8 RGB colours (..., 3)."""
     levels = np.clip(values / vmax, 0.0, 1.0) * 255.0
     return colour_table()[levels.round().astype(np.int64)]
 
 
 def printable_label(token: str, max_chars: int = MAX_LABEL_CHARS) -> str:
     """A token made visible in ASCII: spaces as '·', newlines and tabs as \\n and \\t, others escaped."""
-    visible = token.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
-    visible = visible.replace(" ", "·")
     # The default font lacks most non-Latin glyphs (they would draw as boxes), so escape them instead.
     visible = "".join(
-        c if c == "·" or 32 <= ord(c) < 127 else c.encode("unicode_escape").decode() for c in visible
+        "·" if c in " ·" else c if 32 <= ord(c) < 127 and c != "\\" else c.encode("unicode_escape").decode()
+        for c in token
     )
     if not visible:
         return '""'
@@ -62,8 +59,7 @@ def draw_attention_grid(
     title: str,
     heads: Sequence[int] | None = None,
 ) -> Image.Image:
-    """One RGB image of a layer's heads (H, T, S) in a grid, with a colour bar and, up to 32 keys, the S
-    `token_labels`. Weight 1 is brightest, so images compare across layers and steps."""
+    """One RGB image of a layer's heads (H, T, S) in a grid; weight 1 is brightest, so images compare."""
     probs = _checked_probs(probs_layer, token_labels)
     heads = list(range(probs.shape[0])) if heads is None else list(heads)
     if not heads or not all(0 <= h < probs.shape[0] for h in heads):
@@ -75,7 +71,7 @@ def draw_attention_grid(
 
 
 def save_attention_png(image: Image.Image, path: str | os.PathLike[str]) -> Path:
-    """Write `image` as PNG to `path` atomically: never a half-written picture."""
+    """Write `image` as PNG atomically."""
     return atomic_write(path, lambda f: image.save(f, format="PNG"))
 
 
@@ -92,7 +88,6 @@ def _checked_probs(probs_layer: torch.Tensor, token_labels: Sequence[str] | None
 def _head_cell(
     probs: np.ndarray, labels: Sequence[str] | None, title: str, font: ImageFont.ImageFont
 ) -> Image.Image:
-    """One head: title above, heatmap, query labels on the left and key labels below when given."""
     t, s = probs.shape
     line = _text_height(font)
     # Whole pixels per token keep every token a crisp square; with labels a row must be a line of text high.
@@ -117,7 +112,7 @@ def _head_cell(
 
 
 def _label_strip(labels: Sequence[str], row_height: int, font: ImageFont.ImageFont) -> Image.Image:
-    """Labels right-aligned, one per row of `row_height` pixels; rotated 90° it becomes an x axis."""
+    """Labels right-aligned, one per row; rotated 90° it becomes an x axis."""
     width = PAD + max(math.ceil(font.getlength(label)) for label in labels)
     strip = Image.new("RGB", (width, row_height * len(labels)), BACKGROUND)
     draw = ImageDraw.Draw(strip)
@@ -129,7 +124,6 @@ def _label_strip(labels: Sequence[str], row_height: int, font: ImageFont.ImageFo
 
 
 def _colour_bar(height: int, font: ImageFont.ImageFont) -> Image.Image:
-    """A vertical ramp from 0 (bottom) to 1 (top) with both ends labelled."""
     line = _text_height(font)
     ramp_height = max(height - 2 * line - 2 * PAD, 16)
     ramp = to_colours(np.linspace(1.0, 0.0, ramp_height)[:, None].repeat(16, axis=1), 1.0)  # (rows, 16, 3)
@@ -144,7 +138,7 @@ def _colour_bar(height: int, font: ImageFont.ImageFont) -> Image.Image:
 def _assemble(
     cells: list[Image.Image], title: str, bar: Image.Image, font: ImageFont.ImageFont
 ) -> Image.Image:
-    """Cells in a near-square grid under the title lines and the axes note, the colour bar on the right."""
+    """Cells in a near-square grid under the title lines, the colour bar on the right."""
     cols = math.ceil(math.sqrt(len(cells)))
     rows = math.ceil(len(cells) / cols)
     cell_w, cell_h = max(c.width for c in cells) + PAD, max(c.height for c in cells) + PAD
@@ -162,5 +156,5 @@ def _assemble(
 
 
 def _text_height(font: ImageFont.ImageFont) -> int:
-    """Pixel height of one line of text, so layouts scale with whatever font load_default returns."""
+    """So layouts scale with whatever font load_default returns."""
     return int(font.getbbox("Hg")[3]) + 1

@@ -1,12 +1,12 @@
-"""Per-head scalars that summarise attention maps, so heads can be searched and compared over training.
-
-Every statistic takes causal softmax probabilities (B, H, T, T) or (L, B, H, T, T) from `GPT.attention_maps`
-and averages over the batch and the query rows it uses: one number per head, (H,) or (L, H).
+"""Per-head scalars that summarise attention maps, so heads can be searched and compared over training, and the
+step at which a head becomes an induction head. Each statistic takes causal softmax probabilities (B, H, T, T) or
+(L, B, H, T, T) and averages over the batch and query rows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -14,8 +14,7 @@ STATISTICS = ("entropy", "sink_mass", "previous_token", "induction")  # what hea
 
 
 def attention_entropy(probs: torch.Tensor) -> torch.Tensor:
-    """Mean over query rows of the row entropy -sum p log p, in nats: 0 when every row puts all its weight on
-    one key; a uniform causal head scores mean_t log(t + 1)."""
+    """Mean row entropy in nats: 0 when every row puts all its weight on one key."""
     return _per_head(probs, 1, lambda p: -torch.special.xlogy(p, p).sum(dim=-1))
 
 
@@ -30,9 +29,8 @@ def previous_token_score(probs: torch.Tensor) -> torch.Tensor:
 
 
 def induction_score(probs: torch.Tensor, period: int) -> torch.Tensor:
-    """Mean weight an induction head would use, on a sequence whose tokens repeat with `period`: query
-    t >= period holds the token of position t - period, and an induction head attends to its follower, key
-    t - period + 1."""
+    """On a sequence repeating with `period`, the mean weight of query t >= period on key t - period + 1, the
+    follower of its token's earlier copy: where an induction head looks."""
     if period < 1:
         raise ValueError(f"induction period must be at least 1, got {period}")
     # Offset 1 - period holds p[t, t - period + 1] for rows t >= period - 1; the first is still in the first copy.
@@ -42,8 +40,7 @@ def induction_score(probs: torch.Tensor, period: int) -> torch.Tensor:
 def repeated_random_tokens(
     vocab_size: int, period: int, batch: int, generator: torch.Generator | None = None
 ) -> torch.Tensor:
-    """Token ids (batch, 2 * period): a uniformly random segment of `period` tokens followed by itself; random
-    tokens carry no n-gram statistics, so only an induction head predicts the second copy."""
+    """Token ids (batch, 2 * period): a random segment twice, whose second copy only induction predicts."""
     segment = torch.randint(vocab_size, (batch, period), generator=generator)  # (B, period)
     return torch.cat([segment, segment], dim=1)  # (B, 2 * period)
 
@@ -56,8 +53,7 @@ def head_statistics(
     generator: torch.Generator | None = None,
     probe_maps: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Per-head statistics of every layer, each (L, H), of a model in eval mode: the induction score on a
-    repeated random sequence of 2 * induction_period tokens, the others on `probe_ids` (B, T) or `probe_maps`."""
+    """Each statistic (L, H) of a model in eval mode, on `probe_ids` (B, T) or their `probe_maps`."""
     if 2 * induction_period > model.config.block_size:
         raise ValueError(
             f"induction_period {induction_period} needs 2 * {induction_period} tokens, more than the model's "
@@ -80,7 +76,7 @@ def head_statistics(
 def _per_head(
     probs: torch.Tensor, min_len: int, rows: Callable[[torch.Tensor], torch.Tensor]
 ) -> torch.Tensor:
-    """`rows` of the float32 probabilities, (..., B, H, rows), averaged over the rows of each head, then the batch."""
+    """`rows` of the float32 probabilities, (..., B, H, rows), averaged over rows, then the batch."""
     if probs.dim() not in (4, 5) or probs.shape[-1] != probs.shape[-2]:
         raise ValueError(
             f"expected attention probabilities (B, H, T, T) or (L, B, H, T, T), got {tuple(probs.shape)}"
@@ -88,3 +84,44 @@ def _per_head(
     if probs.shape[-1] < min_len:
         raise ValueError(f"this statistic needs at least {min_len} tokens, got T = {probs.shape[-1]}")
     return rows(probs.float()).mean(dim=-1).mean(dim=-2)
+
+
+@dataclass(frozen=True)
+class Formation:
+    """Head `layer`/`head` first scored `score` > threshold at `step`."""
+
+    layer: int
+    head: int
+    step: int
+    score: float
+
+    @property
+    def name(self) -> str:
+        return f"L{self.layer}H{self.head}"
+
+    def message(self) -> str:
+        return f"induction head {self.name} formed at step {self.step} (score {self.score:.2f})"
+
+
+class PhaseChangeDetector:
+    """Feed it the (L, H) induction scores of each measured step; it returns the heads that just rose strictly
+    above `threshold` (once per head: a score that dips and recovers is no second phase change)."""
+
+    def __init__(self, threshold: float) -> None:
+        self.threshold = threshold
+        self.formed: dict[tuple[int, int], Formation] = {}
+
+    def update(self, step: int, scores: torch.Tensor) -> list[Formation]:
+        """Record `scores` (L, H) measured at `step`; the formations first seen now, strongest first."""
+        new = []
+        for layer, head in (scores > self.threshold).nonzero().tolist():
+            if (layer, head) not in self.formed:
+                formation = Formation(layer, head, step, float(scores[layer, head]))
+                self.formed[layer, head] = formation
+                new.append(formation)
+        return sorted(new, key=lambda f: -f.score)
+
+    @property
+    def formations(self) -> list[Formation]:
+        """Every formation so far, in the order of their steps (ties: strongest first)."""
+        return sorted(self.formed.values(), key=lambda f: (f.step, -f.score))

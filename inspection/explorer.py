@@ -14,15 +14,12 @@ import json
 import zlib
 from collections.abc import Mapping, Sequence
 from importlib import resources
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from common.files import atomic_write
 from inspection.attention_image import colour_table, printable_label
-from inspection.attention_stats import STATISTICS, head_statistics
-from inspection.phase_change import Formation
+from inspection.attention_stats import STATISTICS, Formation, head_statistics
 
 THUMB_SIZE = 48  # thumbnail side in pixels: 12 heads fit a laptop screen's width next to the detail view
 STATISTIC_TITLES = {  # name in head_statistics -> column title in the explorer
@@ -45,15 +42,13 @@ STATISTIC_MEANINGS = {  # shown under the table, for a reader who has not met th
 
 def quantise_rows(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(T, T) causal softmax rows (else ValueError) -> (row maxima (T,), lower triangle uint8 row by row).
-
-    Row i keeps keys 0..i as round(255 p / row_max), so a row's strongest keys keep their order unless two differ
-    by less than a step. The row maxima are float16 as stored (at least 1 / T: normal up to T = 16384).
-    """
+    Row i keeps keys 0..i as round(255 p / row_max); the maxima are float16 as stored (normal up to T = 16384)."""
     t = probs.shape[-1]
     rows, cols = _lower_triangle(t)
     lower = probs[rows, cols]  # (T (T + 1) / 2,) keys 0..i of row i, row after row
+    row_starts = np.arange(t) * (np.arange(t) + 1) // 2
     # 1 only for rows summing to 1 over keys 0..i and over all keys: nothing above the diagonal.
-    row_sums = np.minimum(np.add.reduceat(lower, _row_starts(t)), 2.0 - probs.sum(axis=1))
+    row_sums = np.minimum(np.add.reduceat(lower, row_starts), 2.0 - probs.sum(axis=1))
     if not np.allclose(row_sums, 1.0, atol=1e-3):
         worst = int(np.abs(row_sums - 1.0).argmax())
         raise ValueError(
@@ -68,12 +63,6 @@ def quantise_rows(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 @functools.lru_cache(maxsize=4)
 def _lower_triangle(t: int) -> tuple[np.ndarray, np.ndarray]:
     return np.tril_indices(t)
-
-
-@functools.lru_cache(maxsize=4)
-def _row_starts(t: int) -> np.ndarray:
-    i = np.arange(t)
-    return i * (i + 1) // 2
 
 
 def max_pool(image: np.ndarray, size: int) -> np.ndarray:
@@ -95,10 +84,8 @@ def build_explorer(
     threshold: float | None = None,
     prompt_len: int | None = None,
 ) -> str:
-    """The explorer's HTML for `maps` (L, H, T, T) of one text, its `tokens` (T strings) and `statistics`
-    (each name in STATISTICS -> (L, H)). `history` lists (step, statistics) pairs for the heads-over-training
-    view; `formations` are the induction heads found with `threshold`; the first `prompt_len` tokens are the
-    prompt."""
+    """The explorer's HTML for `maps` (L, H, T, T) of one text, its `tokens` (T strings) and `statistics` (each
+    name in STATISTICS -> (L, H)); `history` holds (step, statistics) pairs, `formations` the induction heads."""
     maps = _checked_maps(maps, tokens)
     n_layer, n_head, t, _ = maps.shape
     thumb = min(t, THUMB_SIZE)
@@ -124,11 +111,8 @@ def build_explorer(
         "meanings": {name: STATISTIC_MEANINGS[name] for name in STATISTICS},
         "prompt_len": prompt_len,
         "initial_head": most_telling_head(statistics),
-        "stats": {name: _nested(statistics[name], n_layer, n_head) for name in STATISTICS},
-        "history": [
-            {"step": int(s), "stats": {name: _nested(values[name], n_layer, n_head) for name in STATISTICS}}
-            for s, values in history
-        ],
+        "stats": _listed(statistics),
+        "history": [{"step": int(s), "stats": _listed(values)} for s, values in history],
         "formations": [
             {"layer": f.layer, "head": f.head, "step": f.step, "score": f.score} for f in formations
         ],
@@ -150,8 +134,7 @@ def build_explorer(
 
 
 def most_telling_head(statistics: Mapping[str, torch.Tensor]) -> list[int]:
-    """[layer, head] of the head with the highest induction or previous-token score, the page's first: those
-    patterns show at a glance (a diagonal stripe), where L0H0 is often near uniform and shows nothing."""
+    """[layer, head] shown first: the highest induction or previous-token score shows a stripe at a glance."""
     score = torch.maximum(statistics["induction"], statistics["previous_token"])  # (L, H)
     best = int(score.flatten().argmax())
     return [best // score.shape[1], best % score.shape[1]]
@@ -166,7 +149,7 @@ def model_explorer(
     generator: torch.Generator | None = None,
     **kwargs,
 ) -> str:
-    """The explorer of `model` (in eval mode) on ids (1, T) with the statistics of `head_statistics`."""
+    """The explorer of `model` (in eval mode) on ids (1, T)."""
     maps, stats = probe_attention(model, ids, induction_period, generator=generator)
     return build_explorer(maps[:, 0], tokens, stats, **kwargs)
 
@@ -178,17 +161,12 @@ def probe_attention(
     *,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """What the explorer shows of `model` on ids (1, T): the maps (L, 1, H, T, T) and the per-head statistics."""
+    """The maps (L, 1, H, T, T) of `model` on ids (1, T) and the per-head statistics."""
     with torch.no_grad():
         maps = model.attention_maps(ids).float()
         period = min(induction_period, model.config.block_size // 2)
         stats = head_statistics(model, ids, period, generator=generator, probe_maps=maps)
     return maps, stats
-
-
-def write_explorer(path: str | Path, page: str) -> Path:
-    """Write the explorer to `path` atomically (readers see the old page or the new one)."""
-    return atomic_write(path, page)
 
 
 def _checked_maps(maps: torch.Tensor, tokens: Sequence[str]) -> np.ndarray:
@@ -199,10 +177,8 @@ def _checked_maps(maps: torch.Tensor, tokens: Sequence[str]) -> np.ndarray:
     return maps.detach().float().cpu().numpy()
 
 
-def _nested(values: torch.Tensor, n_layer: int, n_head: int) -> list[list[float]]:
-    if tuple(values.shape) != (n_layer, n_head):
-        raise ValueError(f"expected a statistic of shape ({n_layer}, {n_head}), got {tuple(values.shape)}")
-    return values.detach().double().cpu().tolist()
+def _listed(statistics: Mapping[str, torch.Tensor]) -> dict[str, list[list[float]]]:
+    return {name: statistics[name].detach().double().cpu().tolist() for name in STATISTICS}
 
 
 def _pack(raw: bytes) -> str:

@@ -1,6 +1,5 @@
 """What generate.py writes about attention: a PNG of one layer (--attention_map), the interactive explorer
-(--attention_html) and, for teaching, the step-by-step tables of one head on real input (--explain_attention):
-raw scores, masked scores, probabilities."""
+(--attention_html) and the step-by-step tables of one head (--explain_attention)."""
 
 from __future__ import annotations
 
@@ -11,14 +10,14 @@ from pathlib import Path
 import torch
 
 from common.errors import UserError
-from common.files import refuse_existing
+from common.files import atomic_write, refuse_existing
 from inspection.attention_image import (
     MAX_LABELLED_TOKENS,
     draw_attention_grid,
     printable_label,
     save_attention_png,
 )
-from inspection.explorer import model_explorer, write_explorer
+from inspection.explorer import model_explorer
 from model.attention import attention_scores, causal_mask
 from model.gpt import GPT
 
@@ -60,7 +59,7 @@ def map_title(layer: int, shown: int, total: int) -> str:
 
 
 def write_attention_map(model, tokenizer, ids: torch.Tensor, path: str, layer: int | None) -> None:
-    """Draw every head of `layer` (default: the last) over the sequence ids (1, T), cropped to the window."""
+    """Draw every head of `layer` (default: the last) over ids (1, T), cropped to the context window."""
     layer = model.config.n_layer - 1 if layer is None else layer
     total = ids.shape[1]
     ids = ids[:, -model.config.block_size :]
@@ -79,7 +78,7 @@ def write_attention_html(model, tokenizer, ids: torch.Tensor, path: str, prompt_
         model.float(), ids, token_labels(tokenizer, ids[0].tolist()), induction_period=32, generator=generator,
         title="generate.py", prompt_len=max(0, prompt_len - (total - ids.shape[1])),
     )  # fmt: skip
-    write_explorer(path, page)  # the path was checked before generating (check_outputs)
+    atomic_write(path, page)  # the path was checked before generating (check_outputs)
     print(f"wrote {path} (attention explorer, {ids.shape[1]} tokens)", file=sys.stderr)
 
 
@@ -101,8 +100,7 @@ def explain_attention(model, tokenizer, text: str, layer: int, head: int) -> Non
 
 @torch.no_grad()
 def attention_steps(model: GPT, idx: torch.Tensor, layer: int, head: int) -> dict[str, torch.Tensor]:
-    """For idx (1, T): the scaled scores q·kᵀ/sqrt(D), the same with -inf above the diagonal, and softmax, each
-    a float32 (T, T) matrix from the model's own projections: a hook records what the forward hands that layer."""
+    """For idx (1, T), from the layer's own projections: scores q·kᵀ/sqrt(D), masked, softmax, each (T, T)."""
     attn = model.blocks[layer].attn
     inputs: list[tuple] = []
     hook = attn.register_forward_pre_hook(lambda _, args: inputs.append(args[:3]))  # (x, cos, sin)

@@ -1,4 +1,4 @@
-"""Log what every attention head looks at while the model trains: images, one chart per statistic, a table, an explorer."""
+"""Log what every attention head looks at while the model trains: images, charts, a table and an explorer."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import torch
 from lightning.pytorch.loggers import WandbLogger
 
 from checkpoints.run_dir import RunDir
+from common.files import atomic_write
 from inspection.attention_image import draw_attention_grid
-from inspection.attention_stats import STATISTICS
-from inspection.explorer import build_explorer, probe_attention, write_explorer
-from inspection.phase_change import Formation, PhaseChangeDetector
+from inspection.attention_stats import STATISTICS, Formation, PhaseChangeDetector
+from inspection.explorer import build_explorer, probe_attention
 
 from .lit_gpt import due, evaluating, loggers_of
 
@@ -22,10 +22,9 @@ DEFAULT_PROBE = "First Citizen:\nBefore we proceed any further, hear me speak.\n
 class AttentionMaps(L.Callback):
     """Every `every_n_steps` optimizer steps, on rank 0, draw the attention of each layer on a probe text.
 
-    The maps come from `GPT.attention_maps` (the training kernel never materialises attention). Logged to wandb:
-    `attention/layer_<l>` images, one `attention/<statistic>` chart per statistic, an `attention/heads` table and
-    the `attention/explorer` page, also written to `<run dir>/attention/explorer.html`. A head whose induction
-    score first passes `induction_threshold` gets a console line and `attention/induction_formed/L<l>H<h>`.
+    Logged to wandb: `attention/layer_<l>` images, one `attention/<statistic>` chart per statistic, an
+    `attention/heads` table and the `attention/explorer` page, also written to `<run dir>/attention/explorer.html`.
+    A head whose induction score first passes `induction_threshold` gets a console line and a wandb summary key.
 
     Args:
         every_n_steps: Interval in optimizer steps; 0 disables the callback.
@@ -77,27 +76,9 @@ class AttentionMaps(L.Callback):
                 maps[:, 0], labels, stats, title=f"attention at step {step}", step=step,
                 history=self.history, formations=self.detector.formations, threshold=self.detector.threshold,
             )  # fmt: skip
-            write_explorer(RunDir(trainer.default_root_dir).attention / "explorer.html", page)
+            atomic_write(RunDir(trainer.default_root_dir).attention / "explorer.html", page)
         for logger in loggers_of(trainer, WandbLogger):  # images, tables, charts and pages are wandb features
             self._log(logger, step, maps, labels, stats, formations, page)
-
-    def _charts(self, n_layer: int, n_head: int) -> dict:
-        """One line chart per statistic (`attention/<statistic>`), one line per head over the steps so far:
-        a handful of charts, where one scalar per head and statistic made 576 for a 12x12 model."""
-        import wandb
-
-        steps = [step for step, _ in self.history]
-        heads = [(layer, head) for layer in range(n_layer) for head in range(n_head)]
-        return {
-            f"attention/{name}": wandb.plot.line_series(
-                xs=steps,
-                ys=[[float(s[name][layer, head]) for _, s in self.history] for layer, head in heads],
-                keys=[f"L{layer}H{head}" for layer, head in heads],
-                title=f"attention {name}",
-                xname="step",
-            )  # fmt: skip
-            for name in STATISTICS
-        }
 
     def state_dict(self) -> dict[str, Any]:
         """The statistics history and the formed heads, so a resumed run neither forgets nor repeats them."""
@@ -120,14 +101,26 @@ class AttentionMaps(L.Callback):
         for formation in formations:
             logger.experiment.summary[f"attention/induction_formed/{formation.name}"] = formation.step
         n_layer, n_head = stats["entropy"].shape
-        logger.log_metrics(self._charts(n_layer, n_head), step=step)
+        heads = [(layer, head) for layer in range(n_layer) for head in range(n_head)]
+        # One chart per statistic with a line per head: one scalar per head and statistic made 576 for 12x12.
+        charts = {
+            f"attention/{name}": wandb.plot.line_series(
+                xs=[s for s, _ in self.history],
+                ys=[[float(s[name][layer, head]) for _, s in self.history] for layer, head in heads],
+                keys=[f"L{layer}H{head}" for layer, head in heads],
+                title=f"attention {name}",
+                xname="step",
+            )  # fmt: skip
+            for name in STATISTICS
+        }
+        logger.log_metrics(charts, step=step)
         for layer in self.layers if self.layers is not None else range(n_layer):
             image = draw_attention_grid(maps[layer, 0], labels, f"layer {layer}, step {step}", self.heads)
             logger.log_image(key=f"attention/layer_{layer}", images=[image], step=step)
         rows = [
-            [step, layer, head, *(round(float(stats[name][layer, head]), 4) for name in STATISTICS)]
-            for layer in range(n_layer) for head in range(n_head)
-        ]  # fmt: skip
+            [step, layer, head, *(round(float(stats[n][layer, head]), 4) for n in STATISTICS)]
+            for layer, head in heads
+        ]
         rows.sort(key=lambda row: -row[-1])
         logger.log_table(
             key="attention/heads", columns=["step", "layer", "head", *STATISTICS], data=rows, step=step

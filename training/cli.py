@@ -63,14 +63,13 @@ WANDB_SECTIONS = ("model", "data", "trainer", "checkpoint", "samples", "attentio
 
 
 class GPTCLI(LightningCLI):
-    """`python train.py fit --config configs/x.yaml`; `ctrl_c` receives the stop state that train.py prints.
-    LightningCLI's own --optimizer/--lr_scheduler flags are off: LitGPT owns AdamW and its schedule."""
+    """`python train.py fit --config configs/x.yaml`; `ctrl_c` receives the stop state that train.py prints."""
 
     def __init__(self, *args, ctrl_c: GracefulCtrlC | None = None, **kwargs) -> None:
         self.ctrl_c = ctrl_c or GracefulCtrlC()
         self.resumed_from_run_dir = False
         self.resumed: dict | None = None  # the checkpoint --ckpt_path names, read once (until the checks)
-        self.explicit_config = None
+        self.explicit_config = None  # the keys the user set, for init_from
         self.pretrained: Pretrained | None = None
         silence_known_noise()
         retain_freed_memory()
@@ -99,18 +98,17 @@ class GPTCLI(LightningCLI):
         self.config = parser.parse_args(args)
         _refuse_unusable_run(self.config)  # before Lightning seeds and says so
         # init_from refuses the model keys the user set: read those without the defaults.
-        prefix = f"{self.config.get('subcommand')}." if self.config.get("subcommand") else ""
-        if self.config.get(f"{prefix}model.init_from"):
-            self.explicit_config = _explicit_keys(parser, args)
+        subcommand = self.config.get("subcommand")
+        if self.config.get(f"{subcommand}.model.init_from" if subcommand else "model.init_from"):
+            self.explicit_config = _explicit_keys(parser, args, subcommand)
 
     def _parse_ckpt_path(self) -> None:
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        # Read once for every check before the run, and before Lightning's own torch.load would turn a text file
-        # into a traceback.
+        # Read once for every check, and before Lightning's torch.load would turn a text file into a traceback.
         self.resumed = read_resume_point(ckpt_path)
-        # Lightning's _parse_ckpt_path: the checkpoint's hyperparameters over the parsed config. From a run
-        # directory the saved config.yaml already holds them, and re-applying would undo the user's overrides.
+        # As Lightning's: the checkpoint's hyperparameters over the parsed config, except from a run directory,
+        # whose config.yaml already holds them (re-applying would undo the user's overrides).
         hparams = dict((self.resumed or {}).get("hyper_parameters", {}))
         hparams.pop("_instantiator", None)
         if hparams and not self.resumed_from_run_dir and Path(ckpt_path).is_file():
@@ -133,8 +131,7 @@ class GPTCLI(LightningCLI):
         except RunDirBusyError:
             raise  # the folder is another live run's: nothing here to clean up
         except BaseException:
-            # A run that fails before its first step (data setup, a config check in setup) leaves only a
-            # config.yaml and an empty wandb run: remove the folder this command created, so a retry starts clean.
+            # A run that fails before its first step leaves nothing worth keeping: a retry starts clean.
             if not self.ctrl_c.training_started:
                 for logger in run_loggers(self.trainer):
                     logger.discard_segment()
@@ -167,10 +164,7 @@ class GPTCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config  # None with run=False
-        explicit = self.explicit_config
-        if explicit is not None and self.subcommand:
-            explicit = explicit.get(self.subcommand)
-        self.pretrained = apply_init_from(config, explicit)  # before anything is written
+        self.pretrained = apply_init_from(config, self.explicit_config)  # before anything is written
         check_numbers(config.data)  # before the model, whose vocab_size and block_size follow data's
         files = config.get("config") or []  # the run is named after the last config file by default
         name = config.run_name or (Path(str(files[-1])).stem if files else "default")
@@ -214,11 +208,11 @@ class GPTCLI(LightningCLI):
 
 
 class RunConfig(SaveConfigCallback):
-    """config.yaml in the run folder, and the same config in the wandb run's, once training starts: Lightning's
-    SaveConfigCallback writes it in `setup`, so a resume that then fails would already have rewritten it."""
+    """config.yaml in the run folder and the wandb run, written once training starts, not in `setup`: a resume
+    that then fails would already have rewritten it."""
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        """Nothing yet: see on_train_start."""
+        pass
 
     def on_train_start(self, trainer, pl_module) -> None:
         if self.already_saved:
@@ -242,12 +236,8 @@ class RunConfig(SaveConfigCallback):
 
 
 def retain_freed_memory() -> bool:
-    """Keep freed host memory in the process, so a CPU training step stops paying page faults; True if applied.
-
-    glibc hands freed memory back to the kernel, so each step faulted the same activations' pages in again
-    (`python -m benchmarks.train_throughput`). A fixed mmap threshold (32 MiB) and trimming only past 256 MiB keep
-    them, as PyTorch's caching allocator does on a GPU. A no-op off glibc or when the user tuned malloc already.
-    """
+    """Keep freed host memory in the process (True if applied): glibc gave it back to the kernel, so each CPU step
+    page-faulted the same activations in again. Not off glibc, nor over the user's own malloc tuning."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     if any(
@@ -261,14 +251,15 @@ def retain_freed_memory() -> bool:
     )
 
 
-def _explicit_keys(parser, args: list[str]):
-    """The keys the config files and flags set, without defaults (None if jsonargparse cannot tell)."""
+def _explicit_keys(parser, args: list[str], subcommand: str | None):
+    """The keys the config files and flags set for `subcommand`, without defaults (None: jsonargparse can't tell)."""
     try:  # without the links, which fail on a missing default (data.vocab_size -> model.vocab_size)
         from jsonargparse._link_arguments import skip_apply_links
     except ImportError:
         return None
     with skip_apply_links():
-        return parser.parse_args(args, defaults=False)
+        explicit = parser.parse_args(args, defaults=False)
+    return explicit.get(subcommand) if subcommand else explicit
 
 
 def _refuse_unusable_run(parsed) -> None:

@@ -1,8 +1,5 @@
-"""What train.py shows on the terminal: `fit --help` in a useful order, no known noise, progress in steps.
-
-Progress counts optimizer steps out of trainer.max_steps (the train stream is one endless epoch, so Lightning's
-own bar shows `Epoch 0/-2`): a rich bar on a terminal, plain lines elsewhere, where the rich bar prints nothing
-until the run ends.
+"""What train.py shows on the terminal: `fit --help` in a useful order, no known noise, and progress in optimizer
+steps out of trainer.max_steps (the train stream is one endless epoch: Lightning's bar shows `Epoch 0/-2`).
 """
 
 from __future__ import annotations
@@ -34,7 +31,7 @@ LINES_PER_RUN = 100  # the plain-line progress prints at most about this many li
 
 
 def progress_for_output() -> ProgressBar:
-    """A rich bar when stdout is a terminal, otherwise one plain line every few steps."""
+    """A rich bar on a terminal; plain lines elsewhere, where the rich bar prints nothing until the run ends."""
     return StepProgressBar() if sys.stdout.isatty() else LineProgress()
 
 
@@ -130,8 +127,7 @@ class LineProgress(ProgressBar):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step, total = trainer.global_step, trainer.max_steps
         every = max(trainer.log_every_n_steps, total // LINES_PER_RUN, 1)  # stretched for a long run
-        # The last step's line waits for on_train_end: a validation after that step would come after it, and
-        # the line would show the previous val/loss.
+        # The last step's line waits for on_train_end, after the step's validation: it shows the new val/loss.
         if self._enabled and step % every == 0 and step != total:
             self._print_line(trainer, pl_module)
 

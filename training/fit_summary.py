@@ -1,8 +1,6 @@
-"""What a fit prints: before the first step the run's cost, so a config that cannot fit says so early
-(FitReport); after the last, the final validation loss, the whole-text score, and how to sample (FitSummary).
-
-Runs are compared by nats per character (and bits per byte) over the whole validation text: `val/loss` is nats
-per token over a few random windows, which cannot be compared across tokenizers.
+"""What a fit prints: the run's cost before the first step, so a config that cannot fit says so early (FitReport);
+after the last, the final loss, the validation-text score and how to sample (FitSummary). The score is per
+character and byte, so runs compare across tokenizers, which `val/loss` (nats per token) cannot.
 """
 
 from __future__ import annotations
@@ -30,13 +28,10 @@ from .lit_gpt import evaluating, loggers_of, runs_on_this_rank
 from .memory import estimate_training_memory
 from .samples import SampleGenerations
 
-# Scoring is a forward pass over the validation text, after the last step; only its first `score_tokens` are
-# scored. This default covers the whole validation text of the shipped from-scratch configs; on the CPU a 135 M
-# model scores about 130 tokens/s, so a fine-tune bounds it lower (configs/finetune-smollm2.yaml).
+# The whole validation text of the from-scratch configs; fine-tunes bound it (a CPU scores 130 tokens/s of 135 M).
 MAX_SCORED_TOKENS = 131_072
 DEFAULT_PROMPT = "Once upon a time"
-# float32 logits held at once: windows x block_size x vocabulary x 4 bytes. A fixed 64 windows of gpt2-small
-# (1024 x 50304) would be 13 GB, twice that with the softmax, at the end of a long run.
+# float32 logits held at once: 64 windows of gpt2-small would be 13 GB, twice that with the softmax.
 LOGITS_BUDGET_BYTES = 256 * 2**20
 
 
@@ -55,10 +50,8 @@ def score_validation(
     progress: Callable[[int, int], None] | None = None,
     mask=None,
 ) -> dict[str, float]:
-    """Nats over every token of `tokens` (what np.asarray reads) but the first, scored in non-overlapping windows of
-    `block_size`: per token, per character, per byte. With `mask` (chat: 1 on the assistant's tokens) only the
-    masked tokens count. `batch_size` windows per forward (None: `windows_per_batch`); `progress(done, total)`
-    after each forward."""
+    """Nats per token, character and byte over every token of `tokens` but the first, in non-overlapping windows
+    of `block_size`; with `mask` (chat: 1 on the assistant's tokens) only the masked tokens count."""
     device = next(model.parameters()).device
     batch_size = batch_size or windows_per_batch(block_size, model.config.vocab_size)
     ids = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
@@ -92,7 +85,6 @@ def score_validation(
 
 
 def _size(n: float) -> str:
-    """Bytes in the largest binary unit that keeps the number at or above 1 (GiB at most)."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
             return f"{n / scale:.2f} {unit}"
@@ -108,7 +100,6 @@ def fit_report(
     device_bytes: int | None = None,
     peak_flops: float | None = None,
 ) -> list[str]:
-    """The lines of the report: parameters, per-device memory by kind, KV cache per token, FLOPs per token."""
     est = estimate_training_memory(config, batch_size, seq_len, precision, shards)
     sharded = f", sharded {shards} ways" if shards > 1 else ""
     lines = [
@@ -134,28 +125,26 @@ def fit_report(
 
 
 class FitReport(L.Callback):
-    """Prints `fit_report` on rank 0 when fit starts (weights sharded across ranks under FSDP)."""
+    """Prints `fit_report` on rank 0 when fit starts."""
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        datamodule = trainer.datamodule
-        batch_size = getattr(datamodule, "batch_size", None)
-        config = pl_module.model.config
-        seq_len = getattr(datamodule, "block_size", config.block_size)
+        batch_size = getattr(trainer.datamodule, "batch_size", None)
         if batch_size is None:
             return
-        device = pl_module.device
+        config, device = pl_module.model.config, pl_module.device
+        seq_len = getattr(trainer.datamodule, "block_size", config.block_size)
         memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-        shards = (
-            trainer.world_size if isinstance(trainer.strategy, (FSDPStrategy, ModelParallelStrategy)) else 1
+        sharded = isinstance(trainer.strategy, (FSDPStrategy, ModelParallelStrategy))
+        shards = trainer.world_size if sharded else 1
+        lines = fit_report(
+            config, batch_size, seq_len, str(trainer.precision), shards, memory, device_peak_flops(device)
         )
-        precision, peak = str(trainer.precision), device_peak_flops(device)
-        lines = fit_report(config, batch_size, seq_len, precision, shards, memory, peak)
         rank_zero_info("Run size (estimate):\n  " + "\n  ".join(lines))
 
 
 class FitSummary(L.Callback):
-    """On rank 0 when fit ends normally: print the summary lines and put the scores in the wandb summary.
-    `max_tokens` bounds the validation-text score (train.py's `score_tokens`); 0 skips it."""
+    """Prints the summary on rank 0 when fit ends normally, and puts the scores in the wandb summary; `max_tokens`
+    (train.py's `score_tokens`) bounds the validation-text score, 0 skips it."""
 
     def __init__(self, max_tokens: int = MAX_SCORED_TOKENS) -> None:
         if max_tokens < 0:
@@ -217,7 +206,7 @@ def _score(trainer: L.Trainer, pl_module: L.LightningModule, max_tokens: int) ->
 
 
 def _tenths() -> Callable[[int, int], None]:
-    """A score_validation progress that prints a stderr line at each tenth of the windows (when 10 or more)."""
+    """A score_validation progress: a stderr line at each tenth of the windows (when 10 or more)."""
     shown = 0
 
     def report(done: int, total: int) -> None:

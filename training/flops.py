@@ -1,10 +1,8 @@
 """Training FLOPs per token, the bf16 peak of known GPUs, and the callback that logs tokens/s and `train/mfu`.
 
-Convention (PaLM appendix B; also nanoGPT and torchtitan, so MFU figures compare): 6 * N + 12 * L * H * D * T.
-N counts the weights in matmuls (blocks' linear layers and the LM head; a tied embedding once, as the head; norm
-gains left out). 6 = 2 FLOPs per multiply-add, forward, and twice that backward. The attention term (q kᵀ and
-probs · v for each of the H query heads, GQA included) takes the full context T, not the causal T / 2: it
-overstates what the kernels do, as the published convention does.
+The PaLM convention (appendix B; also nanoGPT's and torchtitan's, so MFU figures compare): 6 N + 12 L H D T, with
+N the matmul weights (a tied embedding once, as the head; no norm gains) and the attention term over the full
+context T, not the causal T / 2, overstating what the kernels do as the published convention does.
 """
 
 from __future__ import annotations
@@ -17,10 +15,9 @@ import torch
 
 from model import ModelConfig
 
-# Dense bf16 tensor-core peak in FLOP/s from NVIDIA's datasheets, halved where they quote it with sparsity (RTX
-# 4090: Ada whitepaper, FP32 accumulate). A key matches when all its words are words of torch.cuda.get_device_name
-# ("NVIDIA A100-SXM4-80GB": split at spaces and hyphens, case ignored); the first match wins, so NVL/PCIe come
-# before the SXM default, and whole words keep "A10" off "A10G" (not listed) and "L4" off "L40S".
+# Dense bf16 peak FLOP/s from NVIDIA's datasheets (sparsity figures halved; RTX 4090: Ada whitepaper, FP32
+# accumulate). A key matches when all its words are words of the device name ("NVIDIA A100-SXM4-80GB", split at
+# spaces and hyphens); the first match wins, so NVL/PCIe come before SXM, and "L4" does not match "L40S".
 PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
     ("H200 NVL", 835e12),
     ("H200", 989e12),
@@ -37,7 +34,7 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
 
 
 def matmul_params(config: ModelConfig) -> int:
-    """N of the 6N rule: the weights used in matmuls (blocks' linear layers + LM head); see the module doc."""
+    """N of the 6N rule: the weights used in matmuls (blocks' linear layers + LM head)."""
     c, d = config.n_embd, config.head_dim
     attention = c * (config.n_head + 2 * config.n_kv_head) * d + config.n_head * d * c  # qkv + proj
     mlp = c * 2 * config.hidden_dim + config.hidden_dim * c  # gate_up + down
@@ -51,19 +48,13 @@ def training_flops_per_token(config: ModelConfig, seq_len: int) -> int:
 
 def peak_bf16_flops(device_name: str) -> float | None:
     """Dense bf16 peak FLOP/s of a GPU by its torch.cuda.get_device_name, None when not in the table."""
-    words = _words(device_name)
-    return next((flops for key, flops in PEAK_BF16_FLOPS if _words(key) <= words), None)
-
-
-def _words(name: str) -> set[str]:
-    return set(re.split(r"[\s\-_]+", name.lower()))
+    words = set(re.split(r"[\s\-_]+", device_name.lower()))
+    return next((flops for key, flops in PEAK_BF16_FLOPS if set(key.lower().split()) <= words), None)
 
 
 def device_peak_flops(device: torch.device) -> float | None:
-    """Dense bf16 peak of `device`: None on CPU and on GPUs missing from the table."""
-    if device.type != "cuda":
-        return None
-    return peak_bf16_flops(torch.cuda.get_device_name(device))
+    """None on CPU and on GPUs missing from the table."""
+    return peak_bf16_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float, world_size: int = 1) -> float:
@@ -72,8 +63,8 @@ def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float, world_si
 
 
 class ThroughputMonitor(L.Callback):
-    """Logs `train/tokens_per_s` (all ranks together) and `train/mfu`, averaged over each logging interval.
-    `peak_flops` is one device's peak for MFU; None looks the GPU up in PEAK_BF16_FLOPS (no MFU on CPU)."""
+    """Logs `train/tokens_per_s` (all ranks together) and `train/mfu` over each logging interval; `peak_flops`
+    (one device's) defaults to the PEAK_BF16_FLOPS entry of the GPU."""
 
     def __init__(self, peak_flops: float | None = None) -> None:
         self.peak_flops = peak_flops

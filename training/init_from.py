@@ -1,8 +1,7 @@
 """`--model.init_from NAME`: a run that starts from a pretrained model's architecture, weights and tokenizer.
 
-Before anything is written, the CLI reads the model's config and tokenizer (no weights), refuses settings that
-contradict them and fills the model keys, so config.yaml and the checkpoints describe the model really trained.
-LitGPT loads the weights at the start of a fresh fit; a resume restores our checkpoint instead.
+Before anything is written, the model's config and tokenizer (no weights) fill the model keys, so config.yaml and
+the checkpoints describe the model really trained; LitGPT loads the weights at the start of a fresh fit.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ LINKED_FIELDS = ("vocab_size", "block_size")
 
 @dataclass(frozen=True)
 class Pretrained:
-    """What a run needs from its init_from model before the weights: where it is, its config, its tokenizer."""
+    """What a run needs from its init_from model before the weights."""
 
     source: Source
     config: ModelConfig
@@ -33,8 +32,8 @@ class Pretrained:
 
 
 def apply_init_from(config, explicit) -> Pretrained | None:
-    """Check a parsed fit/validate config against its model.init_from (None without one) and fill the model keys
-    from it. `explicit` holds only the keys the user set (None: nothing counts as set)."""
+    """Check a parsed config against its model.init_from and fill the model keys from it; `explicit` holds only
+    the keys the user set (None: nothing counts as set)."""
     model, data = config.model, config.data
     name = model.get("init_from")
     if not name:

@@ -80,8 +80,7 @@ class LitGPT(L.LightningModule):
         ):
             if not ok:
                 raise UserError(f"model.{name} must be {expected}, got {value!r} (--model.{name})")
-        # With init_from, block_size is the pretrained context and data.block_size the (shorter) training window;
-        # Lightning refuses to log two values under one key, and the checkpoint's model_config keeps the context.
+        # With init_from, block_size (the context) and data.block_size (the window) differ: Lightning logs one.
         self.save_hyperparameters(ignore=["block_size"] if init_from else None)
         # jsonargparse follows **model_config into this call, so ModelConfig's fields become --model.<field>.
         config = ModelConfig(**model_config)
@@ -141,13 +140,11 @@ class LitGPT(L.LightningModule):
         return loss
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        # Lightning's logger gate counts optimizer steps its own way, restored one too high by a resume from the
-        # SIGTERM and Ctrl-C saves; with one optimizer the two counts are one number, so it follows global_step.
+        # Lightning's logger gate counts optimizer steps its own way, one too high after a resume from a stop save.
         self.trainer.fit_loop.epoch_loop._batches_that_stepped = self.trainer.global_step
 
     def _is_logging_step(self) -> bool:
-        # Lightning drops step metrics off the log_every_n_steps steps, yet each self.log call pays its bookkeeping
-        # (a measurable share of a small CPU step): log only on the steps that reach the logger.
+        # self.log costs a measurable share of a small CPU step even where Lightning drops the value: log only there.
         every = self.trainer.log_every_n_steps
         return every > 0 and (self.trainer.global_step + 1) % every == 0
 
@@ -177,8 +174,7 @@ class LitGPT(L.LightningModule):
         hp = self.hparams
         # One fused pass over all tensors instead of a loop per tensor (docs/results.md has the gain on CPU).
         fused = all(p.device.type in ("cpu", "cuda") for p in self.parameters())
-        # Lightning's mixed-precision plugin refuses gradient clipping with a fused optimizer (it would unscale
-        # fp16 gradients inside step), even for bf16, which has no scaler: bf16-mixed + clipping needs foreach.
+        # Lightning refuses gradient clipping with a fused optimizer under any mixed precision, bf16 included.
         if self._trainer is not None and str(self.trainer.precision).endswith("-mixed"):
             fused = False
         return torch.optim.AdamW(
@@ -186,22 +182,21 @@ class LitGPT(L.LightningModule):
             fused=fused or None,
         )  # fmt: skip
 
-    def configure_optimizers(self):
+    def _schedule_shape(self) -> tuple:
+        """The schedule arguments of lr_multiplier after (step, max_steps)."""
         hp = self.hparams
-        optimizer = self.make_optimizer()
+        return hp.warmup_steps, hp.schedule, hp.min_lr_ratio, hp.decay_fraction
+
+    def configure_optimizers(self):
         if self.trainer.max_steps is None or self.trainer.max_steps < 1:
             raise UserError(
                 "trainer.max_steps must be set (> 0): the learning-rate schedule is laid out over it"
             )
-
-        def multiplier(step: int) -> float:
-            # max_steps is read at every step so a time budget (benchmarks/shakespeare_budget.py) can move it.
-            max_steps = self.trainer.max_steps
-            return lr_multiplier(
-                step, max_steps, hp.warmup_steps, hp.schedule, hp.min_lr_ratio, hp.decay_fraction
-            )
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
+        optimizer, shape = self.make_optimizer(), self._schedule_shape()
+        # max_steps is read at every step so a time budget (benchmarks/shakespeare_budget.py) can move it.
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_multiplier(step, self.trainer.max_steps, *shape)
+        )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -238,12 +233,12 @@ class LitGPT(L.LightningModule):
         self.resumed_max_steps = checkpoint.get(MAX_STEPS_KEY)
 
     def on_train_start(self) -> None:
-        hp, trainer = self.hparams, self.trainer
+        trainer = self.trainer
         if self.resumed_max_steps is None or not trainer.is_global_zero:
             return
         note = schedule_change_note(
-            trainer.global_step, self.resumed_max_steps, trainer.max_steps, hp.learning_rate, hp.warmup_steps,
-            hp.schedule, hp.min_lr_ratio, hp.decay_fraction,
+            trainer.global_step, self.resumed_max_steps, trainer.max_steps, self.hparams.learning_rate,
+            *self._schedule_shape(),
         )  # fmt: skip
         if note:
             print(note, file=sys.stderr, flush=True)

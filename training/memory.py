@@ -1,8 +1,7 @@
 """How much memory a training run needs per device, counted from the config before anything is allocated.
 
-Activations are the tensors autograd keeps for the backward of the eager model with dropout 0
-(tests/training/test_memory.py checks them byte for byte, in float32 and under bf16 autocast). torch.compile
-usually keeps less; transient buffers (the logits before log_softmax, the backward's temporaries) come on top.
+Activations are the tensors autograd keeps for the eager model's backward with dropout 0 (checked byte for byte by
+the tests); torch.compile usually keeps less, and transient buffers (logits, backward temporaries) come on top.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ HALF_PRECISIONS = ("bf16-mixed", "16-mixed", "bf16-true", "16-true", "bf16", "16
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes per device for one training configuration (see the module docstring for what is counted)."""
+    """Bytes per device for one training configuration."""
 
     parameters: int
     weight_bytes: int
@@ -29,7 +28,6 @@ class MemoryEstimate:
 
     @property
     def total_bytes(self) -> int:
-        """Weights, gradients, AdamW state and activations together."""
         return self.weight_bytes + self.grad_bytes + self.optimizer_bytes + self.activation_bytes
 
 
@@ -56,8 +54,7 @@ def activation_bytes(config: ModelConfig, batch_size: int, seq_len: int, precisi
     c, h, hkv, d, f = config.n_embd, config.n_head, config.n_kv_head, config.head_dim, config.hidden_dim
     # Per RMSNorm: its float32 input and rstd, the normed output (p), the matmul input in the compute dtype (a).
     norm = 4 * c + 4 + p * c + a * c
-    # The qkv output (v is a view of it), roped q and k, the fused kernel's output (the proj input is a view of
-    # it) and its float32 logsumexp.
+    # The qkv output (v a view of it), roped q and k, the attention output (the proj input) and its logsumexp.
     attention = a * ((h + 2 * hkv) * d + (h + hkv) * d + h * d) + 4 * h
     per_layer = 2 * norm + attention + a * 4 * f  # SwiGLU: gate/up output (2F), silu(gate), the down input
     # Plus the final norm, float32 log-probabilities and the int64 inputs and targets.
@@ -78,8 +75,7 @@ def kv_cache_bytes_per_token(config: ModelConfig, precision: str) -> int:
 def estimate_training_memory(
     config: ModelConfig, batch_size: int, seq_len: int, precision: str, shards: int = 1
 ) -> MemoryEstimate:
-    """Per-device bytes of a training run with AdamW; `shards` > 1 divides weights, grads and optimizer
-    state as FSDP does (DDP replicates them: shards=1)."""
+    """Per-device bytes with AdamW; `shards` divides weights, grads and optimizer state as FSDP does."""
     p, _ = dtype_bytes(precision)
     n = count_parameters(config)
     return MemoryEstimate(

@@ -18,12 +18,8 @@ def lr_multiplier(
     min_lr_ratio: float,
     decay_fraction: float,
 ) -> float:
-    """Factor applied to the peak learning rate at optimizer step `step` (0-based).
-
-    All schedules warm up linearly over `warmup_steps`. `cosine` then decays to `min_lr_ratio` at
-    `max_steps`; `wsd` (warmup-stable-decay) holds the peak and decays linearly to `min_lr_ratio` over the
-    last `decay_fraction` of the steps; `constant` holds the peak.
-    """
+    """Factor of the peak learning rate at optimizer step `step` (0-based): linear warmup, then `cosine` decay,
+    `wsd` (the peak, then a linear decay over the last `decay_fraction` of the steps) or `constant`."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     if schedule == "constant" or max_steps <= warmup_steps:
@@ -51,8 +47,8 @@ def schedule_change_note(
     step: int, old_max_steps: int, new_max_steps: int, peak_lr: float, warmup_steps: int, schedule: Schedule,
     min_lr_ratio: float, decay_fraction: float,
 ) -> str | None:  # fmt: skip
-    """One warning line when a resume moves trainer.max_steps under a schedule that depends on it, else None:
-    the schedule is laid over the new length (as in nanoGPT and litgpt), so the learning rate jumps."""
+    """A warning when a resume moves trainer.max_steps under a schedule that depends on it: the schedule is laid
+    over the new length (as in nanoGPT and litgpt), so the learning rate jumps."""
     if old_max_steps == new_max_steps or schedule == "constant":
         return None
     shape = (warmup_steps, schedule, min_lr_ratio, decay_fraction)

@@ -1,8 +1,5 @@
-"""train/* and val/* history that survives kill -9: carried in every checkpoint, re-logged by the resume.
-
-wandb writes its `.wandb` file in blocks, so a kill -9 loses the last rows. A resume reads which rows the segment
-files hold (`held_rows`: a LevelDB-style log of 32 KiB blocks of records with 7-byte headers, holding protobuf
-`Record`s; a killed writer's partial record is skipped) and re-logs the others from the checkpoint.
+"""train/* and val/* history that survives kill -9, which loses the last rows wandb had not written out: every
+checkpoint carries the rows, and a resume re-logs those the run's `.wandb` files do not hold.
 """
 
 from __future__ import annotations
@@ -30,7 +27,8 @@ _FULL, _LAST = 1, 4  # record types that end an assembled record
 
 
 def history_rows(wandb_file: Path) -> Iterator[dict]:
-    """The history rows of one `.wandb` file, {key: value}, in the order written."""
+    """The history rows of one `.wandb` file, {key: value}, in the order written: a LevelDB-style log of 32 KiB
+    blocks of records with 7-byte headers, holding protobuf `Record`s."""
     from google.protobuf.message import DecodeError
     from wandb.proto import wandb_internal_pb2
 
@@ -71,8 +69,7 @@ def held_rows(run_dir: Path) -> set[tuple[int, str]]:
 
 
 class KeptHistory:
-    """The train/* and val/* rows a WandbLogger logged, by step, to carry in checkpoints and re-log what a killed
-    segment had not written (mixed into RunWandbLogger)."""
+    """The train/* and val/* rows a WandbLogger logged, by step (mixed into RunWandbLogger)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -89,20 +86,19 @@ class KeptHistory:
             )
 
     def restore_train_rows(self, rows: list) -> None:
-        """Take the rows a checkpoint carried, and read which of them the run's segment files hold."""
+        """Take the rows a checkpoint carried, and read which rows the run's segment files hold."""
         self.train_rows = {int(step): dict(row) for step, row in rows}
         on_rank_zero = self._save_dir and rank_zero_only.rank == 0
         self._held = held_rows(Path(self._save_dir)) if on_rank_zero else set()
 
     def lacks_val_row(self, step: int) -> bool:
-        """Whether neither the resumed checkpoint's rows nor a segment file holds a val/* value at `step`."""
+        """Whether neither the checkpoint's rows nor a segment file holds a val/* value at `step`."""
         if any(key.startswith("val/") for key in self.train_rows.get(step, {})):
             return False
         return (step, "val/") not in (self._held or set())
 
     def _relog_lost(self) -> None:
-        # A killed segment's file ends at its last whole block: the rows after it were never written. They are
-        # logged again here, at their own steps, before this segment logs anything newer.
+        # Logged again at their own steps, before this segment logs anything newer.
         held, self._held = self._held, None
         lost = 0
         for step, row in sorted(self.train_rows.items()):
@@ -119,7 +115,6 @@ class KeptHistory:
 
 
 def _kept(key: str) -> str | None:
-    """The one of KEPT_PREFIXES that `key` starts with, or None."""
     return next((prefix for prefix in KEPT_PREFIXES if key.startswith(prefix)), None)
 
 
@@ -136,12 +131,8 @@ def _row_not_logged_yet(trainer: L.Trainer, logger: KeptHistory) -> dict[int, di
 
 
 class WandbResume(L.Callback):
-    """Carry the wandb run id and the train/* and val/* rows in every checkpoint (a few floats per logged step);
-    at the start of a resume, run the validation Lightning skips there when no segment logged its values.
-
-    ModelCheckpoint saves before that step's validation, and a resume counts it as done: killed before wandb wrote
-    the val/* row, no segment would hold it. Run here, it gives the straight run's values (same weights, batches).
-    """
+    """Carry the wandb run id and the kept rows in every checkpoint; at the start of a resume, run the validation
+    that the checkpoint was saved before, and Lightning skips, when no segment logged its values."""
 
     def __init__(self) -> None:
         self._resumed_step: int | None = None
@@ -170,8 +161,7 @@ class WandbResume(L.Callback):
         )
         if not trainer.strategy.broadcast(lacks, src=0):
             return
-        # Lightning's own rule says whether the step was due a validation: on such a restart it fast-forwards
-        # the validation loop's counters (not on a save made after the validation, e.g. on SIGTERM).
+        # Lightning calls this only where the step was due a validation the save came before (not on SIGTERM's).
         val_loop = trainer.fit_loop.epoch_loop.val_loop
 
         def validate_instead() -> None:

@@ -26,9 +26,8 @@ RUN_LOGGER = "training.wandb_logger.RunWandbLogger"  # as config.yaml records it
 
 
 class RunWandbLogger(KeptHistory, WandbLogger):
-    """A WandbLogger that says how to upload an offline run only once the run is created (a run that fails on its
-    data prints no "upload later" line). Arguments are named, not **kwargs: jsonargparse would read WandbLogger's
-    signature, whose annotations import wandb (see `experiment`).
+    """A WandbLogger that prints the offline "upload later" line only with the first metrics. Arguments are named,
+    not **kwargs: jsonargparse would read WandbLogger's signature, whose annotations import wandb.
 
     Args:
         save_dir: The run directory; wandb's files go in its wandb/ folder.
@@ -56,11 +55,10 @@ class RunWandbLogger(KeptHistory, WandbLogger):
         self._links_before: dict[str, str] = {}  # wandb/'s links (latest-run, debug.log) before this segment
         self._trainer = None
         self._finished = False
-        self._sync_hint: str | None = None  # printed with the first metrics (see experiment)
+        self._sync_hint: str | None = None
 
     def follow(self, trainer) -> None:
-        """Log every point at `trainer.global_step`, the finished steps the console shows, not Lightning's 0-based
-        step index, one left of the samples and images the callbacks log."""
+        """Log at `trainer.global_step`, as the console and the callbacks do, not at Lightning's step index."""
         self._trainer = trainer
 
     def _say_sync_hint(self) -> None:
@@ -77,7 +75,7 @@ class RunWandbLogger(KeptHistory, WandbLogger):
         super().log_metrics(metrics, step)
 
     def finalize(self, status: str) -> None:
-        """Finish the wandb run here: wandb's own finish at exit ignores the settings above."""
+        """Finish the wandb run here: wandb's own finish at exit ignores our settings."""
         if status == "success":  # a run too short to have logged metrics yet
             self._say_sync_hint()
         super().finalize(status)
@@ -86,8 +84,8 @@ class RunWandbLogger(KeptHistory, WandbLogger):
             self._experiment.finish(exit_code=0 if status == "success" else 1)
 
     def discard_segment(self) -> None:
-        """Close and remove the offline segment this process created: for a resume that failed before its first
-        step, so `wandb sync` does not upload an empty segment into the run."""
+        """Remove the offline segment of a resume that failed before its first step: `wandb sync` would upload
+        it, empty, into the run."""
         if self.segment is None or self._experiment is None:
             return
         if not self._finished:
@@ -99,7 +97,6 @@ class RunWandbLogger(KeptHistory, WandbLogger):
 
     @property
     def experiment(self):
-        """The wandb run, created on first use; an offline run then prints its `wandb sync` command."""
         created = self._experiment is None
         if created and rank_zero_only.rank == 0 and "settings" not in self._wandb_init:
             # Imported only now: its temp folders, which only its exit handler removes, go in the run's TMPDIR.
@@ -122,14 +119,14 @@ class RunWandbLogger(KeptHistory, WandbLogger):
 
 
 def _links(folder: Path) -> dict[str, str]:
-    """{name: target} of the symbolic links directly in `folder` (wandb points them at the newest segment)."""
+    """{name: target} of the symbolic links in `folder`, which wandb points at the newest segment."""
     if not folder.is_dir():
         return {}
     return {path.name: os.readlink(path) for path in folder.iterdir() if path.is_symlink()}
 
 
 def _restore_links(folder: Path, links: dict[str, str]) -> None:
-    """Make `folder`'s links `links` again: a discarded segment's would dangle, pointing at nothing."""
+    """Make `folder`'s links `links` again: a discarded segment's would dangle."""
     for name, target in _links(folder).items():
         if links.get(name) != target:
             (folder / name).unlink()
@@ -139,21 +136,19 @@ def _restore_links(folder: Path, links: dict[str, str]) -> None:
 
 
 def run_loggers(trainer: L.Trainer) -> list[RunWandbLogger]:
-    """The trainer's loggers of this class (the one the CLI adds to every run)."""
     return loggers_of(trainer, RunWandbLogger)
 
 
 def is_run_logger(logger) -> bool:
-    """True for the wandb logger this CLI adds to every run (as a resumed run's config.yaml records it)."""
+    """True for the `trainer.logger` entry of the wandb logger the CLI adds (as config.yaml records it)."""
     get = getattr(logger, "get", None)
     return callable(get) and get("class_path") == RUN_LOGGER
 
 
 def run_logger(run_dir: Path, project: str, name: str, resumed: dict | None) -> dict:
-    """The `trainer.logger` entry of a run: one wandb run across preemptions and resumes (`resumed`: the
-    checkpoint dict resumed from, whose wandb run id serves when the run directory lost its own)."""
+    """The `trainer.logger` entry of a run: one wandb run across resumes (the `resumed` checkpoint's run id
+    serves when the run directory lost its own)."""
     run_id = wandb_run_id(run_dir, (resumed or {}).get(WANDB_ID_KEY))
-    # No mkdir and no message here: both wait until the wandb run is created (see RunWandbLogger).
     where = {"save_dir": str(run_dir), "project": project, "name": name, "offline": wandb_offline()}
     return {"class_path": RUN_LOGGER, "init_args": {**where, "id": run_id, "resume": "allow"}}
 
@@ -174,8 +169,8 @@ def wandb_offline() -> bool:
 
 
 def wandb_run_id(run_dir: Path, fallback: str | None = None) -> str:
-    """The wandb run id of `run_dir` (its `wandb_run_id` file), else `fallback` (the resumed checkpoint's) or a new
-    one. Written only once the wandb run exists (`record_wandb_run_id`): a failed start leaves no folder."""
+    """The wandb run id in `run_dir`'s `wandb_run_id` file, else `fallback` or a new one (the file is written once
+    the wandb run exists: a failed start leaves no folder)."""
     path = RunDir(run_dir).wandb_id_file
     stored = path.read_text(encoding="utf-8").strip() if path.is_file() else ""
     if stored:
@@ -186,7 +181,6 @@ def wandb_run_id(run_dir: Path, fallback: str | None = None) -> str:
 
 
 def record_wandb_run_id(run_dir: Path, run_id: str) -> None:
-    """Keep `run_id` in `run_dir/wandb_run_id` (once) for the resumes to come."""
     path = RunDir(run_dir).wandb_id_file
     if not path.is_file():
         atomic_write(path, run_id + "\n")

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from inspection.attention_stats import head_statistics
+from inspection.attention_stats import Formation, PhaseChangeDetector, head_statistics
 from inspection.explorer import build_explorer, max_pool, model_explorer, quantise_rows
-from inspection.phase_change import Formation, PhaseChangeDetector
 
 ROOT = Path(__file__).resolve().parents[2]
 

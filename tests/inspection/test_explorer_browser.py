@@ -16,16 +16,15 @@ import pytest
 import torch
 from PIL import Image
 
+from common.files import atomic_write
 from inspection.attention_image import colour_table
-from inspection.attention_stats import STATISTICS, head_statistics
+from inspection.attention_stats import STATISTICS, Formation, head_statistics
 from inspection.explorer import (
     build_explorer,
     model_explorer,
     most_telling_head,
     quantise_rows,
-    write_explorer,
 )
-from inspection.phase_change import Formation
 
 pytestmark = pytest.mark.slow  # drives a browser
 
@@ -109,7 +108,7 @@ def small(tmp_path_factory, explorer_kit):
         model, ids, [f"tok{i} " for i in range(TOKENS)], 8, generator=torch.Generator().manual_seed(2),
         step=300, history=history, formations=[formation], threshold=0.5,
     )  # fmt: skip
-    path = write_explorer(tmp_path_factory.mktemp("explorer") / "small.html", page)
+    path = atomic_write(tmp_path_factory.mktemp("explorer") / "small.html", page)
     return path, maps.numpy(), stats, formation
 
 
@@ -225,7 +224,7 @@ def test_prompt_and_generated_tokens_are_marked(browser, tmp_path, explorer_kit)
     maps = explorer_kit.noisy_maps(1, 2, 10)
     stats = {name: torch.rand(1, 2) for name in STATISTICS}
     page = build_explorer(maps, [f"t{i} " for i in range(10)], stats, prompt_len=6)
-    opened = Opened(browser, write_explorer(tmp_path / "marked.html", page))
+    opened = Opened(browser, atomic_write(tmp_path / "marked.html", page))
     classes = opened.page.eval_on_selector_all("#text span", "s => s.map(x => x.className.split(' ')[0])")
     assert classes == ["prompt"] * 6 + ["generated"] * 4
     assert "6 prompt tokens, then 4 generated" in opened.page.inner_text("#text-panel h2")
@@ -238,7 +237,7 @@ def big(tmp_path_factory, explorer_kit):
     maps = explorer_kit.noisy_maps(12, 12, 1024, distinct=12)
     stats = {name: torch.rand(12, 12, generator=torch.Generator().manual_seed(0)) for name in STATISTICS}
     page = build_explorer(maps, [f"w{i} " for i in range(1024)], stats, title="12 x 12 x 1024")
-    return write_explorer(tmp_path_factory.mktemp("explorer") / "big.html", page), maps
+    return atomic_write(tmp_path_factory.mktemp("explorer") / "big.html", page), maps
 
 
 def test_12x12x1024_fits_the_size_budget(big):
