@@ -117,6 +117,24 @@ def test_generate_keep_quantized_compiled_prints_the_same_text(make_model, token
     assert code == 0 and "rows a step read the blocks directly; --no_cache past 32 tokens" in err
 
 
+def test_generate_keeps_a_ggufs_blocks_by_default_on_the_cpu(
+    make_model, tokenizer, tmp_path, capsys, monkeypatch
+):
+    import generate as cli
+
+    path = str(quantized_gguf(tmp_path / "q.gguf", make_model(), tokenizer, "Q4_1"))
+    loaded, load_it = [], cli.load
+    monkeypatch.setattr(cli, "load", lambda *args: loaded.append(load_it(*args)) or loaded[-1])
+    argv = ["--checkpoint", path, "--prompt", "the cat", "--temperature", "0", "--max_new_tokens", "4"]
+    for extra in ([], ["--dequantize"], ["--dtype", "bfloat16"]):
+        code, _, err = run_generate(capsys, *argv, *extra)
+        assert code == 0 and "note:" not in err, err
+    kept = [any(isinstance(m, QuantizedLinear) for m in one.model.modules()) for one in loaded]
+    assert kept == [True, False, False]  # bfloat16: the kernel computes in float32
+    code, _, err = run_generate(capsys, *argv, "--keep_quantized", "--dequantize")
+    assert code == 2 and err.count("\n") == 1 and "--keep_quantized and --dequantize" in err
+
+
 def test_what_cannot_be_kept_is_one_line(make_model, tokenizer, tmp_path, capsys):
     model = make_model()
     f32 = export_gguf(model, tokenizer, tmp_path / "f32.gguf")  # no blocks: float32 layers stay
