@@ -56,7 +56,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each kind; medians")
     args = parser.parse_args()
     args.model = args.model or str(required_smollm2("benchmarks.first_token"))
-    forms = {"float32": []} | ({"kept blocks": ["--keep_quantized"]} if args.model.endswith(".gguf") else {})
+    gguf = args.model.endswith(".gguf")  # its blocks kept by default, float32 weights with --dequantize
+    forms = {"float32": ["--dequantize"] if gguf else []} | ({"kept blocks": []} if gguf else {})
     print(f"{args.model}: seconds from launch to the first tokens (medians of {args.repeats})")
     for form, flags in forms.items():
         seconds = measure(args.model, flags, args.repeats)
