@@ -25,14 +25,8 @@ from .run_dir import LAST_NAME, step_file_name, step_files
 
 # Test hook: "<phase>@<n>" makes the n-th save of this process SIGKILL itself at <phase> (fault injection).
 FAULT_ENV = "GQA_GPT_CHECKPOINT_FAULT"
-PHASES = (
-    "before_write",
-    "mid_write",
-    "before_rename",
-    "before_dir_fsync",
-    "before_last_link",
-    "before_last_replace",
-)
+PHASES = ("before_write", "mid_write", "before_rename", "before_dir_fsync", "before_last_link",
+          "before_last_replace")  # fmt: skip
 
 
 class CheckpointSaveError(UserError):

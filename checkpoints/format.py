@@ -6,7 +6,6 @@ metadata under META_KEY, so `torch.load(path, weights_only=True)` reads it witho
 from __future__ import annotations
 
 import hashlib
-import sys
 import warnings
 import zipfile
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ from typing import Any
 
 import torch
 
-from common.errors import first_line
+from common.errors import first_line, to_stderr
 from model.config import ModelConfig
 from model.gpt import GPT
 
@@ -82,9 +81,7 @@ def read_checkpoint(path: str | Path) -> tuple[dict, Path]:
     if path.is_dir() and not is_sharded_checkpoint(path) and not (path / SHARDED_INDEX).is_file():
         run = RunDir(path)
         folder = run.checkpoints if run.holds_checkpoints() else path  # a run directory, or its checkpoints/
-        chosen = choose_checkpoint(
-            folder, read_checkpoint_file, READING, warn=lambda line: print(line, file=sys.stderr)
-        )
+        chosen = choose_checkpoint(folder, read_checkpoint_file, READING, warn=to_stderr)
         if chosen is not None:
             return chosen[1], chosen[0]
         if not (folder / LAST_NAME).exists():

@@ -6,13 +6,12 @@ wandb run is touched: a bad checkpoint is one line, not a traceback after config
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from common.errors import UserError
+from common.errors import UserError, to_stderr
 from model import GPT, ModelConfig
 
 from .format import META_KEY, loaded_from, read_checkpoint, sharded_contents
@@ -52,16 +51,14 @@ def check_resumable(path: Path) -> dict:
     return ckpt
 
 
-def choose_resume_checkpoint(checkpoint_dir: str | Path, warn: Callable[[str], None] = print) -> Path | None:
+def choose_resume_checkpoint(checkpoint_dir: Path, warn: Callable[[str], None] = to_stderr) -> Path | None:
     """The newest resumable checkpoint in `checkpoint_dir` (None: no checkpoint at all), as `choose_checkpoint`."""
     chosen = choose_checkpoint(Path(checkpoint_dir), check_resumable, RESUMING, warn)
     return None if chosen is None else chosen[0]
 
 
 def checkpoint_in_run(run_dir: Path) -> Path:
-    path = choose_resume_checkpoint(
-        RunDir(run_dir).checkpoints, warn=lambda line: print(line, file=sys.stderr)
-    )
+    path = choose_resume_checkpoint(RunDir(run_dir).checkpoints)
     if path is None:
         raise UserError(
             f"--ckpt_path: {run_dir} has no checkpoint to resume; start it afresh without --ckpt_path"

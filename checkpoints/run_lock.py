@@ -9,14 +9,13 @@ import multiprocessing.util
 import os
 import shutil
 import socket
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-from common.errors import UserError
+from common.errors import UserError, to_stderr
 from common.files import remove_stale, stale_temp_files
 
 from .run_dir import RunDir
@@ -100,11 +99,10 @@ class RunDirLock:
             self._fd = None
 
 
-def own_run_dir(run_dir: str | Path, say: Callable[[str], None] | None = None) -> RunDirLock:
+def own_run_dir(run_dir: str | Path, say: Callable[[str], None] = to_stderr) -> RunDirLock:
     """Become the one writer of `run_dir` before anything saves: lock it, remove killed writers' temporary
     checkpoint files, and use the run's own temp folder; `release` undoes all three."""
     lock = RunDirLock(run_dir).acquire()
-    say = say or (lambda line: print(line, file=sys.stderr))
     checkpoints = RunDir(run_dir).checkpoints
     try:
         remove_stale(stale_temp_files(checkpoints), checkpoints, "temporary checkpoint file", say)

@@ -13,7 +13,6 @@ import socket
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import BinaryIO
 
 from .errors import UserError
@@ -175,9 +174,7 @@ class StagedFolder:
         fsync_dir(self.parent)
         return final
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.path is not None:
             shutil.rmtree(self.path, ignore_errors=True)
             self.path = None
