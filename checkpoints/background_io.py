@@ -1,8 +1,6 @@
-"""Saving checkpoints on a background thread, with the same guarantees as the synchronous save.
-
-Training only snapshots the tensors. Unlike Lightning's `AsyncCheckpointIO` (an unbounded queue), a new save first
-waits for the previous one, and a failed save raises on the training thread at the next call or at teardown.
-"""
+"""Saving checkpoints on a background thread, with the synchronous save's guarantees: training only snapshots the
+tensors; unlike Lightning's `AsyncCheckpointIO` (an unbounded queue), a save first waits for the previous one, and
+a failed save raises on the training thread at the next call or at teardown."""
 
 from __future__ import annotations
 

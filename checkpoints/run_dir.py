@@ -104,13 +104,13 @@ def checkpoint_step(path: Path) -> int | None:
 def resume_candidates(checkpoint_dir: Path) -> list[Path]:
     """Checkpoints in `checkpoint_dir`, newest first: step files, a `last.ckpt` that links to none of them (after
     them: a kill between a step file and its re-link leaves it one save behind), then sharded folders."""
+    if not checkpoint_dir.is_dir():
+        return []
     steps = list(reversed(step_files(checkpoint_dir).values()))
     last = checkpoint_dir / LAST_NAME
     if last.is_file() and not any(last.samefile(p) for p in steps):
         steps.append(last)
-    sharded = (
-        [p for p in checkpoint_dir.iterdir() if is_sharded_checkpoint(p)] if checkpoint_dir.is_dir() else []
-    )
+    sharded = [p for p in checkpoint_dir.iterdir() if is_sharded_checkpoint(p)]
     # Lightning rewrites a sharded `last.ckpt` in place, so at equal steps the step-named folder comes first.
     sharded.sort(key=lambda path: (checkpoint_step(path) or -1, path.name != LAST_NAME), reverse=True)
     return steps + sharded

@@ -1,8 +1,7 @@
 """A multi-turn conversation through the model's chat template, one KV cache throughout.
 
-Each turn renders and tokenizes the whole conversation and prefills only what the cache lacks. When the cache is
-not a prefix of it (the template re-wrote an earlier turn, a reply re-tokenizes differently) the cache is rolled
-back to the common prefix; when it no longer fits the context, the usual window rule applies. Both print a note.
+Each turn renders and tokenizes the whole conversation and prefills what the cache lacks: the cache is rolled
+back where they differ (a re-written turn, a reply that re-tokenizes differently), with a note.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """The compiled decode step kept between processes: built once per model, shape and torch, then loaded.
 
-model/static_decode.py's step is compiled ahead of time (torch's `aot_compile`) into one file per key under
-~/.cache/gqa-gpt/compiled ($GQA_GPT_COMPILED_DIR), with Inductor's kernel cache beside it; a later process loads
-it and traces nothing. The key covers the model's modules and tensors, the batch size, the static cache's length,
-torch's version and the source of model/; a header line with the payload's hash makes a damaged or stale file
-be built again.
+model/static_decode.py's step is compiled ahead of time (`aot_compile`) into one file per key (the model's modules
+and tensors, batch, static cache length, torch version and model/'s source) under ~/.cache/gqa-gpt/compiled, with
+Inductor's kernel cache beside it; a later process loads it and traces nothing. A damaged or stale file (its
+header holds the payload's hash) is built again.
 """
 
 from __future__ import annotations
