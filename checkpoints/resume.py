@@ -58,7 +58,7 @@ def choose_resume_checkpoint(checkpoint_dir: Path, warn: Callable[[str], None] =
 
 
 def checkpoint_in_run(run_dir: Path) -> Path:
-    path = choose_resume_checkpoint(RunDir(run_dir).checkpoints)
+    path = choose_resume_checkpoint(RunDir(run_dir).checkpoints, warn=to_stderr)
     if path is None:
         raise UserError(
             f"--ckpt_path: {run_dir} has no checkpoint to resume; start it afresh without --ckpt_path"
