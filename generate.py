@@ -4,22 +4,23 @@
     python generate.py --checkpoint HuggingFaceTB/SmolLM2-135M-Instruct --chat
 
 --checkpoint takes any model name interop resolves (our .ckpt or run directory, a Hugging Face folder or Hub
-id, a .gguf file). The command line only: decoding is model/, text, chat and speed reports generation/,
-pictures inspection/. No Lightning or wandb, so it starts fast. A user mistake prints one line and exits 2.
+id, a .gguf file). No Lightning or wandb, so it starts fast. A user mistake prints one line and exits 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+from pathlib import Path
 
 import torch
 
 from common.errors import UserError, run_command
 from common.threads import apply_thread_count
+from data.pretrained_tokenizer import read_generation_config
 from generation.chat import Conversation, run_chat
 from generation.compiled_step import compiled_step
-from generation.model_defaults import model_sampler
 from generation.speed import report_decode_speed, report_speculative_speed, seeded, speculative_run
 from generation.text import TextStream, encode_prompt, print_samples
 from interop import load
@@ -31,6 +32,8 @@ from model.speculative import DraftModel, PromptLookup, check_draft
 
 CHAT_CONFLICTS = ("prompt", "prompt_file", "draft", "prompt_lookup", "benchmark", "compile", "no_cache",
                   "attention_map", "attention_html", "explain_attention", "num_samples")  # fmt: skip
+# transformers' GenerationConfig defaults, for the fields a model's generation_config.json leaves out.
+TRANSFORMERS_SAMPLING = dict(temperature=1.0, top_k=50, top_p=1.0, min_p=None, repetition_penalty=1.0)
 
 
 class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):  # not for switches and unset options
@@ -146,6 +149,32 @@ def pick_device(name: str) -> torch.device:
         raise UserError(f"--device {name} is not available (this machine and torch build offer: {offered}); "
                         "use --device cpu or auto")  # fmt: skip
     return device
+
+
+def model_sampler(sampler: Sampler, folder: Path | None, explicit: set[str]) -> Sampler:
+    """`sampler` with the flags the user did not give taken from the model's generation_config.json. Like
+    transformers, a folder with that file samples only if it says `do_sample: true`; without one (our
+    checkpoints, GGUF files) the command line's defaults stay, as in llama.cpp."""
+    path = None if folder is None else Path(folder) / "generation_config.json"
+    if path is None or not path.is_file():
+        return sampler
+    config = read_generation_config(Path(folder))
+    if config.get("do_sample", False):
+        model = {field: config.get(field, default) for field, default in TRANSFORMERS_SAMPLING.items()}
+        if model["top_k"] == 0:  # transformers' "no top-k"
+            model["top_k"] = None
+    else:  # greedy: the filters do not matter
+        model = {"temperature": 0.0}
+    chosen = {field: value for field, value in model.items() if field not in explicit}
+    if chosen and any(getattr(sampler, field) != value for field, value in chosen.items()):
+        shown = ", ".join(f"{field}={value}" for field, value in chosen.items())
+        print(
+            f"note: sampling as {path} says ({shown}); pass --temperature etc. to override", file=sys.stderr
+        )
+    try:
+        return dataclasses.replace(sampler, **chosen).check()
+    except UserError as err:
+        raise UserError(f"{path}: {err}") from None
 
 
 def note_kept_blocks(model: torch.nn.Module, args: argparse.Namespace) -> None:

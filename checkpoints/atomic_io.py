@@ -1,10 +1,8 @@
 """Checkpoints that survive `kill -9`: step-named files written atomically, `last.ckpt` a hard link to the newest.
 
-A save to `<dir>/last.ckpt` writes `<dir>/step-<N>.ckpt` through a temporary file in `<dir>` itself (the system
-temp folder may be another filesystem, where the final move would be a copy), fsyncs it and the folder, then
-re-points `last.ckpt` and prunes to `keep_last` step files. A hard link is an ordinary file to every tool and never
-dangles when an old step file goes; where the filesystem refuses one, it is a durable copy. A kill leaves the
-earlier checkpoints whole, at most with a temporary file that the next lock holder removes (run_lock).
+A save to `last.ckpt` writes and fsyncs `step-<N>.ckpt`, re-points `last.ckpt` (a hard link never dangles when an
+old step file goes; where the filesystem refuses one, a durable copy) and prunes to `keep_last` step files. A kill
+leaves the earlier checkpoints whole, at most with a temporary file that the next lock holder removes (run_lock).
 """
 
 from __future__ import annotations
@@ -27,14 +25,8 @@ from .run_dir import LAST_NAME, step_file_name, step_files
 
 # Test hook: "<phase>@<n>" makes the n-th save of this process SIGKILL itself at <phase> (fault injection).
 FAULT_ENV = "GQA_GPT_CHECKPOINT_FAULT"
-PHASES = (
-    "before_write",
-    "mid_write",
-    "before_rename",
-    "before_dir_fsync",
-    "before_last_link",
-    "before_last_replace",
-)
+PHASES = ("before_write", "mid_write", "before_rename", "before_dir_fsync", "before_last_link",
+          "before_last_replace")  # fmt: skip
 
 
 class CheckpointSaveError(UserError):
@@ -54,7 +46,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
     ) -> None:
-        """A save to `last.ckpt` becomes a step file plus an atomic re-link of `last.ckpt`."""
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
         path = Path(path)
@@ -77,7 +68,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         Path(path).unlink(missing_ok=True)
 
     def _write(self, checkpoint: dict[str, Any], path: Path) -> None:
-        # atomic_write + our own fsyncs of the file and the folder, with the fault hooks placed between them.
         def write(f: BinaryIO) -> None:
             self._fault_point("before_write")
             if self._armed("mid_write"):
@@ -114,8 +104,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def _prune(self, folder: Path, step: int) -> None:
         files = step_files(folder)
-        # Files past `step` come from a branch abandoned by resuming an earlier checkpoint: this run will write
-        # its own files for those steps, so they would only confuse which file is the newest.
+        # Files past `step` are from a branch abandoned by resuming an earlier checkpoint: this run rewrites them.
         stale = [path for s, path in files.items() if s > step]
         kept = [path for s, path in files.items() if s <= step]
         for path in stale + kept[: -self.keep_last]:

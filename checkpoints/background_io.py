@@ -1,9 +1,6 @@
-"""Saving checkpoints on a background thread, with the same guarantees as the synchronous save.
-
-Training only snapshots the tensors; one writer thread runs `AtomicCheckpointIO` unchanged. A new save first
-waits for the previous one (one extra copy in memory, files in step order), and a failed save raises on the
-training thread at the next call or at teardown; Lightning's `AsyncCheckpointIO` queues without bound.
-"""
+"""Saving checkpoints on a background thread, with the synchronous save's guarantees: training only snapshots the
+tensors; unlike Lightning's `AsyncCheckpointIO` (an unbounded queue), a save first waits for the previous one, and
+a failed save raises on the training thread at the next call or at teardown."""
 
 from __future__ import annotations
 
@@ -29,7 +26,6 @@ class BackgroundCheckpointIO(CheckpointIO):
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
     ) -> None:
-        """Snapshot `checkpoint` and write it in the background (after the previous save has finished)."""
         self.wait()
         snapshot = apply_to_collection(checkpoint, torch.Tensor, lambda t: t.detach().clone())
         if self._executor is None:

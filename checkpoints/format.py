@@ -1,15 +1,11 @@
-"""The checkpoint format: what training writes into a checkpoint and how it is read back.
-
-A Lightning checkpoint dict: the GPT weights under STATE_PREFIX in `state_dict`, plain-typed metadata under
-META_KEY, so `torch.load(path, weights_only=True)` reads it without Lightning. A sharded strategy (FSDP2) writes
-a folder instead (torch.distributed.checkpoint shards plus SHARDED_META), read here in one process. Only torch,
-the standard library, common/ and model/: generate.py and interop import this without Lightning.
+"""The checkpoint format: a Lightning checkpoint dict with the GPT weights under STATE_PREFIX and plain-typed
+metadata under META_KEY, so `torch.load(path, weights_only=True)` reads it without Lightning; a sharded strategy
+(FSDP2) writes a folder of torch.distributed.checkpoint shards plus SHARDED_META, read here in one process.
 """
 
 from __future__ import annotations
 
 import hashlib
-import sys
 import warnings
 import zipfile
 from dataclasses import dataclass
@@ -18,7 +14,7 @@ from typing import Any
 
 import torch
 
-from common.errors import first_line
+from common.errors import first_line, to_stderr
 from model.config import ModelConfig
 from model.gpt import GPT
 
@@ -80,15 +76,12 @@ def plain(value: Any) -> Any:
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict, Path]:
-    """The checked checkpoint dict (a sharded folder's SHARDED_META) and its path, the newest readable one for a
-    run directory; one-line errors."""
+    """The checked checkpoint dict and its path (for a run directory, its newest readable checkpoint)."""
     path = Path(path).expanduser()
     if path.is_dir() and not is_sharded_checkpoint(path) and not (path / SHARDED_INDEX).is_file():
         run = RunDir(path)
         folder = run.checkpoints if run.holds_checkpoints() else path  # a run directory, or its checkpoints/
-        chosen = choose_checkpoint(
-            folder, read_checkpoint_file, READING, warn=lambda line: print(line, file=sys.stderr)
-        )
+        chosen = choose_checkpoint(folder, read_checkpoint_file, READING, warn=to_stderr)
         if chosen is not None:
             return chosen[1], chosen[0]
         if not (folder / LAST_NAME).exists():
@@ -105,8 +98,7 @@ def read_checkpoint(path: str | Path) -> tuple[dict, Path]:
 
 
 def read_checkpoint_file(path: Path) -> dict:
-    """The dict of one checkpoint file or sharded folder, its zip checksums and metadata checked (and a sharded
-    folder's index naming shards that are all there)."""
+    """The dict of one checkpoint file or sharded folder, its checksums, metadata and shard files checked."""
     file = checkpoint_dict_file(path)
     try:
         ckpt = torch.load(file, map_location="cpu", weights_only=True)
@@ -127,8 +119,7 @@ def read_checkpoint_file(path: Path) -> dict:
     return ckpt
 
 
-# What torch.save writes first: a zip archive, or (before torch 1.6, or _use_new_zipfile_serialization=False) a
-# pickle's protocol opcode.
+# What torch.save writes first: a zip archive, or (the legacy format) a pickle's protocol opcode.
 _SAVED_MAGIC = (b"PK\x03\x04", b"\x80")
 
 
@@ -150,8 +141,7 @@ def _unreadable(file: Path, err: Exception) -> CheckpointError:
 
 
 def _check_checksums(file: Path) -> None:
-    """Refuse a file whose zip members fail their CRC-32: torch.load does not check, so flipped bytes in the
-    weights would load silently. About 50 ms per 100 MB (the file is in the page cache)."""
+    """Refuse zip members that fail their CRC-32: torch.load does not check, so flipped bytes would load silently."""
     if not zipfile.is_zipfile(file):  # the legacy pickle format (just read by torch.load): no checksums
         return
     try:
@@ -166,7 +156,6 @@ def _check_checksums(file: Path) -> None:
 
 
 def check_metadata(meta: dict, path: Path) -> None:
-    """Refuse metadata of a newer format, with missing keys, or whose tokenizer does not match its sha256."""
     missing = [key for key in REQUIRED_KEYS if key not in meta]
     if missing:
         raise CheckpointError(f"{path}: checkpoint metadata lacks {missing[0]!r}; the checkpoint was altered")
@@ -181,21 +170,16 @@ def check_metadata(meta: dict, path: Path) -> None:
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> LoadedCheckpoint:
-    """Rebuild the GPT of a training checkpoint (its embedded tokenizer checked against its sha256)."""
+    """Rebuild the GPT of a training checkpoint file or run directory."""
     ckpt, path = read_checkpoint(path)
     return loaded_from(ckpt, path, map_location)
 
 
 def loaded_from(ckpt: dict, path: Path, map_location: str | torch.device = "cpu") -> LoadedCheckpoint:
-    """The GPT of a checkpoint dict `read_checkpoint` returned for `path`, its weights checked against the config."""
     meta = ckpt[META_KEY]
     model = GPT(ModelConfig(**meta["model_config"]))
-    if is_sharded_checkpoint(path):
-        state = read_sharded_weights(path, model)
-    else:
-        state = {
-            k[len(STATE_PREFIX) :]: v for k, v in ckpt["state_dict"].items() if k.startswith(STATE_PREFIX)
-        }
+    state = read_sharded_weights(path, model) if is_sharded_checkpoint(path) else ckpt["state_dict"]
+    state = {k.removeprefix(STATE_PREFIX): v for k, v in state.items() if k.startswith(STATE_PREFIX)}
     try:
         model.load_state_dict(state)
     except RuntimeError as err:
@@ -206,8 +190,7 @@ def loaded_from(ckpt: dict, path: Path, map_location: str | torch.device = "cpu"
 
 
 def sharded_contents(path: Path) -> set[str]:
-    """The state groups a sharded folder holds ("state_dict", "optimizer_0", ...), read from its index; every
-    shard file the index names must be there."""
+    """The state groups ("state_dict", "optimizer_0", ...) a sharded folder's index names; its shards must be there."""
     from torch.distributed.checkpoint import FileSystemReader
 
     if not (path / SHARDED_INDEX).is_file():
@@ -226,15 +209,13 @@ def sharded_contents(path: Path) -> set[str]:
 
 
 def read_sharded_weights(path: Path, model: GPT) -> dict[str, torch.Tensor]:
-    """The GPT weights of a sharded checkpoint folder, gathered from every rank's file in this one process."""
     import torch.distributed.checkpoint as dcp
 
     if "state_dict" not in sharded_contents(path):
         raise CheckpointError(
             f"{path}: this sharded checkpoint holds no model weights; use one written by train.py"
         )
-    # torch.distributed.checkpoint fills tensors of the expected shapes, so the model's own state dict is the
-    # template; its keys are the LightningModule's, nested under "state_dict" as Lightning saved them.
+    # dcp fills tensors of the expected shapes: the model's state dict, keyed as Lightning saved it, is the template.
     state = {STATE_PREFIX + name: tensor for name, tensor in model.state_dict().items()}
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
@@ -249,4 +230,4 @@ def read_sharded_weights(path: Path, model: GPT) -> dict[str, torch.Tensor]:
             f"{path}: cannot read the sharded weights ({type(cause).__name__}: {first_line(cause)}); "
             "the folder is incomplete or altered"
         ) from err
-    return {name[len(STATE_PREFIX) :]: tensor for name, tensor in state.items()}
+    return state

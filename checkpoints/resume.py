@@ -1,20 +1,17 @@
-"""Resuming: `--ckpt_path` read once and checked, which checkpoint can continue a run, `--ckpt_path runs/<run>`.
-
-Resuming from a run directory reads its config.yaml first, so no override of the first run has to be repeated.
-The checks run before any file or wandb run is touched, so a bad checkpoint, or model sizes that do not fit its
-weights, is one line instead of a traceback after config.yaml was rewritten.
+"""Resuming: `--ckpt_path` read once and checked, which checkpoint can continue a run, `--ckpt_path runs/<run>`
+(its config.yaml read first, so no override of the first run is repeated). The checks run before any file or
+wandb run is touched: a bad checkpoint is one line, not a traceback after config.yaml was rewritten.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from common.errors import UserError
+from common.errors import UserError, to_stderr
 from model import GPT, ModelConfig
 
 from .format import META_KEY, loaded_from, read_checkpoint, sharded_contents
@@ -41,9 +38,7 @@ class RunAlreadyFinished(Exception):
 
 
 def check_resumable(path: Path) -> dict:
-    """The checkpoint dict of `path`; CheckpointError unless it is intact, ours, and holds what resuming needs (a
-    file's weights are loaded; a sharded folder's index must name its weights and optimizer states, and every shard
-    be there)."""
+    """The checkpoint dict of `path`; CheckpointError unless it is intact, ours, and holds what resuming needs."""
     ckpt, _ = read_checkpoint(path)
     sharded = is_sharded_checkpoint(path)
     held = sharded_contents(path) if sharded else set()  # the groups in its shards: weights, optimizer states
@@ -56,18 +51,14 @@ def check_resumable(path: Path) -> dict:
     return ckpt
 
 
-def choose_resume_checkpoint(checkpoint_dir: str | Path, warn: Callable[[str], None] = print) -> Path | None:
-    """The newest resumable checkpoint in `checkpoint_dir` (None: no checkpoint at all); `warn` gets a line for
-    each newer one that fails `check_resumable`, and none resumable is NoGoodCheckpointError."""
+def choose_resume_checkpoint(checkpoint_dir: Path, warn: Callable[[str], None] = to_stderr) -> Path | None:
+    """The newest resumable checkpoint in `checkpoint_dir` (None: no checkpoint at all), as `choose_checkpoint`."""
     chosen = choose_checkpoint(Path(checkpoint_dir), check_resumable, RESUMING, warn)
     return None if chosen is None else chosen[0]
 
 
 def checkpoint_in_run(run_dir: Path) -> Path:
-    """The checkpoint (file or sharded folder) to resume `run_dir` from: its newest resumable one."""
-    path = choose_resume_checkpoint(
-        RunDir(run_dir).checkpoints, warn=lambda line: print(line, file=sys.stderr)
-    )
+    path = choose_resume_checkpoint(RunDir(run_dir).checkpoints, warn=to_stderr)
     if path is None:
         raise UserError(
             f"--ckpt_path: {run_dir} has no checkpoint to resume; start it afresh without --ckpt_path"
@@ -76,8 +67,7 @@ def checkpoint_in_run(run_dir: Path) -> Path:
 
 
 def expand_run_dir_resume(args: list[str]) -> tuple[list[str], bool]:
-    """Rewrite `fit ... --ckpt_path <run dir>` so the run's config.yaml comes first and the checkpoint replaces the
-    directory; the bool says whether it did."""
+    """Rewrite `fit ... --ckpt_path <run dir>`: the run's config.yaml first, its checkpoint for the directory."""
     if "fit" not in args:
         return args, False
     position, run_dir = _ckpt_path_argument(args)
@@ -91,8 +81,7 @@ def expand_run_dir_resume(args: list[str]) -> tuple[list[str], bool]:
         )
     rest = args[: position[0]] + args[position[1] :]
     fit = rest.index("fit")
-    # The saved config already names the run directory in trainer.default_root_dir; `run_name` keeps the
-    # CLI from nesting a second run folder (named after config.yaml) inside it.
+    # `run_name` keeps the CLI from nesting a second run folder (named after config.yaml) inside the run.
     resumed = ["--config", str(config), "--trainer.default_root_dir", str(run_dir.parent)]
     resumed += ["--run_name", run_dir.name]
     ckpt = [CKPT_FLAG, str(checkpoint_in_run(run_dir))]
@@ -110,16 +99,14 @@ def _ckpt_path_argument(args: list[str]) -> tuple[tuple[int, int], Path | None]:
 
 
 def read_resume_point(ckpt_path: str | None) -> dict | None:
-    """The checkpoint dict a local --ckpt_path names (None for none, 'last' or a URL), read once for every check
-    before the run; one line (CheckpointError, exit 2) unless it is a readable checkpoint written by train.py."""
+    """The checkpoint dict a local --ckpt_path names (None for none, 'last' or a URL), read once for every check."""
     if not ckpt_path or ckpt_path in SPECIAL_CKPT_PATHS or "://" in ckpt_path:
         return None
     return read_checkpoint(ckpt_path)[0]
 
 
 def check_resume_point(config, ckpt_path: str, ckpt: dict, subcommand: str) -> None:
-    """Refuse a parsed config whose model cannot load the checkpoint `ckpt` read from `ckpt_path` (UserError), and
-    a fit of a run that checkpoint already finished (RunAlreadyFinished)."""
+    """Refuse a config whose model cannot load `ckpt`, and a fit of a run it already finished (RunAlreadyFinished)."""
     stored = ckpt[META_KEY]["model_config"]
     model, data = config.get("model") or {}, config.get("data") or {}
     requested = {**stored, **{name: model.get(name) for name in MODEL_FIELDS if model.get(name) is not None}}
@@ -150,7 +137,6 @@ def _weight_shapes(fields: dict) -> dict[str, tuple[int, ...]]:
 
 
 def _run_config(ckpt_path: str) -> str:
-    """The config.yaml of the run a checkpoint belongs to (runs/<run>/checkpoints/x.ckpt), or a placeholder."""
     for run in (RunDir(ckpt_path), RunDir.of_checkpoint(ckpt_path)):
         if run.config.is_file():
             return str(run.config)
@@ -158,7 +144,6 @@ def _run_config(ckpt_path: str) -> str:
 
 
 def refuse_to_overwrite(run_dir: Path) -> None:
-    """A fresh fit into a folder that already holds checkpoints: say how to resume it instead."""
     if any(RunDir(run_dir).checkpoints.glob("*.ckpt")):
         raise UserError(
             f"{run_dir} already holds checkpoints; resume it with `python train.py fit --ckpt_path {run_dir}` "

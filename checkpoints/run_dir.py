@@ -1,6 +1,5 @@
-"""Where things are on disk (`RunDir`), and which checkpoint a folder means: the newest whole one, with a warning
-line for each newer bad one. Readers differ only in the check: generate.py and interop want the newest readable
-checkpoint (checkpoints.format), a resume the newest resumable one (checkpoints.resume). No Lightning here.
+"""Where things are on disk (`RunDir`), and which checkpoint a folder means: the newest one that passes the
+reader's check (readable for generate.py and interop, resumable for a resume), with a warning for each newer one.
 """
 
 from __future__ import annotations
@@ -52,34 +51,28 @@ class RunDir:
 
     @property
     def temp(self) -> Path:
-        """The writer's temp folder: in the system one, named after this run's path (short: multiprocessing's Unix
-        sockets under TMPDIR may not pass 107 bytes, and a run folder can be deep)."""
+        """The writer's temp folder, in the system one: a short name, as Unix socket paths under it are limited."""
         digest = hashlib.sha256(str(self.path.resolve()).encode()).hexdigest()[:12]
         return Path(tempfile.gettempdir()) / f"gqa-run-{digest}"
 
-    def holds_checkpoints(self) -> bool:
-        """A run directory, as opposed to a sharded checkpoint folder (also a directory): it has checkpoints/."""
+    def holds_checkpoints(self) -> bool:  # a run directory, unlike a sharded checkpoint folder
         return self.checkpoints.is_dir()
 
 
 def step_file_name(step: int) -> str:
-    """The name of the checkpoint saved at optimizer step `step`; zero-padded so names sort by step."""
-    return f"step-{step:08d}.ckpt"
+    return f"step-{step:08d}.ckpt"  # zero-padded: names sort by step
 
 
 def step_files(folder: Path) -> dict[int, Path]:
-    """{step: path} of the step-named checkpoints in `folder`, by step."""
     matches = ((STEP_FILE.match(path.name), path) for path in folder.iterdir()) if folder.is_dir() else ()
     return dict(sorted((int(match.group(1)), path) for match, path in matches if match))
 
 
 def is_sharded_checkpoint(path: Path) -> bool:
-    """A checkpoint folder written by a sharded strategy: weight shards plus SHARDED_META."""
     return (path / SHARDED_META).is_file()
 
 
 def checkpoint_dict_file(path: Path) -> Path:
-    """The file `torch.load` reads for a checkpoint: the file itself, or a sharded folder's SHARDED_META."""
     return path / SHARDED_META if is_sharded_checkpoint(path) else path
 
 
@@ -100,7 +93,7 @@ class Wording(NamedTuple):
 
 
 def checkpoint_step(path: Path) -> int | None:
-    """The global step a checkpoint file or sharded folder holds, read without loading its tensors into memory."""
+    """The global step a checkpoint holds, read without loading its tensors into memory."""
     try:
         file = checkpoint_dict_file(path)
         return int(torch.load(file, map_location="cpu", weights_only=True, mmap=True)["global_step"])
@@ -109,16 +102,15 @@ def checkpoint_step(path: Path) -> int | None:
 
 
 def resume_candidates(checkpoint_dir: Path) -> list[Path]:
-    """Checkpoints in `checkpoint_dir`, newest first: step files, then a `last.ckpt` that is not a link to one of
-    them (a copy, an older run), then sharded folders. Such a `last.ckpt` comes after the step files: a kill
-    between writing a step file and re-linking `last.ckpt` leaves it one save behind."""
+    """Checkpoints in `checkpoint_dir`, newest first: step files, a `last.ckpt` that links to none of them (after
+    them: a kill between a step file and its re-link leaves it one save behind), then sharded folders."""
+    if not checkpoint_dir.is_dir():
+        return []
     steps = list(reversed(step_files(checkpoint_dir).values()))
     last = checkpoint_dir / LAST_NAME
     if last.is_file() and not any(last.samefile(p) for p in steps):
         steps.append(last)
-    sharded = (
-        [p for p in checkpoint_dir.iterdir() if is_sharded_checkpoint(p)] if checkpoint_dir.is_dir() else []
-    )
+    sharded = [p for p in checkpoint_dir.iterdir() if is_sharded_checkpoint(p)]
     # Lightning rewrites a sharded `last.ckpt` in place, so at equal steps the step-named folder comes first.
     sharded.sort(key=lambda path: (checkpoint_step(path) or -1, path.name != LAST_NAME), reverse=True)
     return steps + sharded
@@ -127,8 +119,8 @@ def resume_candidates(checkpoint_dir: Path) -> list[Path]:
 def choose_checkpoint(
     checkpoint_dir: Path, check: Callable[[Path], T], wording: Wording, warn: Callable[[str], None]
 ) -> tuple[Path, T] | None:
-    """The newest checkpoint in `checkpoint_dir` that `check` accepts, with what `check` returned (None: no
-    checkpoint). `warn` gets a line for each newer one that failed; none passing is NoGoodCheckpointError."""
+    """The newest checkpoint in `checkpoint_dir` that `check` accepts, and what it returned (None: no checkpoint).
+    `warn` gets a line for each newer one that failed; none passing is NoGoodCheckpointError."""
     candidates = resume_candidates(checkpoint_dir)
     if not candidates:
         return None

@@ -1,9 +1,6 @@
-"""One writer per run directory: an exclusive lock that the kernel drops when its process dies.
-
-Two `fit`s on one run would mix their checkpoints and wandb segments, and one's start-up sweep would delete the
-other's temporary file. So the writing process (global rank 0) holds `fcntl.flock` on RunDir.lock and sweeps only
-once it holds it; the kernel releases it however the holder exits, kill -9 included (on Linux NFS too, as a
-byte-range lock). `validate` only reads checkpoints: it takes no lock.
+"""One writer per run directory: an `fcntl.flock` on RunDir.lock, which the kernel drops however its holder exits
+(kill -9 included). Two `fit`s on one run would mix their checkpoints and wandb segments, and one's start-up
+sweep would delete the other's temporary file; so the writer (global rank 0) sweeps only once it holds the lock.
 """
 
 from __future__ import annotations
@@ -12,14 +9,13 @@ import multiprocessing.util
 import os
 import shutil
 import socket
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-from common.errors import UserError
+from common.errors import UserError, to_stderr
 from common.files import remove_stale, stale_temp_files
 
 from .run_dir import RunDir
@@ -48,7 +44,6 @@ class RunDirLock:
         self._previous_temp: tuple[str | None, str | None] | None = None
 
     def acquire(self) -> RunDirLock:
-        """Take the lock, or raise RunDirBusyError naming the process that holds it."""
         path = self.run_dir.lock
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -68,11 +63,9 @@ class RunDirLock:
         return self
 
     def use_run_temp(self, say: Callable[[str], None]) -> None:
-        """Point the temp folder of this process and its children at RunDir.temp, emptied first: wandb and
-        multiprocessing clean theirs up at an exit a killed process never reaches, and under the run's lock
-        whatever is in the run's own temp folder is a dead writer's."""
-        # Kept: RunDir.temp follows tempfile.gettempdir(), switched below.
-        temp = self.temp = self.run_dir.temp
+        """Point this process and its children at RunDir.temp, emptied first: wandb and multiprocessing clean up
+        at an exit a killed process never reaches, and under the run's lock what is left there is a dead writer's."""
+        temp = self.temp = self.run_dir.temp  # kept: RunDir.temp changes once TMPDIR is switched below
         if temp.exists():
             left = sum(1 for _ in temp.iterdir())
             shutil.rmtree(temp, ignore_errors=True)
@@ -89,8 +82,8 @@ class RunDirLock:
         tempfile.tempdir, os.environ["TMPDIR"] = str(temp), str(temp)
 
     def release(self) -> None:
-        """Drop the lock and point this process back at the system temp folder. The run's is removed at exit,
-        after multiprocessing's finalizer (priority -100) removed its own folder (its sockets) inside it."""
+        """Drop the lock and go back to the system temp folder; the run's goes at exit, after multiprocessing's
+        finalizer (priority -100) removed its own folder inside it."""
         if self._previous_temp is not None:
             tempfile.tempdir, previous = self._previous_temp
             if previous is None:
@@ -106,11 +99,10 @@ class RunDirLock:
             self._fd = None
 
 
-def own_run_dir(run_dir: str | Path, say: Callable[[str], None] | None = None) -> RunDirLock:
-    """Become the one writer of `run_dir` (call it before anything saves): lock it, remove killed writers'
-    temporary checkpoint files, and give this process the run's own temp folder; `release` undoes all three."""
+def own_run_dir(run_dir: str | Path, say: Callable[[str], None] = to_stderr) -> RunDirLock:
+    """Become the one writer of `run_dir` before anything saves: lock it, remove killed writers' temporary
+    checkpoint files, and use the run's own temp folder; `release` undoes all three."""
     lock = RunDirLock(run_dir).acquire()
-    say = say or (lambda line: print(line, file=sys.stderr))
     checkpoints = RunDir(run_dir).checkpoints
     try:
         remove_stale(stale_temp_files(checkpoints), checkpoints, "temporary checkpoint file", say)

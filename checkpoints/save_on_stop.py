@@ -19,12 +19,9 @@ from .run_dir import LAST_NAME
 
 
 class LastCheckpoint(L.Callback):
-    """Write `last.ckpt` when training ends or on SIGTERM, which ModelCheckpoint's every-N-steps saves miss.
-
-    Lightning raises SIGTERMException at the end of a batch, so the save is at a clean step boundary; other
-    exceptions (a non-finite loss) save nothing. A signal during a validation waits for its end (seconds):
-    stopped halfway, the resumed run would never validate that step.
-    """
+    """Write `last.ckpt` when training ends or on SIGTERM (raised by Lightning at a clean step boundary); other
+    exceptions save nothing. A signal during a validation waits for its end: stopped halfway, the resumed run
+    would never validate that step."""
 
     def __init__(self) -> None:
         self.saved_step: int | None = None
@@ -63,18 +60,14 @@ class LastCheckpoint(L.Callback):
 
 
 class GracefulCtrlC(L.Callback):
-    """Turns the first Ctrl-C of a training run into the SIGTERM path; a second Ctrl-C stops at once.
-
-    A KeyboardInterrupt could land mid optimizer step and Lightning would exit 1 without saving. The first
-    Ctrl-C only raises Lightning's SIGTERM flag, so the run stops at the next step boundary and `LastCheckpoint`
-    saves a bit-identical resume point. Before training started, or a second time, it exits 130 at once.
-    """
+    """Turns the first Ctrl-C of a training run into the SIGTERM path (a KeyboardInterrupt could land mid optimizer
+    step, and Lightning would exit 1 without saving); before training started, or a second time, it exits 130."""
 
     def __init__(self) -> None:
         self.pressed = False
         self._stopped = ""  # the stop message, once the run stopped on a signal
         self._trainer: L.Trainer | None = None
-        self.training_started = False  # True once the training loop has started (on_train_start)
+        self.training_started = False
         self._previous = None
 
     def install(self, trainer: L.Trainer) -> None:
@@ -84,7 +77,6 @@ class GracefulCtrlC(L.Callback):
             self._previous = signal.signal(signal.SIGINT, self._on_sigint)
 
     def restore(self) -> None:
-        """Put back the SIGINT handler that was there before `install`."""
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
             self._previous = None
@@ -105,7 +97,6 @@ class GracefulCtrlC(L.Callback):
             )
 
     def stop_message(self) -> str:
-        """One line: the signal, the step the checkpoint holds, and the command that resumes the run."""
         return self._stopped
 
     def _on_sigint(self, signum: int, frame: FrameType | None) -> None:

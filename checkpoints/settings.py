@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -10,6 +9,8 @@ from typing import Any
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from common.errors import to_stderr
 
 from .atomic_io import AtomicCheckpointIO
 from .background_io import BackgroundCheckpointIO
@@ -54,18 +55,16 @@ def with_checkpoint_io(plugins: Any, keep_last: int, async_save: bool) -> list:
 
 
 def resolve_ckpt_path(
-    checkpoint_dir: Path, ckpt_path: str | None, say: Callable[[str], None] | None = None
+    checkpoint_dir: Path, ckpt_path: str | None, say: Callable[[str], None] = to_stderr
 ) -> str | None:
-    """`ckpt_path`, with "last" resolved by `resume_last` (None: start fresh)."""
     return resume_last(checkpoint_dir, say)[0] if ckpt_path == "last" else ckpt_path
 
 
 def resume_last(
-    checkpoint_dir: Path, say: Callable[[str], None] | None = None
+    checkpoint_dir: Path, say: Callable[[str], None] = to_stderr
 ) -> tuple[str | None, dict | None]:
-    """`--ckpt_path last`: the newest resumable checkpoint in `checkpoint_dir` and its dict, (None, None) when there
-    is none yet; a UserError when none is resumable. Only reads: the sweep waits for the run's lock (run_lock)."""
-    say = say or (lambda line: print(line, file=sys.stderr))
+    """`--ckpt_path last`: the newest resumable checkpoint and its dict, (None, None) when there is none yet.
+    Only reads: the sweep waits for the run's lock (run_lock)."""
     warn = say if rank_zero_only.rank == 0 else lambda _: None
     chosen = choose_checkpoint(Path(checkpoint_dir), check_resumable, RESUMING, warn)
     if chosen is None:

@@ -49,6 +49,10 @@ def disk_error(
     return DiskError(f"{what}{f' {where}' if where else ''}: {err.strerror}; {_DISK_FIXES[err.errno]}")
 
 
+def to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
 def first_line(error: BaseException) -> str:
     """The first line of an error message, to quote inside a one-line message."""
     lines = str(error).strip().splitlines()

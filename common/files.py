@@ -1,8 +1,6 @@
 """Atomic file and folder writes (a reader sees the old version or the new one, never a partial one), and the
-check every command makes on an output path before working (`refuse_existing`).
-
-Temporaries live in the destination's own folder, so the final rename stays on one filesystem; their names start
-with `.` and hold TEMP_MARK, so `stale_temp_files` finds what a kill left.
+check every command makes on an output path before working (`refuse_existing`). Temporaries live in the
+destination's folder, so the final rename stays on one filesystem, and hold TEMP_MARK, so a kill's are found.
 """
 
 from __future__ import annotations
@@ -15,7 +13,6 @@ import socket
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import BinaryIO
 
 from .errors import UserError
@@ -25,15 +22,15 @@ _OWNER = re.compile(rf"{re.escape(TEMP_MARK)}(\d+)@(.+)-[0-9a-f]+$")
 
 
 def temp_path_for(path: Path) -> Path:
-    """A unique temporary name next to `path` that names its owner: `.<name>.partial-<pid>@<host>-<hex>`."""
+    """A unique temporary name next to `path` that names its owner."""
     return path.with_name(
         f".{path.name}{TEMP_MARK}{os.getpid()}@{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
     )
 
 
 def owner_has_exited(temp: Path) -> bool:
-    """Whether the process that made this temporary name ran on this host and has exited (a zombie included):
-    in folders shared by concurrent runs (the data cache), only a dead owner's leftovers may go."""
+    """Whether the process that made this temporary name ran on this host and has exited (or is a zombie): in
+    folders shared by concurrent runs (the data cache), only a dead owner's leftovers may go."""
     owner = _OWNER.search(temp.name)
     if owner is None or owner.group(2) != socket.gethostname():
         return False
@@ -48,8 +45,7 @@ def owner_has_exited(temp: Path) -> bool:
 
 
 def _is_zombie(pid: int) -> bool:
-    """Whether `pid` has exited but is not reaped yet (state Z), which a container's init may never do: it still
-    answers a signal but will never write again. Off Linux: False."""
+    # Exited but not reaped (state Z, which a container's init may never reap): it answers a signal, never writes.
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except FileNotFoundError:  # reaped since the signal (exited), or no /proc here (not Linux: as before)
@@ -61,7 +57,7 @@ def _is_zombie(pid: int) -> bool:
 
 
 def fsync_dir(folder: Path) -> None:
-    """Make a rename inside `folder` durable (a no-op where directories cannot be opened, e.g. Windows)."""
+    """Make a rename inside `folder` durable (a no-op where directories cannot be opened)."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:
@@ -74,8 +70,8 @@ def fsync_dir(folder: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path next to `path` for a writer that opens the file itself; on a clean exit it replaces
-    `path` (a symlink's target, as `open` would write), on any error it is removed."""
+    """A temporary path next to `path` (a symlink's target) for a writer that opens the file itself; it replaces
+    `path` on a clean exit and is removed on an error."""
     path = Path(path)
     if path.is_symlink():
         path = path.resolve()
@@ -90,8 +86,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 
 def atomic_write(path: str | Path, content: bytes | str | Callable[[BinaryIO], None]) -> Path:
-    """Write `content` (bytes, text as UTF-8, or a function that writes to a binary file) to `path` atomically,
-    with the usual permissions. A writer that must survive a power loss fsyncs the file, then calls `fsync_dir`."""
+    """Write bytes, UTF-8 text, or what a function writes to a binary file, atomically. A writer that must
+    survive a power loss fsyncs the file, then calls `fsync_dir`."""
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         if callable(content):
             content(f)
@@ -101,15 +97,14 @@ def atomic_write(path: str | Path, content: bytes | str | Callable[[BinaryIO], N
 
 
 class OutputPathError(UserError):
-    """An output path that a command cannot write as asked (exists without --force, not a regular file, wrong
-    suffix, unwritable folder)."""
+    """An output path that a command cannot write as asked."""
 
 
 def refuse_existing(
     out: Path, force: bool, *, file: bool = False, flag: str = "--out", suffixes: tuple[str, ...] = ()
 ) -> Path:
-    """Refuse, in one line and before any work, an output that cannot be written or would replace something
-    without `force` (with `file`, a folder is refused too); returns what it names (a symlink's target)."""
+    """Refuse, before any work, an output that cannot be written or would replace something without `force`
+    (with `file`, a folder too); returns what it names (a symlink's target)."""
     if suffixes and out.suffix.lower() not in suffixes:
         example = out.with_suffix(suffixes[0]).name
         raise OutputPathError(f"{flag} {out}: expected a {' or '.join(suffixes)} file, e.g. {example}")
@@ -127,8 +122,8 @@ def refuse_existing(
 
 
 def refuse_unwritable_folder(folder: Path, flag: str) -> None:
-    """One line unless a file can be made in `folder` (or its nearest existing parent). A real file is made and
-    removed: permission bits do not tell (root passes them, /proc refuses root)."""
+    """Refuse a `folder` (or nearest existing parent) where no file can be made. A real file is made and removed:
+    permission bits do not tell (root passes them, /proc refuses root)."""
     existing = folder
     while not existing.exists():
         existing = existing.parent
@@ -145,8 +140,8 @@ def refuse_unwritable_folder(folder: Path, flag: str) -> None:
 
 
 class StagedFolder:
-    """A folder built under a temporary name inside `parent` and published by one rename (`publish`); on leaving
-    the with-block a folder not published is deleted, and so is `parent` if this made it and it is left empty."""
+    """A folder built under a temporary name inside `parent` and published by one rename; on leaving the block an
+    unpublished one is deleted, and so is `parent` if this made it and it is left empty."""
 
     def __init__(self, parent: str | Path) -> None:
         self.parent = Path(parent)
@@ -161,8 +156,7 @@ class StagedFolder:
         return self
 
     def publish(self, name: str, *, replace: bool = False) -> Path:
-        """Rename the folder to `parent/name`; OSError if that exists, unless `replace` swaps it out (the old one
-        is deleted only once the new one is in place)."""
+        """Rename the folder to `parent/name`; OSError if that exists, unless `replace` swaps it out."""
         assert self.path is not None, "publish() outside the with-block"
         final = self.parent / name
         old = temp_path_for(final) if replace and final.exists() else None
@@ -180,9 +174,7 @@ class StagedFolder:
         fsync_dir(self.parent)
         return final
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.path is not None:
             shutil.rmtree(self.path, ignore_errors=True)
             self.path = None
@@ -191,7 +183,7 @@ class StagedFolder:
 
 
 def stale_temp_files(folder: str | Path) -> list[Path]:
-    """Temporary files (and folders) that `atomic_write`-style writers left in `folder` when killed."""
+    """Temporary files and folders that writers left in `folder` when killed."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
@@ -209,7 +201,7 @@ def remove_stale(stale: list[Path], folder: Path, what: str, say: Callable[[str]
 
 
 def _remove(path: Path) -> int:
-    """Delete a file or folder; returns the bytes freed (0 if it vanished meanwhile)."""
+    """The bytes freed by deleting a file or folder (0 if it vanished meanwhile)."""
     try:
         if path.is_dir() and not path.is_symlink():
             size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

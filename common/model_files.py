@@ -1,7 +1,5 @@
-"""Reading a model's JSON files (config.json, generation_config.json): every field type-checked into one line.
-
-Standard library only, so the tokenizer reader (data/) and the config reader (interop/) share it.
-"""
+"""Reading a model's JSON files (config.json, generation_config.json), every field type-checked into one line;
+shared by the tokenizer reader (data/) and the config reader (interop/)."""
 
 from __future__ import annotations
 

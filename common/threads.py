@@ -8,28 +8,24 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from .errors import UserError
+
 OMP_ENV = "OMP_NUM_THREADS"
 
 
-def available_cpus() -> int:
-    """CPUs this process may run on (its affinity mask, which a container or `taskset` may restrict)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
-
-
-def load_average() -> float | None:
-    """The 1-minute load average (runnable processes), or None where the system has none (Windows)."""
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return None
-
-
-def _omp_threads() -> int | None:
-    value = os.environ.get(OMP_ENV, "").strip()
-    return int(value) if value.isdigit() and int(value) > 0 else None
+def _machine(cpus: int | None, load: float | None) -> tuple[int, float | None]:
+    """(CPUs this process may run on, the 1-minute load average or None where there is none), unless given."""
+    if cpus is None:
+        try:
+            cpus = len(os.sched_getaffinity(0))  # a container or `taskset` may restrict it
+        except (AttributeError, OSError):  # not Linux
+            cpus = os.cpu_count() or 1
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):  # Windows
+            pass
+    return cpus, load
 
 
 def pick_thread_count(
@@ -43,23 +39,19 @@ def _pick(requested: int | None, cpus: int | None = None, load: float | None = N
     """(the thread count, which step of the policy chose it)."""
     if requested is not None:
         if requested < 1:
-            from .errors import UserError
-
             raise UserError(f"threads must be at least 1, got {requested} (--threads)")
         return requested, "--threads"
-    omp = _omp_threads()
-    if omp is not None:
-        return omp, OMP_ENV
-    cpus = available_cpus() if cpus is None else cpus
-    load = load_average() if load is None else load
+    omp = os.environ.get(OMP_ENV, "").strip()
+    if omp.isdigit() and int(omp) > 0:
+        return int(omp), OMP_ENV
+    cpus, load = _machine(cpus, load)
     why = f"{cpus} CPUs, load {load:.1f}" if load is not None else f"{cpus} CPUs"
     return max(1, cpus - round(load or 0.0)), why
 
 
 def busy_note(threads: int, cpus: int | None = None, load: float | None = None) -> str | None:
     """A short note when the machine runs more than it has CPUs for (our own threads included), else None."""
-    cpus = available_cpus() if cpus is None else cpus
-    load = load_average() if load is None else load
+    cpus, load = _machine(cpus, load)
     if load is None or load < cpus + 0.5:  # half a process of slack: the average lags and rounds
         return None
     return f"busy machine: load {load:.1f} on {cpus} CPUs ({threads} threads here, see --threads)"

@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import json
 
-EOS_TOKEN = "<|endoftext|>"
-"""Document separator and stop token: placed between documents in training, ends generation."""
-
-WRAPPER_KEY = "gqa_gpt_tokenizer"
-"""Top-level key of a tokenizer string that carries rules; `tokenizers` itself has no such key."""
+EOS_TOKEN = "<|endoftext|>"  # placed between documents in training; ends generation
+WRAPPER_KEY = "gqa_gpt_tokenizer"  # a key `tokenizers` itself never uses
 
 
 def split_tokenizer_json(text: str) -> tuple[str, dict | None]:

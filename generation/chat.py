@@ -1,11 +1,7 @@
 """A multi-turn conversation through the model's chat template, one KV cache throughout.
 
-Each turn renders the whole conversation with the template and tokenizes it; the tokens already in the cache
-are a prefix of it, so only the difference is prefilled. When they are not (the template re-wrote an earlier
-turn, or a reply re-tokenizes differently) the cache is rolled back to the common prefix; when the
-conversation no longer fits the context, the window rule of every decoder (`context_start`) re-encodes its
-recent half from position 0. Both say so in one line. The reply is decoded by the one loop of
-model/sampling.py.
+Each turn renders and tokenizes the whole conversation and prefills what the cache lacks: the cache is rolled
+back where they differ (a re-written turn, a reply that re-tokenizes differently), with a note.
 """
 
 from __future__ import annotations
@@ -33,11 +29,8 @@ class Conversation:
 
     @torch.inference_mode()
     def reply(self, user_text: str, max_new_tokens: int, on_token: Callable[[torch.Tensor], None]) -> str:
-        """Add a user turn, stream the assistant's answer token by token and return its text.
-
-        A reply that reaches `max_new_tokens` before the model ends its turn ends with a one-line note and is
-        kept in the conversation as it is (the cache holds it; the template closes the turn).
-        """
+        """Add a user turn, stream the assistant's answer and return its text; a reply cut at `max_new_tokens`
+        stays in the conversation as it is (the cache holds it; the template closes the turn)."""
         self.messages.append({"role": "user", "content": user_text})
         ids = self.tokenizer.encode(self.tokenizer.render_chat(self.messages), add_bos=False)
         shared = common_prefix(self.ids, ids)
@@ -65,20 +58,12 @@ class Conversation:
 
 def common_prefix(a: list[int], b: list[int]) -> int:
     """How many leading tokens `a` and `b` share."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def run_chat(conversation: Conversation, turns: Iterable[str], max_new_tokens: int) -> None:
-    """Answer each non-empty line of `turns` (stdin) in order, printing each reply as it is generated.
-
-    Printed to a terminal, the "> " prompt (stderr) marks the turns; to a file or pipe, each reply follows a
-    "> " line holding the user's turn, so the transcript reads as a dialogue.
-    """
+    """Answer each non-empty line of `turns` (stdin), streaming the replies: on a terminal a "> " prompt (stderr)
+    marks the turns; to a file or pipe each reply follows a "> " line holding the user's turn."""
     interactive, transcript = sys.stdin.isatty(), not sys.stdout.isatty()
     if interactive:
         print("> ", end="", file=sys.stderr, flush=True)

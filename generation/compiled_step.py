@@ -1,15 +1,9 @@
 """The compiled decode step kept between processes: built once per model, shape and torch, then loaded.
 
-The step of model/static_decode.py is compiled ahead of time (`StaticDecoder.compile_ahead`, torch's
-`aot_compile`): Dynamo's trace, its Inductor graph and the code that calls it make one function that torch
-serialises, into one file per key under ~/.cache/gqa-gpt/compiled ($GQA_GPT_COMPILED_DIR). A later process loads
-it (`torch.compiler.load_compiled_function`) and decodes with it: nothing is traced or lowered again. Inductor
-keeps the C++ kernels it builds in its own cache, so that cache lives in the same folder (unless
-TORCHINDUCTOR_CACHE_DIR says otherwise) rather than in a temporary one.
-
-The key covers the model's modules and tensors (shapes, dtypes, quantised layout), the batch size, the static
-cache's length, the device, torch's version and the source of model/. The file starts with a header line
-naming the key, torch's version and the payload's hash: a damaged or stale file is built again, with a note.
+model/static_decode.py's step is compiled ahead of time (`aot_compile`) into one file per key (the model's modules
+and tensors, batch, static cache length, torch version and model/'s source) under ~/.cache/gqa-gpt/compiled, with
+Inductor's kernel cache beside it; a later process loads it and traces nothing. A damaged or stale file (its
+header holds the payload's hash) is built again.
 """
 
 from __future__ import annotations
@@ -40,8 +34,7 @@ def folder() -> Path:
 
 
 def artifact(model: torch.nn.Module, batch: int, length: int) -> tuple[Path, str]:
-    """The file of the compiled step for this model, batch size and request length (prompt + new tokens), and
-    its key."""
+    """The file of the compiled step for this model, batch and length (prompt + new tokens), and its key."""
     key = hashlib.sha256()
     for path in sorted(Path(model_package.__file__).parent.iterdir()):
         if path.suffix in (".py", ".cpp"):
@@ -94,7 +87,6 @@ def compiled_step(model: torch.nn.Module, batch: int, length: int, build: bool) 
 
 
 def header(key: str, payload: bytes) -> bytes:
-    """The first line of a kept file: its key, torch's version and the payload's hash."""
     digest = hashlib.sha256(payload).hexdigest()
     return json.dumps({"key": key, "torch": torch.__version__, "sha256": digest}).encode()
 

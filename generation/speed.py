@@ -1,9 +1,6 @@
 """What `generate.py --benchmark` prints: the KV cache's size, prefill and decode speed, and for speculative
-decoding its speed-up over plain decoding of the same tokens.
-
-Every figure is a median over alternating runs (generation/timing.py). Each run samples with a fresh generator
-seeded alike, so every run picks the same tokens, and never stops at an end-of-text token, so every run decodes
-the same count.
+decoding its speed-up over plain decoding. Figures are medians over alternating runs (generation/timing.py); each
+run samples with a generator seeded alike and never stops at an end-of-text token, so all decode the same tokens.
 """
 
 from __future__ import annotations
@@ -35,11 +32,8 @@ def seeded(sampler: Sampler, seed: int, device: torch.device) -> Sampler:
 def timed_decode(
     model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, **kwargs
 ) -> tuple[float, float]:
-    """(prefill seconds, decode tokens/s) of one `generate` call (greedy unless kwargs say otherwise).
-
-    The first new token's arrival ends the prefill; decode speed counts the other new_tokens - 1 tokens of every
-    row. `eos_id` is never passed, so every run decodes the same count.
-    """
+    """(prefill seconds, decode tokens/s) of one `generate` call: the first new token's arrival ends the prefill,
+    and decode speed counts the other new_tokens - 1 tokens of every row."""
     stamps = [time.perf_counter()]
 
     def arrived(_: torch.Tensor) -> None:
@@ -47,7 +41,6 @@ def timed_decode(
             synchronize()
         stamps.append(time.perf_counter())
 
-    kwargs = kwargs if "sampler" in kwargs else {"temperature": 0.0, **kwargs}
     generate(model, prompt, new_tokens, on_token=arrived, **kwargs)
     synchronize()
     stamps[-1] = time.perf_counter()
@@ -66,11 +59,8 @@ def report_decode_speed(
     with_recompute: bool = False,
     repeats: int = REPEATS,
 ) -> dict[str, float]:
-    """Print the cache size and, for each decoding path, prefill time and decode tokens/s; return the latter.
-
-    Paths: the eager KV cache always, the compiled step with `compile`, recomputing the window with
-    `with_recompute`; the speed-up of each over the eager cached path is printed too.
-    """
+    """Print the cache size and, for the eager cached path (and the compiled step, recomputing the window),
+    prefill time and decode tokens/s, and the speed-ups; return the tokens/s."""
     sampler = sampler or Sampler(temperature=0.0)
     cache = KVCache.for_model(model, prompt.shape[0], prompt.shape[1] + new_tokens)  # what generate holds
     print(
@@ -122,7 +112,7 @@ def report_speculative_speed(
     k: int,
     repeats: int = REPEATS,
 ) -> None:
-    """Print speculative and plain decoding tokens/s, the acceptance rate, and whether both gave the same tokens."""
+    """Print speculative and plain tokens/s, the acceptance rate, and whether both gave the same tokens."""
     outputs: dict[str, object] = {}
 
     def speculative():
@@ -152,8 +142,7 @@ def report_speculative_speed(
 def speculative_run(
     model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, drafter: Drafter, **kwargs
 ) -> None:
-    """Speculative decoding of `prompt` (kwargs: those of `speculative_generate`), then one stderr line with its
-    counts and speed."""
+    """`speculative_generate`, then one stderr line with its counts and speed."""
     start = time.perf_counter()
     _, stats = speculative_generate(model, prompt, new_tokens, drafter, **kwargs)
     seconds = time.perf_counter() - start

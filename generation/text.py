@@ -50,9 +50,8 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str, block_size: int, device: to
 
 
 def unfamiliar_byte_ids(tokenizer: Tokenizer) -> set[int]:
-    """Ids of non-ASCII single-byte tokens that are part of no longer token: BPE merges every byte frequent in
-    its training text, so one left unmerged was rare there (ASCII is excluded: a small vocabulary leaves even
-    common letters unmerged)."""
+    """Ids of non-ASCII single-byte tokens in no longer token: BPE merges every frequent byte, so these were rare
+    in its training text (a small vocabulary leaves even common ASCII letters unmerged)."""
     table = tokenizer.token_bytes()
     merged = {byte for token in table if len(token) > 1 for byte in token}
     return {

@@ -1,7 +1,5 @@
 """The one timing rule of the speed benchmarks: alternate the sides within every round, and take medians.
-
-A decode of a few hundred tokens is over in well under a second, where the noise of a shared machine is large.
-Alternating the sides spreads a load spike over all of them alike, and the median ignores the odd slow round.
+On a shared machine, alternating spreads a load spike over all sides alike; the median ignores the odd slow round.
 """
 
 from __future__ import annotations
@@ -18,11 +16,8 @@ Measure = float | tuple[float, ...]
 
 
 def alternate_medians(runs: Mapping[Key, Callable[[], Measure]], repeats: int) -> dict[Key, Measure]:
-    """The median of what each run measures, over `repeats` rounds after one warm-up round.
-
-    A run returns the number it measured (seconds, tokens/s), or a tuple of numbers whose medians are taken
-    one by one. The warm-up round pays for thread pools, kernels and compiles, and is not counted.
-    """
+    """The median of what each run returns (a number, or a tuple of them, each its own median), over `repeats`
+    rounds after one uncounted warm-up round (thread pools, kernels, compiles)."""
     for run in runs.values():
         run()
     values: dict[Key, list[Measure]] = {name: [] for name in runs}
@@ -50,7 +45,7 @@ def wall_seconds(
 
 
 def synchronize() -> None:
-    """Wait for queued CUDA work, so that a clock read after it counts it (a no-op without CUDA)."""
+    """Wait for queued CUDA work, so that a clock read after it counts it."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
 
