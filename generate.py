@@ -10,30 +10,26 @@ id, a .gguf file). No Lightning or wandb, so it starts fast. A user mistake prin
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
-from pathlib import Path
 
 import torch
 
 from common.errors import UserError, run_command
 from common.threads import apply_thread_count
-from data.pretrained_tokenizer import read_generation_config
 from generation.chat import Conversation, run_chat
 from generation.compiled_step import compiled_step
+from generation.model_defaults import model_sampler
 from generation.speed import report_decode_speed, report_speculative_speed, seeded, speculative_run
 from generation.text import TextStream, encode_prompt, print_samples
 from interop import load
 from interop.gguf_blocks import KEPT_TYPES
 from model.config import DTYPES
-from model.quantized import KERNEL_ROWS, QuantizedLinear
+from model.quantized import QuantizedLinear
 from model.sampling import NonFiniteLogits, Sampler, generate
 from model.speculative import DraftModel, PromptLookup, check_draft
 
 CHAT_CONFLICTS = ("prompt", "prompt_file", "draft", "prompt_lookup", "benchmark", "compile", "no_cache",
                   "attention_map", "attention_html", "explain_attention", "num_samples")  # fmt: skip
-# transformers' GenerationConfig defaults, for the fields a model's generation_config.json leaves out.
-TRANSFORMERS_SAMPLING = dict(temperature=1.0, top_k=50, top_p=1.0, min_p=None, repetition_penalty=1.0)
 
 
 class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):  # not for switches and unset options
@@ -151,34 +147,8 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
-def model_sampler(sampler: Sampler, folder: Path | None, explicit: set[str]) -> Sampler:
-    """`sampler` with the flags the user did not give taken from the model's generation_config.json. Like
-    transformers, a folder with that file samples only if it says `do_sample: true`; without one (our
-    checkpoints, GGUF files) the command line's defaults stay, as in llama.cpp."""
-    path = None if folder is None else Path(folder) / "generation_config.json"
-    if path is None or not path.is_file():
-        return sampler
-    config = read_generation_config(Path(folder))
-    if config.get("do_sample", False):
-        model = {field: config.get(field, default) for field, default in TRANSFORMERS_SAMPLING.items()}
-        if model["top_k"] == 0:  # transformers' "no top-k"
-            model["top_k"] = None
-    else:  # greedy: the filters do not matter
-        model = {"temperature": 0.0}
-    chosen = {field: value for field, value in model.items() if field not in explicit}
-    if chosen and any(getattr(sampler, field) != value for field, value in chosen.items()):
-        shown = ", ".join(f"{field}={value}" for field, value in chosen.items())
-        print(
-            f"note: sampling as {path} says ({shown}); pass --temperature etc. to override", file=sys.stderr
-        )
-    try:
-        return dataclasses.replace(sampler, **chosen).check()
-    except UserError as err:
-        raise UserError(f"{path}: {err}") from None
-
-
 def note_kept_blocks(model: torch.nn.Module, args: argparse.Namespace) -> None:
-    """One stderr line on what --keep_quantized kept, and one more when this run cannot read the blocks."""
+    """One stderr line on what --keep_quantized kept."""
     layers = [m for m in model.modules() if isinstance(m, (torch.nn.Linear, QuantizedLinear))]
     kept = [m for m in layers if isinstance(m, QuantizedLinear)]
     if not kept:
@@ -188,10 +158,6 @@ def note_kept_blocks(model: torch.nn.Module, args: argparse.Namespace) -> None:
     size = sum(b.numel() * b.element_size() for m in kept for b in m.buffers()) / 1e6
     print(f"note: {len(kept)} of {len(layers)} linear layers kept in their GGUF blocks ({size:.0f} MB)",
           file=sys.stderr)  # fmt: skip
-    if args.num_samples > KERNEL_ROWS or args.no_cache:
-        print(f"note: up to {KERNEL_ROWS} rows a step read the blocks directly; --no_cache past {KERNEL_ROWS} tokens "
-              f"or over {KERNEL_ROWS} samples dequantises every matrix at each step, slower than without "
-              "--keep_quantized", file=sys.stderr)  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> None:

@@ -108,13 +108,9 @@ def test_generate_keep_quantized_compiled_prints_the_same_text(make_model, token
     assert code == 0, err
     assert kept == plain and len(plain) > len("the cat") + 5
     assert "note: 9 of 9 linear layers kept in their GGUF blocks" in err  # 2 x (qkv, o, gate_up, down) + head
-    assert "note: compiling the decode step" in err and "reads the blocks directly" not in err
+    assert "note: compiling the decode step" in err
     code, eager, err = run_generate(capsys, *argv, "--keep_quantized", "--no_compile")  # the eager step too
-    assert code == 0 and eager == plain and "reads the blocks directly" not in err
-    code, two, err = run_generate(capsys, *argv, "--keep_quantized", "--num_samples", "2")
-    assert code == 0 and "read the blocks directly" not in err  # two rows a step: the kernel's
-    code, window, err = run_generate(capsys, *argv, "--keep_quantized", "--no_cache")
-    assert code == 0 and "rows a step read the blocks directly; --no_cache past 32 tokens" in err
+    assert code == 0 and eager == plain
 
 
 def test_generate_keeps_a_ggufs_blocks_by_default_on_the_cpu(
