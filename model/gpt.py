@@ -14,10 +14,12 @@ from torch.overrides import TorchFunctionMode
 from .attention import apply_rope, explicit_attention, one_query_attention, sdpa_attention
 from .cache import Cache, LayerCache, StaticLayer
 from .config import ModelConfig
+from .quantized import float_rows_op
 
 
 class OneRowLinears(TorchFunctionMode):
-    """Writes a one-row `F.linear` as a product and a sum, for Inductor to fuse into one reduction (CPU).
+    """A one-row `F.linear` (CPU) as the C++ kernel's float32 product (model/row_kernel.cpp: it reads the weight
+    at about the machine's bandwidth), or else as a product and a sum for Inductor to fuse into one reduction.
 
     Only meant inside a compiled step: run eagerly, the product would be materialised before the sum. More
     rows keep the matrix product, where the GEMM kernel is the better choice.
@@ -26,7 +28,11 @@ class OneRowLinears(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.linear and not kwargs and 2 <= len(args) <= 3 and args[0].shape[:-1].numel() == 1:
-            out = (args[0].unsqueeze(-2) * args[1]).sum(-1)
+            x, weight = args[:2]
+            if x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu" and float_rows_op():
+                out = float_rows_op()(x, weight)
+            else:
+                out = (x.unsqueeze(-2) * weight).sum(-1)
             return out if len(args) == 2 or args[2] is None else out + args[2]
         return func(*args, **kwargs)
 

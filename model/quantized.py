@@ -217,8 +217,9 @@ def _load():
         except Exception as error:  # any compiler's or loader's failure: the float path stays
             lines = str(error).strip().splitlines()  # a compiler's log: its last line says why
             reason = f"its build failed: {lines[-1] if lines else type(error).__name__}"
-    print(f"note: the quantised row kernel is off ({reason}); decoding reads the blocks on the slower float "
-          "path", file=sys.stderr)  # fmt: skip
+    print(
+        f"note: the C++ row kernels are off ({reason}); decoding takes the slower torch path", file=sys.stderr
+    )
     return None
 
 
@@ -232,7 +233,7 @@ def _open_or_build(path: Path) -> None:
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         raise RuntimeError(f"no C++ compiler ({compiler}) on PATH")
-    print(f"note: compiling the quantised row kernel once (about a minute); cached in {path.parent}",
+    print(f"note: compiling the C++ row kernels once (about a minute); cached in {path.parent}",
           file=sys.stderr, flush=True)  # fmt: skip
     from torch.utils.cpp_extension import load  # its import costs a second: only when building
 
@@ -245,3 +246,13 @@ def _register_fake() -> None:
     @torch.library.register_fake("gqa_quant::row_product")
     def _(x, words, scale, minimum, offset):
         return x.new_empty(*x.shape[:-1], words.shape[-1])
+
+    @torch.library.register_fake("gqa_quant::float_rows")
+    def _(x, w):
+        return x.new_empty(*x.shape[:-1], w.shape[0])
+
+
+def float_rows_op():
+    """`torch.ops.gqa_quant.float_rows(x, w)`, the same library's product of a few float32 rows with a float32
+    weight (out, in), or None where the library cannot run."""
+    return row_product_op() and torch.ops.gqa_quant.float_rows

@@ -19,6 +19,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <immintrin.h>
 #include <torch/library.h>
@@ -241,10 +242,54 @@ at::Tensor row_product(const at::Tensor& x, const at::Tensor& words, const at::T
   return y;
 }
 
+// A float32 matrix w (out, in) against a few float32 rows: a dot product per output and row, 32 inputs a step in
+// four accumulators, each weight row read once for all rows; threads split the outputs. The compiled CPU step
+// calls it for its one-row float linear layers (model/gpt.py, `OneRowLinears`): they read the weights at about
+// the machine's bandwidth, where torch's matrix-vector product or Inductor's fused reduction stay below.
+inline float horizontal_sum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+at::Tensor float_rows(const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && w.dim() == 2 &&
+              x.dim() >= 1 && x.size(-1) == w.size(1), "float_rows: float32 rows (..., in) and weight (out, in)");
+  const at::Tensor xc = x.contiguous(), wc = w.contiguous();
+  const int64_t in = w.size(1), out = w.size(0), n = in ? x.numel() / in : 0;
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = out;
+  at::Tensor y = at::empty(shape, x.options());
+  const float *xp = xc.data_ptr<float>(), *wp = wc.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const int64_t grain = std::max<int64_t>(1, (64 << 10) / std::max<int64_t>(1, in * 4 * n));  // >= ~64 KB a thread
+  at::parallel_for(0, out, grain, [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o) {
+      const float* wr = wp + o * in;
+      for (int64_t r = 0; r < n; ++r) {
+        const float* xr = xp + r * in;
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        int64_t i = 0;
+        for (; i + 32 <= in; i += 32)
+          for (int a = 0; a < 4; ++a)
+            acc[a] = _mm256_fmadd_ps(_mm256_loadu_ps(wr + i + 8 * a), _mm256_loadu_ps(xr + i + 8 * a), acc[a]);
+        float sum = horizontal_sum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+        for (; i < in; ++i) sum += wr[i] * xr[i];
+        yp[r * out + o] = sum;
+      }
+    }
+  });
+  return y;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(gqa_quant, m) {
   m.def("row_product(Tensor x, Tensor words, Tensor scale, Tensor? minimum, int offset) -> Tensor");
+  m.def("float_rows(Tensor x, Tensor w) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(gqa_quant, CPU, m) { m.impl("row_product", &row_product); }
+TORCH_LIBRARY_IMPL(gqa_quant, CPU, m) {
+  m.impl("row_product", &row_product);
+  m.impl("float_rows", &float_rows);
+}

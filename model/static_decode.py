@@ -7,9 +7,10 @@ change, so `torch.compile(fullgraph=True)` builds one graph (on CUDA, replayed a
 eager, into the `KVCache` whose buffers the static cache shares.
 
 On the CPU the step asks for reductions: its one-query attention (`one_query_attention`, model/attention.py)
-and its one-row linear layers (`OneRowLinears`) are written as products and sums that Inductor fuses into
-reductions reading each weight or cached key once on every thread; torch's matrix-vector product reads a
-weight that does not fit in cache at about one core's bandwidth (`python -m benchmarks.decode_vs_hf`).
+is written as products and sums that Inductor fuses into reductions reading each cached key once on every
+thread, and its one-row float32 linear layers call the C++ kernel's product (`OneRowLinears`); torch's
+matrix-vector product reads a weight that does not fit in cache at about one core's bandwidth
+(`python -m benchmarks.decode_vs_hf`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 from .cache import KVCache, StaticLayer
 from .gpt import GPT, OneRowLinears
+from .quantized import float_rows_op
 
 
 class StaticCache:
@@ -75,6 +77,8 @@ class StaticDecoder:
         self.key: tuple = ()
         self.on_cuda = cache.k.device.type == "cuda"
         reductions = compile and cache.k.device.type == "cpu"
+        if reductions:
+            float_rows_op()  # loaded (or built) now: the step's linear layers call it, a kept step too
         # aot_eager (quick tests) inlines every block: its kept graph of a region that writes its inputs fails
         # to run once loaded (torch 2.13: "'HopSchema' object has no attribute 'tree_spec'"); inductor's runs.
         self.static = StaticCache(cache, reductions, one_region=backend != "aot_eager")

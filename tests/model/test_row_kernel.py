@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from model import quantized as row_kernel
+from model.gpt import OneRowLinears
 from model.quantized import QuantizedLinear
 from tests.conftest import ROOT
 
@@ -166,7 +167,7 @@ def test_without_the_kernel_the_float_path_runs_after_one_note(monkeypatch, caps
     assert (first - float_path).abs().max().item() <= 1e-5 and torch.equal(first, second)
     err = capsys.readouterr().err
     assert err.count("note:") == 1 and err.count("\n") == 1, err
-    assert "quantised row kernel is off" in err
+    assert "C++ row kernels are off" in err
     assert ("no AVX2" if cause == "cpu" else "its build failed: c++: fatal error: killed") in err
 
 
@@ -187,9 +188,47 @@ def test_a_second_process_loads_the_built_kernel_and_a_damaged_one_is_rebuilt(tm
         assert done.returncode == 0 and done.stdout.strip() == "0.0", done.stderr
         return done.stderr
 
-    assert "compiling the quantised row kernel" in run()
+    assert "compiling the C++ row kernels" in run()
     (library,) = tmp_path.glob("gqa_row_kernel_*/gqa_row_kernel_*.so")
     assert run() == ""  # loaded, not compiled: no note at all
     library.write_bytes(b"not a library")
-    assert "compiling the quantised row kernel" in run()
+    assert "compiling the C++ row kernels" in run()
     assert run() == ""
+
+
+@pytest.mark.parametrize("out, inp, rows", [(70, 96, 1), (576, 576, 3), (9, 7, 2)])
+def test_the_float_kernel_gives_the_linear_layers_values_on_any_thread_count(out, inp, rows):
+    """float_rows: the compiled step's one-row float32 product (inputs off a multiple of 32 reach its tail)."""
+    kernel()
+    g = torch.Generator().manual_seed(5)
+    weight, x = torch.randn(out, inp, generator=g), torch.randn(rows, inp, generator=g)
+    op, before = row_kernel.float_rows_op(), torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = op(x, weight)
+        torch.set_num_threads(2)
+        two = op(x, weight)
+    finally:
+        torch.set_num_threads(before)
+    exact = F.linear(x.double(), weight.double())
+    assert one.shape == (rows, out) and torch.equal(one, two)
+    assert (one.double() - exact).abs().max().item() <= 1e-5 * exact.abs().max().item()
+
+
+def test_compiled_one_row_float_linears_call_the_float_kernel():
+    kernel()
+    layer, x = torch.nn.Linear(96, 70), torch.randn(1, 96)  # float32, with a bias
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm.code)
+        return gm.forward
+
+    def step(x):
+        with OneRowLinears():
+            return layer(x)
+
+    with torch.inference_mode():
+        got = torch.compile(step, backend=record, fullgraph=True)(x)
+        torch.testing.assert_close(got, layer(x), rtol=1e-5, atol=1e-5)
+    assert len(graphs) == 1 and "gqa_quant.float_rows" in graphs[0]
