@@ -4,18 +4,21 @@
 // and minimum (in / block, out), a block 32 or 16 codes; weight = scale * (code - offset) + minimum.
 //
 // As llama.cpp does, the row is quantised per block of 32 and each block's codes meet it in integer
-// multiply-adds (AVX2 madd: pairs of int16 products summed into int32 lanes), the block's integer sum, less
-// offset times the sum of the row's codes (exact in integers), then scaled by both scales in float32. Unlike
-// llama.cpp's 8 bits, the row gets 16 (scale amax / 32767): SmolLM2's rows have outliers that leave the other
-// inputs of their block a few levels of 8 bits, which moved its logits by up to 2.7 and changed greedy tokens; at
-// 16 bits they move by ~0.01 and the tokens are the float path's, at no measured cost in speed (madd takes int16
-// pairs either way). The vectors run across 8 outputs, not along a row: the layout puts 8 outputs' words side by
-// side, so one broadcast of two activations serves 8 outputs and every load is a full vector. The minimum term
-// uses the exact float sum of the block's inputs. Threads split the outputs (at::parallel_for: torch's intra-op
-// pool, so never more threads than torch uses), each streaming its columns block by block; several rows share
-// each read and unpacking of a block.
+// multiply-adds (pairs of int16 products summed into int32 lanes: AVX2 madd, or AVX-512 VNNI's dpwssd, which
+// also accumulates), the block's integer sum, less offset times the sum of the row's codes (exact in integers),
+// then scaled by both scales in float32. Unlike llama.cpp's 8 bits, the row gets 16 (scale amax / 32767):
+// SmolLM2's rows have outliers that leave the other inputs of their block a few levels of 8 bits, which moved its
+// logits by up to 2.7 and changed greedy tokens; at 16 bits they move by ~0.01 and the tokens are the float
+// path's, at no measured cost in speed (madd takes int16 pairs either way). The vectors run across 8 or 16
+// outputs, not along a row: the layout puts the outputs' words side by side, so one broadcast of two activations
+// serves a whole vector of outputs and every load is a full vector. The minimum term uses the exact float sum of
+// the block's inputs. Threads split the outputs (at::parallel_for: torch's intra-op pool, so never more threads
+// than torch uses), each streaming its columns block by block; several rows share each read and unpacking of a
+// block.
 //
-// Compiled for AVX2 + FMA only (flags given by model/quantized.py, which checks the CPU at run time first).
+// Built for AVX2 + FMA, or for AVX-512 with VNNI where the CPU has it (flags chosen by model/quantized.py, which
+// checks the CPU at run time): the same code on vectors of 8 or 16 int32 lanes (the wrappers below), with the
+// same sums in the same order per output, so both builds give equal results.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -31,8 +34,50 @@
 
 namespace {
 
+// Vectors of int32 and float32 lanes, one output per lane.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+using ivec = __m512i;
+using fvec = __m512;
+constexpr int64_t kLanes = 16;
+inline ivec iload(const int32_t* p) { return _mm512_loadu_si512(p); }
+inline ivec iset(int32_t v) { return _mm512_set1_epi32(v); }
+inline ivec izero() { return _mm512_setzero_si512(); }
+inline ivec iadd(ivec a, ivec b) { return _mm512_add_epi32(a, b); }
+inline ivec isub(ivec a, ivec b) { return _mm512_sub_epi32(a, b); }
+inline ivec iand(ivec a, ivec b) { return _mm512_and_si512(a, b); }
+inline ivec ior(ivec a, ivec b) { return _mm512_or_si512(a, b); }
+inline ivec shr(ivec a, int n) { return _mm512_srli_epi32(a, n); }
+inline ivec shl(ivec a, int n) { return _mm512_slli_epi32(a, n); }
+inline ivec madd_add(ivec acc, ivec a, ivec b) { return _mm512_dpwssd_epi32(acc, a, b); }
+inline fvec fload(const float* p) { return _mm512_loadu_ps(p); }
+inline void fstore(float* p, fvec v) { _mm512_storeu_ps(p, v); }
+inline fvec fset(float v) { return _mm512_set1_ps(v); }
+inline fvec fmul(fvec a, fvec b) { return _mm512_mul_ps(a, b); }
+inline fvec ffma(fvec a, fvec b, fvec c) { return _mm512_fmadd_ps(a, b, c); }
+inline fvec tofloat(ivec a) { return _mm512_cvtepi32_ps(a); }
+#else
+using ivec = __m256i;
+using fvec = __m256;
+constexpr int64_t kLanes = 8;
+inline ivec iload(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline ivec iset(int32_t v) { return _mm256_set1_epi32(v); }
+inline ivec izero() { return _mm256_setzero_si256(); }
+inline ivec iadd(ivec a, ivec b) { return _mm256_add_epi32(a, b); }
+inline ivec isub(ivec a, ivec b) { return _mm256_sub_epi32(a, b); }
+inline ivec iand(ivec a, ivec b) { return _mm256_and_si256(a, b); }
+inline ivec ior(ivec a, ivec b) { return _mm256_or_si256(a, b); }
+inline ivec shr(ivec a, int n) { return _mm256_srli_epi32(a, n); }
+inline ivec shl(ivec a, int n) { return _mm256_slli_epi32(a, n); }
+inline ivec madd_add(ivec acc, ivec a, ivec b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
+inline fvec fload(const float* p) { return _mm256_loadu_ps(p); }
+inline void fstore(float* p, fvec v) { _mm256_storeu_ps(p, v); }
+inline fvec fset(float v) { return _mm256_set1_ps(v); }
+inline fvec fmul(fvec a, fvec b) { return _mm256_mul_ps(a, b); }
+inline fvec ffma(fvec a, fvec b, fvec c) { return _mm256_fmadd_ps(a, b, c); }
+inline fvec tofloat(ivec a) { return _mm256_cvtepi32_ps(a); }
+#endif
+
 constexpr int64_t kBlock = 32;
-constexpr int64_t kLanes = 8;  // outputs per vector
 constexpr float kLimit = 32767.f;  // activations' codes: 16 bits
 constexpr int64_t kPatterns = 16;  // broadcast int32 patterns per block
 constexpr int64_t kTile = 16;  // rows that share one read of the weights: their outputs stay in L2
@@ -86,25 +131,21 @@ QuantRow quantise_row(const float* x, int64_t blocks, int bits, int halves) {
   return row;
 }
 
-inline __m256i load(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-
-// Vector i of one block's codes for 8 outputs (wb: the block's first word of the 8), int16 pairs that meet
-// broadcast pattern i of the row (`QuantRow`) in one madd. Nibble codes: nibbles s and s + 4 of word w land in
-// the two int16 halves of its lane (shift by 4s, mask 0x000F000F), their top bits shifted in from the high words:
-// vector 4w + s. 8 bits: the even and odd bytes of word w, zero-extended to int16: vectors w and 8 + w.
+// Vector i of one block's codes for a vector of outputs (wb: the block's first word of them), int16 pairs that
+// meet broadcast pattern i of the row (`QuantRow`) in one madd. Nibble codes: nibbles s and s + 4 of word w land
+// in the two int16 halves of its lane (shift by 4s, mask 0x000F000F), their top bits shifted in from the high
+// words: vector 4w + s. 8 bits: the even and odd bytes of word w, zero-extended to int16: vectors w and 8 + w.
 template <int kBits>
-inline __m256i code_vector(const int32_t* wb, int64_t out, int i) {
+inline ivec code_vector(const int32_t* wb, int64_t out, int i) {
   if constexpr (kBits == 8) {
-    const __m256i v = load(wb + (i % 8) * out);
-    return _mm256_and_si256(i < 8 ? v : _mm256_srli_epi32(v, 8), _mm256_set1_epi32(0x00FF00FF));
+    const ivec v = iload(wb + (i % 8) * out);
+    return iand(i < 8 ? v : shr(v, 8), iset(0x00FF00FF));
   } else {
     constexpr int kHigh = kBits - 4, kPer = kHigh ? 16 / kHigh : 1;  // top bits per code, pairs per high word
-    const __m256i low = _mm256_srli_epi32(load(wb + (i / 4) * out), 4 * (i % 4));
-    __m256i codes = _mm256_and_si256(low, _mm256_set1_epi32(0x000F000F));
+    ivec codes = iand(shr(iload(wb + (i / 4) * out), 4 * (i % 4)), iset(0x000F000F));
     if constexpr (kHigh > 0) {
-      const __m256i high = _mm256_srli_epi32(load(wb + (4 + i / kPer) * out), kHigh * (i % kPer));
-      const __m256i top = _mm256_and_si256(high, _mm256_set1_epi32(((1 << kHigh) - 1) * 0x10001));
-      codes = _mm256_or_si256(codes, _mm256_slli_epi32(top, 4));
+      const ivec high = shr(iload(wb + (4 + i / kPer) * out), kHigh * (i % kPer));
+      codes = ior(codes, shl(iand(high, iset(((1 << kHigh) - 1) * 0x10001)), 4));
     }
     return codes;
   }
@@ -113,11 +154,11 @@ inline __m256i code_vector(const int32_t* wb, int64_t out, int i) {
 // The integer sums of a block's code vectors (`codes(i)`) against one row's patterns: inputs 0-15 of the block
 // into acc[0], 16-31 into acc[1]; they stay below 2^31.
 template <int kBits, class Codes>
-inline void block_sums(const Codes& codes, const int32_t* p, __m256i* acc) {
+inline void block_sums(const Codes& codes, const int32_t* p, ivec* acc) {
 #pragma GCC unroll 16
   for (int i = 0; i < kPatterns; ++i) {
     const int half = kBits == 8 ? (i % 8) / 4 : i / 8;
-    acc[half] = _mm256_add_epi32(acc[half], _mm256_madd_epi16(codes(i), _mm256_set1_epi32(p[i])));
+    acc[half] = madd_add(acc[half], codes(i), iset(p[i]));
   }
 }
 
@@ -139,18 +180,17 @@ struct Matrix {
   int64_t blocks, out, halves, offset;  // halves: weight blocks per 32 inputs (1, or 2 for blocks of 16)
 };
 
-// One block's integer sums for 8 outputs of one row, less offset times the sum of the row's codes, scaled by both
-// scales, plus minimum times the row's exact block sum, added to the row's outputs yr.
-inline void add_block(__m256i* acc, const QuantRow& row, const Matrix& m, int64_t b, int64_t o, float* yr) {
-  if (m.halves == 1) acc[0] = _mm256_add_epi32(acc[0], acc[1]);
-  __m256 yv = _mm256_loadu_ps(yr);
+// One block's integer sums for a vector of outputs of one row, less offset times the sum of the row's codes,
+// scaled by both scales, plus minimum times the row's exact block sum, added to the row's outputs yr.
+inline void add_block(ivec* acc, const QuantRow& row, const Matrix& m, int64_t b, int64_t o, float* yr) {
+  if (m.halves == 1) acc[0] = iadd(acc[0], acc[1]);
+  fvec yv = fload(yr);
   for (int64_t h = 0, q = b * m.halves; h < m.halves; ++h, ++q) {
-    const __m256i ints = _mm256_sub_epi32(acc[h], _mm256_set1_epi32(static_cast<int32_t>(m.offset * row.qsum[q])));
-    const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(m.scale + q * m.out + o), _mm256_set1_ps(row.step[b]));
-    yv = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ints), scale, yv);
-    if (m.minimum) yv = _mm256_fmadd_ps(_mm256_loadu_ps(m.minimum + q * m.out + o), _mm256_set1_ps(row.sum[q]), yv);
+    const ivec ints = isub(acc[h], iset(static_cast<int32_t>(m.offset * row.qsum[q])));
+    yv = ffma(tofloat(ints), fmul(fload(m.scale + q * m.out + o), fset(row.step[b])), yv);
+    if (m.minimum) yv = ffma(fload(m.minimum + q * m.out + o), fset(row.sum[q]), yv);
   }
-  _mm256_storeu_ps(yr, yv);
+  fstore(yr, yv);
 }
 
 // Outputs [begin, end) of every row, y (rows, out). Several rows (a prefill, a speculative check) unpack each
@@ -165,16 +205,16 @@ void columns(const std::vector<QuantRow>& rows, const Matrix& m, int64_t begin, 
       for (int64_t o = begin; o < vec_end; o += kLanes) {
         const int32_t* wb = m.words + b * kBits * m.out + o;
         const int32_t* p = rows[r0].patterns.data() + b * kPatterns;
-        __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        ivec acc[2] = {izero(), izero()};
         if (r1 - r0 == 1) {
           block_sums<kBits>([&](int i) { return code_vector<kBits>(wb, m.out, i); }, p, acc);
           add_block(acc, rows[r0], m, b, o, y + r0 * m.out + o);
           continue;
         }
-        __m256i codes[kPatterns];
+        ivec codes[kPatterns];
         for (int i = 0; i < kPatterns; ++i) codes[i] = code_vector<kBits>(wb, m.out, i);
         for (int64_t r = r0; r < r1; ++r) {
-          acc[0] = acc[1] = _mm256_setzero_si256();
+          acc[0] = acc[1] = izero();
           block_sums<kBits>([&](int i) { return codes[i]; }, rows[r].patterns.data() + b * kPatterns, acc);
           add_block(acc, rows[r], m, b, o, y + r * m.out + o);
         }
@@ -225,7 +265,7 @@ at::Tensor row_product(const at::Tensor& x, const at::Tensor& words, const at::T
   const Matrix m{wc.data_ptr<int32_t>(), sc.data_ptr<float>(), mc.defined() ? mc.data_ptr<float>() : nullptr,
                  blocks, out, halves, offset};
   float* yp = y.data_ptr<float>();
-  // Groups of 8 outputs; a thread's share is at least ~32 KB of words times rows, so a small product stays on
+  // Groups of a vector of outputs; a thread's share is at least ~32 KB of words times rows, so a small product stays on
   // one thread.
   const int64_t groups = (out + kLanes - 1) / kLanes;
   const int64_t group_work = blocks * bits * 4 * kLanes * n;

@@ -232,3 +232,31 @@ def test_compiled_one_row_float_linears_call_the_float_kernel():
         got = torch.compile(step, backend=record, fullgraph=True)(x)
         torch.testing.assert_close(got, layer(x), rtol=1e-5, atol=1e-5)
     assert len(graphs) == 1 and "gqa_quant.float_rows" in graphs[0]
+
+
+BOTH_BUILDS = (
+    "import sys, torch; from tests.model.test_row_kernel import KINDS, random_layer, run; "
+    "from model import quantized as row_kernel; op = row_kernel.row_product_op(); "
+    "x = torch.randn(3, 576, generator=torch.Generator().manual_seed(6)); "
+    "torch.save([run(op, random_layer(*kind), x[:, : kind[3]]) for kind in KINDS], sys.argv[1])"
+)
+
+
+@pytest.mark.slow
+def test_the_avx2_build_gives_the_avx512_builds_values(tmp_path):
+    """Where the CPU has AVX-512 VNNI the kernel is built for it (16 outputs a vector, dpwssd); the AVX2 build,
+    the only one a CPU without it gets, must give the same outputs (every integer sum is exact, and each output's
+    float steps are the same)."""
+    op = kernel()
+    if "-mavx512vnni" not in row_kernel.flags():
+        pytest.skip("this CPU has no AVX-512 VNNI: only the AVX2 build runs here")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GQA_ROW_KERNEL_ISA": "avx2"}
+    out = tmp_path / "avx2.pt"
+    done = subprocess.run(
+        [sys.executable, "-c", BOTH_BUILDS, str(out)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    x = torch.randn(3, 576, generator=torch.Generator().manual_seed(6))
+    avx2 = torch.load(out)
+    for kind, other in zip(KINDS, avx2, strict=True):
+        assert torch.equal(run(op, random_layer(*kind), x[:, : kind[3]]), other), kind
