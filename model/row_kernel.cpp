@@ -55,6 +55,7 @@ inline fvec fset(float v) { return _mm512_set1_ps(v); }
 inline fvec fmul(fvec a, fvec b) { return _mm512_mul_ps(a, b); }
 inline fvec ffma(fvec a, fvec b, fvec c) { return _mm512_fmadd_ps(a, b, c); }
 inline fvec tofloat(ivec a) { return _mm512_cvtepi32_ps(a); }
+inline float fsum(fvec v) { return _mm512_reduce_add_ps(v); }
 #else
 using ivec = __m256i;
 using fvec = __m256;
@@ -75,6 +76,11 @@ inline fvec fset(float v) { return _mm256_set1_ps(v); }
 inline fvec fmul(fvec a, fvec b) { return _mm256_mul_ps(a, b); }
 inline fvec ffma(fvec a, fvec b, fvec c) { return _mm256_fmadd_ps(a, b, c); }
 inline fvec tofloat(ivec a) { return _mm256_cvtepi32_ps(a); }
+inline float fsum(fvec v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
 #endif
 
 constexpr int64_t kBlock = 32;
@@ -282,16 +288,11 @@ at::Tensor row_product(const at::Tensor& x, const at::Tensor& words, const at::T
   return y;
 }
 
-// A float32 matrix w (out, in) against a few float32 rows: a dot product per output and row, 32 inputs a step in
-// four accumulators, each weight row read once for all rows; threads split the outputs. The compiled CPU step
-// calls it for its one-row float linear layers (model/gpt.py, `OneRowLinears`): they read the weights at about
-// the machine's bandwidth, where torch's matrix-vector product or Inductor's fused reduction stay below.
-inline float horizontal_sum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
+// A float32 matrix w (out, in) against a few float32 rows: a dot product per output and row, four outputs at a
+// time so that each load of the row serves four weight rows, each weight row read once for all rows; threads
+// split the outputs. The compiled CPU step calls it for its one-row float linear layers (model/gpt.py,
+// `OneRowLinears`): they read the weights at about the machine's bandwidth, where torch's matrix-vector product or
+// Inductor's fused reduction stay below.
 at::Tensor float_rows(const at::Tensor& x, const at::Tensor& w) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && w.dim() == 2 &&
               x.dim() >= 1 && x.size(-1) == w.size(1), "float_rows: float32 rows (..., in) and weight (out, in)");
@@ -300,22 +301,29 @@ at::Tensor float_rows(const at::Tensor& x, const at::Tensor& w) {
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = out;
   at::Tensor y = at::empty(shape, x.options());
+  if (out == 0) return y;
   const float *xp = xc.data_ptr<float>(), *wp = wc.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  const int64_t grain = std::max<int64_t>(1, (64 << 10) / std::max<int64_t>(1, in * 4 * n));  // >= ~64 KB a thread
-  at::parallel_for(0, out, grain, [&](int64_t o0, int64_t o1) {
-    for (int64_t o = o0; o < o1; ++o) {
-      const float* wr = wp + o * in;
+  constexpr int64_t kOuts = 4;
+  const int64_t groups = (out + kOuts - 1) / kOuts;
+  const int64_t grain = std::max<int64_t>(1, (64 << 10) / std::max<int64_t>(1, in * 4 * n * kOuts));  // >= ~64 KB
+  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+    for (int64_t o0 = g0 * kOuts; o0 < std::min(out, g1 * kOuts); o0 += kOuts) {
+      const float* wr[kOuts];  // past the last output, the last row again: computed, not stored
+      for (int64_t j = 0; j < kOuts; ++j) wr[j] = wp + std::min(o0 + j, out - 1) * in;
       for (int64_t r = 0; r < n; ++r) {
         const float* xr = xp + r * in;
-        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        fvec acc[kOuts] = {fset(0.f), fset(0.f), fset(0.f), fset(0.f)};
         int64_t i = 0;
-        for (; i + 32 <= in; i += 32)
-          for (int a = 0; a < 4; ++a)
-            acc[a] = _mm256_fmadd_ps(_mm256_loadu_ps(wr + i + 8 * a), _mm256_loadu_ps(xr + i + 8 * a), acc[a]);
-        float sum = horizontal_sum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-        for (; i < in; ++i) sum += wr[i] * xr[i];
-        yp[r * out + o] = sum;
+        for (; i + kLanes <= in; i += kLanes) {
+          const fvec xv = fload(xr + i);
+          for (int64_t j = 0; j < kOuts; ++j) acc[j] = ffma(fload(wr[j] + i), xv, acc[j]);
+        }
+        for (int64_t j = 0; j < kOuts && o0 + j < out; ++j) {
+          float sum = fsum(acc[j]);
+          for (int64_t k = i; k < in; ++k) sum += wr[j][k] * xr[k];
+          yp[r * out + o0 + j] = sum;
+        }
       }
     }
   });
