@@ -23,10 +23,10 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -260,7 +260,7 @@ at::Tensor row_product(const at::Tensor& x, const at::Tensor& words, const at::T
   }
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = out;
-  at::Tensor y = at::zeros(shape, x.options());
+  at::Tensor y = at::empty(shape, x.options());  // each thread zeroes its own outputs below
   const int64_t n = x.numel() / (blocks * kBlock);
   std::vector<QuantRow> rows(n);
   at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
@@ -278,6 +278,7 @@ at::Tensor row_product(const at::Tensor& x, const at::Tensor& words, const at::T
   const int64_t grain = std::max<int64_t>(1, (32 << 10) / std::max<int64_t>(1, group_work));
   at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
     const int64_t begin = g0 * kLanes, end = std::min(out, g1 * kLanes);
+    for (int64_t r = 0; r < n; ++r) std::fill(yp + r * out + begin, yp + r * out + end, 0.f);
     switch (bits) {
       case 4: return columns<4>(rows, m, begin, end, yp);
       case 5: return columns<5>(rows, m, begin, end, yp);
