@@ -1,8 +1,5 @@
-"""`TextDataModule`: joins the data stages for Lightning: source -> tokenize -> store or stream -> batches.
-
-Local rank 0 builds inside `setup` while the other ranks poll for its published folder, never waiting on a
-process group: a barrier gives up after the group's timeout (30 minutes by default), however long the build
-takes. A failed build leaves a note with its one-line error, so the waiting ranks stop with the same message.
+"""`TextDataModule`: joins the data stages for Lightning (docs/data.md). Local rank 0 builds inside `setup` while the
+other ranks poll for its folder: a process-group barrier would give up after the group's timeout (30 min default).
 """
 
 from __future__ import annotations
@@ -163,11 +160,8 @@ class TextDataModule(L.LightningDataModule):
             return prepare_data(self.settings, self._hint)
         except BaseException as error:
             if others_wait:  # the one line the waiting ranks stop with
-                line = (
-                    str(error)
-                    if isinstance(error, UserError)
-                    else f"{type(error).__name__}: {first_line(error)}"
-                )
+                is_user = isinstance(error, UserError)
+                line = str(error) if is_user else f"{type(error).__name__}: {first_line(error)}"
                 atomic_write(self._failure_note(), line or type(error).__name__)
             raise
 
@@ -176,7 +170,6 @@ class TextDataModule(L.LightningDataModule):
         began = last_report = time.monotonic()
         note = self._failure_note()
         while (found := find_data(self.settings)) is None:
-            # Only a note written after this module was made belongs to this run.
             if note.is_file() and note.stat().st_mtime >= self._created - 1:
                 raise DataConfigError(f"{what}: local rank 0 failed: {note.read_text(encoding='utf-8')}")
             if time.monotonic() - last_report >= WAIT_REPORT_S:

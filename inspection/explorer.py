@@ -140,20 +140,6 @@ def most_telling_head(statistics: Mapping[str, torch.Tensor]) -> list[int]:
     return [best // score.shape[1], best % score.shape[1]]
 
 
-def model_explorer(
-    model: torch.nn.Module,
-    ids: torch.Tensor,
-    tokens: Sequence[str],
-    induction_period: int,
-    *,
-    generator: torch.Generator | None = None,
-    **kwargs,
-) -> str:
-    """The explorer of `model` (in eval mode) on ids (1, T)."""
-    maps, stats = probe_attention(model, ids, induction_period, generator=generator)
-    return build_explorer(maps[:, 0], tokens, stats, **kwargs)
-
-
 def probe_attention(
     model: torch.nn.Module,
     ids: torch.Tensor,
