@@ -13,9 +13,8 @@ from tokenizers import Tokenizer as BackendTokenizer
 
 from common.errors import UserError, first_line
 from common.model_files import check_ids, check_types, read_json_object
-from common.tokens import split_tokenizer_json
 from data import pre_tokenizers
-from data.tokenizer import Tokenizer, TokenRules
+from data.tokenizer import Tokenizer, TokenRules, split_tokenizer_json
 
 # Token types of a GGUF vocabulary (gguf.TokenType): control tokens are special, user-defined ones are added,
 # unused ones pad the vocabulary to the embedding's rows.
