@@ -152,12 +152,9 @@ def tokenizer_from_gguf(vocab: GGUFVocabulary, source: str) -> Tokenizer:
         backend.normalizer = normalizer
     backend.decoder = decoders.ByteLevel()
     # Added tokens keep their vocabulary ids and are matched whole in any text, as llama.cpp does.
+    typed = list(zip(vocab.tokens, vocab.token_types, strict=True))
     for kind, add in ((GGUF_CONTROL, backend.add_special_tokens), (GGUF_USER_DEFINED, backend.add_tokens)):
-        picked = [
-            token
-            for token, token_kind in zip(vocab.tokens, vocab.token_types, strict=True)
-            if token_kind == kind
-        ]
+        picked = [token for token, token_kind in typed if token_kind == kind]
         add([AddedToken(token, special=kind == GGUF_CONTROL, normalized=False) for token in picked])
     rules = TokenRules((vocab.eos_id,), vocab.bos_id, vocab.add_bos, vocab.chat_template)
     return Tokenizer(backend, rules)
