@@ -97,11 +97,8 @@ def _publish(final: Path, rename: Callable[[], object]) -> Path:
 
 
 def build_stream(settings: PrepareSettings) -> Path:
-    """Build the streaming folder: val.bin (for chat with val.bin.mask), heldout.json, tokenizer.json, meta.json.
-
-    Without a validation split the first `val_docs` train documents are held out (their digests in heldout.json,
-    for the readers to skip) and the tokenizer trains on the next ones, so it never sees validation text.
-    """
+    """Build the streaming folder (docs/data.md): val.bin (for chat with val.bin.mask), heldout.json, tokenizer.json,
+    meta.json; the tokenizer trains on the documents after the held-out ones, so it never sees validation text."""
     source = settings.source
     chat = source.chat_column is not None
     tokenizer = settings.known_tokenizer()

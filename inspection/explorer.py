@@ -1,8 +1,6 @@
-"""An interactive attention explorer as one self-contained HTML file (inline JS and CSS, no network).
-
-Kept small, so that 12 layers x 12 heads x 1024 tokens opens quickly (budget 32 MiB): per head, its map's lower
-triangle quantised row by row to uint8, deflated with zlib's run-length strategy (as small as level 9, 6x quicker)
-and decoded by the browser only when the head is opened, and two max-pooled thumbnails.
+"""An interactive attention explorer as one self-contained HTML file (inline JS and CSS, no network), kept small
+(docs/attention.md): per head, its map's lower triangle quantised row by row to uint8, deflated with zlib's
+run-length strategy and decoded by the browser only when the head is opened, and two max-pooled thumbnails.
 """
 
 from __future__ import annotations
