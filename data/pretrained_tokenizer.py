@@ -85,9 +85,7 @@ def _token_id(backend: BackendTokenizer, token, fallback_id) -> int | None:
 
 
 def _ids(value) -> list[int]:
-    if value is None:
-        return []
-    return [int(i) for i in value] if isinstance(value, list) else [int(value)]
+    return [] if value is None else [int(i) for i in (value if isinstance(value, list) else [value])]
 
 
 def _post_processor_adds(spec: dict, bos_id: int) -> bool:
