@@ -1,9 +1,6 @@
-"""Checkpoints that survive `kill -9`: step-named files written atomically, `last.ckpt` a hard link to the newest.
-
-A save to `last.ckpt` writes and fsyncs `step-<N>.ckpt`, re-points `last.ckpt` (a hard link never dangles when an
-old step file goes; where the filesystem refuses one, a durable copy) and prunes to `keep_last` step files. A kill
-leaves the earlier checkpoints whole, at most with a temporary file that the next lock holder removes (run_lock).
-"""
+"""Checkpoints that survive `kill -9` (docs/runs.md): step-named files written atomically and fsynced, `last.ckpt`
+a hard link to the newest (a link never dangles when an old step file goes; where the filesystem refuses one, a
+durable copy). A kill leaves at most a temporary file, which the next lock holder removes (run_lock)."""
 
 from __future__ import annotations
 

@@ -43,10 +43,7 @@ def with_checkpoint_io(plugins: Any, keep_last: int, async_save: bool) -> list:
     ours = [f"{cls.__module__}.{cls.__qualname__}" for cls in (AtomicCheckpointIO, BackgroundCheckpointIO)]
 
     def class_path(entry: Any) -> str:
-        return str(
-            getattr(entry, "class_path", None)
-            or (entry.get("class_path") if isinstance(entry, dict) else None)
-        )
+        return str(entry.get("class_path") if isinstance(entry, dict) else getattr(entry, "class_path", None))
 
     plugins = [p for p in plugins if class_path(p) not in ours]
     if any("CheckpointIO" in class_path(p) for p in plugins):

@@ -29,14 +29,9 @@ def _machine(cpus: int | None, load: float | None) -> tuple[int, float | None]:
 
 
 def pick_thread_count(
-    requested: int | None = None, cpus: int | None = None, load: float | None = None
-) -> int:
-    """The thread count of the policy above; `cpus` and `load` default to this machine's."""
-    return _pick(requested, cpus, load)[0]
-
-
-def _pick(requested: int | None, cpus: int | None = None, load: float | None = None) -> tuple[int, str]:
-    """(the thread count, which step of the policy chose it)."""
+    requested: int | None, cpus: int | None = None, load: float | None = None
+) -> tuple[int, str]:
+    """(the thread count of the policy above, which step chose it); `cpus` and `load` default to this machine's."""
     if requested is not None:
         if requested < 1:
             raise UserError(f"threads must be at least 1, got {requested} (--threads)")
@@ -59,6 +54,6 @@ def busy_note(threads: int, cpus: int | None = None, load: float | None = None) 
 
 def apply_thread_count(requested: int | None, set_num_threads: Callable[[int], None]) -> tuple[int, str]:
     """Pick the count, hand it to `set_num_threads`, and return it with a line saying why, to print."""
-    threads, why = _pick(requested)
+    threads, why = pick_thread_count(requested)
     set_num_threads(threads)
     return threads, f"threads: {threads} ({why}; --threads N to change)"

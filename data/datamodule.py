@@ -1,8 +1,5 @@
-"""`TextDataModule`: joins the data stages for Lightning: source -> tokenize -> store or stream -> batches.
-
-Local rank 0 builds inside `setup` while the other ranks poll for its published folder, never waiting on a
-process group: a barrier gives up after the group's timeout (30 minutes by default), however long the build
-takes. A failed build leaves a note with its one-line error, so the waiting ranks stop with the same message.
+"""`TextDataModule`: joins the data stages for Lightning (docs/data.md). Local rank 0 builds inside `setup` while the
+other ranks poll for its folder: a process-group barrier would give up after the group's timeout (30 min default).
 """
 
 from __future__ import annotations
@@ -37,9 +34,8 @@ WAIT_REPORT_S = 60.0
 class TextDataModule(L.LightningDataModule):
     """A text corpus as training and validation windows of token ids.
 
-    Loads the corpus with `datasets`, trains a byte-level BPE tokenizer on its train part (or takes a pretrained
-    model's, see `use_tokenizer`), caches the token streams as memory-mapped arrays (or streams them) and serves
-    random training windows and sequential validation windows. (The first line is `--help`'s section title.)
+    Loads the corpus with `datasets`, trains a byte-level BPE on its train part (or takes a pretrained model's:
+    `use_tokenizer`) and caches its token streams (or streams them). The first line is `--help`'s section title.
 
     Args:
         dataset: A `datasets` builder reading `data_files` (text, json, parquet, csv, arrow) or a Hub dataset id.
@@ -48,10 +44,9 @@ class TextDataModule(L.LightningDataModule):
             (train, validation). Ignored for a Hub id.
         revision: Hub dataset revision (branch, tag or commit) to pin.
         text_column: Column that holds the text of each document.
-        chat_column: Fine-tune on conversations instead of text: the column holding each row's `messages`
-            (TRL / Hugging Face chat format, [{"role": "system"|"user"|"assistant", "content": ...}, ...]),
-            usually "messages". Each is rendered with the model's chat template (model.init_from) and only the
-            assistant's tokens are targets of the loss (docs/finetune.md). Null: plain text.
+        chat_column: Fine-tune on conversations instead of text: the column of each row's `messages` (TRL /
+            Hugging Face chat format), usually "messages", rendered with the chat template of model.init_from;
+            only the assistant's tokens are targets of the loss (docs/finetune.md). Null: plain text.
         text_sample_by: For the text builder: one document per file ("document", keeps newlines), per
             paragraph or per line.
         vocab_size: Tokenizer size to train (at least 257: 256 bytes plus <|endoftext|>); the model's
@@ -62,9 +57,8 @@ class TextDataModule(L.LightningDataModule):
         num_workers: DataLoader worker processes.
         seed: Seed of the training windows; batch i on rank r depends only on (seed, i, r).
         cache_dir: Folder for tokenizers and token streams (~ is expanded).
-        streaming: Stream the corpus instead of materialising it: each rank and DataLoader worker reads and
-            tokenizes its own documents during training, nothing is written but the tokenizer and the
-            validation tokens, and the checkpoint holds the stream position for an exact resume.
+        streaming: Stream the corpus instead of caching its tokens: each rank and DataLoader worker tokenizes its
+            own documents during training; the checkpoint holds the stream position for an exact resume.
         val_fraction: Without a validation split, the fraction of the train text held out for validation (the
             last characters, as nanoGPT does).
         num_proc: Processes for tokenizing; None picks one per ~4 MB of text, up to min(8, CPUs) (1 without fork).
@@ -163,11 +157,8 @@ class TextDataModule(L.LightningDataModule):
             return prepare_data(self.settings, self._hint)
         except BaseException as error:
             if others_wait:  # the one line the waiting ranks stop with
-                line = (
-                    str(error)
-                    if isinstance(error, UserError)
-                    else f"{type(error).__name__}: {first_line(error)}"
-                )
+                is_user = isinstance(error, UserError)
+                line = str(error) if is_user else f"{type(error).__name__}: {first_line(error)}"
                 atomic_write(self._failure_note(), line or type(error).__name__)
             raise
 
@@ -176,7 +167,6 @@ class TextDataModule(L.LightningDataModule):
         began = last_report = time.monotonic()
         note = self._failure_note()
         while (found := find_data(self.settings)) is None:
-            # Only a note written after this module was made belongs to this run.
             if note.is_file() and note.stat().st_mtime >= self._created - 1:
                 raise DataConfigError(f"{what}: local rank 0 failed: {note.read_text(encoding='utf-8')}")
             if time.monotonic() - last_report >= WAIT_REPORT_S:

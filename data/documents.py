@@ -1,13 +1,9 @@
-"""Documents -> token ids, the one encoding both pipelines use: text cut into segments, conversations with a mask;
-and the held-out character cut.
+"""Documents -> token ids, the one encoding both pipelines use (text in segments, conversations with a mask), and
+the held-out character cut.
 
 Long documents are cut into segments of a few KB (parallel, bounded memory) only after a lone newline between two
 non-space characters, where the byte-level pre-tokenizer always ends a piece: the segments' ids joined are the
 whole document's.
-
-A conversation is rendered with the model's chat template; assistant turn i spans from the end of messages[:i]
-rendered with the generation prompt to the end of messages[:i + 1], so any template works and its turn closer is
-learned. The whole text is tokenized once and a token is the assistant's if its first character is.
 """
 
 from __future__ import annotations
@@ -158,7 +154,9 @@ def conversation_sizes(rows: Sequence[object]) -> np.ndarray:
 
 
 def encode_conversation(tokenizer: Tokenizer, messages: object, where: str) -> tuple[list[int], list[int]]:
-    """(ids, mask) of one conversation, mask 1 on the assistant's ids; `where` names the row in errors."""
+    """(ids, mask) of one conversation, mask 1 on the assistant's ids; `where` names the row in errors. Assistant
+    turn i spans from the end of messages[:i] rendered with the generation prompt to the end of messages[:i + 1], so
+    any chat template works and its turn closer is learned; a token is the assistant's if its first character is."""
     messages = _checked(messages, where)
     try:
         text = tokenizer.render_chat(messages, add_generation_prompt=False)

@@ -1,8 +1,7 @@
 """Tokenize ahead of training: `python -m data.prepare --config configs/<x>.yaml [--data.num_proc 8]`.
 
-Reads the `data:` section of a train.py config and `model.init_from` (whose tokenizer replaces the BPE), with
-`--data.*` and `--model.init_from` overrides, and builds exactly what `train.py fit` with the same config would:
-the token cache (resumable after a kill) or the streaming folder. `fit` then finds it and starts at once.
+Builds exactly what `train.py fit` with the same config would (docs/data.md), from its `data:` section and
+`model.init_from` (whose tokenizer replaces the BPE), so `fit` then finds it and starts at once.
 """
 
 from __future__ import annotations

@@ -13,9 +13,8 @@ from tokenizers import Tokenizer as BackendTokenizer
 
 from common.errors import UserError, first_line
 from common.model_files import check_ids, check_types, read_json_object
-from common.tokens import split_tokenizer_json
 from data import pre_tokenizers
-from data.tokenizer import Tokenizer, TokenRules
+from data.tokenizer import Tokenizer, TokenRules, split_tokenizer_json
 
 # Token types of a GGUF vocabulary (gguf.TokenType): control tokens are special, user-defined ones are added,
 # unused ones pad the vocabulary to the embedding's rows.
@@ -86,9 +85,7 @@ def _token_id(backend: BackendTokenizer, token, fallback_id) -> int | None:
 
 
 def _ids(value) -> list[int]:
-    if value is None:
-        return []
-    return [int(i) for i in value] if isinstance(value, list) else [int(value)]
+    return [] if value is None else [int(i) for i in (value if isinstance(value, list) else [value])]
 
 
 def _post_processor_adds(spec: dict, bos_id: int) -> bool:
@@ -153,12 +150,9 @@ def tokenizer_from_gguf(vocab: GGUFVocabulary, source: str) -> Tokenizer:
         backend.normalizer = normalizer
     backend.decoder = decoders.ByteLevel()
     # Added tokens keep their vocabulary ids and are matched whole in any text, as llama.cpp does.
+    typed = list(zip(vocab.tokens, vocab.token_types, strict=True))
     for kind, add in ((GGUF_CONTROL, backend.add_special_tokens), (GGUF_USER_DEFINED, backend.add_tokens)):
-        picked = [
-            token
-            for token, token_kind in zip(vocab.tokens, vocab.token_types, strict=True)
-            if token_kind == kind
-        ]
+        picked = [token for token, token_kind in typed if token_kind == kind]
         add([AddedToken(token, special=kind == GGUF_CONTROL, normalized=False) for token in picked])
     rules = TokenRules((vocab.eos_id,), vocab.bos_id, vocab.add_bos, vocab.chat_template)
     return Tokenizer(backend, rules)

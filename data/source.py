@@ -14,7 +14,6 @@ from data import DataConfigError
 
 BUILDERS = ("text", "json", "parquet", "csv", "arrow")
 VALIDATION_SPLITS = ("validation", "valid")
-TRUE_VALUES = {"1", "ON", "YES", "TRUE"}
 # Relative to the repository root, as a user types it on the command line.
 SHIPPED_CORPUS = "data/corpora/tinyshakespeare.txt"
 DataFiles = str | list[str] | dict[str, str | list[str]]
@@ -29,7 +28,7 @@ def is_remote(file: str) -> bool:
 def offline_reason() -> str | None:
     """Why downloads are disabled (e.g. "HF_HUB_OFFLINE=1"), or None when online."""
     for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
-        if os.environ.get(name, "").upper() in TRUE_VALUES:
+        if os.environ.get(name, "").upper() in {"1", "ON", "YES", "TRUE"}:
             return f"{name}=1"
     import datasets.config
 

@@ -72,11 +72,7 @@ def prepare_data(settings: PrepareSettings, before_tokenizing: Callable[[int], N
     procs = settings.num_procs(sum(part.text_bytes for part in parts))
     tokenize_parts(parts, tokenizer, source.column, building, token_dtype(tokenizer.vocab_size), procs, chat)
     names = {"train": [part.name for part in plan.train], "val": [part.name for part in plan.val]}
-    details = {
-        "val_source": plan.val_source,
-        "corpus": source.identity(),
-        "val_fraction": settings.val_fraction,
-    }
+    details = dict(val_source=plan.val_source, corpus=source.identity(), val_fraction=settings.val_fraction)
     meta = write_meta(building, tokenizer, names, chat, details | {"parts": names, "format": FORMAT_VERSION})
     _publish(final, lambda: building.rename(final))
     shutil.rmtree(building, ignore_errors=True)  # left only where another process published first
@@ -101,11 +97,8 @@ def _publish(final: Path, rename: Callable[[], object]) -> Path:
 
 
 def build_stream(settings: PrepareSettings) -> Path:
-    """Build the streaming folder: val.bin (for chat with val.bin.mask), heldout.json, tokenizer.json, meta.json.
-
-    Without a validation split the first `val_docs` train documents are held out (their digests in heldout.json,
-    for the readers to skip) and the tokenizer trains on the next ones, so it never sees validation text.
-    """
+    """Build the streaming folder (docs/data.md): val.bin (for chat with val.bin.mask), heldout.json, tokenizer.json,
+    meta.json; the tokenizer trains on the documents after the held-out ones, so it never sees validation text."""
     source = settings.source
     chat = source.chat_column is not None
     tokenizer = settings.known_tokenizer()
@@ -177,11 +170,7 @@ def stream_stats(tokens: np.ndarray, token_bytes: list[bytes]) -> dict[str, int]
 
 
 def write_meta(
-    folder: Path,
-    tokenizer: Tokenizer,
-    files: dict[str, list[str]],
-    chat: bool,
-    details: dict[str, Any],
+    folder: Path, tokenizer: Tokenizer, files: dict[str, list[str]], chat: bool, details: dict[str, Any]
 ) -> dict[str, Any]:
     """Write tokenizer.json and then (last: it marks the folder complete) meta.json: each split's counts (for
     `chat`, of the assistant's tokens, the only ones the loss scores) and the bytes per token for val/bpb."""

@@ -1,13 +1,9 @@
-"""Streaming (`data.streaming: true`): training batches tokenized live by readers, resumed exactly.
+"""Streaming (`data.streaming: true`): training batches tokenized live by readers, resumed exactly (docs/data.md).
 
-A reader is one DataLoader worker of one rank, each with its own documents (`split_dataset_by_node`). The
-DataLoader takes batches from its workers in turn, so the rank's batch g comes from reader
-rank * num_workers + g % num_workers, and a loader resumed at batch s gives worker w the reader of g = s + w.
-A reader packs its documents, each after an EOS, into windows of block_size + 1 tokens, as the token cache is.
-
-Exact resume: with each batch a reader sends its position (the `datasets` state before the oldest chunk it holds,
-and how many of its tokens are used); `PositionedLoader` gives the checkpoint the position after the last batch
-trained on, not the ones the DataLoader prefetched.
+Reader rank * num_workers + w is DataLoader worker w of a rank, with its own documents (`split_dataset_by_node`).
+The DataLoader takes batches from its workers in turn, so a loader resumed at batch s gives worker w the reader of
+batch s + w. With each batch a reader sends its position; `PositionedLoader` gives the checkpoint the one after the
+last batch trained on, not the ones the DataLoader prefetched.
 """
 
 from __future__ import annotations
@@ -31,6 +27,8 @@ from data.tokenizer import Tokenizer
 DOCS_PER_CHUNK = 64
 # {"epoch", "hf" (datasets state or None), "rows" (read this epoch, for errors), "skip" (tokens), "batches"}
 ReaderState = dict[str, Any]
+Chunk = tuple[ReaderState, np.ndarray, np.ndarray | None]  # position before, tokens, assistant mask or None
+ReaderBatch = tuple[torch.Tensor, torch.Tensor, int, ReaderState]  # x, y, reader, position after it
 
 
 def fresh_state() -> ReaderState:
@@ -53,18 +51,16 @@ class StreamBatches(IterableDataset):
     start_batch: int = 0
     chat: bool = False  # the column holds conversations: tokens carry the assistant mask (data/documents.py)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, int, ReaderState]]:
+    def __iter__(self) -> Iterator[ReaderBatch]:
         worker_id, num_workers = worker_slot()
         reader = self.rank * num_workers + (self.start_batch + worker_id) % num_workers
         yield from self.reader_batches(reader, self.world_size * num_workers)
 
-    def reader_batches(
-        self, reader: int, readers: int
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, int, ReaderState]]:
+    def reader_batches(self, reader: int, readers: int) -> Iterator[ReaderBatch]:
         """Batches of one reader, from its saved position (or the start)."""
         state = copy.deepcopy(self.start.get(reader, fresh_state()))
         chunks = self._chunks(reader, readers, state)
-        held: deque[tuple[ReaderState, np.ndarray, np.ndarray | None]] = deque()
+        held: deque[Chunk] = deque()
         head = state["skip"]  # tokens of held[0] already used
         batches = state["batches"]
         need = self.batch_size * self.block_size + 1
@@ -85,10 +81,8 @@ class StreamBatches(IterableDataset):
             position = {**held[0][0], "skip": head, "batches": batches}
             yield *batch, reader, position
 
-    def _chunks(
-        self, reader: int, readers: int, state: ReaderState
-    ) -> Iterator[tuple[ReaderState, np.ndarray, np.ndarray | None]]:
-        """(position before the chunk, its tokens, their assistant mask or None), epoch after epoch."""
+    def _chunks(self, reader: int, readers: int, state: ReaderState) -> Iterator[Chunk]:
+        """The reader's chunks, epoch after epoch."""
         from datasets.distributed import split_dataset_by_node
 
         epoch, hf_state, rows = state["epoch"], state["hf"], state.get("rows", 0)

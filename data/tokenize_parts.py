@@ -1,8 +1,5 @@
-"""The token cache's tokenize stage: the corpus cut into parts, each tokenized into its own file in `num_proc` processes.
-
-Parts are cut by the corpus alone, so a resumed build (with any `num_proc`) finds the parts a killed one finished.
-A part is written beside the building folder (where the cache sweep finds it) and renamed in when complete. The
-forked processes inherit the documents and the tokenizer and exit once their parent is gone (after a kill -9).
+"""The token cache's tokenize stage (docs/data.md): the corpus cut into parts by the corpus alone, so a resumed build
+(with any `num_proc`) finds the parts a killed one finished, each tokenized into its own file in `num_proc` processes.
 """
 
 from __future__ import annotations
@@ -212,7 +209,8 @@ def tokenize_parts(
 def _tokenize_part(part: Part) -> None:
     out_dir: Path = _shared["out_dir"]
     names = [part.name, documents.mask_name(part.name)] if _shared["chat"] else [part.name]
-    # Beside the folder, not in it; the mask is published first, so a part's token file implies its mask.
+    # Beside the folder (where the cache sweep finds it), not in it; the mask is published first, so a part's token
+    # file implies its mask.
     temps = [temp_path_for(out_dir.parent / f"{out_dir.name}-{name}") for name in names]
     try:
         with ExitStack() as stack:

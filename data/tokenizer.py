@@ -1,5 +1,6 @@
 """The tokenizer: our byte-level BPE trained with `tokenizers`, or a pretrained model's own with its `TokenRules`
-(EOS/BOS ids, chat template), stored together in one JSON string so one sha256 covers everything that decides ids.
+(EOS/BOS ids, chat template), stored together in one JSON string so one sha256 covers everything that decides ids:
+a plain `tokenizers` JSON (our own BPE) or `{WRAPPER_KEY: {"tokenizer": <that JSON>, "rules": {...}}}`.
 
 Imports only `tokenizers` and the standard library (jinja2 when a chat is rendered), so `generate.py` stays light.
 Chat templates are untrusted text from a model folder, so they run in jinja2's immutable sandbox.
@@ -22,8 +23,9 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from common.errors import UserError, first_line
 from common.files import atomic_write
-from common.tokens import EOS_TOKEN, WRAPPER_KEY, split_tokenizer_json
 
+EOS_TOKEN = "<|endoftext|>"  # placed between documents in training; ends generation
+WRAPPER_KEY = "gqa_gpt_tokenizer"  # a key `tokenizers` itself never uses
 SPECIAL_TOKENS = (EOS_TOKEN,)
 MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
 SENTENCEPIECE_SPACE = "\u2581"  # how sentencepiece-style vocabularies (Llama 2) spell a space
@@ -215,6 +217,15 @@ def _sentencepiece_bytes(token: str) -> bytes:
     if _is_byte_token(token):
         return bytes([int(token[3:5], 16)])
     return token.replace(SENTENCEPIECE_SPACE, " ").encode("utf-8")
+
+
+def split_tokenizer_json(text: str) -> tuple[str, dict | None]:
+    """(the `tokenizers` JSON, the rules dict or None) of a tokenizer string."""
+    spec = json.loads(text)
+    if isinstance(spec, dict) and WRAPPER_KEY in spec:
+        inner = spec[WRAPPER_KEY]
+        return json.dumps(inner["tokenizer"], ensure_ascii=False), dict(inner["rules"])
+    return text, None
 
 
 def _canonical(value: object) -> str:

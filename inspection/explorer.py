@@ -1,8 +1,6 @@
-"""An interactive attention explorer as one self-contained HTML file (inline JS and CSS, no network).
-
-Kept small, so that 12 layers x 12 heads x 1024 tokens opens quickly (budget 32 MiB): per head, its map's lower
-triangle quantised row by row to uint8, deflated with zlib's run-length strategy (as small as level 9, 6x quicker)
-and decoded by the browser only when the head is opened, and two max-pooled thumbnails.
+"""An interactive attention explorer as one self-contained HTML file (inline JS and CSS, no network), kept small
+(docs/attention.md): per head, its map's lower triangle quantised row by row to uint8, deflated with zlib's
+run-length strategy and decoded by the browser only when the head is opened, and two max-pooled thumbnails.
 """
 
 from __future__ import annotations
@@ -138,20 +136,6 @@ def most_telling_head(statistics: Mapping[str, torch.Tensor]) -> list[int]:
     score = torch.maximum(statistics["induction"], statistics["previous_token"])  # (L, H)
     best = int(score.flatten().argmax())
     return [best // score.shape[1], best % score.shape[1]]
-
-
-def model_explorer(
-    model: torch.nn.Module,
-    ids: torch.Tensor,
-    tokens: Sequence[str],
-    induction_period: int,
-    *,
-    generator: torch.Generator | None = None,
-    **kwargs,
-) -> str:
-    """The explorer of `model` (in eval mode) on ids (1, T)."""
-    maps, stats = probe_attention(model, ids, induction_period, generator=generator)
-    return build_explorer(maps[:, 0], tokens, stats, **kwargs)
 
 
 def probe_attention(

@@ -17,7 +17,7 @@ from inspection.attention_image import (
     printable_label,
     save_attention_png,
 )
-from inspection.explorer import model_explorer
+from inspection.explorer import build_explorer, probe_attention
 from model.attention import attention_scores, causal_mask
 from model.gpt import GPT
 
@@ -74,9 +74,10 @@ def write_attention_html(model, tokenizer, ids: torch.Tensor, path: str, prompt_
     total = ids.shape[1]
     ids = ids[:, -model.config.block_size :]
     generator = torch.Generator().manual_seed(0)  # the induction probe, as in training: comparable scores
-    page = model_explorer(
-        model.float(), ids, token_labels(tokenizer, ids[0].tolist()), induction_period=32, generator=generator,
-        title="generate.py", prompt_len=max(0, prompt_len - (total - ids.shape[1])),
+    maps, stats = probe_attention(model.float(), ids, induction_period=32, generator=generator)
+    page = build_explorer(
+        maps[:, 0], token_labels(tokenizer, ids[0].tolist()), stats, title="generate.py",
+        prompt_len=max(0, prompt_len - (total - ids.shape[1])),
     )  # fmt: skip
     atomic_write(path, page)  # the path was checked before generating (check_outputs)
     print(f"wrote {path} (attention explorer, {ids.shape[1]} tokens)", file=sys.stderr)

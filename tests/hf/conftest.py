@@ -11,8 +11,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from common.tokens import EOS_TOKEN
-from data.tokenizer import Tokenizer
+from data.tokenizer import EOS_TOKEN, Tokenizer
 from model import GPT, ModelConfig
 
 TOKENIZER_VOCAB = 320

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.tokens import EOS_TOKEN as EOS
+from data.tokenizer import EOS_TOKEN as EOS
 from interop.export_gguf import export_gguf
 from model import generate
 from tests.hf.conftest import training_texts

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from inspection.attention_stats import Formation, PhaseChangeDetector, head_statistics
-from inspection.explorer import build_explorer, max_pool, model_explorer, quantise_rows
+from inspection.explorer import build_explorer, max_pool, probe_attention, quantise_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,9 +90,8 @@ def test_page_is_self_contained_and_tokens_cannot_break_out(explorer_kit):
 def test_statistics_in_the_page_are_head_statistics(explorer_kit):
     model = explorer_kit.sharp_model()
     ids = torch.randint(64, (1, 20), generator=torch.Generator().manual_seed(1))
-    page = model_explorer(
-        model, ids, [str(i) for i in range(20)], 8, generator=torch.Generator().manual_seed(3)
-    )
+    maps, stats = probe_attention(model, ids, 8, generator=torch.Generator().manual_seed(3))
+    page = build_explorer(maps[:, 0], [str(i) for i in range(20)], stats)
     expected = head_statistics(model, ids, 8, generator=torch.Generator().manual_seed(3))
     meta = explorer_kit.meta(page)
     for name, values in expected.items():

@@ -21,8 +21,8 @@ from inspection.attention_image import colour_table
 from inspection.attention_stats import STATISTICS, Formation, head_statistics
 from inspection.explorer import (
     build_explorer,
-    model_explorer,
     most_telling_head,
+    probe_attention,
     quantise_rows,
 )
 
@@ -104,9 +104,10 @@ def small(tmp_path_factory, explorer_kit):
     stats = head_statistics(model, ids, 8, generator=torch.Generator().manual_seed(2))
     history = [(s, {k: v * s / 300 for k, v in stats.items()}) for s in (100, 200, 300)]
     formation = Formation(1, 2, 200, 0.61)
-    page = model_explorer(
-        model, ids, [f"tok{i} " for i in range(TOKENS)], 8, generator=torch.Generator().manual_seed(2),
-        step=300, history=history, formations=[formation], threshold=0.5,
+    probed_maps, probed_stats = probe_attention(model, ids, 8, generator=torch.Generator().manual_seed(2))
+    page = build_explorer(
+        probed_maps[:, 0], [f"tok{i} " for i in range(TOKENS)], probed_stats, step=300, history=history,
+        formations=[formation], threshold=0.5,
     )  # fmt: skip
     path = atomic_write(tmp_path_factory.mktemp("explorer") / "small.html", page)
     return path, maps.numpy(), stats, formation

@@ -16,13 +16,13 @@ def no_omp_env(monkeypatch):
 
 @pytest.mark.parametrize(("cpus", "load", "expected"), [(2, 0.0, 2), (2, 2.1, 1), (16, 5.4, 11), (4, 9.0, 1)])
 def test_default_is_the_free_cpus(cpus, load, expected):
-    assert pick_thread_count(None, cpus=cpus, load=load) == expected
+    assert pick_thread_count(None, cpus=cpus, load=load)[0] == expected
 
 
 def test_explicit_count_then_omp_env_come_first(monkeypatch):
-    assert pick_thread_count(3, cpus=2, load=5.0) == 3
+    assert pick_thread_count(3, cpus=2, load=5.0)[0] == 3
     monkeypatch.setenv(OMP_ENV, "5")
-    assert pick_thread_count(None, cpus=2, load=5.0) == 5
+    assert pick_thread_count(None, cpus=2, load=5.0)[0] == 5
     with pytest.raises(UserError, match="--threads"):
         pick_thread_count(0)
 
