@@ -16,8 +16,7 @@ SHAPE = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd")
 
 
 def new_parser(doc: str, **shape: int) -> argparse.ArgumentParser:
-    """A benchmark's parser, described by its docstring's first paragraph, with a flag for each model-shape
-    argument in `shape` (its default)."""
+    """A parser described by `doc`'s first paragraph, with a flag for each model-shape argument in `shape`."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     for name, default in shape.items():
         parser.add_argument(f"--{name}", type=int, default=default, help=f"the model's ModelConfig.{name}")
@@ -29,7 +28,6 @@ def model_shape(args: argparse.Namespace) -> dict[str, int]:
 
 
 def in_fresh_process(fn, *args):
-    """fn(*args) in a spawned (not forked) interpreter: nothing of this process, memory or thread pools, carries
-    over."""
+    """fn(*args) in a spawned (not forked) interpreter: none of this process's memory or thread pools carries over."""
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
         return child.submit(fn, *args).result()

@@ -2,13 +2,10 @@
 
     python -m benchmarks.tokenize_throughput [--size_mb 1000] [--repeats 1] [--vocab_size 32768] [--part a|b|both]
 
-The corpus: JSON-lines shards of documents of log-normal length (median ~2 KB) cut from tiny Shakespeare's words,
-and a BPE trained on its first documents. (a) At num_proc 1 and 2, interleaved: raw `encode_batch_fast` (what our
-tokenizer calls) on the documents in memory, split among as many processes (the limit), against `python -m
-data.prepare` from an empty cache: its tokenization phase and the whole command. (b) `train.py fit` on
-gpt2-small.yaml narrowed for the CPU (n_embd 192, batch 4), streaming: launch to step 1, the step time, and the
-DataLoader's tokens/s at num_workers 2 against what training consumes. (Not named tokenize.py: it would shadow
-the standard library's module.)
+(a) At num_proc 1 and 2, interleaved: raw `encode_batch_fast` (what our tokenizer calls) on the documents in
+memory in as many processes (the limit), against `python -m data.prepare` from an empty cache. (b) A streaming
+`train.py fit`: launch to step 1, the step time, and the loader's tokens/s against what training consumes. The
+corpus and the figures: docs/data.md. (Not named tokenize.py: it would shadow the standard library's module.)
 """
 
 from __future__ import annotations
