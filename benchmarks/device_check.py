@@ -74,8 +74,7 @@ def check_sdpa(device: str, shape: tuple[int, int, int, int, int], attention=sdp
 
 def check_decode(settings: Settings, trained: GPT, prompt: torch.Tensor) -> list[Row]:
     """Cached greedy decoding of the trained weights at batch 1 in bf16, eager and compiled: tokens/s (median of 3
-    after a warm-up, which compiles) and MBU, the bytes a step reads (weights + cache at the mean context) x
-    tokens/s / the read bandwidth measured here."""
+    after a warm-up, which compiles) and MBU (weights + cache at the mean context, read at the bandwidth measured)."""
     model = GPT(trained.config)
     model.load_state_dict(trained.state_dict())
     model = model.to(settings.device, torch.bfloat16).eval()

@@ -27,7 +27,7 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 
-from benchmarks import ROOT, in_fresh_process, new_parser
+from benchmarks import QUIET, ROOT, in_fresh_process, new_parser
 
 SHARD_MB = 128
 BASE_WORDS = 4_000_000  # ~22 MB of text that documents are cut from
@@ -146,11 +146,9 @@ def run_fit(flags: list[str], run_dir: Path) -> tuple[float, float, float]:
     settings = {"model.n_embd": 192, "model.compile": "false", "data.batch_size": 4, "data.num_workers": 2,
                 "trainer.accelerator": "cpu", "trainer.devices": 1, "trainer.strategy": "auto",
                 "trainer.precision": "32-true", "trainer.accumulate_grad_batches": 1, "trainer.max_steps": FIT_STEPS,
-                "trainer.limit_val_batches": 0, "trainer.logger": "false", "trainer.enable_progress_bar": "false",
-                "trainer.default_root_dir": run_dir, "checkpoint.every_n_train_steps": 100000,
-                "samples.every_n_steps": 0, "attention_maps.every_n_steps": 0}  # fmt: skip
+                "trainer.default_root_dir": run_dir, "checkpoint.every_n_train_steps": 100000}  # fmt: skip
     clock = json.dumps({"class_path": "benchmarks.tokenize_throughput.StepClock"})
-    args = [sys.executable, "train.py", "fit", "--config", "configs/gpt2-small.yaml", *flags,
+    args = [sys.executable, "train.py", "fit", "--config", "configs/gpt2-small.yaml", *QUIET, *flags,
             *(str(part) for key, value in settings.items() for part in (f"--{key}", value)),
             f"--trainer.callbacks+={clock}"]  # fmt: skip
     launched = time.time()

@@ -239,17 +239,12 @@ class RunConfig(SaveConfigCallback):
 def retain_freed_memory() -> bool:
     """Keep freed host memory in the process (True if applied): glibc gave it back to the kernel, so each CPU step
     page-faulted the same activations in again. Not off glibc, nor over the user's own malloc tuning."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    if any(
-        name in os.environ for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
-    ):
+    tuned = {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"} & set(os.environ)
+    if tuned or platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     libc = ctypes.CDLL("libc.so.6")
     m_trim_threshold, m_mmap_threshold = -1, -3  # mallopt parameter numbers from glibc's malloc.h
-    return bool(libc.mallopt(m_mmap_threshold, 32 * 2**20)) and bool(
-        libc.mallopt(m_trim_threshold, 256 * 2**20)
-    )
+    return bool(libc.mallopt(m_mmap_threshold, 32 * 2**20) and libc.mallopt(m_trim_threshold, 256 * 2**20))
 
 
 def _explicit_keys(parser, args: list[str], subcommand: str | None):
