@@ -3,11 +3,8 @@
     python -m benchmarks.device_check               # one CUDA GPU: the 124 M config of gpt2-small.yaml
     python -m benchmarks.device_check --cpu_smoke   # the same code paths, tiny, on CPU (the tests run it)
 
-Checks: sdpa (the model's attention forward and backward in bf16 under each fused backend alone, so a silent
-fallback to the math kernel fails), train (the config through Lightning, bf16-mixed and compiled: tokens/s, MFU,
-peak memory against training/memory.py's estimate, the attention kernels profiled, the loss falling), decode
-(`generate` with the KV cache on the trained weights, eager and compiled: tokens/s and MBU) and resume (stopped
-at step 3 and resumed equals a straight run, bit for bit).
+Checks, each described in docs/cluster.md: sdpa (each fused backend alone, so a fallback to the math kernel fails),
+train (tokens/s, MFU, peak memory, attention kernels, loss), decode (tokens/s, MBU) and resume (bit for bit).
 """
 
 from __future__ import annotations

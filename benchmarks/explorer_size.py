@@ -3,8 +3,7 @@
     python -m benchmarks.explorer_size                      # SmolLM2-135M (30 layers x 9 heads), 1024 tokens
     python -m benchmarks.explorer_size --model <name> --tokens 512 --screenshot explorer.png
 
-The page is built as `generate.py --attention_html` builds it, on the opening of tiny Shakespeare with its first
-half repeated (so induction heads have something to copy), and opened in Debian's Chromium through Playwright.
+The page is built as `generate.py --attention_html` builds it and opened in Debian's Chromium through Playwright.
 """
 
 from __future__ import annotations
@@ -66,7 +65,7 @@ def main() -> None:
 
 
 def repeated_text_ids(tokenizer, tokens: int) -> torch.Tensor:
-    """(1, tokens) ids: the first tokens // 2 of tiny Shakespeare, twice (one more token when odd)."""
+    """(1, tokens) ids: tiny Shakespeare's first tokens // 2, twice, for induction heads to copy (+1 when odd)."""
     ids = tokenizer.encode(TINY_SHAKESPEARE.read_text(encoding="utf-8")[: 20 * tokens])
     half = ids[: tokens // 2]
     return torch.tensor([(half + half + ids[len(half) :])[:tokens]])

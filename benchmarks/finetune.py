@@ -4,9 +4,7 @@
     python -m benchmarks.finetune --budget_s 120 --init_from <any model name> --data.block_size 128
     python -m benchmarks.finetune --sft --budget_s 600           # chat: configs/sft-smollm2.yaml
 
-Trains configs/finetune-smollm2.yaml (with train.py's overrides) for --budget_s seconds, the schedule laid over the
-budget as in shakespeare_budget. Scored in nats per character of the first --val_chars validation characters; with
---sft, nats per assistant token of the held-out conversations, plus a greedy reply.
+Accepts train.py's overrides. The method (the schedule laid over the budget, the scores) and figures: docs/finetune.md.
 """
 
 from __future__ import annotations
