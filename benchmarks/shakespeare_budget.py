@@ -25,7 +25,6 @@ from model import generate
 from training import LitGPT
 from training.cli import GPTCLI
 from training.fit_summary import score_validation
-from training.lit_gpt import evaluating
 
 RECIPE = ROOT / "configs" / "shakespeare.yaml"
 # One seed per prompt: with a shared seed, prompts ending alike ("...:\n") drew the same continuation.
@@ -61,8 +60,9 @@ class TimeBudget(L.Callback):
 
     def record(self, elapsed: float, step: int, pl_module) -> None:
         paused = time.perf_counter()
-        with evaluating(pl_module):
-            nats = self.evaluate(pl_module.model)
+        pl_module.eval()
+        nats = self.evaluate(pl_module.model)
+        pl_module.train()
         self.evaluations.append((elapsed, step, nats))
         self.start += time.perf_counter() - paused
 
