@@ -67,9 +67,7 @@ def silence_known_noise() -> None:
     """Drop the litlogger tip, Lightning's device lines and torch's LeafSpec deprecation (raised inside
     Lightning); in a log file, also the datasets library's progress bars, whose carriage returns pile up."""
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning_fabric.utilities.rank_zero"):
-        logger = logging.getLogger(name)
-        if _not_noise not in logger.filters:
-            logger.addFilter(_not_noise)
+        logging.getLogger(name).addFilter(_not_noise)  # added once however often this runs
     warnings.filterwarnings(
         "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
     )

@@ -83,8 +83,7 @@ class LitGPT(L.LightningModule):
         # With init_from, block_size (the context) and data.block_size (the window) differ: Lightning logs one.
         self.save_hyperparameters(ignore=["block_size"] if init_from else None)
         # jsonargparse follows **model_config into this call, so ModelConfig's fields become --model.<field>.
-        config = ModelConfig(**model_config)
-        self.model = GPT(config)
+        self.model = GPT(ModelConfig(**model_config))
         if compile:
             self.model.compile()  # in place, so state_dict keys stay unprefixed
         self.skipped_batches = 0
