@@ -1,8 +1,4 @@
-"""Measurements that print a ratio against a baseline measured in the same run.
-
-Run each from the repository root as a module, with underscore flags like the other commands:
-`python -m benchmarks.decode --prompt_len 64`.
-"""
+"""Measurements that print a ratio against a baseline measured in the same run; running them: docs/benchmarks.md."""
 
 from __future__ import annotations
 
