@@ -9,8 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd")
-# train.py flags that turn validation, samples, attention maps, logging and the progress bar off: the benchmarks
-# measure and score themselves.
+# train.py flags: no validation, samples, attention maps, logging or progress bar (benchmarks score themselves).
 QUIET = ["--trainer.logger", "false", "--trainer.limit_val_batches", "0", "--samples.every_n_steps", "0",
          "--attention_maps.every_n_steps", "0", "--trainer.enable_progress_bar", "false"]  # fmt: skip
 
