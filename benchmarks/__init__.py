@@ -27,6 +27,6 @@ def model_shape(args: argparse.Namespace) -> dict[str, int]:
 
 
 def in_fresh_process(fn, *args):
-    """fn(*args) in a spawned (not forked) interpreter: none of this process's memory or thread pools carries over."""
+    """fn(*args) in a spawned (not forked) interpreter: no memory or thread pool of this process carries over."""
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
         return child.submit(fn, *args).result()

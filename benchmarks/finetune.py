@@ -4,7 +4,7 @@
     python -m benchmarks.finetune --budget_s 120 --init_from <any model name> --data.block_size 128
     python -m benchmarks.finetune --sft --budget_s 600           # chat: configs/sft-smollm2.yaml
 
-Accepts train.py's overrides. The method (the schedule laid over the budget, the scores) and figures: docs/finetune.md.
+Accepts train.py's overrides. Method (the schedule laid over the budget, the scores) and figures: docs/finetune.md.
 """
 
 from __future__ import annotations
