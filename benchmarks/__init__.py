@@ -1,8 +1,4 @@
-"""Measurements that print a ratio against a baseline measured in the same run.
-
-Run each from the repository root as a module, with underscore flags like the other commands:
-`python -m benchmarks.decode --prompt_len 64`.
-"""
+"""Measurements that print a ratio against a baseline measured in the same run; running them: docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -13,11 +9,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd")
+# train.py flags: no validation, samples, attention maps, logging or progress bar (benchmarks score themselves).
+QUIET = ["--trainer.logger", "false", "--trainer.limit_val_batches", "0", "--samples.every_n_steps", "0",
+         "--attention_maps.every_n_steps", "0", "--trainer.enable_progress_bar", "false"]  # fmt: skip
 
 
 def new_parser(doc: str, **shape: int) -> argparse.ArgumentParser:
-    """A benchmark's parser, described by its docstring's first paragraph, with a flag for each model-shape
-    argument in `shape` (its default)."""
+    """A parser described by `doc`'s first paragraph, with a flag for each model-shape argument in `shape`."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     for name, default in shape.items():
         parser.add_argument(f"--{name}", type=int, default=default, help=f"the model's ModelConfig.{name}")
@@ -29,7 +27,6 @@ def model_shape(args: argparse.Namespace) -> dict[str, int]:
 
 
 def in_fresh_process(fn, *args):
-    """fn(*args) in a spawned (not forked) interpreter: nothing of this process, memory or thread pools, carries
-    over."""
+    """fn(*args) in a spawned (not forked) interpreter: no memory or thread pool of this process carries over."""
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
         return child.submit(fn, *args).result()

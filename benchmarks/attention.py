@@ -31,9 +31,11 @@ PATHS = {  # each takes (q, k, v)
 MIB = 2**20
 
 
-def random_qkv(t: int, n_head: int, n_kv_head: int, head_dim: int) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(0)  # q (1, H, T, D), k and v (1, Hkv, T, D)
-    return tuple(torch.randn(1, heads, t, head_dim, generator=g) for heads in (n_head, n_kv_head, n_kv_head))
+def random_qkv(b: int, h: int, hkv: int, t: int, d: int, device="cpu", dtype=torch.float32) -> tuple:
+    g = torch.Generator(device).manual_seed(0)  # q (B, H, T, D), k and v (B, Hkv, T, D)
+    return tuple(
+        torch.randn(b, heads, t, d, generator=g, dtype=dtype, device=device) for heads in (h, hkv, hkv)
+    )
 
 
 def _status_bytes(field: str) -> int:  # /proc/self/status reports kB
@@ -55,12 +57,12 @@ def peak_growth(call) -> int:
 
 
 def measure(path: str, t: int, args: argparse.Namespace) -> dict[str, float]:
-    fn, shape = PATHS[path], (args.n_head, args.n_kv_head, args.head_dim)
+    fn, heads = PATHS[path], (1, args.n_head, args.n_kv_head)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     with torch.no_grad():
-        fn(*random_qkv(16, *shape))  # one-time library set-up, not billed to the path
-        q, k, v = random_qkv(t, *shape)
+        fn(*random_qkv(*heads, 16, args.head_dim))  # one-time library set-up, not billed to the path
+        q, k, v = random_qkv(*heads, t, args.head_dim)
         peak = peak_growth(lambda: fn(q, k, v))
         time_s = statistics.median(wall_seconds(lambda: fn(q, k, v))() for _ in range(args.repeats))
     return {"time_s": time_s, "peak_bytes": peak}
@@ -79,10 +81,8 @@ def print_table(rows: list[dict], args: argparse.Namespace) -> None:
         cells = [str(row["t"]), f"{row['scores_bytes'] / MIB:.0f}"]
         cells += [f"{row[p]['time_s'] * 1e3:.1f}" if p in row else "-" for p in PATHS]
         cells += [f"{row[p]['peak_bytes'] / MIB:.1f}" if p in row else "-" for p in PATHS]
-        cells += [
-            f"{expl['time_s'] / sdpa['time_s']:.1f}x",
-            f"{expl['peak_bytes'] / max(sdpa['peak_bytes'], 1):.1f}x",
-        ]
+        ratios = (expl["time_s"] / sdpa["time_s"], expl["peak_bytes"] / max(sdpa["peak_bytes"], 1))
+        cells += [f"{ratio:.1f}x" for ratio in ratios]
         print(" | ".join(f"{c:>14}" for c in cells))
     print(
         "scores MiB = size of one fp32 (B, H, T, T) matrix, which the explicit path builds and SDPA never does"

@@ -6,13 +6,11 @@ Run from the repository root (needs the `hf` extra; llama.cpp sides once tools/l
     python -m benchmarks.decode_vs_hf --configs small --repeats 5 --threads 2 --no_compile
     python -m benchmarks.decode_vs_hf --configs smollm2 --repeats 2   # SmolLM2-135M, 64 new (compile: minutes)
 
-Batch 1, fp32 activations and cache, CPU, one thread count on every side. Sides: our eager and compiled `generate`
-and transformers' default and static cache + `torch.compile` (not for smollm2: too slow to compile) on the weights
-`export_hf` wrote; llama.cpp's probe on our f32 GGUF export. smollm2 adds ours on the file's Q4_1 blocks and
-llama.cpp on the shipped file. Each side also runs with one new token, its prefill: decode tok/s is
-(new - 1) / (time - prefill); llama.cpp times its own passes, leaving out its load. The eager sides also prefill a
---prefill_len prompt alone (llama-bench's pp512). MBU = bytes a step reads x decode tok/s / the best read
-bandwidth of the rounds. Sides alternate within every round; medians.
+Batch 1, fp32, CPU, one thread count on every side. Sides: our eager and compiled `generate`, transformers' default
+and static cache + `torch.compile` (not for smollm2: too slow to compile) on our `export_hf` weights, llama.cpp's
+probe on our f32 GGUF export (smollm2 adds both on the file's Q4_1 blocks). Decode tok/s leaves out each side's
+prefill (its one-token run); MBU = bytes a step reads x decode tok/s / the best read bandwidth of the rounds. The
+sides alternate within every round; medians. Method and figures: docs/decoding.md.
 """
 
 from __future__ import annotations
@@ -74,9 +72,8 @@ def probe_runs(side: str, probe: Path, gguf: Path) -> bool:
 
 
 def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, probe, blocks: GPT | None) -> bool:
-    """Print one model's speeds and MBU for each side, with ratios to transformers' default and to llama.cpp on
-    the same file; return whether our sides and transformers made the same tokens. `llamacpp` maps a side's name
-    to the GGUF the probe runs; `blocks`, the model with its GGUF matrices kept in their blocks, adds Q4_1 sides."""
+    """Print each side's speeds and MBU; whether our sides made transformers' tokens. `llamacpp`: {side: the GGUF
+    the probe runs}; `blocks`, the model with its GGUF matrices kept in their blocks, adds Q4_1 sides."""
     from transformers.generation import CompileConfig
 
     prompt_len, new_tokens = LENGTHS.get(name, (64, 256))

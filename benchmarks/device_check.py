@@ -3,11 +3,8 @@
     python -m benchmarks.device_check               # one CUDA GPU: the 124 M config of gpt2-small.yaml
     python -m benchmarks.device_check --cpu_smoke   # the same code paths, tiny, on CPU (the tests run it)
 
-Checks: sdpa (the model's attention forward and backward in bf16 under each fused backend alone, so a silent
-fallback to the math kernel fails), train (the config through Lightning, bf16-mixed and compiled: tokens/s, MFU,
-peak memory against training/memory.py's estimate, the attention kernels profiled, the loss falling), decode
-(`generate` with the KV cache on the trained weights, eager and compiled: tokens/s and MBU) and resume (stopped
-at step 3 and resumed equals a straight run, bit for bit).
+Checks, each described in docs/cluster.md: sdpa (each fused backend alone, so a fallback to the math kernel fails),
+train (tokens/s, MFU, peak memory, attention kernels, loss), decode (tokens/s, MBU) and resume (bit for bit).
 """
 
 from __future__ import annotations
@@ -24,6 +21,7 @@ import yaml
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from benchmarks import ROOT, new_parser
+from benchmarks.attention import random_qkv
 from benchmarks.decode import bytes_per_token, read_bandwidth
 from benchmarks.lightning_checks import Row, Settings, check_resume, check_training, passed
 from generation.speed import report_decode_speed
@@ -52,12 +50,7 @@ def settings_for(cpu_smoke: bool) -> Settings:
 
 def check_sdpa(device: str, shape: tuple[int, int, int, int, int], attention=sdpa_attention) -> list[Row]:
     """Forward and backward of `attention` at (B, H, Hkv, T, D) in bf16 under each fused backend alone."""
-    b, h, hkv, t, d = shape
-    generator = torch.Generator(device).manual_seed(0)
-    q, k, v = (
-        torch.randn(b, heads, t, d, device=device, generator=generator, dtype=torch.bfloat16)
-        for heads in (h, hkv, hkv)
-    )
+    q, k, v = random_qkv(*shape, device, torch.bfloat16)
     reference, _ = explicit_attention(q.float(), k.float(), v.float())
     rows = []
     for name, backend in FUSED_BACKENDS.items():
@@ -78,8 +71,7 @@ def check_sdpa(device: str, shape: tuple[int, int, int, int, int], attention=sdp
 
 def check_decode(settings: Settings, trained: GPT, prompt: torch.Tensor) -> list[Row]:
     """Cached greedy decoding of the trained weights at batch 1 in bf16, eager and compiled: tokens/s (median of 3
-    after a warm-up, which compiles) and MBU, the bytes a step reads (weights + cache at the mean context) x
-    tokens/s / the read bandwidth measured here."""
+    after a warm-up, which compiles) and MBU (weights + cache at the mean context, read at the bandwidth measured)."""
     model = GPT(trained.config)
     model.load_state_dict(trained.state_dict())
     model = model.to(settings.device, torch.bfloat16).eval()

@@ -3,13 +3,11 @@
     python -m benchmarks.explorer_size                      # SmolLM2-135M (30 layers x 9 heads), 1024 tokens
     python -m benchmarks.explorer_size --model <name> --tokens 512 --screenshot explorer.png
 
-The page is built as `generate.py --attention_html` builds it, on the opening of tiny Shakespeare with its first
-half repeated (so induction heads have something to copy), and opened in Debian's Chromium through Playwright.
+The page is built as `generate.py --attention_html` builds it and opened in Debian's Chromium through Playwright.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import sys
 import tempfile
@@ -43,11 +41,31 @@ def main() -> None:
     args = parser.parse_args()
     if not args.no_browser and not (CHROMIUM.is_file() and importlib.util.find_spec("playwright")):
         raise UserError(f"opening the page needs Chromium at {CHROMIUM} and playwright; or pass --no_browser")
-    report(args)
+    name = args.model or required_smollm2("the default model (or pass --model)")
+    loaded = load(name, dtype=torch.float32)
+    model, config = loaded.model, loaded.model.config
+    ids = repeated_text_ids(loaded.tokenizer, min(args.tokens, config.block_size))
+    with tempfile.TemporaryDirectory(prefix="explorer-") as tmp:
+        page = args.out or Path(tmp) / "explorer.html"
+        page.parent.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        write_attention_html(model, loaded.tokenizer, ids, str(page), prompt_len=ids.shape[1])
+        built = time.perf_counter() - start
+        size_mib = page.stat().st_size / 2**20
+        print(f"{Path(str(name)).name}: {config.n_layer} layers x {config.n_head} heads x {ids.shape[1]} tokens; "
+              f"page {size_mib:.1f} MiB (budget {SIZE_BUDGET_MIB} MiB for 12 x 12 x 1024), built in {built:.1f} s")  # fmt: skip
+        if not args.no_browser:
+            seconds, in_page_ms = open_in_chromium(page, args.screenshot)
+            print(f"Chromium: interactive {seconds:.2f} s after navigation ({in_page_ms:.0f} ms in the page)")
+    # The same statistics the page shows (the writer's seed, so the numbers agree with it).
+    _, stats = probe_attention(model, ids, 32, generator=torch.Generator().manual_seed(0))
+    print("\n".join(["heads the statistics single out:", *singled_out(stats)]))
+    if args.screenshot and not args.no_browser:
+        print(f"wrote {args.screenshot}")
 
 
 def repeated_text_ids(tokenizer, tokens: int) -> torch.Tensor:
-    """(1, tokens) ids: the first tokens // 2 of tiny Shakespeare, twice (one more token when odd)."""
+    """(1, tokens) ids: tiny Shakespeare's first tokens // 2, twice, for induction heads to copy (+1 when odd)."""
     ids = tokenizer.encode(TINY_SHAKESPEARE.read_text(encoding="utf-8")[: 20 * tokens])
     half = ids[: tokens // 2]
     return torch.tensor([(half + half + ids[len(half) :])[:tokens]])
@@ -90,30 +108,6 @@ def singled_out(stats: dict[str, torch.Tensor]) -> list[str]:
         heads = ", ".join(f"L{i // n_head}H{i % n_head} {values[i]:.2f}" for i in order)
         lines.append(f"  {'lowest' if name == 'entropy' else 'highest'} {name}: {heads}")
     return lines
-
-
-def report(args: argparse.Namespace) -> None:
-    name = args.model or required_smollm2("the default model (or pass --model)")
-    loaded = load(name, dtype=torch.float32)
-    model, config = loaded.model, loaded.model.config
-    ids = repeated_text_ids(loaded.tokenizer, min(args.tokens, config.block_size))
-    with tempfile.TemporaryDirectory(prefix="explorer-") as tmp:
-        page = args.out or Path(tmp) / "explorer.html"
-        page.parent.mkdir(parents=True, exist_ok=True)
-        start = time.perf_counter()
-        write_attention_html(model, loaded.tokenizer, ids, str(page), prompt_len=ids.shape[1])
-        built = time.perf_counter() - start
-        size_mib = page.stat().st_size / 2**20
-        print(f"{Path(str(name)).name}: {config.n_layer} layers x {config.n_head} heads x {ids.shape[1]} tokens; "
-              f"page {size_mib:.1f} MiB (budget {SIZE_BUDGET_MIB} MiB for 12 x 12 x 1024), built in {built:.1f} s")  # fmt: skip
-        if not args.no_browser:
-            seconds, in_page_ms = open_in_chromium(page, args.screenshot)
-            print(f"Chromium: interactive {seconds:.2f} s after navigation ({in_page_ms:.0f} ms in the page)")
-    # The same statistics the page shows (the writer's seed, so the numbers agree with it).
-    _, stats = probe_attention(model, ids, 32, generator=torch.Generator().manual_seed(0))
-    print("\n".join(["heads the statistics single out:", *singled_out(stats)]))
-    if args.screenshot and not args.no_browser:
-        print(f"wrote {args.screenshot}")
 
 
 if __name__ == "__main__":

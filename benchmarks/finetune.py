@@ -4,9 +4,7 @@
     python -m benchmarks.finetune --budget_s 120 --init_from <any model name> --data.block_size 128
     python -m benchmarks.finetune --sft --budget_s 600           # chat: configs/sft-smollm2.yaml
 
-Trains configs/finetune-smollm2.yaml (with train.py's overrides) for --budget_s seconds, the schedule laid over the
-budget as in shakespeare_budget. Scored in nats per character of the first --val_chars validation characters; with
---sft, nats per assistant token of the held-out conversations, plus a greedy reply.
+Accepts train.py's overrides. Method (the schedule laid over the budget, the scores) and figures: docs/finetune.md.
 """
 
 from __future__ import annotations
@@ -25,11 +23,13 @@ from data.datamodule import TextDataModule
 from model import generate
 from training import LitGPT
 from training.fit_summary import FitSummary, score_validation
+from training.lit_gpt import evaluating
 
-RECIPE = ROOT / "configs" / "finetune-smollm2.yaml"
-TARGET_GAIN = 0.08  # nats per character below zero-shot (issue 27)
-SFT_RECIPE = ROOT / "configs" / "sft-smollm2.yaml"
-SFT_TARGET_GAIN = 0.3  # nats per assistant token below zero-shot (issue 37)
+# run name: (recipe, score key, unit, target gain below zero-shot: issue 27's per character, issue 37's for chat)
+KINDS = {
+    "finetune": (ROOT / "configs" / "finetune-smollm2.yaml", "nats_per_char", "nats/char", 0.08),
+    "sft": (ROOT / "configs" / "sft-smollm2.yaml", "nats_per_token", "nats/assistant token", 0.3),
+}
 SFT_QUESTION = "What is 9 plus 14?"
 
 
@@ -37,10 +37,8 @@ def score(module: LitGPT, data: TextDataModule, val_chars: int) -> dict[str, flo
     """The first `val_chars` validation characters; for chat, every held-out conversation's assistant tokens."""
     chat = data.val_mask is not None
     tokens = data.val_tokens[: None if chat else max(2, round(val_chars / data.chars_per_token))]
-    module.eval()
-    result = score_validation(module.model, data.tokenizer, tokens, data.block_size, mask=data.val_mask)
-    module.train()
-    return result
+    with evaluating(module):
+        return score_validation(module.model, data.tokenizer, tokens, data.block_size, mask=data.val_mask)
 
 
 @torch.no_grad()
@@ -49,10 +47,9 @@ def chat_reply(module: LitGPT, data: TextDataModule, max_new_tokens: int = 24) -
     tokenizer = data.tokenizer
     prompt = tokenizer.render_chat([{"role": "user", "content": SFT_QUESTION}], add_generation_prompt=True)
     ids = torch.tensor([tokenizer.encode(prompt, add_bos=False)])
-    module.eval()
-    out = generate(module.model, ids, max_new_tokens, temperature=0.0, eos_id=tokenizer.eos_ids)[0].tolist()
-    module.train()
-    reply = out[ids.shape[1] :]
+    with evaluating(module):
+        out = generate(module.model, ids, max_new_tokens, temperature=0.0, eos_id=tokenizer.eos_ids)
+    reply = out[0, ids.shape[1] :].tolist()
     end = next((i + 1 for i, token in enumerate(reply) if token in tokenizer.eos_ids), len(reply))
     return tokenizer.decode(reply[:end])
 
@@ -67,18 +64,15 @@ def main() -> None:
     # The recipe saves a checkpoint every 50 steps; the benchmark keeps the last one only.
     init_from = args.init_from or str(required_smollm2("the default model (or pass --init_from)"))
     overrides = ["--model.init_from", init_from, *overrides, "--checkpoint.every_n_train_steps", "100000"]
-    recipe, name = (SFT_RECIPE, "sft") if args.sft else (RECIPE, "finetune")
-    with budget_run(recipe, overrides, args, name) as cli:
+    name = "sft" if args.sft else "finetune"
+    with budget_run(KINDS[name][0], overrides, args, name) as cli:
         fine_tune(cli, args)
 
 
 def fine_tune(cli, args: argparse.Namespace) -> None:
     data, module, trainer = cli.datamodule, cli.model, cli.trainer
     module.load_pretrained_weights()  # the fit then starts from these weights (it loads them only once)
-    key, unit, target = (
-        ("nats_per_token", "nats/assistant token", SFT_TARGET_GAIN) if args.sft
-        else ("nats_per_char", "nats/char", TARGET_GAIN)
-    )  # fmt: skip
+    _, key, unit, target = KINDS["sft" if args.sft else "finetune"]
     started = time.perf_counter()
     before = score(module, data, args.val_chars)
     print(f"zero-shot: {before[key]:.4f} {unit} on {before['chars']:,} characters "

@@ -57,9 +57,8 @@ def passed(ok: bool) -> str:
 
 
 def fused_attention_ops(op_names: set[str]) -> tuple[bool, list[str]]:
-    """(all attention kernels fused, their names) from profiler op names; the dispatcher entry
-    `aten::scaled_dot_product_attention` is not a kernel."""
-    entry = "aten::scaled_dot_product_attention"
+    """(all attention kernels fused, their names) from profiler op names."""
+    entry = "aten::scaled_dot_product_attention"  # the dispatcher's entry, not a kernel
     kernels = sorted(n for n in op_names if "scaled_dot_product" in n and n != entry)
     return bool(kernels) and all("flash" in n or "cudnn" in n for n in kernels), kernels
 

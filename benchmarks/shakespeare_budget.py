@@ -19,7 +19,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from benchmarks import ROOT, new_parser
+from benchmarks import QUIET, ROOT, new_parser
 from data.datamodule import TextDataModule
 from model import generate
 from training import LitGPT
@@ -69,11 +69,6 @@ class TimeBudget(L.Callback):
     def time_to_target(self) -> tuple[float, int] | None:
         """Training seconds and step of the first evaluation at or below the target."""
         return next(((s, step) for s, step, nats in self.evaluations if nats <= self.target), None)
-
-
-# Validation, samples, attention maps and logging off: the benchmark scores the whole validation text itself.
-QUIET = ["--trainer.logger", "false", "--trainer.limit_val_batches", "0", "--samples.every_n_steps", "0",
-         "--attention_maps.every_n_steps", "0", "--trainer.enable_progress_bar", "false"]  # fmt: skip
 
 
 def budget_parser(doc: str, budget_s: float, threads: int | None) -> argparse.ArgumentParser:

@@ -2,13 +2,10 @@
 
     python -m benchmarks.tokenize_throughput [--size_mb 1000] [--repeats 1] [--vocab_size 32768] [--part a|b|both]
 
-The corpus: JSON-lines shards of documents of log-normal length (median ~2 KB) cut from tiny Shakespeare's words,
-and a BPE trained on its first documents. (a) At num_proc 1 and 2, interleaved: raw `encode_batch_fast` (what our
-tokenizer calls) on the documents in memory, split among as many processes (the limit), against `python -m
-data.prepare` from an empty cache: its tokenization phase and the whole command. (b) `train.py fit` on
-gpt2-small.yaml narrowed for the CPU (n_embd 192, batch 4), streaming: launch to step 1, the step time, and the
-DataLoader's tokens/s at num_workers 2 against what training consumes. (Not named tokenize.py: it would shadow
-the standard library's module.)
+(a) At num_proc 1 and 2, interleaved: raw `encode_batch_fast` (what our tokenizer calls) on the documents in
+memory in as many processes (the limit), against `python -m data.prepare` from an empty cache. (b) A streaming
+`train.py fit`: launch to step 1, the step time, and the loader's tokens/s against what training consumes. The
+corpus and the figures: docs/data.md. (Not named tokenize.py: it would shadow the standard library's module.)
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 
-from benchmarks import ROOT, in_fresh_process, new_parser
+from benchmarks import QUIET, ROOT, in_fresh_process, new_parser
 
 SHARD_MB = 128
 BASE_WORDS = 4_000_000  # ~22 MB of text that documents are cut from
@@ -149,11 +146,9 @@ def run_fit(flags: list[str], run_dir: Path) -> tuple[float, float, float]:
     settings = {"model.n_embd": 192, "model.compile": "false", "data.batch_size": 4, "data.num_workers": 2,
                 "trainer.accelerator": "cpu", "trainer.devices": 1, "trainer.strategy": "auto",
                 "trainer.precision": "32-true", "trainer.accumulate_grad_batches": 1, "trainer.max_steps": FIT_STEPS,
-                "trainer.limit_val_batches": 0, "trainer.logger": "false", "trainer.enable_progress_bar": "false",
-                "trainer.default_root_dir": run_dir, "checkpoint.every_n_train_steps": 100000,
-                "samples.every_n_steps": 0, "attention_maps.every_n_steps": 0}  # fmt: skip
+                "trainer.default_root_dir": run_dir, "checkpoint.every_n_train_steps": 100000}  # fmt: skip
     clock = json.dumps({"class_path": "benchmarks.tokenize_throughput.StepClock"})
-    args = [sys.executable, "train.py", "fit", "--config", "configs/gpt2-small.yaml", *flags,
+    args = [sys.executable, "train.py", "fit", "--config", "configs/gpt2-small.yaml", *QUIET, *flags,
             *(str(part) for key, value in settings.items() for part in (f"--{key}", value)),
             f"--trainer.callbacks+={clock}"]  # fmt: skip
     launched = time.time()

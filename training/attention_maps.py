@@ -20,11 +20,8 @@ DEFAULT_PROBE = "First Citizen:\nBefore we proceed any further, hear me speak.\n
 
 
 class AttentionMaps(L.Callback):
-    """Every `every_n_steps` optimizer steps, on rank 0, draw the attention of each layer on a probe text.
-
-    Logged to wandb: `attention/layer_<l>` images, one `attention/<statistic>` chart per statistic, an
-    `attention/heads` table and the `attention/explorer` page, also written to `<run dir>/attention/explorer.html`.
-    A head whose induction score first passes `induction_threshold` gets a console line and a wandb summary key.
+    """Every `every_n_steps` optimizer steps, on rank 0, draw and log the attention on a probe text: images,
+    statistics, a table and the explorer (also `<run dir>/attention/explorer.html`), listed in docs/attention.md.
 
     Args:
         every_n_steps: Interval in optimizer steps; 0 disables the callback.

@@ -30,14 +30,14 @@ from common.threads import apply_thread_count
 from data.datamodule import check_numbers
 
 from .attention_maps import AttentionMaps
-from .console import order_help_sections, progress_for_output, silence_known_noise
+from .console import LineProgress, StepProgressBar, order_help_sections, silence_known_noise
 from .fit_summary import MAX_SCORED_TOKENS, FitReport, FitSummary
 from .flops import ThroughputMonitor
 from .init_from import Pretrained, apply_init_from
 from .lit_gpt import loggers_of
 from .samples import SampleGenerations
 from .wandb_history import WandbResume
-from .wandb_logger import is_run_logger, run_logger, run_loggers
+from .wandb_logger import RunWandbLogger, is_run_logger, run_logger
 
 TRAINER_DEFAULTS = {
     "trainer.max_steps": 5000,
@@ -121,7 +121,7 @@ class GPTCLI(LightningCLI):
         run_dir = Path(self.trainer.default_root_dir)
         new_run = not run_dir.exists()
         self.ctrl_c.install(self.trainer)
-        for logger in run_loggers(self.trainer):
+        for logger in loggers_of(self.trainer, RunWandbLogger):
             logger.follow(self.trainer)
         lock = None
         try:
@@ -133,7 +133,7 @@ class GPTCLI(LightningCLI):
         except BaseException:
             # A run that fails before its first step leaves nothing worth keeping: a retry starts clean.
             if not self.ctrl_c.training_started:
-                for logger in run_loggers(self.trainer):
+                for logger in loggers_of(self.trainer, RunWandbLogger):
                     logger.discard_segment()
                 if new_run:
                     shutil.rmtree(run_dir, ignore_errors=True)
@@ -191,9 +191,10 @@ class GPTCLI(LightningCLI):
             # Rebuilt for this run directory, so a copied or moved run logs where it now is.
             config.trainer.logger = run_logger(run_dir, config.wandb_project, name, resumed)
         extra = [ThroughputMonitor(), LastCheckpoint(), self.ctrl_c, WandbResume(), FitReport()]
-        # A ProgressBar callback while enable_progress_bar is False is an error in Lightning.
+        # A ProgressBar callback while enable_progress_bar is False is an error in Lightning. Off a terminal,
+        # plain lines: the rich bar would print nothing until the run ends.
         if config.trainer.enable_progress_bar is not False:
-            extra.append(progress_for_output())
+            extra.append(StepProgressBar() if sys.stdout.isatty() else LineProgress())
         # After the progress bar: its last line comes first.
         extra.append(FitSummary(config.get("score_tokens", MAX_SCORED_TOKENS)))
         config.trainer.plugins = with_checkpoint_io(
@@ -238,17 +239,12 @@ class RunConfig(SaveConfigCallback):
 def retain_freed_memory() -> bool:
     """Keep freed host memory in the process (True if applied): glibc gave it back to the kernel, so each CPU step
     page-faulted the same activations in again. Not off glibc, nor over the user's own malloc tuning."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    if any(
-        name in os.environ for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
-    ):
+    tuned = {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"} & set(os.environ)
+    if tuned or platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     libc = ctypes.CDLL("libc.so.6")
     m_trim_threshold, m_mmap_threshold = -1, -3  # mallopt parameter numbers from glibc's malloc.h
-    return bool(libc.mallopt(m_mmap_threshold, 32 * 2**20)) and bool(
-        libc.mallopt(m_trim_threshold, 256 * 2**20)
-    )
+    return bool(libc.mallopt(m_mmap_threshold, 32 * 2**20) and libc.mallopt(m_trim_threshold, 256 * 2**20))
 
 
 def _explicit_keys(parser, args: list[str], subcommand: str | None):

@@ -30,42 +30,33 @@ NOISE_LOG_PREFIXES = ("💡 Tip: For seamless cloud", "GPU available:", "TPU ava
 LINES_PER_RUN = 100  # the plain-line progress prints at most about this many lines
 
 
-def progress_for_output() -> ProgressBar:
-    """A rich bar on a terminal; plain lines elsewhere, where the rich bar prints nothing until the run ends."""
-    return StepProgressBar() if sys.stdout.isatty() else LineProgress()
-
-
 def order_help_sections(parser) -> None:
     """In the parser of every subcommand: readable section titles, the project's sections and --ckpt_path
     before the Trainer's flags, and a usage line (argparse's would list all ~400 flags before anything else)."""
     subcommands = getattr(parser, "_subcommands_action", None)
     for subparser in subcommands.choices.values() if subcommands else [parser]:
-        _order_sections(subparser)
-
-
-def _order_sections(parser) -> None:
-    parser.usage = (
-        "%(prog)s [--config CONFIG] [--KEY VALUE ...]   (keys below; --print_config shows the result)"
-    )
-    groups = parser.groups or {}
-    for key, title in SECTION_TITLES.items():
-        if key in groups:
-            groups[key].title, groups[key].description = title, None
-    first = [groups[key] for key in SECTION_TITLES if key in groups and key != "trainer"]
-    for group in parser._action_groups:
-        action = next((action for action in group._group_actions if action.dest == "ckpt_path"), None)
-        if action is not None:
-            group.title, group.description = "resume: where fit continues from", None
-            action.help = (
-                "runs/<run> resumes that run with its saved config.yaml (other flags apply on top); "
-                "'last' (with the run's --config or --run_name) its newest checkpoint; or a .ckpt file."
-            )
-            first.insert(0, group)
-            break
-    last = [groups["trainer"]] if "trainer" in groups else []
-    rest = [group for group in parser._action_groups if group not in first and group not in last]
-    # argparse prints groups in list order; keep its first two (positionals, options) on top.
-    parser._action_groups[:] = rest[:2] + first + rest[2:] + last
+        subparser.usage = (
+            "%(prog)s [--config CONFIG] [--KEY VALUE ...]   (keys below; --print_config shows the result)"
+        )
+        groups = subparser.groups or {}
+        for key, title in SECTION_TITLES.items():
+            if key in groups:
+                groups[key].title, groups[key].description = title, None
+        first = [groups[key] for key in SECTION_TITLES if key in groups and key != "trainer"]
+        for group in subparser._action_groups:
+            action = next((action for action in group._group_actions if action.dest == "ckpt_path"), None)
+            if action is not None:
+                group.title, group.description = "resume: where fit continues from", None
+                action.help = (
+                    "runs/<run> resumes that run with its saved config.yaml (other flags apply on top); "
+                    "'last' (with the run's --config or --run_name) its newest checkpoint; or a .ckpt file."
+                )
+                first.insert(0, group)
+                break
+        last = [groups["trainer"]] if "trainer" in groups else []
+        rest = [group for group in subparser._action_groups if group not in first and group not in last]
+        # argparse prints groups in list order; keep its first two (positionals, options) on top.
+        subparser._action_groups[:] = rest[:2] + first + rest[2:] + last
 
 
 def _not_noise(record: logging.LogRecord) -> bool:
@@ -76,9 +67,7 @@ def silence_known_noise() -> None:
     """Drop the litlogger tip, Lightning's device lines and torch's LeafSpec deprecation (raised inside
     Lightning); in a log file, also the datasets library's progress bars, whose carriage returns pile up."""
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning_fabric.utilities.rank_zero"):
-        logger = logging.getLogger(name)
-        if _not_noise not in logger.filters:
-            logger.addFilter(_not_noise)
+        logging.getLogger(name).addFilter(_not_noise)  # added once however often this runs
     warnings.filterwarnings(
         "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
     )

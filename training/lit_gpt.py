@@ -83,8 +83,7 @@ class LitGPT(L.LightningModule):
         # With init_from, block_size (the context) and data.block_size (the window) differ: Lightning logs one.
         self.save_hyperparameters(ignore=["block_size"] if init_from else None)
         # jsonargparse follows **model_config into this call, so ModelConfig's fields become --model.<field>.
-        config = ModelConfig(**model_config)
-        self.model = GPT(config)
+        self.model = GPT(ModelConfig(**model_config))
         if compile:
             self.model.compile()  # in place, so state_dict keys stay unprefixed
         self.skipped_batches = 0
@@ -172,11 +171,10 @@ class LitGPT(L.LightningModule):
     def make_optimizer(self) -> torch.optim.AdamW:
         """AdamW with weight decay on matrices only, using the fused kernel where the device has one."""
         hp = self.hparams
-        # One fused pass over all tensors instead of a loop per tensor (docs/results.md has the gain on CPU).
-        fused = all(p.device.type in ("cpu", "cuda") for p in self.parameters())
         # Lightning refuses gradient clipping with a fused optimizer under any mixed precision, bf16 included.
-        if self._trainer is not None and str(self.trainer.precision).endswith("-mixed"):
-            fused = False
+        mixed = self._trainer is not None and str(self.trainer.precision).endswith("-mixed")
+        # One fused pass over all tensors instead of a loop per tensor (docs/results.md has the gain on CPU).
+        fused = not mixed and all(p.device.type in ("cpu", "cuda") for p in self.parameters())
         return torch.optim.AdamW(
             adamw_param_groups(self.model, hp.weight_decay), lr=hp.learning_rate, betas=(hp.beta1, hp.beta2),
             fused=fused or None,

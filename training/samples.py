@@ -15,8 +15,7 @@ from .lit_gpt import due, evaluating, loggers_of
 
 
 class SampleGenerations(L.Callback):
-    """Every `every_n_steps` optimizer steps, on rank 0, continue each prompt and log a table (its rows are kept
-    in the checkpoint, so the table after a resume still holds the rows logged before).
+    """Every `every_n_steps` optimizer steps, on rank 0, continue each prompt and log a table (kept across resumes).
 
     Args:
         every_n_steps: Interval in optimizer steps; 0 disables the callback.

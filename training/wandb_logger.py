@@ -12,14 +12,12 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
-import lightning as L
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
 from checkpoints.run_dir import RunDir
 from common.files import atomic_write
 
-from .lit_gpt import loggers_of
 from .wandb_history import WANDB_ID_KEY, KeptHistory
 
 RUN_LOGGER = "training.wandb_logger.RunWandbLogger"  # as config.yaml records it: keep this module path
@@ -135,10 +133,6 @@ def _restore_links(folder: Path, links: dict[str, str]) -> None:
             (folder / name).symlink_to(target)
 
 
-def run_loggers(trainer: L.Trainer) -> list[RunWandbLogger]:
-    return loggers_of(trainer, RunWandbLogger)
-
-
 def is_run_logger(logger) -> bool:
     """True for the `trainer.logger` entry of the wandb logger the CLI adds (as config.yaml records it)."""
     get = getattr(logger, "get", None)
@@ -173,11 +167,9 @@ def wandb_run_id(run_dir: Path, fallback: str | None = None) -> str:
     the wandb run exists: a failed start leaves no folder)."""
     path = RunDir(run_dir).wandb_id_file
     stored = path.read_text(encoding="utf-8").strip() if path.is_file() else ""
-    if stored:
-        return stored
-    if fallback is None:  # the shape of wandb's own ids: 8 lowercase letters and digits
-        fallback = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
-    return fallback
+    # A new id has the shape of wandb's own: 8 lowercase letters and digits.
+    new = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    return stored or fallback or new
 
 
 def record_wandb_run_id(run_dir: Path, run_id: str) -> None:
