@@ -10,6 +10,8 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
+from .quantized import attention_op
+
 
 @dataclass(frozen=True)
 class Llama3Scaling:
@@ -112,7 +114,10 @@ def one_query_attention(
     """softmax(q kᵀ / sqrt(D)) v for one query per head, q (B, H, 1, D), over k, v (B, Hkv, S, D) masked by
     `visible` (B or 1, 1, 1, S), as products and sums for Inductor to fuse into reductions that read each cached
     key once on every thread (the compiled CPU step: `Cache.reductions`); run eagerly it would materialise the
-    products. Scores are at least float32, as in the fused kernel."""
+    products. Scores are at least float32, as in the fused kernel. In float32 on the CPU, the C++ op of
+    model/row_kernel.cpp computes the same, reading only the visible positions."""
+    if q.dtype == k.dtype == v.dtype == torch.float32 and q.device.type == "cpu" and attention_op():
+        return attention_op()(q, k, v, visible)
     b, h, _, d = q.shape
     hkv = k.shape[1]
     q = q.to(torch.promote_types(q.dtype, torch.float32))  # bf16/fp16 -> float32, float64 stays

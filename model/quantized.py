@@ -264,8 +264,18 @@ def _register_fake() -> None:
     def _(x, w):
         return x.new_empty(*x.shape[:-1], w.shape[0])
 
+    @torch.library.register_fake("gqa_quant::one_query_attention")
+    def _(q, k, v, visible):
+        return q.new_empty(*q.shape[:-1], v.shape[-1])
+
 
 def float_rows_op():
     """`torch.ops.gqa_quant.float_rows(x, w)`, the same library's product of a few float32 rows with a float32
     weight (out, in), or None where the library cannot run."""
     return row_product_op() and torch.ops.gqa_quant.float_rows
+
+
+def attention_op():
+    """`torch.ops.gqa_quant.one_query_attention(q, k, v, visible)`, the same library's one-query attention over a
+    float32 cache, or None where the library cannot run."""
+    return row_product_op() and torch.ops.gqa_quant.one_query_attention

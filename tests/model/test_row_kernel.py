@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from model import quantized as row_kernel
+from model.attention import one_query_attention
 from model.gpt import OneRowLinears
 from model.quantized import QuantizedLinear
 from tests.conftest import ROOT
@@ -260,3 +261,28 @@ def test_the_avx2_build_gives_the_avx512_builds_values(tmp_path):
     avx2 = torch.load(out)
     for kind, other in zip(KINDS, avx2, strict=True):
         assert torch.equal(run(op, random_layer(*kind), x[:, : kind[3]]), other), kind
+
+
+@pytest.mark.parametrize("n_head, n_kv_head", [(4, 4), (9, 3), (4, 1)], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("batch_mask", [False, True])
+def test_the_attention_kernel_gives_the_masked_attentions_values(n_head, n_kv_head, batch_mask):
+    """The compiled CPU step's one-query attention in float32: SDPA's values over the visible positions, read
+    from a cache layer laid out (B, S, Hkv, D) and viewed as (B, Hkv, S, D), as strided views of a buffer are."""
+    kernel()
+    g = torch.Generator().manual_seed(n_head + n_kv_head)
+    q = torch.randn(2, n_head, 1, 20, generator=g)
+    k, v = (torch.randn(2, 37, n_kv_head, 20, generator=g).transpose(1, 2) for _ in range(2))
+    visible = torch.rand(2 if batch_mask else 1, 1, 1, 37, generator=g) < 0.6
+    visible[..., 0] = True
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
+    got = one_query_attention(q, k, v, visible)
+    assert got.shape == expected.shape and (got - expected).abs().max().item() <= 1e-6
+    assert (expected - F.scaled_dot_product_attention(q, k, v, enable_gqa=True)).abs().max().item() > 0.01
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm.code)
+        return gm.forward
+
+    compiled = torch.compile(one_query_attention, backend=record, fullgraph=True)(q, k, v, visible)
+    assert torch.equal(compiled, got) and "gqa_quant.one_query_attention" in graphs[0]
