@@ -227,9 +227,7 @@ def load_hf(directory: str | Path) -> GPT:
         expected = GPT(config)
     shapes = {name: tuple(tensor.shape) for name, tensor in tensors.items()}
     # Old transformers versions saved the RoPE buffer; a tied lm_head may be stored too. Neither is read.
-    tolerated = (
-        ("rotary_emb.inv_freq", "lm_head.weight") if config.tie_embeddings else ("rotary_emb.inv_freq",)
-    )
+    tolerated = ("rotary_emb.inv_freq",) + (("lm_head.weight",) if config.tie_embeddings else ())
     check_stored(shapes, config, expected.state_dict(), "hf", f"{directory}:", tolerated)
     state = from_format(expected.state_dict(), config, "hf", tensors.get, torch.cat)
     dtype = state["wte.weight"].dtype

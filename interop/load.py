@@ -54,9 +54,7 @@ def load(
     keep_quantized: bool | None = False,
 ) -> Loaded:
     """Our GPT and tokenizer for any model name (see interop.source); `dtype` None keeps the stored one.
-    `keep_quantized` (a .gguf file, float32): matrices stored as one of KEPT_TYPES stay in their blocks
-    (model.quantized.QuantizedLinear): the same weights, ~5x smaller, read directly by the row kernel; None
-    keeps them if the source is a .gguf."""
+    `keep_quantized` (a .gguf, float32; None: if the source is one) keeps KEPT_TYPES matrices in their blocks."""
     if keep_quantized and dtype not in (None, torch.float32):
         raise PretrainedError(f"keep_quantized computes in float32; drop the dtype {dtype} or keep_quantized")
     source = resolve(name, revision)

@@ -22,8 +22,8 @@ from model.config import ModelConfig
 from .source import PretrainedError
 
 Format = Literal["hf", "gguf"]
+# The llama.cpp architectures whose q/k rows are adjacent RoPE pairs (the `rope` parts permuted).
 INTERLEAVED = ("llama",)
-"""The llama.cpp architectures whose q/k rows are adjacent RoPE pairs (the `rope` parts permuted)."""
 T = TypeVar("T")
 
 
@@ -119,9 +119,9 @@ def from_format(
         if any(value is None for value in values):
             continue
         if rotate_half is not None:
-            heads = [config.n_head if p.rows == "q" else config.n_kv_head for p in parts]
+            heads = {"q": config.n_head, "kv": config.n_kv_head}
             values = [
-                rotate_half(v, h) if p.rope else v for v, p, h in zip(values, parts, heads, strict=True)
+                rotate_half(v, heads[p.rows]) if p.rope else v for v, p in zip(values, parts, strict=True)
             ]
         joined = values[0] if len(values) == 1 else join(values)
         if joined is not None:  # a join may refuse (blocks of mixed types)
