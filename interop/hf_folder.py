@@ -1,8 +1,6 @@
 """A Hugging Face model folder: config.json <-> our ModelConfig, safetensors weights <-> our GPT.
 
-Supported: `LlamaForCausalLM` (Llama 1/2/3 with Llama 3's `llama3` RoPE scaling, SmolLM/SmolLM2, TinyLlama),
-`MistralForCausalLM` without a sliding window, `Qwen2ForCausalLM` (q/k/v biases) and `Qwen3ForCausalLM`
-(per-head q/k RMSNorm, a head_dim of its own). Anything else is refused in one line that names the config.json
+What is supported is in docs/architectures.md; anything else is refused in one line that names the config.json
 key, its value and what is supported. Our RoPE is Hugging Face's rotate-half, so q/k rows map over unpermuted.
 """
 

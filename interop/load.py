@@ -1,8 +1,4 @@
 """One entry point for every command: a model name in, our GPT, its config or its own tokenizer out.
-
-loaded = load("HuggingFaceTB/SmolLM2-135M-Instruct")   # or a folder, .ckpt, run dir, .gguf
-read_config(name), read_tokenizer(name)                # no weights read
-
 The kind of source is decided once (interop.source.classify) and picks one `Reader`; nothing else branches on it.
 """
 

@@ -47,12 +47,10 @@ class Source:
         return self.path if self.kind in ("hf_folder", "hub") else None
 
     def __str__(self) -> str:
+        if self.kind != "hub":
+            return f"{self.path} ({DESCRIPTIONS[self.kind]})"
         at = f"@{self.revision}" if self.revision else ""
-        return (
-            f"{self.name}{at} ({DESCRIPTIONS[self.kind]}: {self.path})"
-            if self.kind == "hub"
-            else f"{self.path} ({DESCRIPTIONS[self.kind]})"
-        )
+        return f"{self.name}{at} ({DESCRIPTIONS[self.kind]}: {self.path})"
 
 
 def resolve(name: str | Path, revision: str | None = None) -> Source:
