@@ -85,11 +85,8 @@ def to_format(
     state: dict[str, torch.Tensor], config: ModelConfig, fmt: Format, interleave: bool = False
 ) -> dict[str, torch.Tensor]:
     """Our tensors under `fmt`'s names (views: fused layers split); `interleave` puts q/k rows in GGUF llama order."""
-    sizes = {
-        "q": config.n_head * config.head_dim,
-        "kv": config.n_kv_head * config.head_dim,
-        "mlp": config.hidden_dim,
-    }
+    heads = {"q": config.n_head, "kv": config.n_kv_head}
+    sizes = {rows: n * config.head_dim for rows, n in heads.items()} | {"mlp": config.hidden_dim}
     out = {}
     for name, tensor in own_tensors(state, config).items():
         parts, i = row(name)
