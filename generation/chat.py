@@ -1,8 +1,4 @@
-"""A multi-turn conversation through the model's chat template, one KV cache throughout.
-
-Each turn renders and tokenizes the whole conversation and prefills what the cache lacks: the cache is rolled
-back where they differ (a re-written turn, a reply that re-tokenizes differently), with a note.
-"""
+"""A multi-turn conversation through the model's chat template, one KV cache throughout (docs/pretrained.md)."""
 
 from __future__ import annotations
 

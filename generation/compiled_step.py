@@ -1,10 +1,5 @@
-"""The compiled decode step kept between processes: built once per model, shape and torch, then loaded.
-
-model/static_decode.py's step is compiled ahead of time (`aot_compile`) into one file per key (the model's modules
-and tensors, batch, static cache length, torch version and model/'s source) under ~/.cache/gqa-gpt/compiled, with
-Inductor's kernel cache beside it; a later process loads it and traces nothing. A damaged or stale file (its
-header holds the payload's hash) is built again.
-"""
+"""The compiled decode step kept between processes: built once per model, shape and torch, then loaded
+(docs/decoding.md). A damaged or stale file (its header holds the payload's hash) is built again."""
 
 from __future__ import annotations
 

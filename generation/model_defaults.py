@@ -21,11 +21,8 @@ TRANSFORMERS_SAMPLING = {
 
 
 def model_sampler(sampler: Sampler, folder: Path | None, explicit: set[str]) -> Sampler:
-    """`sampler` with the fields the user did not set taken from the model's generation_config.json.
-
-    Like transformers: a model folder with that file samples only if it says `do_sample: true`, and is greedy
-    otherwise. Without the file (our checkpoints, GGUF files) the command line's defaults stay, as in llama.cpp.
-    """
+    """`sampler` with the fields the user did not set taken from the model's generation_config.json: greedy
+    unless it says `do_sample: true`, as in transformers; without the file the command line's defaults stay."""
     path = None if folder is None else Path(folder) / "generation_config.json"
     if path is None or not path.is_file():
         return sampler

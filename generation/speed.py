@@ -68,18 +68,18 @@ def report_decode_speed(
         f"for {prompt.shape[0]} x {cache.max_len} tokens"
     )
     del cache
-    paths = {"cached": {}}
-    if compile:
-        paths["compiled"] = {"compile": True}
-    if with_recompute:
-        paths["no_cache"] = {"use_cache": False}
 
-    def run(kwargs: dict) -> Callable[[], tuple[float, float]]:
+    def run(**kwargs) -> Callable[[], tuple[float, float]]:
         return lambda: timed_decode(
             model, prompt, new_tokens, sampler=seeded(sampler, seed, prompt.device), **kwargs
         )
 
-    medians = alternate_medians({name: run(kwargs) for name, kwargs in paths.items()}, repeats)
+    runs = {"cached": run()}
+    if compile:
+        runs["compiled"] = run(compile=True)
+    if with_recompute:
+        runs["no_cache"] = run(use_cache=False)
+    medians = alternate_medians(runs, repeats)
     for name, (prefill_s, decode_tps) in medians.items():
         print(f"{name:>8}: {prefill_line(prompt.shape[1], prefill_s)}, decode {decode_tps:,.1f} tokens/s")
     cached = medians["cached"][1]

@@ -2,10 +2,8 @@
 
     python -m interop.export_gguf --checkpoint runs/x --out x.gguf [--dtype f32|f16|bf16|q8_0] [--force]
 
---checkpoint is any model name `interop` resolves. The architecture follows the options: `llama` by default
-(Llama 3's RoPE scaling as its `rope_freqs` tensor), `qwen2` for q/k/v biases, `qwen3` for per-head q/k RMSNorm.
-Only a byte-level BPE (`gpt2`) vocabulary is written, named by the pre-tokenizer llama.cpp knows it by
-(data/pre_tokenizers.py); anything llama.cpp would run differently is refused in one line.
+The architecture follows the options: `llama` (Llama 3's RoPE scaling as its `rope_freqs` tensor), `qwen2` for
+q/k/v biases, `qwen3` for q/k RMSNorm; only a byte-level BPE vocabulary is written (docs/interop.md).
 Needs the optional `gguf` package: pip install -e ".[gguf]".
 """
 
@@ -41,7 +39,6 @@ from .names import INTERLEAVED, to_format
 GGUFDtype = Literal["f32", "f16", "bf16", "q8_0"]
 # Each --dtype's gguf.LlamaFileType.
 FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0"}
-GGUF_DTYPES: tuple[GGUFDtype, ...] = tuple(FILE_TYPES)  # type: ignore[assignment]
 Q8_0_BLOCK = 32  # q8_0 quantises rows in blocks of 32 values
 # How a metadata value of each Python type is written (llama.cpp reads counts and ids as uint32).
 ADD = {bool: "add_bool", int: "add_uint32", float: "add_float32", str: "add_string", list: "add_array"}
@@ -60,8 +57,8 @@ def export_gguf(
     gguf = import_gguf()
     out = Path(out).expanduser()
     refuse_existing(out, force, file=True)
-    if dtype not in GGUF_DTYPES:
-        raise UserError(f"--dtype {dtype!r} is not one of {', '.join(GGUF_DTYPES)}")
+    if dtype not in FILE_TYPES:
+        raise UserError(f"--dtype {dtype!r} is not one of {', '.join(FILE_TYPES)}")
     architecture = gguf_architecture(model.config)  # before writing anything: an unsupported mix is refused
     vocab = gguf_vocab(tokenizer, model.config.vocab_size, tokenizer_name)
     with atomic_path(out) as tmp:
@@ -186,13 +183,12 @@ def check_byte_level_bpe(spec: dict, source: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point: writes the file and prints how to run it."""
     parser = export_parser(
         "python -m interop.export_gguf", __doc__, "file to create, e.g. exports/<run>.gguf"
     )
     parser.add_argument(
         "--dtype",
-        choices=GGUF_DTYPES,
+        choices=FILE_TYPES,
         default="f32",
         help="weight type (default: f32; norms always stay f32)",
     )

@@ -2,8 +2,7 @@
 
     python -m interop.export_hf --checkpoint runs/x --out exports/x [--force] [--dtype bfloat16]
 
---checkpoint is any model name `interop` resolves; the folder gets the model's own tokenizer, BOS/EOS ids and
-chat template. It is built under a temporary name and renamed into place, so an interrupted export leaves none.
+The folder is built under a temporary name and renamed into place, so an interrupted export leaves none.
 """
 
 from __future__ import annotations
@@ -36,17 +35,16 @@ def export_hf(model: GPT, tokenizer: Tokenizer, out_dir: str | Path, force: bool
     dtype = next(model.parameters()).dtype
     with StagedFolder(out.parent) as staged:
         assert staged.path is not None
-        write_json(staged.path / "config.json", hf_config_dict(model.config, dtype, rules.bos_id, eos))
-        save_file(to_hf_state_dict(model), staged.path / WEIGHTS_NAME, metadata={"format": "pt"})
+        folder = staged.path
+        write_json(folder / "config.json", hf_config_dict(model.config, dtype, rules.bos_id, eos))
+        save_file(to_hf_state_dict(model), folder / WEIGHTS_NAME, metadata={"format": "pt"})
         # safetensors creates its file 0600; give it the umask's mode, as config.json got, so others can read it.
-        os.chmod(staged.path / WEIGHTS_NAME, stat.S_IMODE((staged.path / "config.json").stat().st_mode))
-        (staged.path / "tokenizer.json").write_text(tokenizer.backend_json, encoding="utf-8")
-        write_json(
-            staged.path / "tokenizer_config.json", tokenizer_config(model.config.block_size, tokenizer)
-        )
+        os.chmod(folder / WEIGHTS_NAME, stat.S_IMODE((folder / "config.json").stat().st_mode))
+        (folder / "tokenizer.json").write_text(tokenizer.backend_json, encoding="utf-8")
+        write_json(folder / "tokenizer_config.json", tokenizer_config(model.config.block_size, tokenizer))
         # pad = eos keeps transformers' generate from warning that no pad token is set.
         generation = {"bos_token_id": rules.bos_id, "eos_token_id": eos, "pad_token_id": rules.eos_ids[0]}
-        write_json(staged.path / "generation_config.json", generation)
+        write_json(folder / "generation_config.json", generation)
         staged.publish(out.name, replace=force)
     return out
 

@@ -1,15 +1,7 @@
 """A GGUF file's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices as block codes, for `model.quantized.QuantizedLinear`.
 
-`interop.load(..., keep_quantized=True)` replaces each linear layer stored in one of these types by a
-`QuantizedLinear` of the same codes. The byte layouts are ggml's (ggml-common.h, ggml-quants.c): Q4_0, Q4_1, Q5_0,
-Q5_1 and Q8_0 hold 32 weights a block after a float16 scale `d` (and for _1 a float16 minimum `m`); the K-quants
-hold super-blocks of 256 weights with 6-bit (Q4_K, Q5_K) or 8-bit (Q6_K) sub-block scales.
-
-Each sub-block is one of our blocks, its codes unsigned at the type's own width: scale `d * sc` and minimum
-`-(dmin * m)` are exact in float32, so `scale * q + minimum` rounds once, where the `gguf` package's
-`d * sc * q - dmin * m` does, to the same float32. A type with signed codes keeps its unsigned ones and the offset
-of weight 0 instead of a minimum (Q4_0's 8, Q5_0's 16, Q6_K's 32, Q8_0's 128): `scale * (q - offset)` is the
-package's product itself.
+The byte layouts are ggml's (ggml-common.h, ggml-quants.c); why the kept codes give bit for bit the `gguf`
+package's weights is in docs/pretrained.md ("Keeping the blocks").
 """
 
 from __future__ import annotations
@@ -33,11 +25,6 @@ class Blocks(NamedTuple):
     bits: int
     block: int = BLOCK
     offset: int = 0
-
-    def rows(self, fn) -> Blocks:
-        """The same matrix with `fn` applied to the rows of codes, scale and minimum alike."""
-        minimum = None if self.minimum is None else fn(self.minimum)
-        return self._replace(codes=fn(self.codes), scale=fn(self.scale), minimum=minimum)
 
 
 def read_blocks(data: np.ndarray, type_name: str) -> Blocks | None:
@@ -99,10 +86,6 @@ def _k_quant(raw: torch.Tensor, codes: torch.Tensor, bits: int) -> Blocks:
     return Blocks(codes.reshape(rows, -1), scale.reshape(rows, -1), minimum.reshape(rows, -1), bits)
 
 
-def _q4_k(raw: torch.Tensor) -> Blocks:
-    return _k_quant(raw, _nibbles(raw[..., 16:]), 4)
-
-
 def _q5_k(raw: torch.Tensor) -> Blocks:
     rows, nb = raw.shape[:2]
     # Q4_K with 32 bytes of fifth bits before the nibbles, (rows, nb, sub-block s, weight l): bit s of byte l
@@ -132,7 +115,7 @@ READERS = {
     "Q5_0": (22, _q4_or_q5),
     "Q5_1": (24, _q4_or_q5),
     "Q8_0": (34, _q8_0),
-    "Q4_K": (144, _q4_k),
+    "Q4_K": (144, lambda raw: _k_quant(raw, _nibbles(raw[..., 16:]), 4)),
     "Q5_K": (176, _q5_k),
     "Q6_K": (210, _q6_k),
 }

@@ -83,6 +83,7 @@ class GGUFFile:
             raise PretrainedError(
                 f"{path}: cannot read this GGUF file ({type(err).__name__}); it is damaged"
             ) from err
+        self._tensors = {tensor.name: tensor for tensor in self._reader.tensors}
         self.architecture = self.field("general.architecture")
         if self.architecture not in ARCHITECTURES:
             raise PretrainedError(
@@ -114,7 +115,7 @@ class GGUFFile:
             "model_type": arch,
             "rms_norm_eps": _as_written(config["rms_norm_eps"]),
             "rope_theta": _as_written(config["rope_theta"]),
-            "tie_word_embeddings": "output.weight" not in self._tensors(),
+            "tie_word_embeddings": "output.weight" not in self._tensors,
             "hidden_act": "silu",
         }
         scaling = self.field(f"{arch}.rope.scaling.type", "none")
@@ -135,24 +136,19 @@ class GGUFFile:
         config = self.model_config()
         with torch.device("meta"):
             expected = own_tensors(GPT(config).state_dict(), config)
-        tensors = self._tensors()
-        shapes = {name: tuple(int(n) for n in reversed(t.shape)) for name, t in tensors.items()}
+        shapes = {name: tuple(int(n) for n in reversed(t.shape)) for name, t in self._tensors.items()}
         check_stored(shapes, config, expected, "gguf", f"{self.path}:")
         interleaved = self.architecture in INTERLEAVED
         rotate = from_interleaved_rope if interleaved else None
-        state = from_format(
-            expected, config, "gguf", lambda n: self._float(tensors.get(n)), torch.cat, rotate
-        )
-        model = model_of(config, state)
+        model = model_of(config, from_format(expected, config, "gguf", self._float, torch.cat, rotate))
         if keep_quantized:
             rotate = _rotate_blocks if interleaved else None
-            blocks = from_format(
-                linear_weights(model), config, "gguf", lambda n: _blocks(tensors.get(n)), stacked, rotate
-            )
+            blocks = from_format(linear_weights(model), config, "gguf", self._blocks, stacked, rotate)
             keep_blocks(model, blocks)
         return model, tokenizer
 
-    def _float(self, tensor) -> torch.Tensor | None:
+    def _float(self, name: str) -> torch.Tensor | None:
+        tensor = self._tensors.get(name)
         if tensor is None:
             return None
         try:
@@ -166,8 +162,9 @@ class GGUFFile:
         # A copy: F32 tensors are read-only views of the memory-mapped file.
         return torch.from_numpy(np.require(array, np.float32, ["C", "W"]).reshape(shape))
 
-    def _tensors(self) -> dict:
-        return {tensor.name: tensor for tensor in self._reader.tensors}
+    def _blocks(self, name: str) -> Blocks | None:
+        tensor = self._tensors.get(name)
+        return None if tensor is None else read_blocks(tensor.data, tensor.tensor_type.name)
 
     def tokenizer(self) -> Tokenizer:
         """The tokenizer of the `tokenizer.ggml.*` vocabulary and chat template."""
@@ -180,8 +177,7 @@ class GGUFFile:
 
 
 def _rotate_blocks(matrix: Blocks, heads: int) -> Blocks:
-    return matrix.rows(lambda rows: from_interleaved_rope(rows, heads))
-
-
-def _blocks(tensor) -> Blocks | None:
-    return None if tensor is None else read_blocks(tensor.data, tensor.tensor_type.name)
+    """The same matrix with its rows of codes, scale and minimum put back in rotate-half order."""
+    minimum = None if matrix.minimum is None else from_interleaved_rope(matrix.minimum, heads)
+    codes, scale = (from_interleaved_rope(t, heads) for t in (matrix.codes, matrix.scale))
+    return matrix._replace(codes=codes, scale=scale, minimum=minimum)

@@ -1,8 +1,6 @@
 """A Hugging Face model folder: config.json <-> our ModelConfig, safetensors weights <-> our GPT.
 
-Supported: `LlamaForCausalLM` (Llama 1/2/3 with Llama 3's `llama3` RoPE scaling, SmolLM/SmolLM2, TinyLlama),
-`MistralForCausalLM` without a sliding window, `Qwen2ForCausalLM` (q/k/v biases) and `Qwen3ForCausalLM`
-(per-head q/k RMSNorm, a head_dim of its own). Anything else is refused in one line that names the config.json
+What is supported is in docs/architectures.md; anything else is refused in one line that names the config.json
 key, its value and what is supported. Our RoPE is Hugging Face's rotate-half, so q/k rows map over unpermuted.
 """
 
@@ -227,9 +225,7 @@ def load_hf(directory: str | Path) -> GPT:
         expected = GPT(config)
     shapes = {name: tuple(tensor.shape) for name, tensor in tensors.items()}
     # Old transformers versions saved the RoPE buffer; a tied lm_head may be stored too. Neither is read.
-    tolerated = (
-        ("rotary_emb.inv_freq", "lm_head.weight") if config.tie_embeddings else ("rotary_emb.inv_freq",)
-    )
+    tolerated = ("rotary_emb.inv_freq",) + (("lm_head.weight",) if config.tie_embeddings else ())
     check_stored(shapes, config, expected.state_dict(), "hf", f"{directory}:", tolerated)
     state = from_format(expected.state_dict(), config, "hf", tensors.get, torch.cat)
     dtype = state["wte.weight"].dtype

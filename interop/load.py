@@ -1,8 +1,4 @@
 """One entry point for every command: a model name in, our GPT, its config or its own tokenizer out.
-
-loaded = load("HuggingFaceTB/SmolLM2-135M-Instruct")   # or a folder, .ckpt, run dir, .gguf
-read_config(name), read_tokenizer(name)                # no weights read
-
 The kind of source is decided once (interop.source.classify) and picks one `Reader`; nothing else branches on it.
 """
 
@@ -54,9 +50,7 @@ def load(
     keep_quantized: bool | None = False,
 ) -> Loaded:
     """Our GPT and tokenizer for any model name (see interop.source); `dtype` None keeps the stored one.
-    `keep_quantized` (a .gguf file, float32): matrices stored as one of KEPT_TYPES stay in their blocks
-    (model.quantized.QuantizedLinear): the same weights, ~5x smaller, read directly by the row kernel; None
-    keeps them if the source is a .gguf."""
+    `keep_quantized` (a .gguf, float32; None: if the source is one) keeps KEPT_TYPES matrices in their blocks."""
     if keep_quantized and dtype not in (None, torch.float32):
         raise PretrainedError(f"keep_quantized computes in float32; drop the dtype {dtype} or keep_quantized")
     source = resolve(name, revision)

@@ -22,8 +22,8 @@ from model.config import ModelConfig
 from .source import PretrainedError
 
 Format = Literal["hf", "gguf"]
+# The llama.cpp architectures whose q/k rows are adjacent RoPE pairs (the `rope` parts permuted).
 INTERLEAVED = ("llama",)
-"""The llama.cpp architectures whose q/k rows are adjacent RoPE pairs (the `rope` parts permuted)."""
 T = TypeVar("T")
 
 
@@ -85,11 +85,8 @@ def to_format(
     state: dict[str, torch.Tensor], config: ModelConfig, fmt: Format, interleave: bool = False
 ) -> dict[str, torch.Tensor]:
     """Our tensors under `fmt`'s names (views: fused layers split); `interleave` puts q/k rows in GGUF llama order."""
-    sizes = {
-        "q": config.n_head * config.head_dim,
-        "kv": config.n_kv_head * config.head_dim,
-        "mlp": config.hidden_dim,
-    }
+    heads = {"q": config.n_head, "kv": config.n_kv_head}
+    sizes = {rows: n * config.head_dim for rows, n in heads.items()} | {"mlp": config.hidden_dim}
     out = {}
     for name, tensor in own_tensors(state, config).items():
         parts, i = row(name)
@@ -119,9 +116,9 @@ def from_format(
         if any(value is None for value in values):
             continue
         if rotate_half is not None:
-            heads = [config.n_head if p.rows == "q" else config.n_kv_head for p in parts]
+            heads = {"q": config.n_head, "kv": config.n_kv_head}
             values = [
-                rotate_half(v, h) if p.rope else v for v, p, h in zip(values, parts, heads, strict=True)
+                rotate_half(v, heads[p.rows]) if p.rope else v for v, p in zip(values, parts, strict=True)
             ]
         joined = values[0] if len(values) == 1 else join(values)
         if joined is not None:  # a join may refuse (blocks of mixed types)

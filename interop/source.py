@@ -1,10 +1,5 @@
-"""What a model name points at, decided the same way for every command (`classify`): an existing `.gguf` file,
-a folder with a config.json (Hugging Face), any other existing path (our checkpoint), else an `org/name` Hub id
-unless the name looks like a mistyped path.
-
-A Hub id is fetched (or found in the cache) by `huggingface_hub`, which honours HF_HUB_OFFLINE, HF_HUB_CACHE and
-HF_TOKEN. Only configs, tokenizer files and safetensors are fetched: loading pickled `.bin` weights could run code.
-"""
+"""What a model name points at, decided the same way for every command (`classify`; the order is in
+docs/pretrained.md). A Hub id is fetched (or found in the cache) by `huggingface_hub`."""
 
 from __future__ import annotations
 
@@ -25,6 +20,7 @@ DESCRIPTIONS = {"checkpoint": "a gqa-gpt checkpoint", "hf_folder": "a Hugging Fa
                 "gguf": "a GGUF file"}  # fmt: skip
 PATH_PREFIXES = ("./", "../", "/", "~", "runs/")
 PATH_SUFFIXES = (".ckpt", ".gguf", ".safetensors", ".json")
+# Only configs, tokenizer files and safetensors are fetched: loading pickled `.bin` weights could run code.
 HUB_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
              "special_tokens_map.json", "chat_template.jinja", "*.safetensors", "model.safetensors.index.json"]  # fmt: skip
 NAME_HELP = (
@@ -51,12 +47,10 @@ class Source:
         return self.path if self.kind in ("hf_folder", "hub") else None
 
     def __str__(self) -> str:
+        if self.kind != "hub":
+            return f"{self.path} ({DESCRIPTIONS[self.kind]})"
         at = f"@{self.revision}" if self.revision else ""
-        return (
-            f"{self.name}{at} ({DESCRIPTIONS[self.kind]}: {self.path})"
-            if self.kind == "hub"
-            else f"{self.path} ({DESCRIPTIONS[self.kind]})"
-        )
+        return f"{self.name}{at} ({DESCRIPTIONS[self.kind]}: {self.path})"
 
 
 def resolve(name: str | Path, revision: str | None = None) -> Source:
@@ -106,17 +100,6 @@ def _has_gguf_magic(path: Path) -> bool:
         return file.read(len(GGUF_MAGIC)) == GGUF_MAGIC
 
 
-def offline_fix() -> str:
-    """The fix for a model neither cached nor downloadable; HF_HUB_OFFLINE is named only when it is set."""
-    offline = (
-        " (unset HF_HUB_OFFLINE)" if os.environ.get("HF_HUB_OFFLINE", "").strip() not in ("", "0") else ""
-    )
-    return (
-        f"it is not in the Hugging Face cache and the Hub cannot be reached; download it once online{offline}, "
-        "point HF_HUB_CACHE at a cache that holds it, or pass a local model folder"
-    )
-
-
 def download_snapshot(repo_id: str, revision: str | None = None) -> Path:
     """The local snapshot folder of `repo_id` at `revision` (default: main); errors are one line naming the id."""
     from huggingface_hub import snapshot_download
@@ -133,7 +116,12 @@ def download_snapshot(repo_id: str, revision: str | None = None) -> Path:
     try:
         folder = Path(snapshot_download(repo_id, revision=revision, allow_patterns=HUB_FILES))
     except (LocalEntryNotFoundError, OfflineModeIsEnabled) as err:
-        raise PretrainedError(f"Hub model {label}: {offline_fix()}") from err
+        offline = os.environ.get("HF_HUB_OFFLINE", "").strip() not in ("", "0")  # named only when it is set
+        raise PretrainedError(
+            f"Hub model {label}: it is not in the Hugging Face cache and the Hub cannot be reached; download it "
+            f"once online{' (unset HF_HUB_OFFLINE)' if offline else ''}, point HF_HUB_CACHE at a cache that "
+            "holds it, or pass a local model folder"
+        ) from err
     except GatedRepoError as err:
         raise PretrainedError(
             f"Hub model {label} is gated; accept its license on the Hub, then `hf auth login`"
