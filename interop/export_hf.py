@@ -1,4 +1,5 @@
-"""Export a model to a Hugging Face `LlamaForCausalLM` folder that `from_pretrained` loads.
+"""Export a model to a Hugging Face folder (`LlamaForCausalLM`, or the Qwen2/Qwen3 class it came as) that
+`from_pretrained` loads.
 
     python -m interop.export_hf --checkpoint runs/x --out exports/x [--force] [--dtype bfloat16]
 
