@@ -1,5 +1,5 @@
-"""Export a model to a Hugging Face folder (`LlamaForCausalLM`, or the Qwen2/Qwen3 class it came as) that
-`from_pretrained` loads.
+"""Export a model to a Hugging Face folder that `from_pretrained` loads: `LlamaForCausalLM` for our own, the
+class of its architecture (Mistral, Qwen2, Qwen3) for a model that came as one.
 
     python -m interop.export_hf --checkpoint runs/x --out exports/x [--force] [--dtype bfloat16]
 
