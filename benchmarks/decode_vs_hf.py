@@ -6,11 +6,12 @@ Run from the repository root (needs the `hf` extra; llama.cpp sides once tools/l
     python -m benchmarks.decode_vs_hf --configs small --repeats 5 --threads 2 --no_compile
     python -m benchmarks.decode_vs_hf --configs smollm2 --repeats 2   # SmolLM2-135M, 64 new (compile: minutes)
 
-Batch 1, fp32, CPU, one thread count on every side. Sides: our eager and compiled `generate`, transformers' default
-and static cache + `torch.compile` (not for smollm2: too slow to compile) on our `export_hf` weights, llama.cpp's
-probe on our f32 GGUF export (smollm2 adds both on the file's Q4_1 blocks). Decode tok/s leaves out each side's
-prefill (its one-token run); MBU = bytes a step reads x decode tok/s / the best read bandwidth of the rounds. The
-sides alternate within every round; medians. Method and figures: docs/decoding.md.
+Batch 1, fp32, CPU, one thread count on every side. Sides: our eager `generate`, our compiled step as
+generate.py runs it (kept, as there, under ~/.cache/gqa-gpt/compiled or GQA_GPT_COMPILED_DIR), transformers'
+default and static cache + `torch.compile` (not for smollm2: too slow to compile) on our `export_hf` weights,
+llama.cpp's probe on our f32 GGUF export (smollm2 adds both on the file's Q4_1 blocks). Decode tok/s leaves out
+each side's prefill (its one-token run); MBU = bytes a step reads x decode tok/s / the best read bandwidth of the
+rounds. The sides alternate within every round; medians. Method and figures: docs/decoding.md.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from benchmarks.external import built_probe, required_smollm2, run_probe
 from common.errors import run_command
 from data.datamodule import TINY_SHAKESPEARE
 from data.tokenizer import Tokenizer
+from generation.compiled_step import compiled_step
 from generation.timing import alternate_medians, wall_seconds
 from interop import load
 from interop.export_gguf import export_gguf
@@ -84,8 +86,10 @@ def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, probe, blocks:
     compile_config._compile_all_devices = True
     static = {"cache_implementation": "static", "compile_config": compile_config}
 
-    def ours(m: GPT, **kwargs):
-        return lambda p, n: generate(m, p, n, temperature=0, **kwargs)
+    def ours(m: GPT, compile: bool = False):
+        if compile:  # as generate.py runs it: compiled ahead and kept, called without torch.compile's guards
+            compiled_step(m, 1, prompt_len + new_tokens, build=True)
+        return lambda p, n: generate(m, p, n, temperature=0, compile=compile)
 
     def theirs(**extra):  # the pad token is export_hf's, in the generation config
         return lambda p, n: hf.generate(
@@ -93,13 +97,14 @@ def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, probe, blocks:
         )
 
     sides = {"ours": ours(model), "transformers": theirs()}
-    compiled = {"ours compiled": ours(model, compile=True)}
     if blocks is not None:
         sides["ours Q4_1"] = ours(blocks)
-        compiled["ours Q4_1 compiled"] = ours(blocks, compile=True)
-    if name != "smollm2":
-        compiled["hf static+compile"] = theirs(**static)
-    sides |= {} if args.no_compile else compiled
+    if not args.no_compile:  # each of ours compiles its step now
+        sides["ours compiled"] = ours(model, compile=True)
+        if blocks is not None:
+            sides["ours Q4_1 compiled"] = ours(blocks, compile=True)
+        if name != "smollm2":
+            sides["hf static+compile"] = theirs(**static)
     outputs: dict = {}
 
     def probe_run(side: str, p: torch.Tensor, n: int):
