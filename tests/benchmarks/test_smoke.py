@@ -35,8 +35,11 @@ def run_benchmark(tmp_path: Path, name: str, *args: str, timeout: float = 300) -
     cwd, tmp = tmp_path / "cwd", tmp_path / "tmp"
     cwd.mkdir(exist_ok=True)
     tmp.mkdir(exist_ok=True)
-    # torch keeps its compile cache under TMPDIR unless told otherwise: a cache, kept on purpose, not a leftover.
-    inductor = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    # Compile caches, kept on purpose, not leftovers: torch's (under TMPDIR unless told otherwise) and our kept step.
+    inductor = {
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+        "GQA_GPT_COMPILED_DIR": str(tmp_path / "compiled"),
+    }
     env = {**os.environ, **TEST_ENV, **inductor, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}
     done = subprocess.run(
         [sys.executable, "-m", f"benchmarks.{name}", *args],
@@ -45,7 +48,12 @@ def run_benchmark(tmp_path: Path, name: str, *args: str, timeout: float = 300) -
     assert done.returncode == 0, (
         f"{name} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     )
-    left = sorted(str(path.relative_to(tmp_path)) for path in [*cwd.rglob("*"), *tmp.rglob("*")])
+    # Inductor keeps its precompiled headers in TMPDIR/torchinductor_<user> whatever its cache dir: torch's too.
+    kept = [
+        *cwd.rglob("*"),
+        *(path for path in tmp.rglob("*") if not path.relative_to(tmp).parts[0].startswith("torchinductor_")),
+    ]
+    left = sorted(str(path.relative_to(tmp_path)) for path in kept)
     assert left == [], f"{name} left {left[:5]}"
     return done.stdout
 
@@ -169,10 +177,12 @@ def test_decode(tmp_path):
 
 @pytest.mark.slow
 def test_decode_vs_hf(tmp_path):
+    """Every side, the compiled ones too (the step kept as generate.py keeps it)."""
     pytest.importorskip("transformers")
-    tiny = ["--prompt_len", "8", "--new_tokens", "4", "--prefill_len", "16", "--repeats", "1", "--no_compile"]
+    tiny = ["--prompt_len", "8", "--new_tokens", "4", "--prefill_len", "16", "--repeats", "1"]
     out = run_benchmark(tmp_path, "decode_vs_hf", "--configs", "small", "--threads", "1", *tiny)
     assert "target: ours >=" in out and "pp16 " in out and "same tokens as ours: False" not in out
+    assert "ours compiled " in out and "hf static+compile " in out
     assert ("llama.cpp f32" in out and "x llama.cpp)" in out) == probe_built()
 
 
