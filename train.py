@@ -28,7 +28,7 @@ def fit() -> int | None:
         GPTCLI(LitGPT, TextDataModule, save_config_kwargs={"overwrite": True}, parser_kwargs={"exit_on_error": False},
                ctrl_c=ctrl_c)  # fmt: skip
     except SIGTERMException:  # also raised for the first Ctrl-C (see checkpoints/save_on_stop.py)
-        print(ctrl_c.stop_message(), file=sys.stderr)
+        print(ctrl_c.stopped, file=sys.stderr)
         return EXIT_INTERRUPTED if ctrl_c.pressed else EXIT_TERMINATED
     except RunAlreadyFinished as done:
         print(done, file=sys.stderr)

@@ -65,7 +65,7 @@ class GracefulCtrlC(L.Callback):
 
     def __init__(self) -> None:
         self.pressed = False
-        self._stopped = ""  # the stop message, once the run stopped on a signal
+        self.stopped = ""  # what train.py prints once the run stopped on a signal
         self._trainer: L.Trainer | None = None
         self.training_started = False
         self._previous = None
@@ -87,17 +87,14 @@ class GracefulCtrlC(L.Callback):
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if not isinstance(exception, SIGTERMException):
             return
-        self._stopped = f"stopped by {'Ctrl-C' if self.pressed else 'SIGTERM'} at step {trainer.global_step}"
+        self.stopped = f"stopped by {'Ctrl-C' if self.pressed else 'SIGTERM'} at step {trainer.global_step}"
         if trainer.checkpoint_callback is None:
-            self._stopped += "; checkpointing is off, nothing saved"
+            self.stopped += "; checkpointing is off, nothing saved"
         else:
             saved, run = Path(trainer.checkpoint_callback.dirpath) / LAST_NAME, Path(trainer.default_root_dir)
-            self._stopped += (
+            self.stopped += (
                 f": saved {saved}; resume with: python train.py fit --ckpt_path {shlex.quote(str(run))}"
             )
-
-    def stop_message(self) -> str:
-        return self._stopped
 
     def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
         if self.pressed or not self.training_started or self._trainer is None:

@@ -42,8 +42,10 @@ def with_checkpoint_io(plugins: Any, keep_last: int, async_save: bool) -> list:
     plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
     ours = [f"{cls.__module__}.{cls.__qualname__}" for cls in (AtomicCheckpointIO, BackgroundCheckpointIO)]
 
-    def class_path(entry: Any) -> str:
-        return str(entry.get("class_path") if isinstance(entry, dict) else getattr(entry, "class_path", None))
+    def class_path(entry: Any) -> str:  # a config's dict or Namespace, or a plugin built in code
+        if isinstance(entry, dict):
+            return str(entry.get("class_path"))
+        return getattr(entry, "class_path", None) or f"{type(entry).__module__}.{type(entry).__qualname__}"
 
     plugins = [p for p in plugins if class_path(p) not in ours]
     if any("CheckpointIO" in class_path(p) for p in plugins):

@@ -15,7 +15,7 @@ import torch
 import checkpoints.atomic_io as checkpoint_io_module
 from checkpoints.atomic_io import AtomicCheckpointIO, CheckpointSaveError
 from checkpoints.background_io import BackgroundCheckpointIO
-from checkpoints.settings import resolve_ckpt_path
+from checkpoints.settings import resolve_ckpt_path, with_checkpoint_io
 
 
 def checkpoint(step: int) -> dict:
@@ -137,3 +137,16 @@ def test_wandb_run_id_is_kept_in_the_run_dir_or_taken_from_the_checkpoint(tmp_pa
     record_wandb_run_id(tmp_path / "a", first)
     assert wandb_run_id(tmp_path / "a") == first != wandb_run_id(tmp_path / "c")
     assert wandb_run_id(tmp_path / "b", fallback="fromckpt") == "fromckpt"
+
+
+def test_the_trainer_gets_one_checkpoint_io_of_the_settings_whatever_the_plugins_held():
+    ours = {"class_path": "checkpoints.atomic_io.AtomicCheckpointIO", "init_args": {"keep_last": 3}}
+    for plugins in (None, [], ours, [AtomicCheckpointIO(keep_last=1)], [BackgroundCheckpointIO(keep_last=1)]):
+        assert with_checkpoint_io(plugins, keep_last=3, async_save=False) == [ours], plugins
+    theirs = {"class_path": "my.TorchCheckpointIO"}  # chosen on purpose: kept, ours not added
+    assert with_checkpoint_io([theirs], keep_last=3, async_save=True) == [theirs]
+    background = with_checkpoint_io(["other"], keep_last=2, async_save=True)
+    assert background == [
+        "other",
+        {"class_path": "checkpoints.background_io.BackgroundCheckpointIO", "init_args": {"keep_last": 2}},
+    ]
