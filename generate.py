@@ -201,8 +201,8 @@ def run(args: argparse.Namespace) -> None:
             return report_speculative_speed(model, prompt, args.max_new_tokens, make_drafter, sampler, args.seed,
                                             k=args.draft_k)  # fmt: skip
         print(echo, end="", flush=True)
-        return speculative_run(model, prompt, args.max_new_tokens, make_drafter(), k=args.draft_k, sampler=sampler,
-                               eos_id=eos_id, on_token=TextStream(tokenizer))  # fmt: skip
+        return speculative_run(model, prompt, args.max_new_tokens, make_drafter(), TextStream(tokenizer),
+                               k=args.draft_k, sampler=sampler, eos_id=eos_id)  # fmt: skip
     batch = prompt.expand(args.num_samples, -1).contiguous()
     length = prompt.shape[1] + args.max_new_tokens
     if not (args.no_compile or args.no_cache):  # the step an earlier --compile built, or this one builds
@@ -217,9 +217,15 @@ def run(args: argparse.Namespace) -> None:
         out = generate(model, batch, args.max_new_tokens, sampler=sampler, eos_id=eos_id, on_token=stream,
                        use_cache=not args.no_cache, compile=args.compile)  # fmt: skip
     except KeyboardInterrupt:
+        if stream is not None:
+            stream.finish()
         print(flush=True)  # end the streamed line, so the "interrupted" message starts on its own
         raise
-    print_samples(tokenizer, out[:, prompt.shape[1] :].tolist(), echo) if stream is None else print()
+    if stream is None:
+        print_samples(tokenizer, out[:, prompt.shape[1] :].tolist(), echo)
+    else:
+        stream.finish()  # the held-back tail of a partial character: no token will complete it now
+        print()
     if args.attention_map:
         writers.write_attention_map(model, tokenizer, out[:1], args.attention_map, args.layer)
     if args.attention_html:

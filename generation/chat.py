@@ -67,7 +67,9 @@ def run_chat(conversation: Conversation, turns: Iterable[str], max_new_tokens: i
         if line.strip():
             if transcript:
                 print(f"> {line.strip()}", flush=True)
-            conversation.reply(line.rstrip("\n"), max_new_tokens, TextStream(conversation.tokenizer))
+            stream = TextStream(conversation.tokenizer)
+            conversation.reply(line.rstrip("\n"), max_new_tokens, stream)
+            stream.finish()
             print(flush=True)
         if interactive:
             print("> ", end="", file=sys.stderr, flush=True)

@@ -16,6 +16,7 @@ from model import KVCache, generate
 from model.sampling import Sampler
 from model.speculative import Drafter, speculative_generate
 
+from .text import TextStream
 from .timing import alternate_medians, synchronize, wall_seconds
 
 REPEATS = 5
@@ -140,12 +141,18 @@ def report_speculative_speed(
 
 
 def speculative_run(
-    model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, drafter: Drafter, **kwargs
+    model: torch.nn.Module,
+    prompt: torch.Tensor,
+    new_tokens: int,
+    drafter: Drafter,
+    stream: TextStream,
+    **kwargs,
 ) -> None:
-    """`speculative_generate`, then one stderr line with its counts and speed."""
+    """`speculative_generate` printing its tokens through `stream`, then one stderr line with counts and speed."""
     start = time.perf_counter()
-    _, stats = speculative_generate(model, prompt, new_tokens, drafter, **kwargs)
+    _, stats = speculative_generate(model, prompt, new_tokens, drafter, on_token=stream, **kwargs)
     seconds = time.perf_counter() - start
+    stream.finish()
     print()
     print(f"[{stats.new_tokens} tokens, {stats.target_forwards} target forwards, acceptance "
           f"{stats.acceptance:.0%}, {stats.new_tokens / seconds:.1f} tokens/s]", file=sys.stderr)  # fmt: skip

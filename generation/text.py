@@ -11,7 +11,8 @@ from data.tokenizer import Tokenizer
 
 
 class TextStream:
-    """Prints decoded text as tokens arrive; holds back a trailing partial UTF-8 character."""
+    """Prints decoded text as tokens arrive; holds back a trailing partial UTF-8 character until the rest
+    arrives, or until `finish` (generation over) prints it as the tokenizer decodes it."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer, self.ids, self.printed = tokenizer, [], 0
@@ -21,8 +22,14 @@ class TextStream:
             return
         self.ids.append(int(token[0]))
         text = self.tokenizer.decode(self.ids)
-        if text.endswith("\ufffd"):  # a multi-byte character split across tokens: wait for the rest
-            return
+        if not text.endswith("\ufffd"):  # else a multi-byte character split across tokens: wait for the rest
+            self._print(text)
+
+    def finish(self) -> None:
+        """Print what is still held back (generation is over: no token will complete it), as decoded."""
+        self._print(self.tokenizer.decode(self.ids))
+
+    def _print(self, text: str) -> None:
         print(text[self.printed :], end="", flush=True)
         self.printed = len(text)
 

@@ -110,3 +110,13 @@ def test_piped_chat_output_marks_each_turn(chat_llama, capsys, monkeypatch):
     code, out, err = chat(capsys, monkeypatch, chat_llama, TURNS, "--max_new_tokens", "3")
     assert code == 0, err
     assert [line for line in out.splitlines() if line.startswith("> ")] == [f"> {turn}" for turn in TURNS]
+
+
+def test_a_reply_ending_in_a_partial_character_is_printed_whole(chat_llama, capsys, monkeypatch):
+    from tests.test_generate_ux import forcing_token, lead_byte
+
+    forcing_token(monkeypatch, lead_byte)
+    code, out, err = chat(capsys, monkeypatch, chat_llama, ["hi"], "--max_new_tokens", "2")
+    tokenizer = cli.load(str(chat_llama)).tokenizer
+    assert code == 0, err
+    assert out == "> hi\n" + tokenizer.decode([lead_byte(tokenizer)] * 2) + "\n" and "\ufffd" in out, out

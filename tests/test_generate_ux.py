@@ -234,3 +234,36 @@ def test_compile_builds_the_step_before_the_first_token(ckpt, capsys, monkeypatc
     )
     assert code == 0 and "compiling the decode step" in err, err
     assert events[0] == "step" and events.count("token") == 4, events
+
+
+def forcing_token(monkeypatch, pick) -> None:
+    """Make the model generate.py loads put all its probability on `pick(tokenizer)`, at every position."""
+    real_load = cli.load
+
+    def load(*args, **kwargs):
+        loaded = real_load(*args, **kwargs)
+        token = pick(loaded.tokenizer)
+
+        def forced(module, inputs, logits):
+            return torch.full_like(logits, -30.0).index_fill_(-1, torch.tensor([token]), 30.0)
+
+        loaded.model.register_forward_hook(forced)
+        return loaded
+
+    monkeypatch.setattr(cli, "load", load)
+
+
+def lead_byte(tokenizer: Tokenizer) -> int:
+    """The token of byte 0xC3 alone: the start of a two-byte UTF-8 character that no later token completes."""
+    return tokenizer.token_bytes().index(b"\xc3")
+
+
+@pytest.mark.parametrize("decoding", [[], ["--prompt_lookup"]], ids=["plain", "speculative"])
+def test_a_stream_ending_in_a_partial_character_prints_it_at_the_end(gguf_of, capsys, monkeypatch, decoding):
+    forcing_token(monkeypatch, lead_byte)
+    path = gguf_of()
+    code, out, err = run_cli(capsys, "--checkpoint", path, "--prompt", "hi", "--max_new_tokens", "3",
+                             "--temperature", "0", *decoding)  # fmt: skip
+    tokenizer = cli.load(path).tokenizer
+    assert code == 0, err
+    assert out == "hi" + tokenizer.decode([lead_byte(tokenizer)] * 3) + "\n" and "\ufffd" in out, out
