@@ -4,6 +4,7 @@ rule (`Stop`) and window rule (`context_start`, kept by `Context`). `generate` i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -39,6 +40,9 @@ class Sampler:
 
     def check(self) -> Sampler:
         """Raise a one-line UserError, naming the field, for a value that cannot sample."""
+        for name in ("temperature", "repetition_penalty"):  # NaN passes every comparison below
+            if not math.isfinite(getattr(self, name)):
+                raise UserError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.temperature < 0:
             raise UserError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
         if self.top_k is not None and self.top_k < 1:
@@ -62,7 +66,11 @@ class Sampler:
             logits = penalize_repeats(logits, seen, self.repetition_penalty)
         if self.greedy:
             return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-        flat = logits.reshape(-1, logits.shape[-1]).float() / self.temperature
+        flat = logits.reshape(-1, logits.shape[-1]).float()
+        # Less the row's best first, so the top logit is 0 and a tiny temperature gives 0 and -inf (greedy), not
+        # inf - inf = NaN; one below float32's smallest normal would round to 0 (0 / 0 = NaN): it is that one.
+        temperature = max(self.temperature, torch.finfo(torch.float32).tiny)
+        flat = (flat - flat.max(-1, keepdim=True).values) / temperature
         return filter_logits(flat, self.top_k, self.top_p, self.min_p).softmax(-1).view(logits.shape)
 
     def next_token(self, logits: torch.Tensor, seen: torch.Tensor | None = None) -> torch.Tensor:

@@ -83,6 +83,8 @@ def test_run_directory_and_stdin_prompt(tiny_run, ckpt, capsys, monkeypatch):
         (["--prompt", "a", "--top_p", "1.5"], "--top_p"),
         (["--prompt", "a", "--top_k", "0"], "--top_k"),
         (["--prompt", "a", "--max_new_tokens", "0"], "--max_new_tokens"),
+        (["--prompt", "a", "--temperature", "nan"], "--temperature must be a finite number"),
+        (["--prompt", "a", "--repetition_penalty", "nan"], "--repetition_penalty must be a finite number"),
     ],
 )
 def test_bad_sampling_input_is_one_line(ckpt, capsys, argv, words):

@@ -267,3 +267,9 @@ def test_a_stream_ending_in_a_partial_character_prints_it_at_the_end(gguf_of, ca
     tokenizer = cli.load(path).tokenizer
     assert code == 0, err
     assert out == "hi" + tokenizer.decode([lead_byte(tokenizer)] * 3) + "\n" and "\ufffd" in out, out
+
+
+def test_a_tiny_temperature_picks_the_greedy_tokens(gguf_of, capsys):
+    args = ["--checkpoint", gguf_of(), "--prompt", "a b", "--max_new_tokens", "8", "--temperature"]
+    code, tiny, err = run_cli(capsys, *args, "1e-45")
+    assert code == 0 and tiny == run_cli(capsys, *args, "0")[1], err

@@ -48,6 +48,10 @@ def test_context_window_slides_by_half_when_full():
         ({"top_k": 0}, "top_k"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_p": 0.0}, "top_p"),
+        ({"temperature": float("nan")}, "temperature must be a finite number"),
+        ({"temperature": float("inf")}, "temperature must be a finite number"),
+        ({"repetition_penalty": float("nan")}, "repetition_penalty must be a finite number"),
+        ({"repetition_penalty": float("inf")}, "repetition_penalty must be a finite number"),
     ],
 )
 def test_bad_sampling_arguments_name_the_argument(kwargs, word):
@@ -55,6 +59,16 @@ def test_bad_sampling_arguments_name_the_argument(kwargs, word):
     args = {"max_new_tokens": 4} | kwargs
     with pytest.raises(ValueError, match=word):
         generate(model, torch.zeros(1, 2, dtype=torch.long), args.pop("max_new_tokens"), **args)
+
+
+@pytest.mark.parametrize("temperature", [1e-45, 1e-300, 1e-6])
+def test_a_tiny_temperature_samples_the_greedy_tokens(temperature):
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=16)).eval()
+    prompt = torch.tensor([[1, 2, 3]])
+    greedy = generate(model, prompt, 8, temperature=0.0)
+    picked = generate(model, prompt, 8, temperature=temperature, top_p=0.9, generator=torch.Generator())
+    assert torch.equal(picked, greedy)
 
 
 def test_a_model_compiled_in_place_decodes_eagerly_without_a_graph_per_position():
