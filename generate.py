@@ -20,7 +20,7 @@ from generation.chat import Conversation, run_chat
 from generation.compiled_step import compiled_step
 from generation.model_defaults import model_sampler
 from generation.speed import report_decode_speed, report_speculative_speed, seeded, speculative_run
-from generation.text import TextStream, encode_prompt, print_samples
+from generation.text import TextStream, encode_prompt, not_utf8, print_samples, utf8, utf8_lines
 from interop import load
 from interop.gguf_blocks import KEPT_TYPES
 from model.config import DTYPES
@@ -109,6 +109,9 @@ def check_args(args: argparse.Namespace) -> Sampler:
         raise UserError("--keep_quantized and --dequantize contradict each other: pass one")
     if args.compile and (args.no_cache or args.no_compile):
         raise UserError("--compile builds the step that decodes from the KV cache: drop --no_cache, --no_compile")  # fmt: skip
+    for flag in ("prompt", "explain_attention"):
+        if getattr(args, flag) is not None:
+            utf8(getattr(args, flag), f"--{flag}")
     given = [f"--{flag}" for flag in CHAT_CONFLICTS if flag in args.explicit]
     if args.chat and given:
         raise UserError(f"--chat reads its turns from stdin and decodes one reply from the KV cache; drop "
@@ -126,8 +129,10 @@ def read_prompt(args: argparse.Namespace) -> str:
                 return f.read()
         except OSError as err:
             raise UserError(f"--prompt_file {args.prompt_file}: {err.strerror}") from None
+        except UnicodeDecodeError as err:
+            raise not_utf8(f"--prompt_file {args.prompt_file}", err) from None
     if not sys.stdin.isatty():
-        return sys.stdin.read()
+        return "".join(utf8_lines(sys.stdin, "the prompt on stdin"))
     raise UserError('no prompt: pass --prompt TEXT (or "" for none), --prompt_file FILE or pipe text in')
 
 

@@ -11,7 +11,7 @@ from data.tokenizer import Tokenizer
 from model.cache import KVCache
 from model.sampling import Context, Sampler, Stop, decode, naming_the_broken_layer, sample_step
 
-from .text import TextStream
+from .text import TextStream, utf8_lines
 
 
 class Conversation:
@@ -63,7 +63,7 @@ def run_chat(conversation: Conversation, turns: Iterable[str], max_new_tokens: i
     interactive, transcript = sys.stdin.isatty(), not sys.stdout.isatty()
     if interactive:
         print("> ", end="", file=sys.stderr, flush=True)
-    for line in turns:
+    for line in utf8_lines(turns, "a --chat turn on stdin"):
         if line.strip():
             if transcript:
                 print(f"> {line.strip()}", flush=True)

@@ -4,9 +4,11 @@ streamed continuation, and the samples of a batch."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable, Iterator
 
 import torch
 
+from common.errors import UserError
 from data.tokenizer import Tokenizer
 
 
@@ -32,6 +34,34 @@ class TextStream:
     def _print(self, text: str) -> None:
         print(text[self.printed :], end="", flush=True)
         self.printed = len(text)
+
+
+def not_utf8(source: str, err: UnicodeError) -> UserError:
+    """One line naming `source`, text that is not UTF-8: a decoding error on its bytes, or an encoding error on
+    the lone surrogates Python keeps undecodable argv (and a C locale's stdin) bytes as."""
+    bad = err.object[err.start]
+    byte = bad if isinstance(bad, int) else ord(bad) & 0xFF
+    return UserError(
+        f"{source} is not UTF-8 text (byte 0x{byte:02x} at position {err.start}); pass UTF-8 text"
+    )
+
+
+def utf8(text: str, source: str) -> str:
+    """`text`, if a tokenizer can take it: else `not_utf8`."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise not_utf8(source, err) from None
+    return text
+
+
+def utf8_lines(lines: Iterable[str], source: str) -> Iterator[str]:
+    """The lines (of stdin), each checked by `utf8`, with an undecodable one also `not_utf8`."""
+    try:
+        for line in lines:
+            yield utf8(line, source)
+    except UnicodeDecodeError as err:
+        raise not_utf8(source, err) from None
 
 
 def print_samples(tokenizer: Tokenizer, rows: list[list[int]], echo: str) -> None:

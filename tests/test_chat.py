@@ -120,3 +120,12 @@ def test_a_reply_ending_in_a_partial_character_is_printed_whole(chat_llama, caps
     tokenizer = cli.load(str(chat_llama)).tokenizer
     assert code == 0, err
     assert out == "> hi\n" + tokenizer.decode([lead_byte(tokenizer)] * 2) + "\n" and "\ufffd" in out, out
+
+
+@pytest.mark.parametrize("errors", ["strict", "surrogateescape"])
+def test_a_turn_that_is_not_utf8_is_one_line(chat_llama, capsys, monkeypatch, errors):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\xff\xfehi\n"), "utf-8", errors))
+    code, out, err = run_generate(capsys, "--checkpoint", str(chat_llama), "--chat", "--max_new_tokens", "2")
+    errors = [line for line in err.splitlines() if not line.startswith("note:")]  # the model's sampling note
+    assert code == 2 and out == "" and len(errors) == 1 and "Traceback" not in err, err
+    assert errors[0].startswith("error: a --chat turn on stdin is not UTF-8 text (byte 0xff"), err

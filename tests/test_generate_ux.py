@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -273,3 +274,26 @@ def test_a_tiny_temperature_picks_the_greedy_tokens(gguf_of, capsys):
     args = ["--checkpoint", gguf_of(), "--prompt", "a b", "--max_new_tokens", "8", "--temperature"]
     code, tiny, err = run_cli(capsys, *args, "1e-45")
     assert code == 0 and tiny == run_cli(capsys, *args, "0")[1], err
+
+
+NOT_UTF8 = b"\xff\xfehi"
+
+
+@pytest.mark.parametrize(
+    "source", ["--prompt", "--explain_attention", "--prompt_file", "stdin", "stdin-escaped"]
+)
+def test_a_prompt_that_is_not_utf8_is_one_line_naming_its_source(
+    gguf_of, capsys, monkeypatch, tmp_path, source
+):
+    args = ["--checkpoint", gguf_of(), "--max_new_tokens", "2"]
+    if source.startswith("stdin"):  # strict: a decoding error; escaped (a C locale's stdin): lone surrogates
+        errors = "surrogateescape" if source == "stdin-escaped" else "strict"
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(NOT_UTF8), "utf-8", errors))
+    elif source == "--prompt_file":
+        (tmp_path / "prompt.bin").write_bytes(NOT_UTF8)
+        args += [source, str(tmp_path / "prompt.bin")]
+    else:  # as Python hands argv bytes that are not UTF-8 to the program
+        args += [source, NOT_UTF8.decode("utf-8", "surrogateescape")]
+    code, out, err = run_cli(capsys, *args)
+    assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("error:"), err
+    assert "not UTF-8" in err and "0xff" in err and source.removesuffix("-escaped") in err, err
