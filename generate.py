@@ -99,6 +99,8 @@ def check_args(args: argparse.Namespace) -> Sampler:
     for flag in ("max_new_tokens", "num_samples", "draft_k"):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
+    if not -(2**63) <= args.seed < 2**64:  # the range torch's manual_seed takes
+        raise UserError(f"--seed must be in [-2**63, 2**64 - 1] (a 64-bit integer), got {args.seed}")
     if args.draft and args.prompt_lookup:
         raise UserError("--draft and --prompt_lookup are two ways of drafting; pick one")
     if args.draft or args.prompt_lookup:

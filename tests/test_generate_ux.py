@@ -297,3 +297,19 @@ def test_a_prompt_that_is_not_utf8_is_one_line_naming_its_source(
     code, out, err = run_cli(capsys, *args)
     assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("error:"), err
     assert "not UTF-8" in err and "0xff" in err and source.removesuffix("-escaped") in err, err
+
+
+@pytest.mark.parametrize("seed", [str(2**64), str(-(2**63) - 1), "99999999999999999999999"])
+def test_a_seed_out_of_torch_range_is_one_line(gguf_of, capsys, seed):
+    code, out, err = run_cli(capsys, "--checkpoint", gguf_of(), "--prompt", "a", "--seed", seed)
+    assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("error: --seed must be in"), (
+        err
+    )
+
+
+@pytest.mark.parametrize("seed", [str(2**64 - 1), str(-(2**63))])
+def test_the_seeds_at_the_ends_of_torch_range_sample(gguf_of, capsys, seed):
+    code, _, err = run_cli(
+        capsys, "--checkpoint", gguf_of(), "--prompt", "a", "--max_new_tokens", "2", "--seed", seed
+    )
+    assert code == 0, err
