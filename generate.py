@@ -30,6 +30,10 @@ from model.speculative import DraftModel, PromptLookup, check_draft
 
 CHAT_CONFLICTS = ("prompt", "prompt_file", "draft", "prompt_lookup", "benchmark", "compile", "no_cache",
                   "attention_map", "attention_html", "explain_attention", "num_samples")  # fmt: skip
+# --explain_attention prints its table and generates nothing; --benchmark prints speeds and no text.
+EXPLAIN_CONFLICTS = ("prompt", "prompt_file", "no_echo", "max_new_tokens", "num_samples", "ignore_eos", "draft",
+                     "prompt_lookup", "benchmark", "compile", "no_cache", "attention_map", "attention_html")  # fmt: skip
+BENCHMARK_CONFLICTS = ("attention_map", "attention_html")
 
 
 class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):  # not for switches and unset options
@@ -114,11 +118,36 @@ def check_args(args: argparse.Namespace) -> Sampler:
     for flag in ("prompt", "explain_attention"):
         if getattr(args, flag) is not None:
             utf8(getattr(args, flag), f"--{flag}")
-    given = [f"--{flag}" for flag in CHAT_CONFLICTS if flag in args.explicit]
-    if args.chat and given:
-        raise UserError(f"--chat reads its turns from stdin and decodes one reply from the KV cache; drop "
-                        f"{', '.join(given)}")  # fmt: skip
+    if args.chat:
+        refuse_given(
+            args, CHAT_CONFLICTS, "--chat reads its turns from stdin and decodes one reply from the KV cache"
+        )
+    if args.explain_attention is not None:
+        refuse_given(args, EXPLAIN_CONFLICTS, "--explain_attention prints one head's attention on its TEXT and "
+                     "generates nothing")  # fmt: skip
+    if args.benchmark:
+        refuse_given(args, BENCHMARK_CONFLICTS, "--benchmark measures speed and writes no text or attention")
+    if args.prompt is not None and args.prompt_file is not None:
+        raise UserError("--prompt and --prompt_file are two prompts; pass one")
+    if not (args.draft or args.prompt_lookup):
+        refuse_given(args, ["draft_k"], "--draft_k sets speculative decoding's tokens per round, and neither --draft "
+                     "nor --prompt_lookup was given")  # fmt: skip
+    if not (args.attention_map or args.explain_attention is not None):
+        refuse_given(args, ["layer"], "--layer picks the layer of --attention_map or --explain_attention, and "
+                     "neither was given")  # fmt: skip
+    if args.explain_attention is None:
+        refuse_given(args, ["head"], "--head picks the head of --explain_attention, which was not given")
+    if not (args.attention_map or args.attention_html):
+        refuse_given(args, ["force"], "--force replaces an existing --attention_map or --attention_html file, and "
+                     "neither was given")  # fmt: skip
     return sampler
+
+
+def refuse_given(args: argparse.Namespace, flags, why: str) -> None:
+    """One line when any of `flags` was given on the command line (a default never counts): it would do nothing."""
+    given = [f"--{flag}" for flag in flags if flag in args.explicit]
+    if given:
+        raise UserError(f"{why}; drop {', '.join(given)}")
 
 
 def read_prompt(args: argparse.Namespace) -> str:

@@ -313,3 +313,53 @@ def test_the_seeds_at_the_ends_of_torch_range_sample(gguf_of, capsys, seed):
         capsys, "--checkpoint", gguf_of(), "--prompt", "a", "--max_new_tokens", "2", "--seed", seed
     )
     assert code == 0, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--prompt", "hi", "--benchmark", "--attention_html", "x.html"], "--benchmark measures speed"),
+        (
+            ["--explain_attention", "a b", "--prompt", "hi", "--attention_html", "y.html"],
+            "drop --prompt, --attention_html",
+        ),
+        (["--explain_attention", "a b", "--max_new_tokens", "5"], "drop --max_new_tokens"),
+        (["--prompt", "hi", "--prompt_file", "f.txt"], "--prompt and --prompt_file"),
+        (["--prompt", "", "--prompt_file", "f.txt"], "--prompt and --prompt_file"),
+        (["--prompt", "hi", "--draft_k", "3"], "drop --draft_k"),
+        (["--prompt", "hi", "--layer", "1"], "drop --layer"),
+        (["--prompt", "hi", "--attention_html", "z.html", "--layer", "1"], "drop --layer"),
+        (["--prompt", "hi", "--head", "0"], "drop --head"),
+        (["--prompt", "hi", "--force"], "drop --force"),
+    ],
+)
+def test_a_flag_that_would_do_nothing_is_one_line_before_loading(tmp_path, capsys, argv, words):
+    argv = [str(tmp_path / arg) if arg.endswith((".html", ".txt")) else arg for arg in argv]
+    code, out, err = run_cli(capsys, "--checkpoint", str(tmp_path / "none.ckpt"), *argv)  # never read
+    assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("error:") and words in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--prompt", "hi", "--draft_k", "2", "--prompt_lookup"],
+        [
+            "--prompt",
+            "hi",
+            "--attention_map",
+            "MAP",
+            "--layer",
+            "0",
+            "--max_new_tokens",
+            "4",
+            "--num_samples",
+            "1",
+        ],
+        ["--explain_attention", "a b", "--layer", "1", "--head", "1", "--temperature", "0"],
+    ],
+)
+def test_flags_at_their_defaults_or_with_their_partner_are_accepted(gguf_of, capsys, tmp_path, argv):
+    argv = [str(tmp_path / "map.png") if arg == "MAP" else arg for arg in argv]
+    code, out, err = run_cli(capsys, "--checkpoint", gguf_of(), *argv)
+    assert code == 0 and out, err
