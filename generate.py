@@ -23,6 +23,7 @@ from generation.speed import report_decode_speed, report_speculative_speed, seed
 from generation.text import TextStream, encode_prompt, not_utf8, print_samples, utf8, utf8_lines
 from interop import load
 from interop.gguf_blocks import KEPT_TYPES
+from model.cache import KVCache
 from model.config import DTYPES
 from model.quantized import QuantizedLinear
 from model.sampling import NonFiniteLogits, Sampler, generate
@@ -239,8 +240,9 @@ def run(args: argparse.Namespace) -> None:
         print(echo, end="", flush=True)
         return speculative_run(model, prompt, args.max_new_tokens, make_drafter(), TextStream(tokenizer),
                                k=args.draft_k, sampler=sampler, eos_id=eos_id)  # fmt: skip
-    batch = prompt.expand(args.num_samples, -1).contiguous()
     length = prompt.shape[1] + args.max_new_tokens
+    refuse_a_batch_too_big(model, args.num_samples, length, device)
+    batch = prompt.expand(args.num_samples, -1).contiguous()
     if not (args.no_compile or args.no_cache):  # the step an earlier --compile built, or this one builds
         args.compile = compiled_step(model, args.num_samples, length, args.compile)
     if args.benchmark:
@@ -266,6 +268,36 @@ def run(args: argparse.Namespace) -> None:
         writers.write_attention_map(model, tokenizer, out[:1], args.attention_map, args.layer)
     if args.attention_html:
         writers.write_attention_html(model, tokenizer, out[:1], args.attention_html, prompt.shape[1])
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes the device can still hand out: the GPU's free memory, Linux's MemAvailable; None where unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), None)
+    except OSError:  # not Linux
+        return None
+
+
+def refuse_a_batch_too_big(
+    model: torch.nn.Module, num_samples: int, length: int, device: torch.device
+) -> None:
+    """One line, before anything is allocated, when the batch's KV cache, token ids and float32 logits alone
+    exceed the free memory: else the allocation fails later, or the kernel kills the process."""
+    free = free_memory(device)
+    if free is None:
+        return
+    config, dtype = model.config, next(model.parameters()).dtype
+    per_token = KVCache.allocate(config, 1, 1, device="meta", dtype=dtype).bytes_per_token  # generate's cache
+    need = num_samples * (min(length, config.block_size) * per_token + length * 8 + config.vocab_size * 4)
+    if need > free:
+        raise UserError(f"--num_samples {num_samples}: decoding {num_samples} x {length} tokens needs at least "
+                        f"{need / 1e9:,.1f} GB (KV cache, token ids, logits), more than the {free / 1e9:,.1f} GB "
+                        f"free on {device}; pass a smaller --num_samples")  # fmt: skip
 
 
 def drafter_factory(loaded, args: argparse.Namespace, device: torch.device):
