@@ -67,8 +67,10 @@ def checkpoint_in_run(run_dir: Path) -> Path:
 
 
 def expand_run_dir_resume(args: list[str]) -> tuple[list[str], bool]:
-    """Rewrite `fit ... --ckpt_path <run dir>`: the run's config.yaml first, its checkpoint for the directory."""
-    if "fit" not in args:
+    """Rewrite `fit|validate ... --ckpt_path <run dir>`: the run's config.yaml first, its checkpoint for the
+    directory (for fit the newest resumable one, for validate the newest readable one)."""
+    subcommand = next((arg for arg in args if arg in ("fit", "validate")), None)
+    if subcommand is None:
         return args, False
     position, run_dir = _ckpt_path_argument(args)
     # A sharded (FSDP) checkpoint is a directory too; a run directory is one that holds checkpoints/.
@@ -80,12 +82,13 @@ def expand_run_dir_resume(args: list[str]) -> tuple[list[str], bool]:
             f"--ckpt_path: {run_dir} is a directory without {config.name}; pass a run directory or a .ckpt file"
         )
     rest = args[: position[0]] + args[position[1] :]
-    fit = rest.index("fit")
+    at = rest.index(subcommand)
     # `run_name` keeps the CLI from nesting a second run folder (named after config.yaml) inside the run.
     resumed = ["--config", str(config), "--trainer.default_root_dir", str(run_dir.parent)]
     resumed += ["--run_name", run_dir.name]
-    ckpt = [CKPT_FLAG, str(checkpoint_in_run(run_dir))]
-    return [*rest[: fit + 1], *resumed, *rest[fit + 1 :], *ckpt], True
+    # validate needs weights only: a checkpoint saved without optimizer states still validates.
+    chosen = checkpoint_in_run(run_dir) if subcommand == "fit" else read_checkpoint(run_dir)[1]
+    return [*rest[: at + 1], *resumed, *rest[at + 1 :], CKPT_FLAG, str(chosen)], True
 
 
 def _ckpt_path_argument(args: list[str]) -> tuple[tuple[int, int], Path | None]:
@@ -111,17 +114,27 @@ def check_resume_point(config, ckpt_path: str, ckpt: dict, subcommand: str) -> N
     model, data = config.get("model") or {}, config.get("data") or {}
     requested = {**stored, **{name: model.get(name) for name in MODEL_FIELDS if model.get(name) is not None}}
     requested.update({name: data.get(name) for name in DATA_FIELDS if data.get(name) is not None})
+    changed = []
     if _weight_shapes(stored) != _weight_shapes(requested):
-        changed = ", ".join(
+        changed = [
             f"{name}={requested[name]!r} (checkpoint: {stored.get(name)!r})"
             for name in MODEL_FIELDS
             if requested.get(name) != stored.get(name)
-        )
+        ]
+    # The training window leaves the weights' shapes alone, but a resume is exact: the same batches as one
+    # uninterrupted run. The data settings hold the window (with init_from, model.block_size is the context).
+    window = (ckpt[META_KEY].get("data") or {}).get("block_size")
+    asked = data.get("block_size")
+    if subcommand == "fit" and None not in (window, asked) and asked != window:
+        if not any(entry.startswith("block_size=") for entry in changed):  # said once
+            changed.append(f"data.block_size={asked!r} (checkpoint: {window!r})")
+    if changed:
         if subcommand == "fit":
-            fix = "a run's model sizes are fixed: drop the override, or start a new run with --run_name"
+            fix = "a run's model sizes and data.block_size are fixed: drop the override, or start a new run "
+            fix += "with --run_name"
         else:
             fix = f"pass the config it was trained with (--config {_run_config(ckpt_path)})"
-        raise UserError(f"--ckpt_path {ckpt_path}: the config asks {changed}; {fix}")
+        raise UserError(f"--ckpt_path {ckpt_path}: the config asks {', '.join(changed)}; {fix}")
     step, max_steps = ckpt.get("global_step"), config.trainer.max_steps
     if subcommand == "fit" and step is not None and max_steps is not None and 0 <= max_steps <= step:
         raise RunAlreadyFinished(

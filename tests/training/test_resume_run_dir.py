@@ -35,6 +35,20 @@ def test_run_dir_puts_its_config_first_and_keeps_overrides_after_it(run_dir, for
     ]  # fmt: skip
 
 
+def test_validate_reads_a_run_dir_as_fit_does(run_dir, monkeypatch):
+    # validate takes the newest readable checkpoint (weights only), the reader's own choice of a folder.
+    chosen = run_dir / "checkpoints" / "step-00000006.ckpt"
+    monkeypatch.setattr("checkpoints.resume.read_checkpoint", lambda path: ({}, chosen))
+    args, expanded = expand_run_dir_resume(
+        ["validate", "--config", "configs/tiny.yaml", "--ckpt_path", str(run_dir)]
+    )
+    assert expanded
+    assert args == [
+        "validate", "--config", str(run_dir / "config.yaml"), "--trainer.default_root_dir", str(run_dir.parent),
+        "--run_name", "tiny", "--config", "configs/tiny.yaml", "--ckpt_path", str(chosen),
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize("ckpt_path", ["last", "missing/dir", "some.ckpt"])
 def test_other_ckpt_paths_are_left_alone(ckpt_path, tmp_path):
     args = ["fit", "--config", "configs/tiny.yaml", "--ckpt_path", ckpt_path]

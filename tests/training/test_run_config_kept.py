@@ -45,15 +45,34 @@ def test_readme_validate_then_resume(run_dir, script, tiny_args, tiny_run):
     assert len(wandb_segments(run_dir)) == len(segments) + 1 and wandb_segments(tiny_run) == original
 
 
-def test_resume_with_another_model_size_is_refused_before_anything_is_touched(run_dir, script):
+def test_validate_takes_a_run_folder_as_fit_does(run_dir, script, tiny_args):
+    before = sorted((str(path), path.stat().st_mtime_ns) for path in run_dir.rglob("*"))
+    validate = tiny_args(run_dir.parent, "--ckpt_path", str(run_dir))
+    validate[validate.index("fit")] = "validate"
+    result = script(*validate)
+    assert "val/loss" in result.stdout and "Traceback" not in result.stderr
+    # The run's own config alone is enough, as for a resume.
+    assert "val/loss" in script("train.py", "validate", "--ckpt_path", str(run_dir)).stdout
+    assert sorted((str(path), path.stat().st_mtime_ns) for path in run_dir.rglob("*")) == before
+
+
+# A resume is exact: data.block_size changes no weight shape, but the batches, so it is as fixed as the sizes.
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [(["--model.n_layer", "6"], "n_layer=6 (checkpoint: 2)"),
+     (["--data.block_size", "32"], "data.block_size=32 (checkpoint: 64)")],
+)  # fmt: skip
+def test_resume_with_another_model_size_is_refused_before_anything_is_touched(
+    run_dir, script, override, said
+):
     config = (run_dir / "config.yaml").read_bytes()
     segments = wandb_segments(run_dir)
     checkpoints = {path.name: path.stat().st_mtime_ns for path in (run_dir / "checkpoints").iterdir()}
-    result = script("train.py", "fit", "--ckpt_path", str(run_dir), "--model.n_layer", "6", check=False)
+    result = script("train.py", "fit", "--ckpt_path", str(run_dir), *override, check=False)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     errors = error_lines(result.stderr)
-    assert len(errors) == 1 and "n_layer=6" in errors[0] and "checkpoint: 2" in errors[0], result.stderr
+    assert len(errors) == 1 and said in errors[0], result.stderr
     assert (run_dir / "config.yaml").read_bytes() == config
     assert wandb_segments(run_dir) == segments
     assert {path.name: path.stat().st_mtime_ns for path in (run_dir / "checkpoints").iterdir()} == checkpoints
