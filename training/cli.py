@@ -268,6 +268,13 @@ def _refuse_unusable_run(parsed) -> None:
             "--ckpt_path last resumes the run that --config or --run_name names, and neither was given; "
             "resume a run from its folder with --ckpt_path runs/<run>"
         )
+    name = config.get("run_name")
+    if name and (name in (".", "..") or any(sep and sep in name for sep in (os.sep, os.altsep, "/"))):
+        # The run folder is default_root_dir/run_name: a path here would train (and write) outside it.
+        raise UserError(
+            f"--run_name {name!r}: a run name is one folder name under trainer.default_root_dir, without "
+            "'/' or '..'; pick a plain name, and --trainer.default_root_dir for where runs go"
+        )
     cache = Path(config.data.cache_dir).expanduser()
     if not cache.is_dir():  # one already there may be a read-only prepared cache
         refuse_unwritable_folder(cache, "--data.cache_dir")

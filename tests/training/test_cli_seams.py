@@ -42,6 +42,17 @@ def test_a_folder_that_cannot_be_written_is_one_line(monkeypatch, capsys, tmp_pa
     assert key in train_error(monkeypatch, capsys, tmp_path, "fit", "--config", TINY, key, folder)
 
 
+@pytest.mark.parametrize("name", ["../../escape", "a/b", "..", "/abs/run"])
+def test_a_run_name_that_is_a_path_is_refused(monkeypatch, capsys, tmp_path, name):
+    root = tmp_path / "cwd" / "runs"
+    err = train_error(
+        monkeypatch, capsys, tmp_path, "fit", "--config", TINY, "--run_name", name,
+        "--trainer.default_root_dir", str(root), "--data.data_files", "absent.txt",
+    )  # fmt: skip
+    assert "--run_name" in err and "trainer.default_root_dir" in err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["cwd"]  # nothing beside the root either
+
+
 @pytest.mark.parametrize("subcommand", ["test", "predict"])
 def test_subcommands_without_a_loop_are_not_offered(monkeypatch, capsys, tmp_path, subcommand):
     err = train_error(monkeypatch, capsys, tmp_path, subcommand, "--config", TINY)
