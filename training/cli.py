@@ -275,8 +275,34 @@ def _refuse_unusable_run(parsed) -> None:
             f"--run_name {name!r}: a run name is one folder name under trainer.default_root_dir, without "
             "'/' or '..'; pick a plain name, and --trainer.default_root_dir for where runs go"
         )
+    _refuse_missing_accelerator(config.trainer.get("accelerator"))
     cache = Path(config.data.cache_dir).expanduser()
     if not cache.is_dir():  # one already there may be a read-only prepared cache
         refuse_unwritable_folder(cache, "--data.cache_dir")
     if subcommand in ("fit", None):
         refuse_unwritable_folder(Path(config.trainer.default_root_dir), "--trainer.default_root_dir")
+
+
+def _refuse_missing_accelerator(accelerator) -> None:
+    """One line for a `trainer.accelerator` that is unknown or that this machine lacks (Lightning raises a
+    traceback for these, and for `tpu` without torch_xla a ModuleNotFoundError); an Accelerator object is its own."""
+    if not isinstance(accelerator, str) or accelerator == "auto":
+        return
+    from lightning.pytorch.accelerators import AcceleratorRegistry
+
+    def available(name: str) -> bool:
+        return AcceleratorRegistry[name]["accelerator"].is_available()
+
+    here = ", ".join(name for name in AcceleratorRegistry if available(name))
+    if accelerator != "gpu" and accelerator not in AcceleratorRegistry:
+        raise UserError(
+            f"--trainer.accelerator {accelerator}: not an accelerator name (auto, gpu, "
+            f"{', '.join(AcceleratorRegistry)}; available here: {here})"
+        )
+    wanted = ("cuda", "mps") if accelerator == "gpu" else (accelerator,)  # "gpu" is whichever Lightning finds
+    if any(available(name) for name in wanted):
+        return
+    raise UserError(
+        f"--trainer.accelerator {accelerator}: not available on this machine (available: {here}); "
+        "use --trainer.accelerator auto (or cpu)"
+    )

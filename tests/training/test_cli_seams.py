@@ -53,6 +53,25 @@ def test_a_run_name_that_is_a_path_is_refused(monkeypatch, capsys, tmp_path, nam
     assert sorted(path.name for path in tmp_path.iterdir()) == ["cwd"]  # nothing beside the root either
 
 
+@pytest.mark.parametrize(("accelerator", "said"), [
+    ("gpu", "not available on this machine (available: cpu)"),
+    ("tpu", "not available on this machine (available: cpu)"),  # was a ModuleNotFoundError: torch_xla
+    ("cuda", "use --trainer.accelerator auto (or cpu)"),
+    ("gpus", "not an accelerator name"),
+])  # fmt: skip
+def test_an_accelerator_the_machine_lacks_is_one_line(monkeypatch, capsys, tmp_path, accelerator, said):
+    from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator, XLAAccelerator
+
+    # A CPU-only machine, wherever this runs.
+    for lacking in (CUDAAccelerator, MPSAccelerator, XLAAccelerator):
+        monkeypatch.setattr(lacking, "is_available", staticmethod(lambda: False))
+    err = train_error(
+        monkeypatch, capsys, tmp_path, "fit", "--config", TINY, "--trainer.accelerator", accelerator,
+        "--data.data_files", "absent.txt",
+    )  # fmt: skip
+    assert f"--trainer.accelerator {accelerator}:" in err and said in err
+
+
 @pytest.mark.parametrize("subcommand", ["test", "predict"])
 def test_subcommands_without_a_loop_are_not_offered(monkeypatch, capsys, tmp_path, subcommand):
     err = train_error(monkeypatch, capsys, tmp_path, subcommand, "--config", TINY)
