@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -52,9 +53,15 @@ def prepare_data(settings: PrepareSettings, before_tokenizing: Callable[[int], N
         return found
     if settings.source.streaming:
         return build_stream(settings)
+    with new_corpus_dir(settings) as corpus_dir:
+        return _build_tokens(settings, corpus_dir, before_tokenizing)
+
+
+def _build_tokens(
+    settings: PrepareSettings, corpus_dir: Path, before_tokenizing: Callable[[int], None]
+) -> Path:
     from data.tokenize_parts import plan_parts, tokenize_parts, tokenizer_sample
 
-    corpus_dir = settings.make_corpus_dir()
     source = settings.source
     chat = source.chat_column is not None
     train_docs, val_docs = source.load()
@@ -62,7 +69,9 @@ def prepare_data(settings: PrepareSettings, before_tokenizing: Callable[[int], N
     tokenizer = settings.known_tokenizer()
     if tokenizer is None:
         tokenizer = Tokenizer.train(tokenizer_sample(plan.train, source.text_column), settings.vocab_size)
-        # Saved before the parts: a resumed build must tokenize with exactly this tokenizer.
+        # Saved before the parts: a resumed build must tokenize with exactly this tokenizer. The folder is made
+        # again in case a failed build of the same corpus elsewhere removed it while this one was loading.
+        corpus_dir.mkdir(parents=True, exist_ok=True)
         tokenizer.save(settings.trained_tokenizer_file())
     final = corpus_dir / settings.folder_name(tokenizer)
     building = final.with_name(final.name + ".building")
@@ -78,6 +87,24 @@ def prepare_data(settings: PrepareSettings, before_tokenizing: Callable[[int], N
     shutil.rmtree(building, ignore_errors=True)  # left only where another process published first
     settings.check_sizes(meta)  # after publishing: the folder is good for another block size
     return final
+
+
+@contextmanager
+def new_corpus_dir(settings: PrepareSettings) -> Iterator[Path]:
+    """`settings.make_corpus_dir()` for one build. A build that fails (a bad file, a Hub id offline) takes away
+    the folder again when this call made it and it is still empty, so a failed start leaves no folder named after
+    its bad input; rmdir takes only an empty folder: one that existed or that another process is filling stays
+    (and what a killed build leaves for the next one to finish, tokenizer and `.building` parts, with it)."""
+    folder = settings.corpus_dir()
+    made = not folder.is_dir()
+    settings.make_corpus_dir()
+    try:
+        yield folder
+    except BaseException:
+        if made:
+            with suppress(OSError):
+                folder.rmdir()
+        raise
 
 
 def publish_token_folder(staged: StagedFolder, name: str) -> Path:
@@ -103,7 +130,7 @@ def build_stream(settings: PrepareSettings) -> Path:
     chat = source.chat_column is not None
     tokenizer = settings.known_tokenizer()
     trained_here = tokenizer is None
-    with StagedFolder(settings.make_corpus_dir()) as staged:
+    with new_corpus_dir(settings) as corpus_dir, StagedFolder(corpus_dir) as staged:
         assert staged.path is not None
         train_docs, val_docs = source.load()
         head = source.documents(train_docs)

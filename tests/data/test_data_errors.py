@@ -25,6 +25,8 @@ def _raises(key: str, cache_dir: Path, cached_files, **settings) -> str:
     assert message.startswith(f"{key}: "), message
     assert "\n" not in message
     assert cached_files(cache_dir) == [], "a failed run must leave nothing a later run could trust"
+    # Nor an empty folder named after the bad input (`<cache>/text-image-<digest>/`).
+    assert not cache_dir.exists() or list(cache_dir.iterdir()) == [], list(cache_dir.iterdir())
     return message
 
 
@@ -180,6 +182,32 @@ def test_a_binary_data_file_is_not_utf8_text(
     settings = {"data_files": [str(text), str(binary)], "streaming": streaming, "text_sample_by": "line"}
     message = _raises("data.data_files", cache_dir, cached_files, **settings)
     assert f"{binary} is not UTF-8 text" in message
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("whose", ["there before", "being filled"])
+def test_a_failed_load_keeps_a_corpus_folder_it_did_not_make_or_that_is_in_use(
+    tmp_path: Path, cache_dir: Path, monkeypatch, streaming, whose
+) -> None:
+    binary = tmp_path / "image.txt"
+    binary.write_bytes(b"\xff\xfe\x00\x81 bytes\n" * 100)
+    module = TextDataModule(vocab_size=VOCAB, block_size=16, cache_dir=str(cache_dir), data_files=str(binary),
+                            streaming=streaming, text_sample_by="line")  # fmt: skip
+    folder = module.settings.corpus_dir()
+    if whose == "there before":
+        folder.mkdir(parents=True)
+    else:  # another process's file appears while this one loads
+        load = type(module.source).load
+
+        def load_while_another_writes(source):
+            (folder / "theirs.json").write_text("{}")
+            return load(source)
+
+        monkeypatch.setattr(type(module.source), "load", load_while_another_writes)
+    with pytest.raises(DataConfigError, match="is not UTF-8 text"):
+        module.setup()
+    assert folder.is_dir()
+    assert [p.name for p in folder.iterdir()] == ([] if whose == "there before" else ["theirs.json"])
 
 
 def test_a_cache_dir_that_cannot_be_created_is_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
