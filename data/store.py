@@ -92,18 +92,19 @@ def _build_tokens(
 @contextmanager
 def new_corpus_dir(settings: PrepareSettings) -> Iterator[Path]:
     """`settings.make_corpus_dir()` for one build. A build that fails (a bad file, a Hub id offline) takes away
-    the folder again when this call made it and it is still empty, so a failed start leaves no folder named after
-    its bad input; rmdir takes only an empty folder: one that existed or that another process is filling stays
-    (and what a killed build leaves for the next one to finish, tokenizer and `.building` parts, with it)."""
+    the folder (and data.cache_dir) again when this call made it and it is still empty, so a failed start leaves
+    no folder named after its bad input; rmdir takes only an empty folder: one that existed or that another
+    process is filling stays (and what a killed build leaves for the next one to finish, tokenizer and
+    `.building` parts, with it)."""
     folder = settings.corpus_dir()
-    made = not folder.is_dir()
+    made = [path for path in (folder, settings.cache_dir) if not path.is_dir()]  # innermost first
     settings.make_corpus_dir()
     try:
         yield folder
     except BaseException:
-        if made:
+        for path in made:
             with suppress(OSError):
-                folder.rmdir()
+                path.rmdir()
         raise
 
 

@@ -25,8 +25,8 @@ def _raises(key: str, cache_dir: Path, cached_files, **settings) -> str:
     assert message.startswith(f"{key}: "), message
     assert "\n" not in message
     assert cached_files(cache_dir) == [], "a failed run must leave nothing a later run could trust"
-    # Nor an empty folder named after the bad input (`<cache>/text-image-<digest>/`).
-    assert not cache_dir.exists() or list(cache_dir.iterdir()) == [], list(cache_dir.iterdir())
+    # Nor an empty folder named after the bad input (`<cache>/text-image-<digest>/`), nor the cache it made.
+    assert not cache_dir.exists(), list(cache_dir.rglob("*"))
     return message
 
 
