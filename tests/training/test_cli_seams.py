@@ -72,6 +72,16 @@ def test_an_accelerator_the_machine_lacks_is_one_line(monkeypatch, capsys, tmp_p
     assert f"--trainer.accelerator {accelerator}:" in err and said in err
 
 
+@pytest.mark.parametrize("accelerator", ["gpu", "cuda", "cpu", "auto", None])
+def test_an_accelerator_the_machine_has_passes(monkeypatch, accelerator):
+    from lightning.pytorch.accelerators import CUDAAccelerator
+
+    from training.cli import _refuse_missing_accelerator
+
+    monkeypatch.setattr(CUDAAccelerator, "is_available", staticmethod(lambda: True))  # a GPU machine
+    _refuse_missing_accelerator(accelerator)
+
+
 @pytest.mark.parametrize("subcommand", ["test", "predict"])
 def test_subcommands_without_a_loop_are_not_offered(monkeypatch, capsys, tmp_path, subcommand):
     err = train_error(monkeypatch, capsys, tmp_path, subcommand, "--config", TINY)
