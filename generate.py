@@ -17,24 +17,17 @@ import torch
 from common.errors import UserError, run_command
 from common.threads import apply_thread_count
 from generation.chat import Conversation, run_chat
+from generation.checks import check_args, read_prompt, refuse_a_batch_too_big
 from generation.compiled_step import compiled_step
 from generation.model_defaults import model_sampler
 from generation.speed import report_decode_speed, report_speculative_speed, seeded, speculative_run
-from generation.text import TextStream, encode_prompt, not_utf8, print_samples, utf8, utf8_lines
+from generation.text import TextStream, encode_prompt, print_samples
 from interop import load
 from interop.gguf_blocks import KEPT_TYPES
-from model.cache import KVCache
 from model.config import DTYPES
 from model.quantized import QuantizedLinear
-from model.sampling import NonFiniteLogits, Sampler, generate
+from model.sampling import NonFiniteLogits, generate
 from model.speculative import DraftModel, PromptLookup, check_draft
-
-CHAT_CONFLICTS = ("prompt", "prompt_file", "draft", "prompt_lookup", "benchmark", "compile", "no_cache",
-                  "attention_map", "attention_html", "explain_attention", "num_samples")  # fmt: skip
-# --explain_attention prints its table and generates nothing; --benchmark prints speeds and no text.
-EXPLAIN_CONFLICTS = ("prompt", "prompt_file", "no_echo", "max_new_tokens", "num_samples", "ignore_eos", "draft",
-                     "prompt_lookup", "benchmark", "compile", "no_cache", "attention_map", "attention_html")  # fmt: skip
-BENCHMARK_CONFLICTS = ("attention_map", "attention_html")
 
 
 class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):  # not for switches and unset options
@@ -92,80 +85,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.set_defaults(**dict.fromkeys(vars(args), unset))
     args.explicit = {name for name, value in vars(p.parse_args(argv)).items() if value is not unset}
     return args
-
-
-def check_args(args: argparse.Namespace) -> Sampler:
-    """One-line errors for flags that cannot work, before the checkpoint is loaded; the sampler they ask for."""
-    sampler = Sampler(args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty)
-    try:
-        sampler.check()
-    except UserError as err:  # the check names the field; here it is a flag
-        raise UserError(f"--{err}") from None
-    for flag in ("max_new_tokens", "num_samples", "draft_k"):
-        if getattr(args, flag) < 1:
-            raise UserError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
-    if not -(2**63) <= args.seed < 2**64:  # the range torch's manual_seed takes
-        raise UserError(f"--seed must be in [-2**63, 2**64 - 1] (a 64-bit integer), got {args.seed}")
-    if args.draft and args.prompt_lookup:
-        raise UserError("--draft and --prompt_lookup are two ways of drafting; pick one")
-    if args.draft or args.prompt_lookup:
-        if args.num_samples != 1 or args.no_cache or args.compile or args.repetition_penalty != 1.0:
-            raise UserError("speculative decoding (--draft/--prompt_lookup) takes one sample from the cache: drop "
-                            "--num_samples, --no_cache, --compile and --repetition_penalty")  # fmt: skip
-    if args.keep_quantized and args.dequantize:
-        raise UserError("--keep_quantized and --dequantize contradict each other: pass one")
-    if args.compile and (args.no_cache or args.no_compile):
-        raise UserError("--compile builds the step that decodes from the KV cache: drop --no_cache, --no_compile")  # fmt: skip
-    for flag in ("prompt", "explain_attention"):
-        if getattr(args, flag) is not None:
-            utf8(getattr(args, flag), f"--{flag}")
-    if args.chat:
-        refuse_given(
-            args, CHAT_CONFLICTS, "--chat reads its turns from stdin and decodes one reply from the KV cache"
-        )
-    if args.explain_attention is not None:
-        refuse_given(args, EXPLAIN_CONFLICTS, "--explain_attention prints one head's attention on its TEXT and "
-                     "generates nothing")  # fmt: skip
-    if args.benchmark:
-        refuse_given(args, BENCHMARK_CONFLICTS, "--benchmark measures speed and writes no text or attention")
-    if args.prompt is not None and args.prompt_file is not None:
-        raise UserError("--prompt and --prompt_file are two prompts; pass one")
-    if not (args.draft or args.prompt_lookup):
-        refuse_given(args, ["draft_k"], "--draft_k sets speculative decoding's tokens per round, and neither --draft "
-                     "nor --prompt_lookup was given")  # fmt: skip
-    if not (args.attention_map or args.explain_attention is not None):
-        refuse_given(args, ["layer"], "--layer picks the layer of --attention_map or --explain_attention, and "
-                     "neither was given")  # fmt: skip
-    if args.explain_attention is None:
-        refuse_given(args, ["head"], "--head picks the head of --explain_attention, which was not given")
-    if not (args.attention_map or args.attention_html):
-        refuse_given(args, ["force"], "--force replaces an existing --attention_map or --attention_html file, and "
-                     "neither was given")  # fmt: skip
-    return sampler
-
-
-def refuse_given(args: argparse.Namespace, flags, why: str) -> None:
-    """One line when any of `flags` was given on the command line (a default never counts): it would do nothing."""
-    given = [f"--{flag}" for flag in flags if flag in args.explicit]
-    if given:
-        raise UserError(f"{why}; drop {', '.join(given)}")
-
-
-def read_prompt(args: argparse.Namespace) -> str:
-    """The prompt text; an empty one samples unconditionally (from the end-of-text token)."""
-    if args.prompt is not None:
-        return args.prompt
-    if args.prompt_file is not None:
-        try:
-            with open(args.prompt_file, encoding="utf-8") as f:
-                return f.read()
-        except OSError as err:
-            raise UserError(f"--prompt_file {args.prompt_file}: {err.strerror}") from None
-        except UnicodeDecodeError as err:
-            raise not_utf8(f"--prompt_file {args.prompt_file}", err) from None
-    if not sys.stdin.isatty():
-        return "".join(utf8_lines(sys.stdin, "the prompt on stdin"))
-    raise UserError('no prompt: pass --prompt TEXT (or "" for none), --prompt_file FILE or pipe text in')
 
 
 def pick_device(name: str) -> torch.device:
@@ -268,36 +187,6 @@ def run(args: argparse.Namespace) -> None:
         writers.write_attention_map(model, tokenizer, out[:1], args.attention_map, args.layer)
     if args.attention_html:
         writers.write_attention_html(model, tokenizer, out[:1], args.attention_html, prompt.shape[1])
-
-
-def free_memory(device: torch.device) -> int | None:
-    """Bytes the device can still hand out: the GPU's free memory, Linux's MemAvailable; None where unknown."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    if device.type != "cpu":
-        return None
-    try:
-        with open("/proc/meminfo") as f:
-            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), None)
-    except OSError:  # not Linux
-        return None
-
-
-def refuse_a_batch_too_big(
-    model: torch.nn.Module, num_samples: int, length: int, device: torch.device
-) -> None:
-    """One line, before anything is allocated, when the batch's KV cache, token ids and float32 logits alone
-    exceed the free memory: else the allocation fails later, or the kernel kills the process."""
-    free = free_memory(device)
-    if free is None:
-        return
-    config, dtype = model.config, next(model.parameters()).dtype
-    per_token = KVCache.allocate(config, 1, 1, device="meta", dtype=dtype).bytes_per_token  # generate's cache
-    need = num_samples * (min(length, config.block_size) * per_token + length * 8 + config.vocab_size * 4)
-    if need > free:
-        raise UserError(f"--num_samples {num_samples}: decoding {num_samples} x {length} tokens needs at least "
-                        f"{need / 1e9:,.1f} GB (KV cache, token ids, logits), more than the {free / 1e9:,.1f} GB "
-                        f"free on {device}; pass a smaller --num_samples")  # fmt: skip
 
 
 def drafter_factory(loaded, args: argparse.Namespace, device: torch.device):

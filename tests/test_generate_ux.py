@@ -14,6 +14,7 @@ import torch
 
 import generate as cli
 from data.tokenizer import Tokenizer
+from generation import checks
 from tests.conftest import run_generate as run_cli
 from tests.hf.conftest import make_model, tokenizer_json  # noqa: F401 (fixtures)
 
@@ -366,7 +367,9 @@ def test_flags_at_their_defaults_or_with_their_partner_are_accepted(gguf_of, cap
 
 
 def test_a_batch_too_big_for_the_free_memory_is_one_line_before_allocating(gguf_of, capsys, monkeypatch):
-    monkeypatch.setattr(cli, "free_memory", lambda device: 10**6)  # 1 MB free: 1000 samples' caches need more
+    monkeypatch.setattr(
+        checks, "free_memory", lambda device: 10**6
+    )  # 1 MB free: 1000 samples' caches need more
     args = ["--checkpoint", gguf_of(), "--prompt", "a", "--max_new_tokens", "3"]
     code, out, err = run_cli(capsys, *args, "--num_samples", "1000")
     assert code == 2 and out == "" and err.count("\n") == 1, err
@@ -374,12 +377,12 @@ def test_a_batch_too_big_for_the_free_memory_is_one_line_before_allocating(gguf_
         err.startswith("error: --num_samples 1000: decoding 1000 x 4 tokens needs at least") and "GB" in err
     )
     assert run_cli(capsys, *args, "--num_samples", "2")[0] == 0  # a batch that fits is decoded
-    monkeypatch.setattr(cli, "free_memory", lambda device: None)  # unknown (not Linux): no check
+    monkeypatch.setattr(checks, "free_memory", lambda device: None)  # unknown (not Linux): no check
     assert run_cli(capsys, *args, "--num_samples", "2")[0] == 0
 
 
 def test_the_free_memory_is_read_on_this_machine():
-    free = cli.free_memory(torch.device("cpu"))
+    free = checks.free_memory(torch.device("cpu"))
     assert free is None or 0 < free, free
     if Path("/proc/meminfo").exists():
         assert free is not None
