@@ -37,16 +37,34 @@ def parse(argv: list[str]) -> dict[str, Any]:
     if config is not None:
         path = Path(config)
         try:
-            sections = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            with path.open(encoding="utf-8") as stream:  # a stream, not its text: YAML's errors name the file
+                sections = yaml.safe_load(stream) or {}
         except OSError as error:
             raise UserError(
                 f"--config: cannot read {path} ({error.strerror}); pass a train.py config file"
             ) from None
+        except yaml.YAMLError as error:  # one line, as train.py prints a bad config
+            message = " ".join(str(error).split())
+            raise UserError(
+                f"--config: {message}; fix the YAML (see: python -m data.prepare --help)"
+            ) from None
+        except UnicodeDecodeError as error:
+            raise UserError(
+                f"--config {path} is not UTF-8 text (byte {error.start}: {error.reason}); pass a train.py config file"
+            ) from None
+        if not isinstance(sections, dict) or not all(
+            isinstance(sections.get(key) or {}, dict) for key in ("data", "model")
+        ):
+            raise UserError(f"--config {path}: expected a train.py config (keys data:, model: and so on)")
         model = {key: value for key, value in (sections.get("model") or {}).items() if key in MODEL_KEYS}
-        parser.set_defaults(
-            {f"data.{key}": value for key, value in (sections.get("data") or {}).items()}
-            | {f"model.{key}": value for key, value in model.items()}
-        )
+        defaults = {f"data.{key}": value for key, value in (sections.get("data") or {}).items()}
+        for key, value in (defaults | {f"model.{key}": value for key, value in model.items()}).items():
+            try:
+                parser.set_defaults({key: value})
+            except KeyError:  # a data: key TextDataModule does not take
+                raise UserError(
+                    f"--config {path}: {key} is not a key of this command (see: python -m data.prepare --help)"
+                ) from None
     try:
         parsed = parser.parse_args(argv)
     except Exception as error:  # jsonargparse's ArgumentError: one line, as train.py prints it

@@ -226,6 +226,28 @@ def test_a_cache_dir_that_cannot_be_created_is_one_line(tmp_path: Path, monkeypa
         assert err.startswith("error: data.cache_dir: cannot create") and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        ("data: [\n  a: b", ["bad.yaml\", line 1", "fix the YAML"]),  # malformed: named file, line
+        ("- a list\n", ["bad.yaml: expected a train.py config"]),
+        ("data:\n  bogus: 1\n", ["bad.yaml: data.bogus is not a key"]),
+        (b"\xff\xfe", ["bad.yaml is not UTF-8 text"]),
+    ],
+    ids=["malformed", "not-a-mapping", "unknown-key", "binary"],
+)
+def test_prepare_a_bad_config_is_one_line(tmp_path: Path, monkeypatch, capsys, text, words) -> None:
+    from data.prepare import main
+
+    config = tmp_path / "bad.yaml"
+    config.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
+    monkeypatch.setattr("sys.argv", ["data.prepare", "--config", str(config)])
+    assert main() == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --config") and err.count("\n") == 1, err
+    assert all(word in err for word in words), err
+
+
 def test_training_a_tokenizer_prints_no_blank_lines_into_a_log(capfd) -> None:
     Tokenizer.train(["to be or not to be " * 50] * 5, VOCAB)
     assert capfd.readouterr().out == ""
