@@ -101,13 +101,22 @@ class OutputPathError(UserError):
 
 
 def refuse_existing(
-    out: Path, force: bool, *, file: bool = False, flag: str = "--out", suffixes: tuple[str, ...] = ()
+    out: Path,
+    force: bool,
+    *,
+    file: bool = False,
+    flag: str = "--out",
+    suffixes: tuple[str, ...] = (),
+    source: Path | None = None,
 ) -> Path:
     """Refuse, before any work, an output that cannot be written or would replace something without `force`
-    (with `file`, a folder too); returns what it names (a symlink's target)."""
+    (with `file`, a folder too), or that overlaps `source`, the input it is made from; returns what it names
+    (a symlink's target)."""
     if suffixes and out.suffix.lower() not in suffixes:
         example = out.with_suffix(suffixes[0]).name
         raise OutputPathError(f"{flag} {out}: expected a {' or '.join(suffixes)} file, e.g. {example}")
+    if source is not None:  # before the --force advice: --force would not make this right
+        refuse_overlap(out, source, flag)
     target = out.resolve() if out.is_symlink() else out
     if file and target.is_dir():
         raise OutputPathError(f"{flag} {out} is a folder; pass the path of a file in it")
@@ -119,6 +128,24 @@ def refuse_existing(
         raise OutputPathError(f"{flag} {out} already exists; pass --force to replace it")
     refuse_unwritable_folder(target.parent, flag)
     return target
+
+
+def refuse_overlap(out: Path, source: Path, flag: str) -> None:
+    """Refuse an output that is `source`, holds it or lies inside it: writing it (with --force, replacing it)
+    would destroy or change the input being read. Compared after resolving symlinks; a `source` that is no
+    local path (a Hub id) cannot overlap."""
+    if not source.exists():
+        return
+    out_real, source_real = Path(os.path.realpath(out)), Path(os.path.realpath(source))
+    if out_real == source_real:
+        where = "is"
+    elif out_real in source_real.parents:
+        where = "holds"
+    elif source_real in out_real.parents:
+        where = "is inside"
+    else:
+        return
+    raise OutputPathError(f"{flag} {out} {where} {source}, the input being read; pick a path outside it")
 
 
 def refuse_unwritable_folder(folder: Path, flag: str) -> None:

@@ -36,6 +36,7 @@ from .hf_folder import hf_config_dict, hf_model_type
 from .load import export_parser, load_for_export
 from .names import INTERLEAVED, to_format
 
+SUFFIXES = (".gguf",)  # what llama.cpp and Ollama look for
 GGUFDtype = Literal["f32", "f16", "bf16", "q8_0"]
 # Each --dtype's gguf.LlamaFileType.
 FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0"}
@@ -56,7 +57,7 @@ def export_gguf(
     Norms stay float32, as llama.cpp keeps 1-D tensors; under q8_0, rows not a multiple of 32 fall back to f16."""
     gguf = import_gguf()
     out = Path(out).expanduser()
-    refuse_existing(out, force, file=True)
+    refuse_existing(out, force, file=True, suffixes=SUFFIXES)
     if dtype not in FILE_TYPES:
         raise UserError(f"--dtype {dtype!r} is not one of {', '.join(FILE_TYPES)}")
     architecture = gguf_architecture(model.config)  # before writing anything: an unsupported mix is refused
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     import_gguf()  # before reading a possibly large checkpoint
-    loaded = load_for_export(args, file=True)
+    loaded = load_for_export(args, file=True, suffixes=SUFFIXES)
     name = f"the tokenizer of {args.checkpoint}"
     out = export_gguf(loaded.model, loaded.tokenizer, args.out, args.dtype, args.force, tokenizer_name=name)
     print(

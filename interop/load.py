@@ -92,9 +92,11 @@ def export_parser(prog: str, doc: str, out_help: str) -> argparse.ArgumentParser
     return parser
 
 
-def load_for_export(args: argparse.Namespace, file: bool = False) -> Loaded:
-    """The model of --checkpoint, once --out is known to be writable (a checkpoint may take long to read)."""
-    refuse_existing(Path(args.out).expanduser(), args.force, file=file)
+def load_for_export(args: argparse.Namespace, file: bool = False, suffixes: tuple[str, ...] = ()) -> Loaded:
+    """The model of --checkpoint, once --out is known to be writable and not to overlap it (a checkpoint may
+    take long to read)."""
+    out, source = Path(args.out).expanduser(), Path(args.checkpoint).expanduser()
+    refuse_existing(out, args.force, file=file, suffixes=suffixes, source=source)
     return load(args.checkpoint, args.revision)  # a bad name is a UserError: one line, exit 2
 
 

@@ -210,3 +210,31 @@ def test_cli_exports_a_checkpoint_and_refuses_in_one_line(make_model, tokenizer_
     for (code, err), words in [(again, "--force"), (missing, "nope.ckpt")]:
         assert code == 2 and err.count("\n") == 1 and err.startswith("error:") and words in err, err
     assert not (tmp_path / "n.gguf").exists()
+
+
+def test_cli_force_never_overwrites_what_it_reads(make_model, tokenizer_json, tmp_path, capsys):
+    """The checkpoint itself (not a .gguf), a .gguf source, and a symlink to the source are refused."""
+    ckpt = write_checkpoint(make_model(), tokenizer_json, tmp_path / "run" / "checkpoints" / "last.ckpt")
+    assert run_cli(capsys, "--checkpoint", str(ckpt), "--out", str(tmp_path / "m.gguf"))[0] == 0
+    (tmp_path / "link.gguf").symlink_to(tmp_path / "m.gguf")
+    before = {p: p.read_bytes() for p in [ckpt, tmp_path / "m.gguf"]}
+    cases = [
+        (ckpt, ckpt, ": expected a .gguf file"),
+        (tmp_path / "m.gguf", tmp_path / "m.gguf", " is "),
+        (tmp_path / "m.gguf", tmp_path / "link.gguf", " is "),
+        (tmp_path / "run", tmp_path / "run" / "m.gguf", " is inside "),
+    ]
+    for source, out, words in cases:
+        code, err = run_cli(capsys, "--checkpoint", str(source), "--out", str(out), "--force")
+        assert code == 2 and err.count("\n") == 1 and err.startswith(f"error: --out {out}{words}"), err
+    assert {p: p.read_bytes() for p in before} == before and (tmp_path / "link.gguf").is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.gguf", "m.gguf", "run"]
+
+
+def test_out_must_end_in_gguf(make_model, tokenizer_json, tokenizer, tmp_path, capsys):
+    ckpt = write_checkpoint(make_model(), tokenizer_json, tmp_path / "x.ckpt")
+    code, err = run_cli(capsys, "--checkpoint", str(ckpt), "--out", str(tmp_path / "t.bin"))
+    assert code == 2 and err == f"error: --out {tmp_path / 't.bin'}: expected a .gguf file, e.g. t.gguf\n"
+    with pytest.raises(UserError, match="expected a .gguf file"):
+        export_gguf(make_model(), tokenizer, tmp_path / "t.bin")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.ckpt"]

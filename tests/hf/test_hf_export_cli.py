@@ -96,6 +96,27 @@ def test_cli_exports_a_run_directory(make_model, tokenizer_json, tmp_path, capsy
     assert all(torch.equal(t, loaded.state_dict()[n]) for n, t in model.state_dict().items())
 
 
+@pytest.mark.parametrize(
+    "checkpoint,out,where",
+    [
+        ("run", "run", "is"),
+        ("run/checkpoints/last.ckpt", "run", "holds"),
+        ("run", "run/checkpoints/hf", "is inside"),
+    ],
+    ids=["the-run", "holding-it", "inside-it"],
+)
+def test_force_never_replaces_the_model_being_exported(
+    make_model, tokenizer_json, tmp_path, capsys, checkpoint, out, where
+):
+    write_checkpoint(make_model(), tokenizer_json, tmp_path / "run" / "checkpoints" / "last.ckpt")
+    (tmp_path / "run" / "config.yaml").write_text("model: {}\n")
+    before = folder_snapshot(tmp_path)
+    assert main(["--checkpoint", str(tmp_path / checkpoint), "--out", str(tmp_path / out), "--force"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --out {tmp_path / out} {where} ") and err.count("\n") == 1, err
+    assert folder_snapshot(tmp_path) == before and [p.name for p in tmp_path.iterdir()] == ["run"]
+
+
 def start_cli(*args: str) -> subprocess.Popen:
     env = os.environ | {"PYTHONPATH": str(REPO_ROOT)}
     command = [sys.executable, "-m", "interop.export_hf", *args]
