@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from common.errors import UserError, run_command
+from common.errors import OneLineParser, UserError, run_command
 from common.threads import apply_thread_count
 from generation.chat import Conversation, run_chat
 from generation.checks import check_args, read_prompt, refuse_a_batch_too_big
@@ -38,7 +38,7 @@ class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):  # not for swit
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=_HelpWithDefaults)
+    p = OneLineParser(description=__doc__.split("\n\n")[0], formatter_class=_HelpWithDefaults)
     yes = {"action": "store_true"}
     # fmt: off
     p.add_argument("--checkpoint", required=True, help="a .ckpt, run dir, HF folder, Hub id (org/name) or .gguf")

@@ -7,6 +7,8 @@ import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from common.errors import OneLineParser
+
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd")
 # train.py flags: no validation, samples, attention maps, logging or progress bar (benchmarks score themselves).
@@ -16,7 +18,7 @@ QUIET = ["--trainer.logger", "false", "--trainer.limit_val_batches", "0", "--sam
 
 def new_parser(doc: str, **shape: int) -> argparse.ArgumentParser:
     """A parser described by `doc`'s first paragraph, with a flag for each model-shape argument in `shape`."""
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser = OneLineParser(description=doc.split("\n\n")[0])
     for name, default in shape.items():
         parser.add_argument(f"--{name}", type=int, default=default, help=f"the model's ModelConfig.{name}")
     return parser

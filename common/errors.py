@@ -3,10 +3,12 @@ traceback), 2 a user mistake (one `error:` line naming the key, file or flag, an
 
 from __future__ import annotations
 
+import argparse
 import errno
 import os
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 EXIT_OK = 0
 EXIT_BUG = 1
@@ -47,6 +49,14 @@ def disk_error(
         return None
     where = path or err.filename2 or err.filename  # of a copy's two names, the second is written
     return DiskError(f"{what}{f' {where}' if where else ''}: {err.strerror}; {_DISK_FIXES[err.errno]}")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser whose flag mistakes are one `error:` line and exit 2, like every other user mistake
+    (argparse's own prints the whole usage block first); --help is argparse's."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USER_ERROR, f"error: {message} (see --help)\n")
 
 
 def to_stderr(line: str) -> None:

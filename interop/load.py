@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from checkpoints.format import META_KEY, load_checkpoint, read_checkpoint
+from common.errors import OneLineParser
 from common.files import refuse_existing
 from data.pretrained_tokenizer import tokenizer_from_hf_folder
 from data.tokenizer import Tokenizer
@@ -84,7 +85,8 @@ def read_tokenizer(name: str | Path, revision: str | None = None) -> Tokenizer:
 
 def export_parser(prog: str, doc: str, out_help: str) -> argparse.ArgumentParser:
     """The options the export commands share: --checkpoint, --revision, --out, --force."""
-    parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
+    # The docstring's first paragraph: its first line may stop mid-sentence.
+    parser = OneLineParser(prog=prog, description=doc.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, help="a .ckpt, run dir, HF folder, Hub id or .gguf")
     parser.add_argument("--revision", help="branch, tag or commit of a Hub id")
     parser.add_argument("--out", required=True, help=out_help)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
+import sys
+
+import pytest
+
 from common.errors import EXIT_BUG, EXIT_USER_ERROR
 
 # Runs a command with a bug planted deep inside the model: a plain ValueError from GPT construction, which
@@ -68,3 +73,28 @@ def test_traceback_env_is_honoured_by_the_three_commands(start_script, tiny_args
             name,
             stderr,
         )
+
+
+@pytest.mark.parametrize(
+    "module,flag",
+    [
+        ("generate", "--checkpoint"),
+        ("interop.export_hf", "--out"),
+        ("interop.export_gguf", "--dtype"),
+        ("benchmarks.decode", "--repeats"),  # all benchmarks: benchmarks.new_parser
+    ],
+)
+def test_a_flag_mistake_is_one_line_and_help_is_unchanged(module, flag, monkeypatch, capsys):
+    """argparse's own mistakes (here a flag without its value) too: no usage block before the error line."""
+    main = importlib.import_module(module).main
+    monkeypatch.setattr(sys, "argv", [module, flag])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == EXIT_USER_ERROR
+    assert err == f"error: argument {flag}: expected one argument (see --help)\n", err
+    monkeypatch.setattr(sys, "argv", [module, "--help"])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and out.startswith("usage: ") and "\noptions:\n" in out

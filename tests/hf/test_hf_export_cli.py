@@ -117,6 +117,16 @@ def test_force_never_replaces_the_model_being_exported(
     assert folder_snapshot(tmp_path) == before and [p.name for p in tmp_path.iterdir()] == ["run"]
 
 
+def test_help_describes_the_export_in_whole_sentences(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert (
+        "for our own, the class of its architecture (Mistral, Qwen2, Qwen3) for a model that came as one."
+        in text
+    )
+
+
 def start_cli(*args: str) -> subprocess.Popen:
     env = os.environ | {"PYTHONPATH": str(REPO_ROOT)}
     command = [sys.executable, "-m", "interop.export_hf", *args]
