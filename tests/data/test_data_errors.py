@@ -229,7 +229,7 @@ def test_a_cache_dir_that_cannot_be_created_is_one_line(tmp_path: Path, monkeypa
 @pytest.mark.parametrize(
     "text,words",
     [
-        ("data: [\n  a: b", ["bad.yaml\", line 1", "fix the YAML"]),  # malformed: named file, line
+        ("data: [\n  a: b", ['bad.yaml", line 1', "fix the YAML"]),  # malformed: named file, line
         ("- a list\n", ["bad.yaml: expected a train.py config"]),
         ("data:\n  bogus: 1\n", ["bad.yaml: data.bogus is not a key"]),
         (b"\xff\xfe", ["bad.yaml is not UTF-8 text"]),
