@@ -24,6 +24,25 @@ def new_parser(doc: str, **shape: int) -> argparse.ArgumentParser:
     return parser
 
 
+def positive_int(text: str) -> int:
+    """argparse type of a count that must be at least 1 (0 repeats has no median, 0 batches no rate)."""
+    return _count(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type of a count where 0 skips that part of a benchmark."""
+    return _count(text, 0)
+
+
+def _count(text: str, minimum: int) -> int:
+    try:
+        if int(text) >= minimum:
+            return int(text)
+    except ValueError:  # not a whole number: the same one line as a too small one
+        pass
+    raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {text!r}")
+
+
 def model_shape(args: argparse.Namespace) -> dict[str, int]:
     return {name: getattr(args, name) for name in SHAPE}
 

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import ROOT, new_parser
+from benchmarks import ROOT, new_parser, non_negative_int, positive_int
 
 
 def worker_main(args: argparse.Namespace) -> None:
@@ -163,13 +163,13 @@ def stall(args: argparse.Namespace, work: Path) -> None:
 def main() -> None:
     parser = new_parser(__doc__)
     add = parser.add_argument
-    add("--kills", type=int, default=20, help="SIGKILLs to survive (M)")
+    add("--kills", type=non_negative_int, default=20, help="SIGKILLs to survive (M; 0: skip)")
     add("--seed", type=int, default=0, help="seed of the kill moments")
     add("--window_s", type=float, default=1.5, help="a kill lands up to this long after a first save")
-    add("--steps", type=int, default=300, help="optimizer steps of the whole run")
+    add("--steps", type=positive_int, default=300, help="optimizer steps of the whole run")
     add("--n_embd", type=int, default=192, help="width of the killed runs' model")
     add("--n_layer", type=int, default=4, help="layers of the killed runs' model")
-    add("--stall_rounds", type=int, default=3, help="sync/async rounds of 2 saves each (0: skip)")
+    add("--stall_rounds", type=non_negative_int, default=3, help="sync/async rounds of 2 saves (0: skip)")
     add("--stall_n_embd", type=int, default=768, help="stall model width (a multiple of 12; 768: ~100M)")
     add("--workdir", type=Path, default=None, help="where runs go (default: a new temporary folder)")
     add("--keep", action="store_true", help="keep the work folder")

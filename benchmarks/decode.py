@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import torch
 
-from benchmarks import new_parser
+from benchmarks import new_parser, positive_int
 from generation.speed import report_decode_speed
 from generation.timing import alternate_medians, wall_seconds
 from model import GPT, ModelConfig
@@ -59,11 +59,11 @@ def bytes_per_token(model: GPT, context: int) -> int:
 def main() -> None:
     parser = new_parser(__doc__)
     add = parser.add_argument
-    add("--batches", type=int, nargs="+", help="report tokens/s at these batch sizes instead")
+    add("--batches", type=positive_int, nargs="+", help="report tokens/s at these batch sizes instead")
     add("--no_compile", action="store_true", help="skip the compiled path (its compile is slow)")
-    add("--prompt_len", type=int, default=64, help="prompt tokens (random ids)")
-    add("--new_tokens", type=int, default=512, help="tokens decoded per run")
-    add("--repeats", type=int, default=3, help="timed rounds after a warm-up; medians")
+    add("--prompt_len", type=positive_int, default=64, help="prompt tokens (random ids)")
+    add("--new_tokens", type=positive_int, default=512, help="tokens decoded per run")
+    add("--repeats", type=positive_int, default=3, help="timed rounds after a warm-up; medians")
     add("--device", default="cpu", help="torch device of the model and cache")
     args = parser.parse_args()
     model, c = random_model(SMALL_1024, args.device), SMALL_1024

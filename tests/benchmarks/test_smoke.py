@@ -117,6 +117,23 @@ def test_every_flag_has_help(name, monkeypatch):
     assert bare == [], f"benchmarks.{name}: flags without help: {bare}"
 
 
+@pytest.mark.parametrize(
+    "name,flags,message",
+    [
+        ("first_token", ["--repeats", "0"], "argument --repeats: expected a whole number >= 1, got '0'"),
+        ("decode", ["--batches", "1", "0"], "argument --batches: expected a whole number >= 1, got '0'"),
+        ("decode", ["--repeats", "two"], "argument --repeats: expected a whole number >= 1, got 'two'"),
+        ("checkpoint_chaos", ["--kills", "-1"], "argument --kills: expected a whole number >= 0, got '-1'"),
+    ],
+)
+def test_a_count_below_its_minimum_is_one_line(name, flags, message, monkeypatch, capsys):
+    """Refused while parsing: 0 repeats once ended in StatisticsError, 0 batches in ZeroDivisionError."""
+    monkeypatch.setattr(sys, "argv", [name, *flags])
+    with pytest.raises(SystemExit) as exit_:
+        importlib.import_module(f"benchmarks.{name}").main()
+    assert exit_.value.code == 2 and capsys.readouterr().err == f"error: {message} (see --help)\n"
+
+
 # Below, each test starts a benchmark in a subprocess: the slow lane.
 
 
