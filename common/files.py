@@ -131,9 +131,10 @@ def refuse_existing(
 
 
 def refuse_overlap(out: Path, source: Path, flag: str) -> None:
-    """Refuse an output that is `source`, holds it or lies inside it: writing it (with --force, replacing it)
-    would destroy or change the input being read. Compared after resolving symlinks; a `source` that is no
-    local path (a Hub id) cannot overlap."""
+    """Refuse an output that is `source`, holds it, or is something already inside it: writing it (with --force,
+    replacing it) would destroy or change the input being read. A new file inside a source folder (a GGUF in
+    its run folder) is fine. Compared after resolving symlinks; a `source` that is no local path (a Hub id)
+    cannot overlap."""
     if not source.exists():
         return
     out_real, source_real = Path(os.path.realpath(out)), Path(os.path.realpath(source))
@@ -141,7 +142,7 @@ def refuse_overlap(out: Path, source: Path, flag: str) -> None:
         where = "is"
     elif out_real in source_real.parents:
         where = "holds"
-    elif source_real in out_real.parents:
+    elif source_real in out_real.parents and out_real.exists():
         where = "is inside"
     else:
         return

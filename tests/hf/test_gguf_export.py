@@ -217,18 +217,21 @@ def test_cli_force_never_overwrites_what_it_reads(make_model, tokenizer_json, tm
     ckpt = write_checkpoint(make_model(), tokenizer_json, tmp_path / "run" / "checkpoints" / "last.ckpt")
     assert run_cli(capsys, "--checkpoint", str(ckpt), "--out", str(tmp_path / "m.gguf"))[0] == 0
     (tmp_path / "link.gguf").symlink_to(tmp_path / "m.gguf")
-    before = {p: p.read_bytes() for p in [ckpt, tmp_path / "m.gguf"]}
+    (tmp_path / "run" / "old.gguf").write_bytes(b"kept")
+    before = {p: p.read_bytes() for p in [ckpt, tmp_path / "m.gguf", tmp_path / "run" / "old.gguf"]}
     cases = [
         (ckpt, ckpt, ": expected a .gguf file"),
         (tmp_path / "m.gguf", tmp_path / "m.gguf", " is "),
         (tmp_path / "m.gguf", tmp_path / "link.gguf", " is "),
-        (tmp_path / "run", tmp_path / "run" / "m.gguf", " is inside "),
+        (tmp_path / "run", tmp_path / "run" / "old.gguf", " is inside "),
     ]
     for source, out, words in cases:
         code, err = run_cli(capsys, "--checkpoint", str(source), "--out", str(out), "--force")
         assert code == 2 and err.count("\n") == 1 and err.startswith(f"error: --out {out}{words}"), err
     assert {p: p.read_bytes() for p in before} == before and (tmp_path / "link.gguf").is_symlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.gguf", "m.gguf", "run"]
+    new = tmp_path / "run" / "new.gguf"  # a new file in the source's folder reads nothing it replaces
+    assert run_cli(capsys, "--checkpoint", str(tmp_path / "run"), "--out", str(new))[0] == 0 and new.is_file()
 
 
 def test_out_must_end_in_gguf(make_model, tokenizer_json, tokenizer, tmp_path, capsys):
