@@ -112,11 +112,11 @@ def one_query_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor
 ) -> torch.Tensor:
     """softmax(q kᵀ / sqrt(D)) v for one query per head, q (B, H, 1, D), over k, v (B, Hkv, S, D) masked by
-    `visible` (B or 1, 1, 1, S), for the compiled CPU step (`Cache.reductions`). On the CPU the C++ op of
-    model/row_kernel.cpp hands the visible prefix to the fused kernel; elsewhere products and sums for Inductor
-    to fuse into reductions that read each cached key once on every thread (run eagerly they would materialise
-    the products). Scores are at least float32, as in the fused kernel."""
-    if q.device.type == "cpu" and attention_op():
+    `visible` (B or 1, 1, 1, S), as products and sums for Inductor to fuse into reductions that read each cached
+    key once on every thread (the compiled CPU step: `Cache.reductions`); run eagerly it would materialise the
+    products. Scores are at least float32, as in the fused kernel. In float32 on the CPU, the C++ op of
+    model/row_kernel.cpp computes the same, reading only the visible positions."""
+    if q.dtype == k.dtype == v.dtype == torch.float32 and q.device.type == "cpu" and attention_op():
         return attention_op()(q, k, v, visible)
     b, h, _, d = q.shape
     hkv = k.shape[1]

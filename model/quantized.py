@@ -277,5 +277,5 @@ def float_rows_op():
 
 def attention_op():
     """`torch.ops.gqa_quant.one_query_attention(q, k, v, visible)`, the same library's one-query attention over a
-    cache's visible prefix, or None where the library cannot run."""
+    float32 cache, or None where the library cannot run."""
     return row_product_op() and torch.ops.gqa_quant.one_query_attention

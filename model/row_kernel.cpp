@@ -22,9 +22,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/scaled_dot_product_attention.h>
 #include <immintrin.h>
 #include <torch/library.h>
 
@@ -332,33 +330,66 @@ at::Tensor float_rows(const at::Tensor& x, const at::Tensor& w) {
   return y;
 }
 
-// softmax(q kᵀ / sqrt(D)) v for one query per head over the visible positions of a static cache, which are a
-// prefix of it (model/cache.py `StaticLayer.visible`): q (B, H, 1, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv), visible
-// bool (B or 1, 1, 1, S); out (B, H, 1, Dv). The compiled CPU step calls it for its one-query attention
-// (model/attention.py), where a graph of static shapes attends over the whole buffer: Inductor's fused reduction
-// read all of it at ~8 GB/s, a sixth of a SmolLM2 Q4_1 step at 256 positions and nearly half at 1024. Here each
-// row's prefix goes to torch's fused kernel, as eager decoding does (model/attention.py `sdpa_attention`, one
-// query: the G = H / Hkv query heads of a key head as G query rows of it); a hand-written loop over the positions
-// was 1.4-2.4x slower than it.
+// softmax(q kᵀ / sqrt(D)) v for one query per head over the visible positions of a cache, GQA: the G = H / Hkv
+// query heads of a key head share each read of its cached keys and values. q (B, H, 1, D), k (B, Hkv, S, D),
+// v (B, Hkv, S, Dv), visible bool (B or 1, 1, 1, S); out (B, H, 1, Dv). The compiled CPU step calls it for its
+// one-query attention (model/attention.py): Inductor's fused reduction over the whole buffer read the cache at
+// ~8 GB/s, a sixth of a SmolLM2 Q4_1 step at 256 positions and nearly half at 1024; this reads only the visible
+// positions.
+inline float dot(const float* a, const float* b, int64_t n) {
+  fvec acc = fset(0.f);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) acc = ffma(fload(a + i), fload(b + i), acc);
+  float sum = fsum(acc);
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
 at::Tensor one_query_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& visible) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat &&
+              visible.scalar_type() == at::kBool, "one_query_attention: float32 q, k, v and a bool mask");
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.size(2) == 1 && q.size(3) == k.size(3) &&
               k.size(0) == q.size(0) && v.sizes().slice(0, 3) == k.sizes().slice(0, 3) &&
               q.size(1) % k.size(1) == 0, "one_query_attention: q (B, H, 1, D), k and v (B, Hkv, S, D)");
-  const int64_t b_n = q.size(0), h_n = q.size(1), hkv = k.size(1), s_n = k.size(2);
-  TORCH_CHECK(visible.scalar_type() == at::kBool && (visible.numel() == s_n || visible.numel() == b_n * s_n),
-              "one_query_attention: visible bool (B or 1, S)");
-  const at::Tensor mask = visible.contiguous(), rows = q.reshape({b_n, hkv, h_n / hkv, q.size(3)});  // (B, Hkv, G, D)
-  std::vector<at::Tensor> outs;
-  for (int64_t b = 0; b < b_n; ++b) {
-    const bool* seen = mask.data_ptr<bool>() + (mask.numel() == s_n ? 0 : b * s_n);
-    const int64_t n = std::find(seen, seen + s_n, false) - seen;
-    TORCH_CHECK(n > 0 && std::find(seen + n, seen + s_n, true) == seen + s_n,
-                "one_query_attention: the visible positions must be a non-empty prefix of the cache");
-    outs.push_back(at::scaled_dot_product_attention(rows.narrow(0, b, 1), k.narrow(0, b, 1).narrow(2, 0, n),
-                                                    v.narrow(0, b, 1).narrow(2, 0, n)));
-  }
-  return (b_n == 1 ? outs[0] : at::cat(outs)).reshape({b_n, h_n, 1, v.size(3)});
+  const int64_t b_n = q.size(0), h_n = q.size(1), d = q.size(3), hkv = k.size(1), s_n = k.size(2), dv = v.size(3);
+  const int64_t groups = h_n / hkv;
+  TORCH_CHECK(visible.numel() == s_n || visible.numel() == b_n * s_n, "one_query_attention: visible (B or 1, S)");
+  // The cache's layers are views: any strides but the last (rows of D contiguous), read where they are.
+  const at::Tensor qc = q.contiguous(), kc = k.stride(3) == 1 ? k : k.contiguous(),
+                   vc = v.stride(3) == 1 ? v : v.contiguous(), mask = visible.contiguous();
+  at::Tensor out = at::empty({b_n, h_n, 1, dv}, q.options());
+  const float *qp = qc.data_ptr<float>(), *kp = kc.data_ptr<float>(), *vp = vc.data_ptr<float>();
+  const bool* mp = mask.data_ptr<bool>();
+  float* op = out.data_ptr<float>();
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  at::parallel_for(0, b_n * hkv, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> probs(groups * s_n), acc(dv);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t b = i / hkv, h = i % hkv;
+      const float* kb = kp + b * kc.stride(0) + h * kc.stride(1);
+      const float* vb = vp + b * vc.stride(0) + h * vc.stride(1);
+      const bool* seen = mp + (mask.numel() == s_n ? 0 : b * s_n);
+      for (int64_t g = 0; g < groups; ++g) {
+        const float* qr = qp + (b * h_n + h * groups + g) * d;
+        float* pr = probs.data() + g * s_n;
+        float top = -std::numeric_limits<float>::infinity(), total = 0.f;
+        for (int64_t s = 0; s < s_n; ++s)
+          if (seen[s]) top = std::max(top, pr[s] = dot(qr, kb + s * kc.stride(2), d) * scale);
+        for (int64_t s = 0; s < s_n; ++s)
+          if (seen[s]) total += pr[s] = std::exp(pr[s] - top);
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t s = 0; s < s_n; ++s) {
+          if (!seen[s]) continue;
+          const float* vr = vb + s * vc.stride(2);
+          for (int64_t j = 0; j < dv; ++j) acc[j] += pr[s] * vr[j];
+        }
+        float* orow = op + (b * h_n + h * groups + g) * dv;
+        for (int64_t j = 0; j < dv; ++j) orow[j] = acc[j] / total;
+      }
+    }
+  });
+  return out;
 }
 
 }  // namespace

@@ -6,11 +6,12 @@ rows there, and attends over the whole buffer with a mask hiding the positions a
 change, so `torch.compile(fullgraph=True)` builds one graph (on CUDA, replayed as a CUDA graph). Prefill stays
 eager, into the `KVCache` whose buffers the static cache shares.
 
-On the CPU the step asks for reductions: its one-query attention (`one_query_attention`, model/attention.py) is
-the C++ op of model/row_kernel.cpp, which hands the visible positions to torch's fused kernel, and its one-row
-float32 linear layers call the same library's product (`OneRowLinears`); torch's matrix-vector product reads a
-weight that does not fit in cache at about one core's bandwidth (`python -m benchmarks.decode_vs_hf`). Without
-the library, products and sums that Inductor fuses into reductions.
+On the CPU the step asks for reductions: its one-query attention (`one_query_attention`, model/attention.py)
+is the C++ op of model/row_kernel.cpp in float32 (it reads only the visible positions) and otherwise products
+and sums that Inductor fuses into reductions reading each cached key once on every thread, and its one-row
+float32 linear layers call the C++ kernel's product (`OneRowLinears`); torch's
+matrix-vector product reads a weight that does not fit in cache at about one core's bandwidth
+(`python -m benchmarks.decode_vs_hf`).
 """
 
 from __future__ import annotations

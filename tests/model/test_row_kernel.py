@@ -266,20 +266,18 @@ def test_the_avx2_build_gives_the_avx512_builds_values(tmp_path):
 @pytest.mark.parametrize("n_head, n_kv_head", [(4, 4), (9, 3), (4, 1)], ids=["mha", "gqa", "mqa"])
 @pytest.mark.parametrize("batch_mask", [False, True])
 def test_the_attention_kernel_gives_the_masked_attentions_values(n_head, n_kv_head, batch_mask):
-    """The compiled CPU step's one-query attention: SDPA's values over the visible prefix of each row, read
+    """The compiled CPU step's one-query attention in float32: SDPA's values over the visible positions, read
     from a cache layer laid out (B, S, Hkv, D) and viewed as (B, Hkv, S, D), as strided views of a buffer are."""
     kernel()
     g = torch.Generator().manual_seed(n_head + n_kv_head)
     q = torch.randn(2, n_head, 1, 20, generator=g)
     k, v = (torch.randn(2, 37, n_kv_head, 20, generator=g).transpose(1, 2) for _ in range(2))
-    lengths = torch.tensor([23, 9] if batch_mask else [23]).view(-1, 1, 1, 1)
-    visible = torch.arange(37) < lengths  # (B or 1, 1, 1, S): a prefix, as a static cache's
+    visible = torch.rand(2 if batch_mask else 1, 1, 1, 37, generator=g) < 0.6
+    visible[..., 0] = True
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
     got = one_query_attention(q, k, v, visible)
     assert got.shape == expected.shape and (got - expected).abs().max().item() <= 1e-6
     assert (expected - F.scaled_dot_product_attention(q, k, v, enable_gqa=True)).abs().max().item() > 0.01
-    half = one_query_attention(*(t.bfloat16() for t in (q, k, v)), visible)  # any dtype the CPU's SDPA takes
-    assert half.dtype == torch.bfloat16 and (half.float() - expected).abs().max().item() <= 0.03
     graphs = []
 
     def record(gm, example_inputs):
@@ -288,6 +286,3 @@ def test_the_attention_kernel_gives_the_masked_attentions_values(n_head, n_kv_he
 
     compiled = torch.compile(one_query_attention, backend=record, fullgraph=True)(q, k, v, visible)
     assert torch.equal(compiled, got) and "gqa_quant.one_query_attention" in graphs[0]
-    visible[..., 3] = False
-    with pytest.raises(RuntimeError, match="must be a non-empty prefix"):
-        one_query_attention(q, k, v, visible)
