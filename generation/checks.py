@@ -18,7 +18,8 @@ CHAT_CONFLICTS = ("prompt", "prompt_file", "draft", "prompt_lookup", "benchmark"
                   "attention_map", "attention_html", "explain_attention", "num_samples")  # fmt: skip
 # --explain_attention prints its table and generates nothing.
 EXPLAIN_CONFLICTS = ("prompt", "prompt_file", "no_echo", "max_new_tokens", "num_samples", "ignore_eos", "draft",
-                     "prompt_lookup", "benchmark", "compile", "no_cache", "attention_map", "attention_html")  # fmt: skip
+                     "prompt_lookup", "benchmark", "compile", "no_cache", "attention_map", "attention_html",
+                     "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")  # fmt: skip
 
 
 def check_args(args: argparse.Namespace) -> Sampler:

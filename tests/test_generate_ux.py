@@ -325,6 +325,7 @@ def test_the_seeds_at_the_ends_of_torch_range_sample(gguf_of, capsys, seed):
             "drop --prompt, --attention_html",
         ),
         (["--explain_attention", "a b", "--max_new_tokens", "5"], "drop --max_new_tokens"),
+        (["--explain_attention", "a b", "--temperature", "0.5", "--seed", "3"], "drop --temperature, --seed"),
         (["--prompt", "hi", "--prompt_file", "f.txt"], "--prompt and --prompt_file"),
         (["--prompt", "", "--prompt_file", "f.txt"], "--prompt and --prompt_file"),
         (["--prompt", "hi", "--draft_k", "3"], "drop --draft_k"),
