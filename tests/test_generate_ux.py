@@ -358,7 +358,7 @@ def test_a_flag_that_would_do_nothing_is_one_line_before_loading(tmp_path, capsy
             "--num_samples",
             "1",
         ],
-        ["--explain_attention", "a b", "--layer", "1", "--head", "1", "--temperature", "0"],
+        ["--explain_attention", "a b", "--layer", "1", "--head", "1"],
     ],
 )
 def test_flags_at_their_defaults_or_with_their_partner_are_accepted(gguf_of, capsys, tmp_path, argv):
