@@ -35,6 +35,9 @@ def fit() -> int | None:
         return EXIT_OK
     except ArgumentError as err:
         message = " ".join(str(err).split())
+        # jsonargparse parses a config's text, so YAML's own errors say "<unicode string>": name the file.
+        configs = [value for flag, value in zip(sys.argv, sys.argv[1:], strict=False) if flag == "--config"]
+        message = message.replace('"<unicode string>"', " or ".join(configs) or "the config")
         raise UserError(f"{message} (see: python train.py fit --help)") from err
     return None
 

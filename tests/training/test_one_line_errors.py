@@ -53,3 +53,11 @@ def test_validate_with_a_checkpoint_of_another_size(tiny_run, script, tmp_path):
     assert_one_line(result, "vocab_size=1024", "checkpoint: 384", str(tiny_run / "config.yaml"))
     assert (tiny_run / "config.yaml").read_bytes() == config
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_config_that_is_not_yaml_is_named(script, tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("model:\n  n_layer: [1\n")
+    result = script("train.py", "fit", "--config", str(config), check=False)
+    assert_one_line(result, f"in {config}, line 2", "(see: python train.py fit --help)")
+    assert "<unicode string>" not in result.stderr
