@@ -135,7 +135,9 @@ def _unreadable(file: Path, err: Exception) -> CheckpointError:
             return CheckpointError(
                 f"{file}: cannot read checkpoint ({type(err).__name__}); the file is truncated or corrupt"
             )
-    run = next((RunDir(p) for p in (file.parent, file.parent.parent) if RunDir(p).holds_checkpoints()), None)
+    # A folder with checkpoints/ holding .ckpt files: the repository's own checkpoints/ package is no run.
+    runs = (RunDir(p) for p in (file.parent, file.parent.parent))
+    run = next((r for r in runs if r.holds_checkpoints() and any(r.checkpoints.glob("*.ckpt"))), None)
     fix = f"pass the run directory {run.path}" if run else "pass a .ckpt file or a run directory"
     return CheckpointError(f"{file}: not a checkpoint (torch.save did not write it); {fix}")
 

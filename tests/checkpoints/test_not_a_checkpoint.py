@@ -15,6 +15,7 @@ from checkpoints.run_dir import CheckpointError
 def test_a_runs_text_file_is_not_a_checkpoint_and_the_run_is_named(tmp_path, capsys, name):
     run = tmp_path / "shakespeare"
     (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "step-00000010.ckpt").write_bytes(b"")
     (run / name).write_text("model:\n  n_layer: 2\n", encoding="utf-8")
     assert cli.main(["--checkpoint", str(run / name), "--prompt", "a"]) == 2
     err = capsys.readouterr().err
@@ -26,7 +27,9 @@ def test_a_runs_text_file_is_not_a_checkpoint_and_the_run_is_named(tmp_path, cap
 
 def test_a_text_file_outside_a_run_says_what_to_pass(tmp_path):
     (tmp_path / "notes.txt").write_text("hello", encoding="utf-8")
-    with pytest.raises(CheckpointError, match="not a checkpoint .*; pass a .ckpt file or a run directory"):
+    (tmp_path / "checkpoints").mkdir()  # as in this repository: the checkpoints/ package, no .ckpt in it
+    (tmp_path / "checkpoints" / "format.py").write_text("", encoding="utf-8")
+    with pytest.raises(CheckpointError, match="not a checkpoint .*; pass a .ckpt file or a run directory$"):
         read_checkpoint(tmp_path / "notes.txt")
 
 
