@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import platform
@@ -120,6 +121,7 @@ class GPTCLI(LightningCLI):
             model.pretrained_pending = False
         run_dir = Path(self.trainer.default_root_dir)
         new_run = not run_dir.exists()
+        made = [folder for folder in run_dir.parents if not folder.exists()]  # runs/ for a first run, ...
         self.ctrl_c.install(self.trainer)
         for logger in loggers_of(self.trainer, RunWandbLogger):
             logger.follow(self.trainer)
@@ -137,6 +139,10 @@ class GPTCLI(LightningCLI):
                     logger.discard_segment()
                 if new_run:
                     shutil.rmtree(run_dir, ignore_errors=True)
+                    # And the folders made for it, if left empty: another run may be starting in them.
+                    for folder in made:
+                        with contextlib.suppress(OSError):
+                            folder.rmdir()
             raise
         finally:
             self.ctrl_c.restore()

@@ -61,3 +61,12 @@ def test_a_config_that_is_not_yaml_is_named(script, tmp_path):
     result = script("train.py", "fit", "--config", str(config), check=False)
     assert_one_line(result, f"in {config}, line 2", "(see: python train.py fit --help)")
     assert "<unicode string>" not in result.stderr
+
+
+def test_a_failed_first_run_leaves_no_folder_it_made(script, tiny_args, tmp_path):
+    data = tmp_path / "latin1.txt"
+    data.write_bytes("caf\xe9 ".encode("latin-1") * 100)  # not UTF-8: the data stage fails inside fit
+    root = tmp_path / "new" / "runs"
+    result = script(*tiny_args(root, "--data.data_files", str(data)), check=False)
+    assert_one_line(result, str(data))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latin1.txt"]
