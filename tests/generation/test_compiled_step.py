@@ -22,7 +22,6 @@ from model import generate
 from tests.benchmarks.test_smoke import run_benchmark
 from tests.conftest import ROOT, TEST_ENV
 from tests.conftest import run_generate as run_cli
-from tests.hf.conftest import make_model, tokenizer_json  # noqa: F401 (fixtures)
 from tests.model.lively import lively_model
 from tests.test_generate_ux import gguf_of  # noqa: F401 (fixture)
 
