@@ -103,8 +103,7 @@ def refuse_a_batch_too_big(
     free = free_memory(device)
     if free is None:
         return
-    config, dtype = model.config, next(model.parameters()).dtype
-    per_token = KVCache.allocate(config, 1, 1, device="meta", dtype=dtype).bytes_per_token  # generate's cache
+    config, per_token = model.config, KVCache.for_model(model, 1, 1).bytes_per_token  # generate's cache
     need = num_samples * (min(length, config.block_size) * per_token + length * 8 + config.vocab_size * 4)
     if need > free:
         raise UserError(f"--num_samples {num_samples}: decoding {num_samples} x {length} tokens needs at least "
