@@ -149,6 +149,19 @@ def refuse_overlap(out: Path, source: Path, flag: str) -> None:
     raise OutputPathError(f"{flag} {out} {where} {source}, the input being read; pick a path outside it")
 
 
+def missing_folders(path: Path) -> list[Path]:
+    """`path` and those of its parents that do not exist yet, innermost first: what making `path` would create."""
+    return [folder for folder in (path, *path.parents) if not folder.exists()]
+
+
+def remove_if_empty(folders: list[Path]) -> None:
+    """Take away each of `folders` (innermost first) that is empty, after a failed start made them: one that
+    another process has begun to fill, or that keeps what a killed build leaves for the next, stays."""
+    for folder in folders:
+        with contextlib.suppress(OSError):  # not empty, or gone
+            folder.rmdir()
+
+
 def refuse_unwritable_folder(folder: Path, flag: str) -> None:
     """Refuse a `folder` (or nearest existing parent) where no file can be made. A real file is made and removed:
     permission bits do not tell (root passes them, /proc refuses root)."""

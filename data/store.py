@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -17,7 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from common.files import StagedFolder, owner_has_exited, remove_stale, stale_temp_files
+from common.files import (
+    StagedFolder,
+    missing_folders,
+    owner_has_exited,
+    remove_if_empty,
+    remove_stale,
+    stale_temp_files,
+)
 from data import DataConfigError
 from data.batches import TokenParts
 from data.documents import document_ids, encode_conversations, mask_name, row_digest, row_name
@@ -91,20 +98,15 @@ def _build_tokens(
 
 @contextmanager
 def new_corpus_dir(settings: PrepareSettings) -> Iterator[Path]:
-    """`settings.make_corpus_dir()` for one build. A build that fails (a bad file, a Hub id offline) takes away
-    the folder (and data.cache_dir) again when this call made it and it is still empty, so a failed start leaves
-    no folder named after its bad input; rmdir takes only an empty folder: one that existed or that another
-    process is filling stays (and what a killed build leaves for the next one to finish, tokenizer and
-    `.building` parts, with it)."""
+    """`settings.make_corpus_dir()` for one build: a build that fails (a bad file, a Hub id offline) takes away the
+    folders it made (`remove_if_empty`), so a failed start leaves no folder named after its bad input."""
     folder = settings.corpus_dir()
-    made = [path for path in (folder, settings.cache_dir) if not path.is_dir()]  # innermost first
+    made = missing_folders(folder)
     settings.make_corpus_dir()
     try:
         yield folder
     except BaseException:
-        for path in made:
-            with suppress(OSError):
-                path.rmdir()
+        remove_if_empty(made)
         raise
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import platform
@@ -26,11 +25,12 @@ from checkpoints.run_lock import RunDirBusyError, own_run_dir
 from checkpoints.save_on_stop import GracefulCtrlC, LastCheckpoint
 from checkpoints.settings import GPTCheckpoint, resume_last, with_checkpoint_io
 from common.errors import UserError
-from common.files import atomic_write, refuse_unwritable_folder
+from common.files import atomic_write, missing_folders, remove_if_empty
 from common.threads import apply_thread_count
 from data.datamodule import check_numbers
 
 from .attention_maps import AttentionMaps
+from .checks import refuse_unusable_run
 from .console import LineProgress, StepProgressBar, order_help_sections, silence_known_noise
 from .fit_summary import MAX_SCORED_TOKENS, FitReport, FitSummary
 from .flops import ThroughputMonitor
@@ -97,7 +97,7 @@ class GPTCLI(LightningCLI):
                 )
         args, self.resumed_from_run_dir = expand_run_dir_resume(args)
         self.config = parser.parse_args(args)
-        _refuse_unusable_run(self.config)  # before Lightning seeds and says so
+        refuse_unusable_run(self.config)  # before Lightning seeds and says so
         # init_from refuses the model keys the user set: read those without the defaults.
         subcommand = self.config.get("subcommand")
         if self.config.get(f"{subcommand}.model.init_from" if subcommand else "model.init_from"):
@@ -120,8 +120,7 @@ class GPTCLI(LightningCLI):
         if ckpt_path:  # a resume restores our checkpoint, never the init_from weights
             model.pretrained_pending = False
         run_dir = Path(self.trainer.default_root_dir)
-        new_run = not run_dir.exists()
-        made = [folder for folder in run_dir.parents if not folder.exists()]  # runs/ for a first run, ...
+        made = missing_folders(run_dir)  # a new run's folder, and runs/ for a first run
         self.ctrl_c.install(self.trainer)
         for logger in loggers_of(self.trainer, RunWandbLogger):
             logger.follow(self.trainer)
@@ -137,12 +136,9 @@ class GPTCLI(LightningCLI):
             if not self.ctrl_c.training_started:
                 for logger in loggers_of(self.trainer, RunWandbLogger):
                     logger.discard_segment()
-                if new_run:
+                if made:  # a new run
                     shutil.rmtree(run_dir, ignore_errors=True)
-                    # And the folders made for it, if left empty: another run may be starting in them.
-                    for folder in made:
-                        with contextlib.suppress(OSError):
-                            folder.rmdir()
+                    remove_if_empty(made)  # runs/ too, unless another run is starting in it
             raise
         finally:
             self.ctrl_c.restore()
@@ -262,53 +258,3 @@ def _explicit_keys(parser, args: list[str], subcommand: str | None):
     with skip_apply_links():
         explicit = parser.parse_args(args, defaults=False)
     return explicit.get(subcommand) if subcommand else explicit
-
-
-def _refuse_unusable_run(parsed) -> None:
-    """One line, before anything is read or written, for a run that could not be found or written."""
-    subcommand = parsed.get("subcommand")
-    config = parsed[subcommand] if subcommand else parsed
-    if config.get("ckpt_path") == "last" and not config.get("config") and not config.get("run_name"):
-        # Without them `last` would mean runs/default, a new run with the default settings.
-        raise UserError(
-            "--ckpt_path last resumes the run that --config or --run_name names, and neither was given; "
-            "resume a run from its folder with --ckpt_path runs/<run>"
-        )
-    name = config.get("run_name")
-    if name and (name in (".", "..") or any(sep and sep in name for sep in (os.sep, os.altsep, "/"))):
-        # The run folder is default_root_dir/run_name: a path here would train (and write) outside it.
-        raise UserError(
-            f"--run_name {name!r}: a run name is one folder name under trainer.default_root_dir, without "
-            "'/' or '..'; pick a plain name, and --trainer.default_root_dir for where runs go"
-        )
-    _refuse_missing_accelerator(config.trainer.get("accelerator"))
-    cache = Path(config.data.cache_dir).expanduser()
-    if not cache.is_dir():  # one already there may be a read-only prepared cache
-        refuse_unwritable_folder(cache, "--data.cache_dir")
-    if subcommand in ("fit", None):
-        refuse_unwritable_folder(Path(config.trainer.default_root_dir), "--trainer.default_root_dir")
-
-
-def _refuse_missing_accelerator(accelerator) -> None:
-    """One line for a `trainer.accelerator` that is unknown or that this machine lacks (Lightning raises a
-    traceback for these, and for `tpu` without torch_xla a ModuleNotFoundError); an Accelerator object is its own."""
-    if not isinstance(accelerator, str) or accelerator == "auto":
-        return
-    from lightning.pytorch.accelerators import AcceleratorRegistry
-
-    def available(name: str) -> bool:
-        return AcceleratorRegistry[name]["accelerator"].is_available()
-
-    here = ", ".join(name for name in AcceleratorRegistry if available(name))
-    if accelerator != "gpu" and accelerator not in AcceleratorRegistry:
-        raise UserError(
-            f"--trainer.accelerator {accelerator}: not an accelerator name (auto, gpu, "
-            f"{', '.join(AcceleratorRegistry)}; available here: {here})"
-        )
-    wanted = ("cuda", "mps") if accelerator == "gpu" else (accelerator,)  # "gpu" is whichever Lightning finds
-    if any(available(name) for name in wanted):
-        return
-    raise UserError(
-        f"--trainer.accelerator {accelerator}: not available on this machine (available: {here}); "
-        "use --trainer.accelerator auto (or cpu)"
-    )

@@ -76,10 +76,10 @@ def test_an_accelerator_the_machine_lacks_is_one_line(monkeypatch, capsys, tmp_p
 def test_an_accelerator_the_machine_has_passes(monkeypatch, accelerator):
     from lightning.pytorch.accelerators import CUDAAccelerator
 
-    from training.cli import _refuse_missing_accelerator
+    from training.checks import refuse_missing_accelerator
 
     monkeypatch.setattr(CUDAAccelerator, "is_available", staticmethod(lambda: True))  # a GPU machine
-    _refuse_missing_accelerator(accelerator)
+    refuse_missing_accelerator(accelerator)
 
 
 @pytest.mark.parametrize("subcommand", ["test", "predict"])
