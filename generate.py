@@ -16,18 +16,18 @@ import torch
 
 from common.errors import OneLineParser, UserError, run_command
 from common.threads import apply_thread_count
+from cpu_kernels.quantized import QuantizedLinear
 from generation.chat import Conversation, run_chat
 from generation.checks import check_args, read_prompt, refuse_a_batch_too_big
 from generation.compiled_step import compiled_step
 from generation.model_defaults import model_sampler
+from generation.sampling import NonFiniteLogits, generate
+from generation.speculative import DraftModel, PromptLookup, check_draft
 from generation.speed import report_decode_speed, report_speculative_speed, seeded, speculative_run
 from generation.text import TextStream, encode_prompt, print_samples
 from interop import load
 from interop.gguf_blocks import KEPT_TYPES
 from model.config import DTYPES
-from model.quantized import QuantizedLinear
-from model.sampling import NonFiniteLogits, generate
-from model.speculative import DraftModel, PromptLookup, check_draft
 
 
 class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):  # not for switches and unset options
@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     text.add_argument("--max_new_tokens", type=int, default=200, help="tokens to generate per sample")
     text.add_argument("--ignore_eos", **yes, help="go on past the end-of-text token (benchmarks)")
     text.add_argument("--num_samples", type=int, default=1, help="continuations, decoded as one batch")
-    sampling = p.add_argument_group("sampling (model/sampling.py: Sampler)")
+    sampling = p.add_argument_group("sampling (generation/sampling.py: Sampler)")
     sampling.add_argument("--temperature", type=float, default=0.8, help="0 is greedy; higher is more random")
     sampling.add_argument("--top_k", type=int, help="sample only among the k most likely tokens")
     sampling.add_argument("--top_p", type=float, help="sample from the smallest set with this probability")

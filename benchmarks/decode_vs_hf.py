@@ -33,11 +33,12 @@ from common.errors import run_command
 from data.datamodule import TINY_SHAKESPEARE
 from data.tokenizer import Tokenizer
 from generation.compiled_step import compiled_step
+from generation.sampling import generate
 from generation.timing import alternate_medians, wall_seconds
 from interop import load
 from interop.export_gguf import export_gguf
 from interop.export_hf import export_hf
-from model import GPT, generate
+from model import GPT
 
 # ours (best path) / transformers default
 TARGET_RATIO = {"small": 3.0, "large": 1.2, "large32k": 1.5, "smollm2": 1.5}

@@ -20,7 +20,7 @@ from benchmarks.external import required_smollm2
 from benchmarks.shakespeare_budget import TimeBudget, budget_parser, budget_run, kept_checkpoint
 from common.errors import run_command
 from data.datamodule import TextDataModule
-from model import generate
+from generation.sampling import generate
 from training import LitGPT
 from training.fit_summary import FitSummary, score_validation
 from training.lit_gpt import evaluating

@@ -6,7 +6,7 @@
 Each run is a fresh `python generate.py` process asking for 2 greedy tokens, timed from launch to exit. Cold runs
 start from an empty folder of kept steps and an empty Inductor cache, as on a fresh machine; warm runs reuse the
 last cold run's folder without any flag. The eager run (`--no_compile`) is the floor; it also builds the
-C++ row kernels (model/quantized.py), which is not the step. Medians over --repeats, and the ratio warm/cold.
+C++ row kernels (cpu_kernels/quantized.py), which is not the step. Medians over --repeats, and the ratio warm/cold.
 """
 
 from __future__ import annotations

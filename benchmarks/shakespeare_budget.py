@@ -21,7 +21,7 @@ import torch
 
 from benchmarks import QUIET, ROOT, new_parser
 from data.datamodule import TextDataModule
-from model import generate
+from generation.sampling import generate
 from training import LitGPT
 from training.cli import GPTCLI
 from training.fit_summary import score_validation

@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterable
 import torch
 
 from data.tokenizer import Tokenizer
+from generation.sampling import Context, Sampler, Stop, decode, naming_the_broken_layer, sample_step
 from model.cache import KVCache
-from model.sampling import Context, Sampler, Stop, decode, naming_the_broken_layer, sample_step
 
 from .text import TextStream, utf8_lines
 

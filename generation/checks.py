@@ -9,8 +9,8 @@ import sys
 import torch
 
 from common.errors import UserError
+from generation.sampling import Sampler
 from model.cache import KVCache
-from model.sampling import Sampler
 
 from .text import not_utf8, utf8, utf8_lines
 

@@ -17,9 +17,11 @@ from pathlib import Path
 
 import torch
 
+import cpu_kernels
+import generation.static_decode
 import model as model_package
 from common.files import atomic_write
-from model.static_decode import static_cache_length, static_decoder
+from generation.static_decode import static_cache_length, static_decoder
 
 DIR_ENV = "GQA_GPT_COMPILED_DIR"
 
@@ -28,12 +30,21 @@ def folder() -> Path:
     return Path(os.environ.get(DIR_ENV) or Path.home() / ".cache" / "gqa-gpt" / "compiled")
 
 
+def step_sources() -> list[Path]:
+    """The files the step is built from: the network (model/), the kernels and kept layers (cpu_kernels/) and
+    the static step itself. A change to any of them builds the step again."""
+    packages = [Path(model_package.__file__).parent, Path(cpu_kernels.__file__).parent]
+    found = [
+        path for folder in packages for path in sorted(folder.iterdir()) if path.suffix in (".py", ".cpp")
+    ]
+    return [*found, Path(generation.static_decode.__file__)]
+
+
 def artifact(model: torch.nn.Module, batch: int, length: int) -> tuple[Path, str]:
     """The file of the compiled step for this model, batch and length (prompt + new tokens), and its key."""
     key = hashlib.sha256()
-    for path in sorted(Path(model_package.__file__).parent.iterdir()):
-        if path.suffix in (".py", ".cpp"):
-            key.update(path.read_bytes())
+    for path in step_sources():
+        key.update(path.read_bytes())
     tensors = itertools.chain(model.named_parameters(), model.named_buffers())
     shape = [model.config, model, [(name, t.shape, t.dtype, t.device) for name, t in tensors]]
     shape += [batch, static_cache_length(length, model.config.block_size), torch.__version__]

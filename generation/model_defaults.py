@@ -8,7 +8,7 @@ from pathlib import Path
 
 from common.errors import UserError
 from data.pretrained_tokenizer import read_generation_config
-from model.sampling import Sampler
+from generation.sampling import Sampler
 
 # transformers' GenerationConfig defaults, used for the fields a model's generation_config.json leaves out.
 TRANSFORMERS_SAMPLING = {

@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import torch
 
-from model import KVCache, generate
-from model.sampling import Sampler
-from model.speculative import Drafter, speculative_generate
+from generation.sampling import Sampler, generate
+from generation.speculative import Drafter, speculative_generate
+from model import KVCache
 
 from .text import TextStream
 from .timing import alternate_medians, synchronize, wall_seconds

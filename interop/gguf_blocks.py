@@ -1,4 +1,4 @@
-"""A GGUF file's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices as block codes, for `model.quantized.QuantizedLinear`.
+"""A GGUF file's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices as block codes, for `cpu_kernels.quantized.QuantizedLinear`.
 
 The byte layouts are ggml's (ggml-common.h, ggml-quants.c); why the kept codes give bit for bit the `gguf`
 package's weights is in docs/pretrained.md ("Keeping the blocks").
@@ -11,8 +11,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from cpu_kernels.quantized import BLOCK, QuantizedLinear
 from model import GPT
-from model.quantized import BLOCK, QuantizedLinear
 
 
 class Blocks(NamedTuple):

@@ -8,6 +8,5 @@ Shape legend used in the comments of this package:
 from .cache import KVCache
 from .config import ModelConfig
 from .gpt import GPT
-from .sampling import generate
 
-__all__ = ["GPT", "KVCache", "ModelConfig", "generate"]
+__all__ = ["GPT", "KVCache", "ModelConfig"]

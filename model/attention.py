@@ -1,5 +1,5 @@
 """Causal attention without parameters: RoPE (rotate-half, as Llama and Hugging Face, with Llama 3's scaling),
-the fused-kernel path, the one-query path of the compiled CPU step, and the explicit path that shows its work."""
+the fused-kernel path and the explicit path that shows its work."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
-
-from .quantized import attention_op
 
 
 @dataclass(frozen=True)
@@ -84,17 +82,13 @@ def causal_mask(t: int, s: int, device: torch.device | None = None) -> torch.Ten
     return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)
 
 
-def sdpa_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Causal attention of q (B, H, T, D) over k, v (B, Hkv, S, D) with the fused kernel.
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention of q (B, H, T, D) over k, v (B, Hkv, S, D) with the fused kernel; the T queries are
+    the last T positions.
 
     `is_causal=True` aligns the triangle top-left, right only when T == S; one query needs no mask; only a
-    chunked prefill pays for the bottom-right mask. A static cache hands over its whole buffer with `visible`
-    (bool, broadcastable to (B, H, T, S)).
+    chunked prefill pays for the bottom-right mask.
     """
-    if visible is not None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
     t, s = q.shape[2], k.shape[2]
     if t == s:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
@@ -106,26 +100,6 @@ def sdpa_attention(
         return out.reshape(b, h, 1, v.shape[-1])
     mask = causal_mask(t, s, q.device)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-
-
-def one_query_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor
-) -> torch.Tensor:
-    """softmax(q kᵀ / sqrt(D)) v for one query per head, q (B, H, 1, D), over k, v (B, Hkv, S, D) masked by
-    `visible` (B or 1, 1, 1, S), as products and sums for Inductor to fuse into reductions that read each cached
-    key once on every thread (the compiled CPU step: `Cache.reductions`); run eagerly it would materialise the
-    products. Scores are at least float32, as in the fused kernel. In float32 on the CPU, the C++ op of
-    model/row_kernel.cpp computes the same, reading only the visible positions."""
-    if q.dtype == k.dtype == v.dtype == torch.float32 and q.device.type == "cpu" and attention_op():
-        return attention_op()(q, k, v, visible)
-    b, h, _, d = q.shape
-    hkv = k.shape[1]
-    q = q.to(torch.promote_types(q.dtype, torch.float32))  # bf16/fp16 -> float32, float64 stays
-    q = q.view(b, hkv, h // hkv, 1, d)  # (B, Hkv, G, 1, D): the query heads of each key head
-    scores = (q * k.unsqueeze(2)).sum(-1) / d**0.5  # (B, Hkv, G, S)
-    scores = scores.masked_fill(~visible.view(visible.shape[0], 1, 1, -1), float("-inf"))
-    out = (scores.softmax(-1).unsqueeze(-1) * v.unsqueeze(2)).sum(-2)  # (B, Hkv, G, Dv)
-    return out.to(v.dtype).reshape(b, h, 1, v.shape[-1])
 
 
 def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

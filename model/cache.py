@@ -4,28 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 import torch
 
-from .attention import Rope
+from .attention import Rope, sdpa_attention
 from .config import ModelConfig
 
 
 class LayerCache(Protocol):
-    """What one block asks of a cache: its own layer's keys and values, so a block never needs its index."""
+    """What one block asks of a cache: its own layer, so a block never needs its index. `attend` stores the
+    new keys and values (B, Hkv, T, D) and returns the attention (B, H, T, D) of q over everything held."""
 
-    reductions: bool  # attention computes its one query as explicit reductions (the compiled CPU step)
-
-    @property
-    def visible(self) -> torch.Tensor | None: ...  # bool mask of the keys `update` returns, None: causal rule
-
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
 
 
 class Cache(Protocol):
     """What a forward asks of a cache: `KVCache` answers at an integer position, the static cache of the
-    compiled step at a tensor position, so one forward serves both."""
+    compiled step (generation/static_decode.py) at a tensor position, so one forward serves both."""
 
     def rope_rows(self, t: int) -> tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -40,33 +36,11 @@ class KVLayer:
 
     cache: KVCache
     layer: int
-    reductions = False
-    visible = None  # `update` returns only the filled keys, so the causal rule of `sdpa_attention` applies
 
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.cache.update(self.layer, k, v)
-
-
-class StaticLayer(NamedTuple):
-    """One layer of the static cache of the compiled step (model/static_decode.py), at a tensor position: plain
-    tensors and a flag, so the step traces one block and reuses its graph for every layer (`Block.forward`):
-    nothing in it says which layer it is. `update` writes at `pos` and returns the whole buffers."""
-
-    k: torch.Tensor  # (B, Hkv, max_len, D), a view of the KVCache's buffer
-    v: torch.Tensor
-    pos: torch.Tensor  # (1,) long: the position written, shared by the layers
-    key_pos: torch.Tensor  # (max_len,) arange
-    reductions: bool
-    one_region: bool = True  # under torch.compile, the blocks of all layers share one graph (`Block.forward`)
-
-    @property
-    def visible(self) -> torch.Tensor:
-        return (self.key_pos <= self.pos).view(1, 1, 1, -1)  # (1, 1, 1, S)
-
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.k.index_copy_(2, self.pos, k)
-        self.v.index_copy_(2, self.pos, v)
-        return self.k, self.v
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # The filled keys only, so the causal rule of `sdpa_attention` (the queries are the last positions) holds.
+        k, v = self.cache.update(self.layer, k, v)
+        return sdpa_attention(q, k, v)
 
 
 @dataclass

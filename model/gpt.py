@@ -3,38 +3,15 @@ The attention math and RoPE are in model/attention.py."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
-from .attention import apply_rope, explicit_attention, one_query_attention, sdpa_attention
-from .cache import Cache, LayerCache, StaticLayer
+from .attention import apply_rope, explicit_attention, sdpa_attention
+from .cache import Cache, LayerCache
 from .config import ModelConfig
-from .quantized import float_rows_op
-
-
-class OneRowLinears(TorchFunctionMode):
-    """A one-row `F.linear` (CPU) as the C++ kernel's float32 product (model/row_kernel.cpp: it reads the weight
-    at about the machine's bandwidth), or else as a product and a sum for Inductor to fuse into one reduction.
-
-    Only meant inside a compiled step: run eagerly, the product would be materialised before the sum. More
-    rows keep the matrix product, where the GEMM kernel is the better choice.
-    """
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.linear and not kwargs and 2 <= len(args) <= 3 and args[0].shape[:-1].numel() == 1:
-            x, weight = args[:2]
-            if x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu" and float_rows_op():
-                out = float_rows_op()(x, weight)
-            else:
-                out = (x.unsqueeze(-2) * weight).sum(-1)
-            return out if len(args) == 2 or args[2] is None else out + args[2]
-        return func(*args, **kwargs)
 
 
 class RMSNorm(nn.Module):
@@ -90,19 +67,16 @@ class CausalSelfAttention(nn.Module):
         cache: LayerCache | None = None,
         probs_out: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """x (B, T, C) -> (B, T, C). With `probs_out`, the explicit path runs and appends its probabilities."""
+        """x (B, T, C) -> (B, T, C). With `probs_out`, the explicit path runs and appends its probabilities; with
+        a cache, the cache writes the new keys and values and attends over all it holds."""
         q, k, v = self.project(x, cos, sin)
-        visible = None
         if cache is not None:
-            k, v = cache.update(k, v)  # (B, Hkv, S, D)
-            visible = cache.visible
-        if probs_out is not None:
+            y = cache.attend(q, k, v)
+        elif probs_out is not None:
             y, probs = explicit_attention(q, k, v)
             probs_out.append(probs)
-        elif cache is not None and cache.reductions:
-            y = one_query_attention(q, k, v, visible)
         else:
-            y = sdpa_attention(q, k, v, visible)
+            y = sdpa_attention(q, k, v)
         b, _, t, _ = y.shape
         y = y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim)  # (B, T, H * D)
         return self.proj(y)
@@ -141,44 +115,8 @@ class Block(nn.Module):
         cache: LayerCache | None = None,
         probs_out: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        if (
-            isinstance(cache, StaticLayer) and cache.one_region
-        ):  # the static step: one graph for the blocks of all layers
-            return _one_region(self, x, cos, sin, *cache)
-        return self.body(x, cos, sin, cache, probs_out)
-
-    def body(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        cache: LayerCache | None = None,
-        probs_out: list[torch.Tensor] | None = None,
-    ) -> torch.Tensor:
         x = x + self.dropout(self.attn(self.attn_norm(x), cos, sin, cache, probs_out))
         return x + self.dropout(self.mlp(self.mlp_norm(x)))
-
-
-@torch.compiler.nested_compile_region
-def _one_region(
-    block: Block,
-    x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    pos: torch.Tensor,
-    key_pos: torch.Tensor,
-    reductions: bool,
-    one_region: bool,
-) -> torch.Tensor:
-    """A block under torch.compile traced and lowered once, its graph reused for every layer whose weights and
-    cache have the same shapes (torch checks that); a plain call when not compiling. Its inputs are a module,
-    tensors and a flag, nothing naming the layer; passed one by one, torch checks them without flattening
-    a tuple (that check would add a guard a kept step cannot save)."""
-    # Inside the region the caller's modes are off: it asks for the step's one-row reductions itself.
-    with OneRowLinears() if reductions else contextlib.nullcontext():
-        return block.body(x, cos, sin, StaticLayer(k, v, pos, key_pos, reductions, one_region))
 
 
 class GPT(nn.Module):

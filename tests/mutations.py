@@ -47,7 +47,7 @@ MUTATIONS = [
     ),
     Mutation(
         "eos-rows-not-padded",
-        "model/sampling.py",
+        "generation/sampling.py",
         "tokens = tokens.masked_fill(before, self.first)",
         "tokens = tokens",
         (f"{PARITY}::test_eos_stops_one_row_mid_sequence_and_pads_it_while_the_other_goes_on",),
@@ -174,17 +174,17 @@ MUTATIONS = [
     ),
     Mutation(
         "top-p-drops-the-crossing-token",
-        "model/sampling.py",
+        "generation/sampling.py",
         "drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= top_p",
         "drop_sorted = cumulative >= top_p",
-        ("tests/model/test_sampling.py::test_top_p_keeps_the_smallest_set_reaching_p",),
+        ("tests/generation/test_sampling.py::test_top_p_keeps_the_smallest_set_reaching_p",),
     ),
     Mutation(
         "repetition-penalty-inverted",
-        "model/sampling.py",
+        "generation/sampling.py",
         "picked / penalty, picked * penalty",
         "picked * penalty, picked / penalty",
-        ("tests/model/test_sampling.py::test_repetition_penalty_lowers_seen_tokens_only",),
+        ("tests/generation/test_sampling.py::test_repetition_penalty_lowers_seen_tokens_only",),
     ),
     Mutation(
         "nonfinite-loss-unchecked",

@@ -122,7 +122,7 @@ def test_a_layer_the_model_lacks_is_refused_before_generating(ckpt, capsys, monk
 
 def test_benchmark_measures_the_compiled_step_when_asked(ckpt, capsys, monkeypatch):
     import generation.speed
-    from model import generate
+    from generation.sampling import generate
 
     asked = []
 
@@ -143,7 +143,8 @@ def test_benchmark_measures_the_compiled_step_when_asked(ckpt, capsys, monkeypat
 def test_generate_stops_at_any_of_several_eos_ids():
     import torch
 
-    from model import GPT, ModelConfig, generate
+    from generation.sampling import generate
+    from model import GPT, ModelConfig
 
     torch.manual_seed(0)
     model = GPT(ModelConfig(vocab_size=64, block_size=32, n_layer=1, n_head=2, n_kv_head=1, n_embd=16)).eval()
@@ -214,7 +215,7 @@ def test_keep_quantized_on_a_float_gguf_says_so_in_one_line(gguf_of, capsys):
 def test_compile_builds_the_step_before_the_first_token(ckpt, capsys, monkeypatch, tmp_path):
     """The note says the build comes before the first token: the compiled step must run before any is printed."""
     monkeypatch.setenv("GQA_GPT_COMPILED_DIR", str(tmp_path))  # the step it keeps is for this test only
-    import model.static_decode as static_decode
+    import generation.static_decode as static_decode
     from generation.text import TextStream
 
     events, real_stream = [], TextStream.__call__

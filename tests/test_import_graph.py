@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = (
     "common",
     "model",
+    "cpu_kernels",
     "data",
     "training",
     "inspection",
@@ -147,6 +148,30 @@ def test_a_cycle_is_found(tmp_path):
         [m for m in cycle if m in ("model.config", "model.gpt")]
         for cycle in import_cycles(import_graph(tmp_path))
     ]
+
+
+def outside_imports(path: Path) -> set[str]:
+    """The absolute modules a file imports (`a.b` for `import a.b`, `from a.b import c`); relative ones left out."""
+    names: set[str] = set()
+    for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names.add(node.module or "")
+    return names
+
+
+def test_model_is_pure_torch():
+    # The network a learner reads: Python files that import torch, the standard library and common/ alone, and
+    # build nothing (no C++ source, no extension loader, no custom op).
+    folder = ROOT / "model"
+    files = [path for path in folder.rglob("*") if path.is_file() and "__pycache__" not in path.parts]
+    assert {path.suffix for path in files} == {".py"}, sorted(map(str, files))
+    allowed = sys.stdlib_module_names | {"torch", "common"}
+    imports = {name for path in files for name in outside_imports(path)}
+    assert {name for name in imports if name.split(".")[0] not in allowed} == set()
+    assert not {name for name in imports if name.startswith("torch.utils.cpp_extension")}
+    assert not [path.name for path in files if "torch.ops." in path.read_text(encoding="utf-8")]
 
 
 def test_generate_imports_no_lightning_wandb_or_training():

@@ -9,7 +9,7 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import WandbLogger
 
-from model import generate
+from generation.sampling import generate
 
 from .lit_gpt import due, evaluating, loggers_of
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import generation.compiled_step as store
-import model.static_decode as static_decode
-from model import generate
+import generation.static_decode as static_decode
+from generation.sampling import generate
 from tests.benchmarks.test_smoke import run_benchmark
 from tests.conftest import ROOT, TEST_ENV
 from tests.conftest import run_generate as run_cli
@@ -110,6 +110,24 @@ def test_the_key_follows_the_shape_batch_dtype_and_length():
     others = [store.artifact(model, 2, 8), store.artifact(model, 1, 300), store.artifact(model.float(), 1, 8)]
     others.append(store.artifact(lively_model(1, block_size=1024), 1, 8))
     assert len({path, *(p for p, _ in others)}) == 5
+
+
+def test_the_key_follows_every_file_the_step_is_built_from(monkeypatch, tmp_path):
+    names = {path.relative_to(ROOT).as_posix() for path in store.step_sources()}
+    expected = {
+        "model/gpt.py",
+        "cpu_kernels/row_kernel.cpp",
+        "cpu_kernels/library.py",
+        "generation/static_decode.py",
+    }
+    assert expected <= names
+    model, sources = lively_model(), store.step_sources()
+    before = store.artifact(model, 1, 8)
+    copy = tmp_path / "row_kernel.cpp"
+    copy.write_bytes(ROOT.joinpath("cpu_kernels/row_kernel.cpp").read_bytes() + b"// changed")
+    changed = [copy if path.name == copy.name else path for path in sources]  # the kernel's source edited
+    monkeypatch.setattr(store, "step_sources", lambda: changed)
+    assert store.artifact(model, 1, 8) != before
 
 
 def test_generate_decodes_with_a_kept_step_by_default_and_eagerly_with_no_compile(traced, gguf_of, capsys):  # noqa: F811

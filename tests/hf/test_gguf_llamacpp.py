@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from data.tokenizer import EOS_TOKEN as EOS
+from generation.sampling import generate
 from interop.export_gguf import export_gguf
-from model import generate
 from tests.hf.conftest import training_texts
 
 pytest.importorskip("gguf", reason='the GGUF export needs pip install -e ".[gguf]"')

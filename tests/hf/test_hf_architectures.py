@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from common.errors import UserError
+from generation.sampling import generate
 from interop import load_hf
 from interop.export_gguf import export_gguf, llama3_freq_factors
 from interop.export_hf import export_hf
-from model import generate
 
 SHAPE = dict(
     vocab_size=320,  # the size of the conftest tokenizer, so the exports can carry it

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from generation.sampling import generate
 from interop.export_hf import export_hf
-from model import generate
 
 # (n_kv_head, tie_embeddings) with n_head = 4: MHA and GQA, tied and untied.
 VARIANTS = [(4, True), (4, False), (2, True), (2, False)]

@@ -10,8 +10,8 @@ import torch
 import generate as cli
 from checkpoints.format import load_checkpoint
 from data.tokenizer import Tokenizer
+from generation.sampling import generate
 from inspection.attention_stats import head_statistics
-from model import generate
 
 
 def test_attention_html_holds_prompt_and_output_with_their_statistics(tiny_run, tmp_path, capsys):

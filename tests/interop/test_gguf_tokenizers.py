@@ -18,9 +18,9 @@ from common.errors import UserError
 from data import pre_tokenizers as table
 from data.pretrained_tokenizer import GGUF_CONTROL, tokenizer_from_hf_folder
 from data.tokenizer import Tokenizer
+from generation.sampling import generate
 from interop import load
 from interop.export_gguf import export_gguf
-from model import generate
 from tests.hf.conftest import training_texts
 from tests.hf.test_gguf_llamacpp import (  # noqa: F401 (the probe fixture)
     MIXED_TEXT,

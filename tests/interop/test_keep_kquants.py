@@ -18,14 +18,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cpu_kernels.quantized import QuantizedLinear
+from generation.sampling import generate
+from generation.static_decode import StaticDecoder
 from interop import load
 from interop.export_gguf import export_gguf
 from interop.gguf_blocks import read_blocks, stacked
 from interop.names import row
-from model import generate
 from model.cache import KVCache
-from model.quantized import QuantizedLinear
-from model.static_decode import StaticDecoder
 from tests.hf.test_gguf_llamacpp import llamacpp_binary
 
 gguf = pytest.importorskip("gguf")
@@ -48,7 +48,7 @@ OURS = {
 # layers' v and down as Q6_K).
 FILE_TYPES = {"Q4_K_M": {"Q4_K", "Q6_K"}, "Q5_K_M": {"Q5_K", "Q6_K"}, "Q6_K": {"Q6_K"}}
 BOUND = 1e-4  # logits of the kept blocks against the float32 load: float32 sums in another order
-ROW_BOUND = 5e-3  # one row goes through the row kernel (model/quantized.py), which rounds the row to 16 bits per block
+ROW_BOUND = 5e-3  # one row goes through the row kernel (cpu_kernels/quantized.py), which rounds the row to 16 bits per block
 
 
 def random_blocks(type_name: str, rows: int, inputs: int, seed: int = 0) -> np.ndarray:
@@ -81,7 +81,7 @@ def test_blocks_hold_the_gguf_packages_weights(type_name):
     rows = torch.randn(5, 512, generator=torch.Generator().manual_seed(0))
     scale = F.linear(rows, expected).abs().max().item()
     assert scale > 0
-    # A few rows on the CPU go through the row kernel (model/quantized.py), which rounds each row to 16 bits per
+    # A few rows on the CPU go through the row kernel (cpu_kernels/quantized.py), which rounds each row to 16 bits per
     # block of 32 (~2e-5); its blocks' sums are block-sized (Q6_K's 16).
     got = layer(rows)
     assert got.shape == (5, 24) and (got - F.linear(rows, expected)).abs().max().item() <= 1e-4 * scale

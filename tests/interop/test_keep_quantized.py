@@ -8,20 +8,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cpu_kernels.quantized import QuantizedLinear
+from generation.sampling import generate
+from generation.static_decode import StaticDecoder
 from interop import PretrainedError, load
 from interop.export_gguf import export_gguf
 from interop.export_hf import export_hf
 from interop.gguf_blocks import read_blocks
-from model import generate
 from model.cache import KVCache
-from model.quantized import QuantizedLinear
-from model.static_decode import StaticDecoder
 from tests.conftest import run_generate
 from tests.interop.gguf_by_hand import write_gguf
 
 gguf = pytest.importorskip("gguf")
 TYPES = ["Q4_0", "Q4_1", "Q8_0"]
-# One row (a decode step) goes through the C++ kernel where it runs (model/quantized.py), which rounds the row
+# One row (a decode step) goes through the C++ kernel where it runs (cpu_kernels/quantized.py), which rounds the row
 # to 16 bits per block of 32: a few in 1e5 of a product's largest output, and on these tiny models logits up to
 # ~6e-4 from the float32 load's (measured; float rounding alone stays under 1e-5). The bound leaves room for
 # other seeds; the tokens stay equal.
@@ -49,7 +49,7 @@ def test_blocks_hold_the_gguf_packages_weights(type_name):
     layer = QuantizedLinear(*read_blocks(raw, type_name))
     assert torch.equal(layer.dequantize(), expected)  # bit for bit
     # A decode step's one row and a short prompt's few: the products of those weights with each row rounded to
-    # 16 bits per block of 32 (model/row_kernel.cpp); longer prompts take the float GEMM (test_row_kernel.py).
+    # 16 bits per block of 32 (cpu_kernels/row_kernel.cpp); longer prompts take the float GEMM (test_row_kernel.py).
     rows = torch.randn(5, 96, generator=torch.Generator().manual_seed(0))
     got, float_rows = layer(rows), F.linear(rows, expected)
     assert got.shape == (5, 48) and got.std() > 1.0

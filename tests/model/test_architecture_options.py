@@ -7,7 +7,8 @@ import torch
 from torch._dynamo.utils import counters
 
 from common.errors import UserError
-from model import GPT, KVCache, ModelConfig, generate
+from generation.sampling import generate
+from model import GPT, KVCache, ModelConfig
 from model.attention import sdpa_attention
 from model.flash_reference import flash_attention
 

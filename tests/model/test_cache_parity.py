@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import GPT, KVCache, ModelConfig, generate
+from generation.sampling import generate
+from model import GPT, KVCache, ModelConfig
 from model.attention import explicit_attention, sdpa_attention
 from tests.model import lively
 

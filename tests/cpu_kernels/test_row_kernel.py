@@ -1,4 +1,4 @@
-"""The C++ row product on kept blocks (model/row_kernel.cpp): the block sums of the row at 16 bits, close to
+"""The C++ row product on kept blocks (cpu_kernels/row_kernel.cpp): the block sums of the row at 16 bits, close to
 the float path, the same on any thread count, NaN kept, called inside compiled graphs, and off with one note."""
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import quantized as row_kernel
-from model.attention import one_query_attention
-from model.gpt import OneRowLinears
-from model.quantized import QuantizedLinear
+from cpu_kernels import library as row_kernel
+from cpu_kernels.quantized import KERNEL_ROWS, QuantizedLinear
+from generation.static_decode import OneRowLinears, one_query_attention
 from tests.conftest import ROOT
 
 # (bits, with a minimum (else an offset), outputs, inputs, block): Q4_1, Q4_0, Q8_0, an 8-bit kind with a
@@ -98,10 +97,10 @@ def test_several_rows_give_each_rows_own_product(bits, with_minimum, out, inp, b
 
 def test_the_layer_uses_the_kernel_up_to_kernel_rows():
     op, layer = kernel(), random_layer(4, True, 64, 96)
-    rows = torch.randn(row_kernel.KERNEL_ROWS + 1, 96, generator=torch.Generator().manual_seed(2))
+    rows = torch.randn(KERNEL_ROWS + 1, 96, generator=torch.Generator().manual_seed(2))
     assert torch.equal(layer(rows[:1]), run(op, layer, rows[:1]))
     assert torch.equal(layer(rows[None, :1]).view(1, -1), layer(rows[:1]))  # (1, 1, in): one row too
-    few = rows[: row_kernel.KERNEL_ROWS].view(2, -1, 96)  # (batch, time, in): a short prompt of two samples
+    few = rows[:KERNEL_ROWS].view(2, -1, 96)  # (batch, time, in): a short prompt of two samples
     assert torch.equal(layer(few), run(op, layer, few))
     several = layer(rows)  # more rows: the matrix product of the dequantised weights
     assert not torch.equal(several[:1], run(op, layer, rows[:1]))
@@ -173,7 +172,7 @@ def test_without_the_kernel_the_float_path_runs_after_one_note(monkeypatch, caps
 
 
 LOAD_AND_RUN = (
-    "import torch; from model import quantized as row_kernel; "
+    "import torch; from cpu_kernels import library as row_kernel; "
     "op = row_kernel.row_product_op(); assert op is not None; "
     "print(op(torch.ones(1, 32), torch.zeros(1, 4, 8, dtype=torch.int32), torch.ones(1, 8), None, 0).sum().item())"
 )
@@ -236,8 +235,8 @@ def test_compiled_one_row_float_linears_call_the_float_kernel():
 
 
 BOTH_BUILDS = (
-    "import sys, torch; from tests.model.test_row_kernel import KINDS, random_layer, run; "
-    "from model import quantized as row_kernel; op = row_kernel.row_product_op(); "
+    "import sys, torch; from tests.cpu_kernels.test_row_kernel import KINDS, random_layer, run; "
+    "from cpu_kernels import library as row_kernel; op = row_kernel.row_product_op(); "
     "x = torch.randn(3, 576, generator=torch.Generator().manual_seed(6)); "
     "torch.save([run(op, random_layer(*kind), x[:, : kind[3]]) for kind in KINDS], sys.argv[1])"
 )

@@ -1,5 +1,5 @@
 """Autoregressive decoding: how a token is picked (`Sampler`) and the one decode loop (`decode`) that plain,
-compiled, speculative (model/speculative.py) and chat (generation/chat.py) decoding share, with its one stop
+compiled, speculative (generation/speculative.py) and chat (generation/chat.py) decoding share, with its one stop
 rule (`Stop`) and window rule (`context_start`, kept by `Context`). `generate` is its plain and compiled use."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from common.errors import UserError
+from model.cache import KVCache
 
-from .cache import KVCache
 from .static_decode import static_decoder
 
 
@@ -266,7 +266,7 @@ def generate(
     repetition_penalty, generator; temperature=0 is greedy). `eos_id` is one stop id or several (`Stop`).
     `on_token` receives each new column (B,) as soon as it is chosen. The model runs from a KV cache;
     `use_cache=False` recomputes the window every step (the reference); `compile=True` decodes with the
-    static-shape step of model/static_decode.py compiled by inductor (a string names another backend).
+    static-shape step of generation/static_decode.py compiled by inductor (a string names another backend).
     """
     if sampler is not None and sampling:
         raise TypeError(f"pass a Sampler or its fields, not both (got sampler and {sorted(sampling)})")
@@ -276,7 +276,7 @@ def generate(
     if compile and not use_cache:
         raise UserError("compile=True needs use_cache=True: the compiled step decodes from the KV cache")
     batch, length = idx.shape[0], idx.shape[1] + max_new_tokens  # a short request reads a short cache
-    if compile:  # model/static_decode.py: one compiled graph for every position
+    if compile:  # generation/static_decode.py: one compiled graph for every position
         decoder = static_decoder(model, batch, "inductor" if compile is True else compile, length)
         context = Context(model, decoder.cache, decoder.decode)
     else:

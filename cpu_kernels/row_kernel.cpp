@@ -1,5 +1,5 @@
 // Product of a few float32 rows (a decode step's one, a short prompt's) with weights kept in blocks of unsigned
-// codes, read in the layout model/quantized.py packs them: int32 words (in / 32, bits, out), 4-, 5-, 6- or 8-bit
+// codes, read in the layout cpu_kernels/quantized.py packs them: int32 words (in / 32, bits, out), 4-, 5-, 6- or 8-bit
 // codes (the low nibbles of 4/5/6-bit codes in words 0-3, their top bits in the words after: `pack_codes`), scale
 // and minimum (in / block, out), a block 32 or 16 codes; weight = scale * (code - offset) + minimum.
 //
@@ -16,7 +16,7 @@
 // than torch uses), each streaming its columns block by block; several rows share each read and unpacking of a
 // block.
 //
-// Built for AVX2 + FMA, or for AVX-512 with VNNI where the CPU has it (flags chosen by model/quantized.py, which
+// Built for AVX2 + FMA, or for AVX-512 with VNNI where the CPU has it (flags chosen by cpu_kernels/library.py, which
 // checks the CPU at run time): the same code on vectors of 8 or 16 int32 lanes (the wrappers below), with the
 // same sums in the same order per output, so both builds give equal results.
 
@@ -291,7 +291,7 @@ at::Tensor row_product(const at::Tensor& x, const at::Tensor& words, const at::T
 
 // A float32 matrix w (out, in) against a few float32 rows: a dot product per output and row, four outputs at a
 // time so that each load of the row serves four weight rows, each weight row read once for all rows; threads
-// split the outputs. The compiled CPU step calls it for its one-row float linear layers (model/gpt.py,
+// split the outputs. The compiled CPU step calls it for its one-row float linear layers (generation/static_decode.py,
 // `OneRowLinears`): they read the weights at about the machine's bandwidth, where torch's matrix-vector product or
 // Inductor's fused reduction stay below.
 at::Tensor float_rows(const at::Tensor& x, const at::Tensor& w) {
@@ -333,7 +333,7 @@ at::Tensor float_rows(const at::Tensor& x, const at::Tensor& w) {
 // softmax(q kᵀ / sqrt(D)) v for one query per head over the visible positions of a cache, GQA: the G = H / Hkv
 // query heads of a key head share each read of its cached keys and values. q (B, H, 1, D), k (B, Hkv, S, D),
 // v (B, Hkv, S, Dv), visible bool (B or 1, 1, 1, S); out (B, H, 1, Dv). The compiled CPU step calls it for its
-// one-query attention (model/attention.py): Inductor's fused reduction over the whole buffer read the cache at
+// one-query attention (generation/static_decode.py): Inductor's fused reduction over the whole buffer read the cache at
 // ~8 GB/s, a sixth of a SmolLM2 Q4_1 step at 256 positions and nearly half at 1024; this reads only the visible
 // positions.
 inline float dot(const float* a, const float* b, int64_t n) {

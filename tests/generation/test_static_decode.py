@@ -11,9 +11,15 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
-from model import KVCache, generate
-from model.attention import one_query_attention
-from model.static_decode import OneRowLinears, StaticDecoder, static_cache_length, static_decoder
+from generation.sampling import generate
+from generation.static_decode import (
+    OneRowLinears,
+    StaticDecoder,
+    one_query_attention,
+    static_cache_length,
+    static_decoder,
+)
+from model import KVCache
 from tests.model.lively import lively_model
 
 LAYOUTS = {"mha": (4, "aot_eager"), "gqa": (2, "inductor"), "mqa": (1, "aot_eager")}

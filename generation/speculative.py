@@ -17,9 +17,9 @@ from typing import Protocol
 import torch
 
 from common.errors import UserError
+from model.cache import KVCache
+from model.gpt import GPT
 
-from .cache import KVCache
-from .gpt import GPT
 from .sampling import Context, Sampler, Stop, decode, first_finite, naming_the_broken_layer
 
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from common.errors import UserError
-from model import GPT, KVCache, generate
-from model.sampling import Sampler
-from model.speculative import DraftModel, PromptLookup, check_draft, speculative_generate, verify
+from generation.sampling import Sampler, generate
+from generation.speculative import DraftModel, PromptLookup, check_draft, speculative_generate, verify
+from model import GPT, KVCache
 from tests.model.lively import lively_model
 
 CPU = torch.device("cpu")

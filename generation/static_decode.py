@@ -1,37 +1,143 @@
 """A static-shape decode step: one graph for every position, so it can be compiled once.
 
-The eager path slices the `KVCache` to `[:pos + T]`, so every step has a new key length. Here the same forward
-runs over a `StaticCache`, whose position is a tensor: a step writes its key/value at `pos`, selects its RoPE
-rows there, and attends over the whole buffer with a mask hiding the positions after `pos`. Shapes never
-change, so `torch.compile(fullgraph=True)` builds one graph (on CUDA, replayed as a CUDA graph). Prefill stays
-eager, into the `KVCache` whose buffers the static cache shares.
+The eager path slices the `KVCache` to `[:pos + T]`, so every step has a new key length. Here the model's own
+forward runs over a `StaticCache`, whose position is a tensor: a step writes its key/value at `pos`, selects its
+RoPE rows there, and attends over the whole buffer with a mask hiding the positions after `pos` (`StaticLayer`,
+the one hook the network offers: a layer cache's `attend`). Shapes never change, so
+`torch.compile(fullgraph=True)` builds one graph (on CUDA, replayed as a CUDA graph). Prefill stays eager, into
+the `KVCache` whose buffers the static cache shares.
 
-On the CPU the step asks for reductions: its one-query attention (`one_query_attention`, model/attention.py)
-is the C++ op of model/row_kernel.cpp in float32 (it reads only the visible positions) and otherwise products
-and sums that Inductor fuses into reductions reading each cached key once on every thread, and its one-row
-float32 linear layers call the C++ kernel's product (`OneRowLinears`); torch's
-matrix-vector product reads a weight that does not fit in cache at about one core's bandwidth
-(`python -m benchmarks.decode_vs_hf`).
+On the CPU the step asks for reductions: its one-query attention is the C++ op of cpu_kernels/row_kernel.cpp in
+float32 (it reads only the visible positions) and otherwise products and sums that Inductor fuses into reductions
+reading each cached key once on every thread, and its one-row float32 linear layers call the C++ kernel's
+product (`OneRowLinears`): torch's matrix-vector product reads a weight that does not fit in cache at about one
+core's bandwidth (`python -m benchmarks.decode_vs_hf`). Every block is compiled once and its graph reused for all
+layers (`_block_region`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
 
-from .cache import KVCache, StaticLayer
-from .gpt import GPT, OneRowLinears
-from .quantized import float_rows_op
+from cpu_kernels.library import attention_op, float_rows_op
+from model.cache import KVCache
+from model.gpt import GPT, Block
+
+
+class OneRowLinears(TorchFunctionMode):
+    """A one-row `F.linear` (CPU) as the C++ kernel's float32 product (cpu_kernels/row_kernel.cpp: it reads the
+    weight at about the machine's bandwidth), or else as a product and a sum for Inductor to fuse into one
+    reduction.
+
+    Only meant inside a compiled step: run eagerly, the product would be materialised before the sum. More
+    rows keep the matrix product, where the GEMM kernel is the better choice.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear and not kwargs and 2 <= len(args) <= 3 and args[0].shape[:-1].numel() == 1:
+            x, weight = args[:2]
+            if x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu" and float_rows_op():
+                out = float_rows_op()(x, weight)
+            else:
+                out = (x.unsqueeze(-2) * weight).sum(-1)
+            return out if len(args) == 2 or args[2] is None else out + args[2]
+        return func(*args, **kwargs)
+
+
+def one_query_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor
+) -> torch.Tensor:
+    """softmax(q kᵀ / sqrt(D)) v for one query per head, q (B, H, 1, D), over k, v (B, Hkv, S, D) masked by
+    `visible` (B or 1, 1, 1, S), as products and sums for Inductor to fuse into reductions that read each cached
+    key once on every thread; run eagerly it would materialise the products. Scores are at least float32, as in
+    the fused kernel. In float32 on the CPU, the C++ op of cpu_kernels/row_kernel.cpp computes the same, reading
+    only the visible positions."""
+    if q.dtype == k.dtype == v.dtype == torch.float32 and q.device.type == "cpu" and attention_op():
+        return attention_op()(q, k, v, visible)
+    b, h, _, d = q.shape
+    hkv = k.shape[1]
+    q = q.to(torch.promote_types(q.dtype, torch.float32))  # bf16/fp16 -> float32, float64 stays
+    q = q.view(b, hkv, h // hkv, 1, d)  # (B, Hkv, G, 1, D): the query heads of each key head
+    scores = (q * k.unsqueeze(2)).sum(-1) / d**0.5  # (B, Hkv, G, S)
+    scores = scores.masked_fill(~visible.view(visible.shape[0], 1, 1, -1), float("-inf"))
+    out = (scores.softmax(-1).unsqueeze(-1) * v.unsqueeze(2)).sum(-2)  # (B, Hkv, G, Dv)
+    return out.to(v.dtype).reshape(b, h, 1, v.shape[-1])
+
+
+class StaticLayer(NamedTuple):
+    """One layer of the static cache at a tensor position: plain tensors and a flag, so the step traces one
+    block and reuses its graph for every layer (`_block_region`): nothing in it says which layer it is."""
+
+    k: torch.Tensor  # (B, Hkv, max_len, D), a view of the KVCache's buffer
+    v: torch.Tensor
+    pos: torch.Tensor  # (1,) long: the position written, shared by the layers
+    key_pos: torch.Tensor  # (max_len,) arange
+    reductions: bool  # the one query as explicit reductions (the compiled CPU step)
+
+    def attend(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> torch.Tensor:
+        """Write the token's key and value at `pos`; attend over the whole buffer, the later positions masked."""
+        self.k.index_copy_(2, self.pos, k_new)
+        self.v.index_copy_(2, self.pos, v_new)
+        visible = (self.key_pos <= self.pos).view(1, 1, 1, -1)  # (1, 1, 1, S)
+        if self.reductions:
+            return one_query_attention(q, self.k, self.v, visible)
+        return F.scaled_dot_product_attention(q, self.k, self.v, attn_mask=visible, enable_gqa=True)
+
+
+@torch.compiler.nested_compile_region
+def _block_region(
+    block: Block,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pos: torch.Tensor,
+    key_pos: torch.Tensor,
+    reductions: bool,
+) -> torch.Tensor:
+    """A block under torch.compile traced and lowered once, its graph reused for every layer whose weights and
+    cache have the same shapes (torch checks that); a plain call when not compiling. Its inputs are a module,
+    tensors and a flag, nothing naming the layer; passed one by one, torch checks them without flattening
+    a tuple (that check would add a guard a kept step cannot save)."""
+    # Inside the region the caller's modes are off: it asks for the step's one-row reductions itself.
+    with OneRowLinears() if reductions else contextlib.nullcontext():
+        return block(x, cos, sin, StaticLayer(k, v, pos, key_pos, reductions))
+
+
+class _RegionBlock(nn.Module):
+    """A block called through `_block_region`, as the model's forward calls its blocks."""
+
+    def __init__(self, block: Block) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, x, cos, sin, layer: StaticLayer, probs_out=None) -> torch.Tensor:
+        return _block_region(self.block, x, cos, sin, *layer)
+
+
+def one_region_per_block(model: GPT) -> GPT:
+    """The model seen with each block behind `_block_region`: the same parameters and the same forward, a
+    compiled step of it lowers one block instead of n_layer."""
+    view = copy.copy(model)  # shares the parameters, buffers and submodules; only its block list differs
+    view._modules = {**model._modules, "blocks": nn.ModuleList(_RegionBlock(b) for b in model.blocks)}
+    return view
 
 
 class StaticCache:
     """The buffers of a `KVCache` seen at a tensor position `pos` (set by `StaticDecoder` before each step),
-    one token per forward: a layer's `update` returns its whole buffers (B, Hkv, max_len, D), `visible` masks
-    them."""
+    one token per forward, each layer a `StaticLayer`."""
 
-    def __init__(self, cache: KVCache, reductions: bool = False, one_region: bool = True) -> None:
+    def __init__(self, cache: KVCache, reductions: bool = False) -> None:
         device = cache.k.device
         self.reductions = reductions
         self.pos = torch.zeros(1, dtype=torch.long, device=device)
@@ -42,7 +148,7 @@ class StaticCache:
         # graph input made the compiled graph copy the whole cache at every step; separate inputs are written
         # in place.
         self._layers = [
-            StaticLayer(k, v, self.pos, key_pos, reductions, one_region)
+            StaticLayer(k, v, self.pos, key_pos, reductions)
             for k, v in zip(cache.k.unbind(0), cache.v.unbind(0), strict=True)
         ]
 
@@ -80,9 +186,10 @@ class StaticDecoder:
         reductions = compile and cache.k.device.type == "cpu"
         if reductions:
             float_rows_op()  # loaded (or built) now: the step's linear layers call it, a kept step too
+        self.static = StaticCache(cache, reductions)
         # aot_eager (quick tests) inlines every block: its kept graph of a region that writes its inputs fails
         # to run once loaded (torch 2.13: "'HopSchema' object has no attribute 'tree_spec'"); inductor's runs.
-        self.static = StaticCache(cache, reductions, one_region=backend != "aot_eager")
+        self.stepping = one_region_per_block(model) if compile and backend != "aot_eager" else model
         self.step = decode_step
         if compile:
             mode = "reduce-overhead" if backend == "inductor" and self.on_cuda else None
@@ -114,7 +221,7 @@ class StaticDecoder:
         self.cache.reset()
         self.static.pos.fill_(0)
         token = torch.zeros(self.cache.k.shape[1], 1, dtype=torch.long, device=self.cache.k.device)
-        self.step(self.model, token, self.static)
+        self.step(self.stepping, token, self.static)
 
     @torch.inference_mode()
     def compile_ahead(self) -> Callable:
@@ -122,7 +229,7 @@ class StaticDecoder:
         and that torch can save (`AOTCompiledFunction.serialize`) and load in another process
         (`torch.compiler.load_compiled_function`, then `use`) without tracing again."""
         token = torch.zeros(self.cache.k.shape[1], 1, dtype=torch.long, device=self.cache.k.device)
-        self.use(self.compiled_on_call.aot_compile(((self.model, token, self.static), {})))
+        self.use(self.compiled_on_call.aot_compile(((self.stepping, token, self.static), {})))
         self.warm_up()  # its kernels loaded now, not at the first token
         return self.step
 
@@ -143,7 +250,7 @@ class StaticDecoder:
                 f"KVCache is full at position {self.cache.pos}; reset it or allocate a longer one"
             )
         self.static.pos.fill_(self.cache.pos)
-        logits = self.step(self.model, token[:, None], self.static)
+        logits = self.step(self.stepping, token[:, None], self.static)
         self.cache.advance(1)
         # A CUDA graph reuses its output buffer on the next replay, so the caller gets its own copy.
         return logits.clone() if self.on_cuda else logits

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from model import GPT, ModelConfig, generate
-from model.sampling import context_start, filter_logits, penalize_repeats
+from generation.sampling import context_start, filter_logits, generate, penalize_repeats
+from model import GPT, ModelConfig
 
 LOGITS = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
 
@@ -76,8 +76,8 @@ def test_a_model_compiled_in_place_decodes_eagerly_without_a_graph_per_position(
     compiled forward would specialise on the cache position and be rebuilt at every step."""
     from torch._dynamo.utils import counters
 
-    from model.sampling import Sampler
-    from model.speculative import PromptLookup, speculative_generate
+    from generation.sampling import Sampler
+    from generation.speculative import PromptLookup, speculative_generate
 
     def speculative():
         sampler = Sampler(temperature=0.8, generator=torch.Generator().manual_seed(2))
@@ -106,7 +106,7 @@ def test_a_model_compiled_in_place_decodes_eagerly_without_a_graph_per_position(
 
 
 def test_one_sampler_object_or_its_fields_pick_the_same_tokens():
-    from model.sampling import Sampler
+    from generation.sampling import Sampler
 
     torch.manual_seed(0)
     model = GPT(ModelConfig(vocab_size=64, block_size=24, n_layer=2, n_head=4, n_kv_head=2, n_embd=32))
@@ -120,7 +120,7 @@ def test_one_sampler_object_or_its_fields_pick_the_same_tokens():
 
 
 def test_the_repetition_penalty_reaches_the_greedy_choice():
-    from model.sampling import Sampler
+    from generation.sampling import Sampler
 
     logits = torch.tensor([[3.0, 2.0, 1.0]])
     assert Sampler(0.0).next_token(logits, torch.tensor([[0]])).tolist() == [0]
@@ -129,8 +129,8 @@ def test_the_repetition_penalty_reaches_the_greedy_choice():
 
 def test_speculative_decoding_refuses_a_repetition_penalty():
     from common.errors import UserError
-    from model.sampling import Sampler
-    from model.speculative import PromptLookup, speculative_generate
+    from generation.sampling import Sampler
+    from generation.speculative import PromptLookup, speculative_generate
 
     model = GPT(ModelConfig(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=16))
     with pytest.raises(UserError, match="repetition penalty"):
@@ -139,7 +139,7 @@ def test_speculative_decoding_refuses_a_repetition_penalty():
 
 
 def test_a_row_that_stopped_repeats_the_first_stop_id_and_a_round_is_cut_after_the_last_stop():
-    from model.sampling import Stop
+    from generation.sampling import Stop
 
     stop = Stop((7, 9), 2, torch.device("cpu"))
     tokens, finished = stop.apply(torch.tensor([[9], [1]]))
