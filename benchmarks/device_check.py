@@ -21,7 +21,6 @@ import yaml
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from benchmarks import ROOT, new_parser
-from benchmarks.attention import random_qkv
 from benchmarks.decode import bytes_per_token, read_bandwidth
 from benchmarks.lightning_checks import Row, Settings, check_resume, check_training, passed
 from generation.speed import report_decode_speed
@@ -50,7 +49,12 @@ def settings_for(cpu_smoke: bool) -> Settings:
 
 def check_sdpa(device: str, shape: tuple[int, int, int, int, int], attention=sdpa_attention) -> list[Row]:
     """Forward and backward of `attention` at (B, H, Hkv, T, D) in bf16 under each fused backend alone."""
-    q, k, v = random_qkv(*shape, device, torch.bfloat16)
+    b, h, hkv, t, d = shape
+    g = torch.Generator(device).manual_seed(0)
+    q, k, v = (
+        torch.randn(b, heads, t, d, generator=g, dtype=torch.bfloat16, device=device)
+        for heads in (h, hkv, hkv)
+    )
     reference, _ = explicit_attention(q.float(), k.float(), v.float())
     rows = []
     for name, backend in FUSED_BACKENDS.items():

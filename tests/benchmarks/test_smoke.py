@@ -82,16 +82,10 @@ def probe_built() -> bool:
 
 
 SMOKE_TESTS = {
-    "attention",
-    "checkpoint_chaos",
     "decode",
     "decode_vs_hf",
-    "explorer_size",
     "finetune",
-    "induction",
     "shakespeare_budget",
-    "tokenize_throughput",
-    "train_throughput",
 }
 
 
@@ -123,7 +117,6 @@ def test_every_flag_has_help(name, monkeypatch):
         ("first_token", ["--repeats", "0"], "argument --repeats: expected a whole number >= 1, got '0'"),
         ("decode", ["--batches", "1", "0"], "argument --batches: expected a whole number >= 1, got '0'"),
         ("decode", ["--repeats", "two"], "argument --repeats: expected a whole number >= 1, got 'two'"),
-        ("checkpoint_chaos", ["--kills", "-1"], "argument --kills: expected a whole number >= 0, got '-1'"),
     ],
 )
 def test_a_count_below_its_minimum_is_one_line(name, flags, message, monkeypatch, capsys):
@@ -172,20 +165,6 @@ def test_finetune_sft(tmp_path, data_cache):
 
 
 @pytest.mark.slow
-def test_attention(tmp_path):
-    out = run_benchmark(tmp_path, "attention", "--seq_lens", "32", "--repeats", "1", "--flash_max_t", "32")
-    assert "expl/sdpa time" in out and "scores MiB = size" in out
-
-
-@pytest.mark.slow
-def test_checkpoint_chaos(tmp_path):
-    out = run_benchmark(tmp_path, "checkpoint_chaos", "--kills", "1", "--steps", "12", "--n_embd", "32",
-                        "--n_layer", "1", "--window_s", "0.05", "--stall_rounds", "1", "--stall_n_embd", "24")  # fmt: skip
-    assert "kills survived: 1/1" in out and "final weights equal the uninterrupted run's: True" in out
-    assert "async/sync =" in out
-
-
-@pytest.mark.slow
 def test_decode(tmp_path):
     tiny = ["--prompt_len", "8", "--new_tokens", "4", "--repeats", "1", "--no_compile"]
     assert "x recompute" in run_benchmark(tmp_path, "decode", *tiny)
@@ -212,32 +191,3 @@ def test_decode_vs_hf_smollm2(tmp_path):
     out = run_benchmark(tmp_path, "decode_vs_hf", "--configs", "smollm2", *tiny, timeout=600)
     assert "target: ours >=" in out and "ours Q4_1 " in out and "same tokens as ours: False" not in out
     assert ("llama.cpp f32" in out and "llama.cpp Q4_1" in out) == probe_built()
-
-
-@pytest.mark.slow
-def test_explorer_size(tmp_path, ckpt):
-    browser = Path("/usr/bin/chromium").is_file() and importlib.util.find_spec("playwright")
-    out = run_benchmark(tmp_path, "explorer_size", "--model", ckpt, "--tokens", "16",
-                        *([] if browser else ["--no_browser"]))  # fmt: skip
-    assert "heads the statistics single out:" in out and ("Chromium: interactive" in out) == bool(browser)
-
-
-@pytest.mark.slow
-def test_induction(tmp_path):
-    out = run_benchmark(tmp_path, "induction", "--steps", "2", "--eval_every", "1", "--block_size", "16",
-                        "--min_period", "2", "--max_period", "8", "--eval_periods", "2,4", "--batch_size", "2",
-                        "--eval_batch", "2")  # fmt: skip
-    assert "induction head" in out.splitlines()[-1]
-
-
-@pytest.mark.slow
-def test_tokenize_throughput(tmp_path):
-    out = run_benchmark(tmp_path, "tokenize_throughput", "--size_mb", "0.3", "--vocab_size", "300", "--smoke")
-    assert "(a) num_proc 1:" in out and "(b) loader alone" in out
-
-
-@pytest.mark.slow
-def test_train_throughput(tmp_path):
-    out = run_benchmark(tmp_path, "train_throughput", "--steps", "3", "--warmup", "1", "--repeats", "1",
-                        "--stream_tokens", "20000")  # fmt: skip
-    assert "overhead:" in out and "last-step loss:" in out

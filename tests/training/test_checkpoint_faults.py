@@ -1,6 +1,6 @@
 """Checkpoints under kill -9: a SIGKILL at every phase of a save, corrupt files, a full disk, stale temp files.
 
-The killed runs are `python -m benchmarks.checkpoint_chaos --worker` subprocesses (tiny model, a checkpoint every step); one
+The killed runs are `python -m tests.training.chaos_worker` subprocesses (tiny model, a checkpoint every step); one
 uninterrupted run of it is the reference every resumed chain must reproduce bit for bit.
 """
 
@@ -21,7 +21,7 @@ from common.files import stale_temp_files
 pytestmark = pytest.mark.slow  # train.py runs in subprocesses here
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKER = "benchmarks.checkpoint_chaos"  # its --worker mode: tiny model, a checkpoint every step
+WORKER = "tests.training.chaos_worker"  # tiny model, a checkpoint every step
 STEPS = 10
 SHM = Path("/dev/shm")
 
@@ -33,7 +33,7 @@ def run_worker(corpus, cache, run_dir, *flags, fault=None, env=None, expect_kill
     if fault:
         environ[FAULT_ENV] = fault
     result = subprocess.run(
-        [sys.executable, "-m", WORKER, "--worker", "--corpus", str(corpus), "--cache", str(cache), "--run_dir",
+        [sys.executable, "-m", WORKER, "--corpus", str(corpus), "--cache", str(cache), "--run_dir",
          str(run_dir), "--steps", str(STEPS), "--n_layer", "2", "--n_embd", "32", *flags],
         cwd=ROOT, env=environ, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -159,3 +159,38 @@ def test_when_every_checkpoint_is_corrupt_train_py_says_one_line_and_exits_2(
     assert len(errors) == 1 and errors[0].startswith("error:") and "step-00000010.ckpt" in errors[0], errors
     assert "Traceback" not in result.stderr
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+def test_kills_at_random_moments_resume_to_the_uninterrupted_weights(corpus, data_cache, tmp_path, straight):
+    """The soak that was benchmarks/checkpoint_chaos.py: SIGKILL at a random moment after each segment's first
+    own checkpoint (sync and async saves alternating), resume, and the chain ends with the straight run's
+    weights and no temp file left."""
+    import random
+    import signal
+    import time
+
+    from checkpoints.run_dir import step_files
+
+    rng, run_dir = random.Random(0), tmp_path / "soak"
+    checkpoints = run_dir / "checkpoints"
+    environ = {**os.environ, "PYTHONPATH": str(ROOT)}
+    environ.pop(FAULT_ENV, None)
+    command = [sys.executable, "-m", WORKER, "--corpus", str(corpus), "--cache", str(data_cache), "--run_dir",
+               str(run_dir), "--steps", str(STEPS), "--n_layer", "2", "--n_embd", "32"]  # fmt: skip
+    killed = 0
+    for kill in range(3):
+        start = max(step_files(checkpoints), default=-1)
+        flags = (["--resume"] if kill else []) + (["--async"] if kill % 2 else [])
+        process = subprocess.Popen([*command, *flags], cwd=ROOT, env=environ, stderr=subprocess.DEVNULL)
+        while process.poll() is None and max(step_files(checkpoints), default=-1) <= start:
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0, 0.2))
+        if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+            killed += 1
+        process.wait()
+    assert killed >= 2, "the segments finished before their kills: raise STEPS"
+    result = run_worker(corpus, data_cache, run_dir, "--resume")
+    assert "cannot be resumed" not in result.stderr
+    assert temp_files(run_dir) == []
+    assert same_weights(torch.load(run_dir / "final.pt"), torch.load(straight / "final.pt"))
