@@ -13,15 +13,18 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
+import yaml
 
-from benchmarks import new_parser, positive_int
+from benchmarks import ROOT, new_parser, positive_int
 from generation.speed import report_decode_speed
 from generation.timing import alternate_medians, wall_seconds
 from model import GPT, ModelConfig
 
 SMALL_1024 = ModelConfig(vocab_size=1024, block_size=1024, n_layer=4, n_head=8, n_kv_head=2, n_embd=256)
-# The 124 M shape of configs/gpt2-small.yaml (tests/training/test_flops.py checks it against the YAML).
-GPT2_SMALL = ModelConfig(vocab_size=32768, block_size=1024, n_layer=12, n_head=12, n_kv_head=4, n_embd=768)
+# The 124 M shape of configs/gpt2-small.yaml, read from it as the tests read it (tests/shapes.py).
+_RECIPE = yaml.safe_load((ROOT / "configs" / "gpt2-small.yaml").read_text())
+GPT2_SMALL = ModelConfig(vocab_size=_RECIPE["data"]["vocab_size"], block_size=_RECIPE["data"]["block_size"],
+                         **{key: _RECIPE["model"][key] for key in ("n_layer", "n_head", "n_kv_head", "n_embd")})  # fmt: skip
 DECODE_CONFIGS = {  # the random models of benchmarks.decode_vs_hf
     "small": replace(SMALL_1024, block_size=512),
     "large": replace(GPT2_SMALL, vocab_size=1024, block_size=512),

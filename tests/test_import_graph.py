@@ -135,6 +135,20 @@ def test_no_package_or_command_imports_benchmarks():
     assert {name: found for name, found in importers.items() if found} == {}
 
 
+def test_only_the_benchmark_tests_import_benchmarks():
+    # Shapes and helpers the tests share live in tests/ (tests/shapes.py) or the product, so a benchmark can be
+    # retired without breaking a test of something else.
+    tests = ROOT / "tests"
+    importers = {
+        str(path.relative_to(ROOT)): sorted(
+            name for name in outside_imports(path) if name.split(".")[0] == "benchmarks"
+        )
+        for path in sorted(tests.rglob("*.py"))
+        if path.relative_to(tests).parts[0] != "benchmarks"
+    }
+    assert {path: found for path, found in importers.items() if found} == {}
+
+
 def test_a_cycle_is_found(tmp_path):
     # A scratch copy where model/config.py imports model/gpt.py, which imports model/config.py.
     for package in PACKAGES:

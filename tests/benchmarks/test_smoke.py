@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 import benchmarks
-from benchmarks.external import built_probe, smollm2_gguf
+from benchmarks.external import built_probe
+from common.smollm2 import smollm2_gguf
 from tests.conftest import ROOT, TEST_ENV
 from tests.hf.test_gguf_llamacpp import llamacpp_required
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import generate as generate_cli
-from benchmarks.external import INSTALL, smollm2_gguf
+from common.smollm2 import INSTALL, smollm2_gguf
 from generation import chat as chat_module
 from tests.conftest import run_generate
 from tests.hf.conftest import running_in_ci

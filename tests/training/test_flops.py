@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import lightning as L
 import pytest
 import torch
@@ -11,9 +9,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks.decode import GPT2_SMALL
 from data.datamodule import TextDataModule
 from model import GPT, ModelConfig
+from tests.shapes import GPT2_SMALL
 from training import LitGPT, ThroughputMonitor
 from training.flops import matmul_params, peak_bf16_flops, training_flops_per_token
 
@@ -114,17 +112,3 @@ def test_mfu_is_logged_from_tokens_per_second_and_the_flop_count(corpus, data_ca
     flops = training_flops_per_token(module.model.config, 32)
     for row in recorder.rows:
         assert row["train/mfu"] == pytest.approx(row["train/tokens_per_s"] * flops / peak, rel=1e-6)
-
-
-ROOT_DIR = Path(__file__).resolve().parents[2]
-
-
-def test_the_124m_shape_is_the_gpt2_small_config():
-    import yaml
-
-    config = yaml.safe_load((ROOT_DIR / "configs" / "gpt2-small.yaml").read_text())
-    model, data = config["model"], config["data"]
-    assert (GPT2_SMALL.vocab_size, GPT2_SMALL.block_size) == (data["vocab_size"], data["block_size"])
-    assert [getattr(GPT2_SMALL, key) for key in ("n_layer", "n_head", "n_kv_head", "n_embd")] == [
-        model[key] for key in ("n_layer", "n_head", "n_kv_head", "n_embd")
-    ]

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmarks.decode import GPT2_SMALL
 from model import GPT, KVCache, ModelConfig
+from tests.shapes import GPT2_SMALL
 from training.fit_summary import fit_report
 from training.memory import (
     activation_bytes,

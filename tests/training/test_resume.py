@@ -9,11 +9,21 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from benchmarks.lightning_checks import StopAt  # the GPU check's resume uses the same stop
 from data.datamodule import TextDataModule
 from training import LitGPT, NonFiniteLossError
 
 MODEL = dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, warmup_steps=2, learning_rate=3e-3)
+
+
+class StopAt(L.Callback):
+    """Ends fit() after `step` optimizer steps, as an interruption would, keeping max_steps (the schedule)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True
 
 
 class LossRecorder(L.Callback):
