@@ -160,7 +160,9 @@ def run(args: argparse.Namespace) -> None:
         return speculative_run(model, prompt, args.max_new_tokens, make_drafter(), TextStream(tokenizer),
                                k=args.draft_k, sampler=sampler, eos_id=eos_id)  # fmt: skip
     length = prompt.shape[1] + args.max_new_tokens
-    refuse_a_batch_too_big(model, args.num_samples, length, device)
+    # The compiled step's longer cache counts wherever it may run: a kept one is loaded without --compile.
+    may_compile = not (args.no_compile or args.no_cache)
+    refuse_a_batch_too_big(model, args.num_samples, length, device, compiled=may_compile)
     batch = prompt.expand(args.num_samples, -1).contiguous()
     if not (args.no_compile or args.no_cache):  # the step an earlier --compile built, or this one builds
         args.compile = compiled_step(model, args.num_samples, length, args.compile)

@@ -19,6 +19,7 @@ from benchmarks import ROOT, new_parser, positive_int
 from generation.speed import report_decode_speed
 from generation.timing import alternate_medians, wall_seconds
 from model import GPT, ModelConfig
+from model.cache import cache_bytes
 
 SMALL_1024 = ModelConfig(vocab_size=1024, block_size=1024, n_layer=4, n_head=8, n_kv_head=2, n_embd=256)
 # The 124 M shape of configs/gpt2-small.yaml, read from it as the tests read it (tests/shapes.py).
@@ -55,8 +56,7 @@ def bytes_per_token(model: GPT, context: int) -> int:
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     if getattr(model.lm_head, "weight", None) is not model.wte.weight:  # each step looks up one row
         weights -= model.wte.weight[1:].numel() * model.wte.weight.element_size()
-    c, element = model.config, next(model.parameters()).element_size()
-    return weights + 2 * c.n_layer * c.n_kv_head * context * c.head_dim * element
+    return weights + cache_bytes(model.config, context, next(model.parameters()).element_size())
 
 
 def main() -> None:

@@ -149,6 +149,16 @@ class Tokenizer:
         its BOS, such as a rendered chat); a literal special token (`<|endoftext|>`, `<|im_start|>`) is its id."""
         return self._with_bos(self._backend.encode(text, add_special_tokens=False).ids, add_bos)
 
+    def prompt_ids(self, prompt: str) -> list[int]:
+        """The ids a decode starts from: BOS first if the model's rule says so; an empty prompt without one starts
+        from the end-of-text token, the separator every training document follows."""
+        return self.encode(prompt) or [self.eos_id]
+
+    def until_stop(self, ids: Sequence[int]) -> list[int]:
+        """`ids` cut before the first stop id (any of `eos_ids`: Qwen Instruct lists two)."""
+        ids = list(ids)
+        return ids[: next((i for i, t in enumerate(ids) if t in self.eos_ids), len(ids))]
+
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Token ids of `text` (no BOS: rendered chat text carries its own) and each token's character span."""
         encoding = self._backend.encode(text, add_special_tokens=False)

@@ -9,8 +9,8 @@ import sys
 import torch
 
 from common.errors import UserError
-from generation.sampling import Sampler
-from model.cache import KVCache
+from generation.sampling import Sampler, cache_length
+from model.cache import cache_bytes
 
 from .text import not_utf8, utf8, utf8_lines
 
@@ -96,15 +96,19 @@ def free_memory(device: torch.device) -> int | None:
 
 
 def refuse_a_batch_too_big(
-    model: torch.nn.Module, num_samples: int, length: int, device: torch.device
+    model: torch.nn.Module, num_samples: int, length: int, device: torch.device, compiled: bool
 ) -> None:
-    """One line, before anything is allocated, when the batch's KV cache, token ids and float32 logits alone
-    exceed the free memory: else the allocation fails later, or the kernel kills the process."""
+    """One line, before anything is allocated, when the batch's KV cache (the compiled step's, when `compiled`),
+    token ids and float32 logits alone exceed the free memory: else the allocation fails later, or the kernel
+    kills the process."""
     free = free_memory(device)
     if free is None:
         return
-    config, per_token = model.config, KVCache.for_model(model, 1, 1).bytes_per_token  # generate's cache
-    need = num_samples * (min(length, config.block_size) * per_token + length * 8 + config.vocab_size * 4)
+    config = model.config
+    cache = cache_bytes(
+        config, cache_length(config.block_size, length, compiled), next(model.parameters()).element_size()
+    )
+    need = num_samples * (cache + length * 8 + config.vocab_size * 4)
     if need > free:
         raise UserError(f"--num_samples {num_samples}: decoding {num_samples} x {length} tokens needs at least "
                         f"{need / 1e9:,.1f} GB (KV cache, token ids, logits), more than the {free / 1e9:,.1f} GB "

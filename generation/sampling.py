@@ -14,7 +14,7 @@ import torch
 from common.errors import UserError
 from model.cache import KVCache
 
-from .static_decode import static_decoder
+from .static_decode import static_cache_length, static_decoder
 
 
 class NonFiniteLogits(UserError):
@@ -245,6 +245,12 @@ def first_finite() -> Callable[[torch.Tensor], torch.Tensor]:
         return logits
 
     return check
+
+
+def cache_length(block_size: int, length: int, compiled: bool) -> int:
+    """Positions the KV cache of a `generate` call holds for `length` (prompt + new tokens): what it needs,
+    eagerly; rounded up to the static cache's length by the compiled step. Nothing is allocated to know it."""
+    return static_cache_length(length, block_size) if compiled else min(length, block_size)
 
 
 @torch.inference_mode()

@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import torch
 
-from generation.sampling import Sampler, generate
+from generation.sampling import Sampler, cache_length, generate
 from generation.speculative import Drafter, speculative_generate
-from model import KVCache
+from model.cache import cache_bytes
 
 from .text import TextStream
 from .timing import alternate_medians, synchronize, wall_seconds
@@ -63,12 +63,14 @@ def report_decode_speed(
     """Print the cache size and, for the eager cached path (and the compiled step, recomputing the window),
     prefill time and decode tokens/s, and the speed-ups; return the tokens/s."""
     sampler = sampler or Sampler(temperature=0.0)
-    cache = KVCache.for_model(model, prompt.shape[0], prompt.shape[1] + new_tokens)  # what generate holds
-    print(
-        f"KV cache: {cache.bytes_per_token} bytes per token per sequence, {cache.nbytes / 2**20:.2f} MiB "
-        f"for {prompt.shape[0]} x {cache.max_len} tokens"
-    )
-    del cache
+    config, batch, element = model.config, prompt.shape[0], next(model.parameters()).element_size()
+    sizes = []
+    for path, compiled in [("eager", False), ("compiled step", True)] if compile else [("eager", False)]:
+        # The positions generate's cache holds on that path.
+        positions = cache_length(config.block_size, prompt.shape[1] + new_tokens, compiled)
+        mib = batch * cache_bytes(config, positions, element) / 2**20
+        sizes.append(f"{mib:.2f} MiB for {batch} x {positions} tokens ({path})")
+    print(f"KV cache: {cache_bytes(config, 1, element)} bytes per token per sequence, {', '.join(sizes)}")
 
     def run(**kwargs) -> Callable[[], tuple[float, float]]:
         return lambda: timed_decode(

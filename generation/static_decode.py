@@ -245,10 +245,7 @@ class StaticDecoder:
 
     def decode(self, token: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (B,) at the cache's position; the logits (B, V) of the next token."""
-        if self.cache.pos >= self.cache.max_len:
-            raise ValueError(
-                f"KVCache is full at position {self.cache.pos}; reset it or allocate a longer one"
-            )
+        self.cache.check_room(1)
         self.static.pos.fill_(self.cache.pos)
         logits = self.step(self.stepping, token[:, None], self.static)
         self.cache.advance(1)

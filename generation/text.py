@@ -67,14 +67,11 @@ def utf8_lines(lines: Iterable[str], source: str) -> Iterator[str]:
 def print_samples(tokenizer: Tokenizer, rows: list[list[int]], echo: str) -> None:
     """Each continuation of a batch under its own header, cut at its first stop token."""
     for i, row in enumerate(rows):
-        row = row[: next((i for i, t in enumerate(row) if t in tokenizer.eos_ids), len(row))]
-        print(f"--- sample {i + 1} ---\n{echo}{tokenizer.decode(row)}")
+        print(f"--- sample {i + 1} ---\n{echo}{tokenizer.decode(tokenizer.until_stop(row))}")
 
 
 def encode_prompt(tokenizer: Tokenizer, prompt: str, block_size: int, device: torch.device) -> torch.Tensor:
-    # BOS first if the model's rule says so; an empty prompt without one starts from the end-of-text token,
-    # the separator every training document follows.
-    ids = tokenizer.encode(prompt) or [tokenizer.eos_id]
+    ids = tokenizer.prompt_ids(prompt)
     text_ids = set(ids) - {tokenizer.bos_id}
     if text_ids and text_ids <= unfamiliar_byte_ids(tokenizer):
         print("note: the prompt is made only of bytes the tokenizer never merged (rare or unseen in training, "

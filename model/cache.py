@@ -27,7 +27,21 @@ class Cache(Protocol):
 
     def layers(self) -> Sequence[LayerCache]: ...  # one per block, in order
 
+    def check_room(self, n_tokens: int) -> None:
+        """The one "full" error, for every writer of the cache (the compiled step's too)."""
+        if self.pos + n_tokens > self.max_len:
+            raise ValueError(
+                f"KVCache is full: writing {n_tokens} token(s) at position {self.pos} exceeds max_len "
+                f"{self.max_len}; allocate a longer cache or call reset()"
+            )
+
     def advance(self, n_tokens: int) -> None: ...
+
+
+def cache_bytes(config: ModelConfig, positions: int, element_size: int) -> int:
+    """Bytes the keys and values of `positions` positions of one sequence take across all layers: GQA/MQA keep
+    n_kv_head heads of head_dim. The one rule for a cache's size, with nothing allocated."""
+    return 2 * config.n_layer * config.n_kv_head * config.head_dim * positions * element_size
 
 
 @dataclass(frozen=True)
@@ -92,23 +106,22 @@ class KVCache:
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
-    @property
-    def bytes_per_token(self) -> int:
-        """Bytes one position of one sequence costs across all layers, keys and values."""
-        return self.nbytes // (self.k.shape[1] * self.max_len)
-
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the new keys/values (B, Hkv, T, D) of `layer` and return all of them, (B, Hkv, pos + T, D)."""
+        self.check_room(k.shape[2])
         end = self.pos + k.shape[2]
-        if end > self.max_len:
-            raise ValueError(
-                f"KVCache is full: writing {k.shape[2]} token(s) at position {self.pos} exceeds max_len "
-                f"{self.max_len}; allocate a longer cache or call reset()"
-            )
         keys, values = self.k[layer], self.v[layer]  # (B, Hkv, max_len, D) views
         keys.narrow(2, self.pos, k.shape[2]).copy_(k)
         values.narrow(2, self.pos, k.shape[2]).copy_(v)
         return keys.narrow(2, 0, end), values.narrow(2, 0, end)
+
+    def check_room(self, n_tokens: int) -> None:
+        """The one "full" error, for every writer of the cache (the compiled step's too)."""
+        if self.pos + n_tokens > self.max_len:
+            raise ValueError(
+                f"KVCache is full: writing {n_tokens} token(s) at position {self.pos} exceeds max_len "
+                f"{self.max_len}; allocate a longer cache or call reset()"
+            )
 
     def advance(self, n_tokens: int) -> None:
         self.pos += n_tokens

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from model import ModelConfig
+from model.cache import cache_bytes
 
 from .flops import matmul_params
 
@@ -69,7 +70,7 @@ def activation_bytes(config: ModelConfig, batch_size: int, seq_len: int, precisi
 def kv_cache_bytes_per_token(config: ModelConfig, precision: str) -> int:
     """Bytes one generated token adds to the KV cache (all layers, keys and values) in the compute dtype."""
     _, a = dtype_bytes(precision)
-    return 2 * config.n_layer * config.n_kv_head * config.head_dim * a
+    return cache_bytes(config, 1, a)
 
 
 def estimate_training_memory(

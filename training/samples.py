@@ -68,10 +68,10 @@ class SampleGenerations(L.Callback):
         self.rows = [list(row) for row in state_dict.get("rows", [])]
 
     def _continue(self, pl_module, tokenizer, prompt: str, seed: int) -> str:
-        ids = torch.tensor([tokenizer.encode(prompt) or [tokenizer.eos_id]], device=pl_module.device)
+        ids = torch.tensor([tokenizer.prompt_ids(prompt)], device=pl_module.device)
         generator = torch.Generator(device=pl_module.device).manual_seed(seed)
         out = generate(
             pl_module.model, ids, self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
-            eos_id=tokenizer.eos_id, generator=generator,
+            eos_id=tokenizer.eos_ids, generator=generator,
         )  # fmt: skip
-        return tokenizer.decode(out[0, ids.shape[1] :].tolist())
+        return tokenizer.decode(tokenizer.until_stop(out[0, ids.shape[1] :].tolist()))

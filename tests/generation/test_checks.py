@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.errors import UserError
 from generation import checks
+from model import GPT, ModelConfig
+from model.cache import cache_bytes
 from tests.conftest import run_generate as run_cli
 
 NOT_UTF8 = b"\xff\xfehi"
@@ -114,6 +117,17 @@ def test_a_batch_too_big_for_the_free_memory_is_one_line_before_allocating(gguf_
     assert run_cli(capsys, *args, "--num_samples", "2")[0] == 0  # a batch that fits is decoded
     monkeypatch.setattr(checks, "free_memory", lambda device: None)  # unknown (not Linux): no check
     assert run_cli(capsys, *args, "--num_samples", "2")[0] == 0
+
+
+def test_the_batch_check_counts_the_cache_the_compiled_step_holds(monkeypatch):
+    # 4 positions eagerly; the compiled step's static cache holds 256 (at least 256, a power of two): a memory
+    # between the two needs lets the eager batch through and refuses the compiled one.
+    model = GPT(ModelConfig(vocab_size=64, block_size=512, n_layer=2, n_head=4, n_kv_head=2, n_embd=32))
+    per_position = cache_bytes(model.config, 1, 4)
+    monkeypatch.setattr(checks, "free_memory", lambda device: 100 * per_position)
+    checks.refuse_a_batch_too_big(model, 1, 4, torch.device("cpu"), compiled=False)
+    with pytest.raises(UserError, match="decoding 1 x 4 tokens needs at least"):
+        checks.refuse_a_batch_too_big(model, 1, 4, torch.device("cpu"), compiled=True)
 
 
 def test_the_free_memory_is_read_on_this_machine():

@@ -62,6 +62,22 @@ def test_static_step_logits_and_cache_match_the_eager_step():
     assert torch.equal(static.cache.k, eager_cache.k) and torch.equal(static.cache.v, eager_cache.v)
 
 
+def test_the_static_step_and_the_eager_cache_refuse_a_full_cache_in_the_same_words():
+    model = lively_model(2, block_size=8)
+    idx = torch.randint(0, 101, (1, 8), generator=torch.Generator().manual_seed(3))
+    static = StaticDecoder(model, KVCache.allocate(model.config, 1, 8, dtype=torch.float64), compile=False)
+    eager_cache = KVCache.allocate(model.config, 1, 8, dtype=torch.float64)
+    with torch.no_grad():
+        static.prefill(idx)
+        model(idx, eager_cache)
+        with pytest.raises(ValueError) as from_static:
+            static.decode(idx[:, 0])
+        with pytest.raises(ValueError) as from_eager:
+            model(idx[:, :1], eager_cache)
+    assert str(from_static.value) == str(from_eager.value)
+    assert str(from_static.value).startswith("KVCache is full: writing 1 token(s) at position 8")
+
+
 def test_compile_needs_the_cache():
     model = lively_model(2, block_size=32)
     with pytest.raises(ValueError, match="use_cache"):

@@ -1,10 +1,7 @@
 """The explorer's data without a browser: quantisation, thumbnails, escaping, statistics, size, phase changes."""
 
-import importlib.util
 import re
 from html.parser import HTMLParser
-from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,8 +9,6 @@ import torch
 
 from inspection.attention_stats import Formation, PhaseChangeDetector, head_statistics
 from inspection.explorer import build_explorer, max_pool, probe_attention, quantise_rows
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def stats_for(maps: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -114,29 +109,6 @@ def test_phase_change_is_reported_once_at_the_first_crossing():
         "induction head L1H0 formed at step 200 (score 0.60)",
         "induction head L1H1 formed at step 300 (score 0.70)",
     ]
-
-
-def test_induction_benchmark_prints_the_formation_once_at_the_crossing_step(monkeypatch, capsys):
-    spec = importlib.util.spec_from_file_location("induction_benchmark", ROOT / "benchmarks" / "induction.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    scores = iter([0.1, 0.3, 0.55, 0.45, 0.8, 0.9])  # L1H0's score at steps 1..6: crosses 0.5 at step 3
-
-    def fake_evaluate(model, args):
-        induction = torch.zeros(2, 2)
-        induction[1, 0] = next(scores)
-        return {"first": 5.5, "second": 5.0, "induction": induction, "previous": torch.zeros(2, 2)}
-
-    monkeypatch.setattr(bench, "evaluate", fake_evaluate)
-    args = SimpleNamespace(
-        seed=0, steps=6, eval_every=1, vocab_size=16, block_size=8, n_layer=2, n_head=2, n_kv_head=1, n_embd=16,
-        batch_size=2, lr=1e-3, warmup=1, weight_decay=0.0, min_period=2, max_period=4, tile=True,
-        eval_periods=(2,), eval_batch=1, threshold=0.5,
-    )  # fmt: skip
-    bench.run(args)
-    lines = [line for line in capsys.readouterr().out.splitlines() if "formed at" in line]
-    assert lines[0] == "induction head L1H0 formed at step 3 (score 0.55)"
-    assert len(lines) == 2 and lines[1].startswith("induction head formed at step 3")  # and the verdict
 
 
 def test_the_page_opens_on_the_head_with_the_highest_induction_or_previous_token_score(explorer_kit):

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from generation.sampling import generate
 from model import GPT, KVCache, ModelConfig
 from model.attention import explicit_attention, sdpa_attention
+from model.cache import cache_bytes
 from tests.model import lively
 
 HEAD_LAYOUTS = {"mha": 8, "gqa": 2, "mqa": 1}
@@ -122,7 +123,9 @@ def test_cache_size_scales_with_kv_heads_and_stays_out_of_state_dict():
     assert mha_cache.nbytes == 4 * gqa_cache.nbytes
     assert mha_cache.nbytes / gqa_cache.nbytes == mha.config.n_head / gqa.config.n_kv_head
     assert gqa_cache.k.shape == (2, 4, 2, 64, 8)
-    assert gqa_cache.bytes_per_token == 2 * 2 * 2 * 8 * 4  # k and v, layers, kv heads, head_dim, fp32
+    # k and v, layers, kv heads, head_dim, fp32: per position of one sequence, the rule sizes the buffers exactly
+    assert cache_bytes(gqa.config, 1, 4) == 2 * 2 * 2 * 8 * 4
+    assert gqa_cache.nbytes == 4 * cache_bytes(gqa.config, gqa_cache.max_len, 4)
     assert torch.count_nonzero(gqa_cache.k) == 0 and torch.count_nonzero(gqa_cache.v) == 0
     before = set(gqa.state_dict())
     gqa(torch.randint(0, 97, (4, 8)), gqa_cache)

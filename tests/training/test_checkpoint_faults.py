@@ -162,9 +162,10 @@ def test_when_every_checkpoint_is_corrupt_train_py_says_one_line_and_exits_2(
 
 
 def test_kills_at_random_moments_resume_to_the_uninterrupted_weights(corpus, data_cache, tmp_path, straight):
-    """The soak that was benchmarks/checkpoint_chaos.py: SIGKILL at a random moment after each segment's first
-    own checkpoint (sync and async saves alternating), resume, and the chain ends with the straight run's
-    weights and no temp file left."""
+    """The soak that was benchmarks/checkpoint_chaos.py: SIGKILL each segment at a random moment once it has
+    saved one or two checkpoints of its own (sync and async saves alternating), resume, and the chain ends with
+    the straight run's weights and no temp file left. The moment is counted in checkpoints, not seconds, so a
+    fast machine cannot finish a segment before its kill."""
     import random
     import signal
     import time
@@ -179,12 +180,12 @@ def test_kills_at_random_moments_resume_to_the_uninterrupted_weights(corpus, dat
                str(run_dir), "--steps", str(STEPS), "--n_layer", "2", "--n_embd", "32"]  # fmt: skip
     killed = 0
     for kill in range(3):
-        start = max(step_files(checkpoints), default=-1)
+        target = max(step_files(checkpoints), default=-1) + rng.randint(1, 2)
         flags = (["--resume"] if kill else []) + (["--async"] if kill % 2 else [])
         process = subprocess.Popen([*command, *flags], cwd=ROOT, env=environ, stderr=subprocess.DEVNULL)
-        while process.poll() is None and max(step_files(checkpoints), default=-1) <= start:
-            time.sleep(0.005)
-        time.sleep(rng.uniform(0, 0.2))
+        while process.poll() is None and max(step_files(checkpoints), default=-1) < target:
+            time.sleep(0.001)
+        time.sleep(rng.uniform(0, 0.01))  # inside the next step or its save
         if process.poll() is None:
             process.send_signal(signal.SIGKILL)
             killed += 1

@@ -55,6 +55,32 @@ def test_each_prompt_and_step_samples_with_its_own_reproducible_seed():
     assert samples.sample_seed(250, 1) != SampleGenerations(seed=1).sample_seed(250, 1)
 
 
+def test_a_sample_stops_at_any_stop_id_and_an_empty_prompt_starts_at_the_separator(monkeypatch):
+    # Two stop ids, as Qwen Instruct lists: the row ends at the second one, the first one never produced.
+    import types
+
+    import torch
+
+    import training.samples
+    from data.tokenizer import Tokenizer, TokenRules
+
+    base = Tokenizer.train(["to be or not to be, that is the question"] * 20, vocab_size=300)
+    words = base.encode(" to be")
+    second_stop = base.encode("q")[0]
+    tokenizer = Tokenizer(base._backend, TokenRules((base.eos_id, second_stop)))
+    seen = {}
+
+    def fake_generate(model, ids, max_new_tokens, *, eos_id, **kwargs):
+        seen["prompt"], seen["eos_id"] = ids[0].tolist(), eos_id
+        return torch.cat([ids, torch.tensor([[*words, second_stop, *words]])], dim=1)
+
+    monkeypatch.setattr(training.samples, "generate", fake_generate)
+    module = types.SimpleNamespace(device=torch.device("cpu"), model=None)
+    text = SampleGenerations()._continue(module, tokenizer, "", seed=0)
+    assert text == tokenizer.decode(words) == " to be"
+    assert seen["prompt"] == [tokenizer.eos_id] and tuple(seen["eos_id"]) == tokenizer.eos_ids
+
+
 def test_extending_a_finished_wsd_run_says_the_learning_rate_goes_back_up():
     from training.schedule import schedule_change_note
 
