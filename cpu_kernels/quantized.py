@@ -26,6 +26,9 @@ BITS = (4, 5, 6, 8)
 # dequantising the matrix for a float GEMM; more rows amortise the dequantisation (measured on SmolLM2's shapes:
 # the kernel 1.2-1.3x faster at 32 rows on two of its three matrix shapes, 0.45-1.5x at 64, 0.5-0.7x at 128).
 KERNEL_ROWS = 32
+PACK_ROWS = (
+    256  # output rows packed at a time while loading: their int64 fields are the load's largest transient
+)
 
 
 def _pack(fields: torch.Tensor, width: int) -> torch.Tensor:
@@ -58,6 +61,8 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """(out, in) codes in [0, 2^bits) -> int32 words (in / 32, bits, out). 8 bits: word w holds codes 4w .. 4w+3
     a byte each, the first lowest. 4, 5, 6 bits: words 0-3 hold the low nibbles of codes 8w .. 8w+7, and 5 or 6
     bits add 1 or 2 words of the top bits (`high_order`)."""
+    if codes.shape[0] > PACK_ROWS:  # a whole 1 B-class MLP matrix: half a GB of int64 fields
+        return torch.cat([pack_codes(rows, bits) for rows in codes.split(PACK_ROWS)], dim=2)
     out, inp = codes.shape
     blocks = codes.to(torch.int64).view(out, inp // BLOCK, BLOCK)
     if bits == 8:
@@ -80,6 +85,7 @@ class QuantizedLinear(nn.Module):
         bits: 4, 5, 6 or 8.
         block: codes per block, 32 or 16.
         offset: the code of weight 0 where there is no minimum (Q4_0's 8, Q5_0's 16, Q6_K's 32, Q8_0's 128).
+        bias: (out,) float added to the product (Qwen2's q/k/v), or None.
     """
 
     def __init__(
@@ -90,6 +96,7 @@ class QuantizedLinear(nn.Module):
         bits: int,
         block: int = BLOCK,
         offset: int = 0,
+        bias: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         if bits not in BITS or block not in BLOCK_SIZES or codes.shape[1] % BLOCK:
@@ -106,6 +113,7 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("words", pack_codes(codes, bits))
         self.register_buffer("scale", scale.t().contiguous().float())  # (in / block, out)
         self.register_buffer("minimum", None if minimum is None else minimum.t().contiguous().float())
+        self.register_buffer("bias", bias)
         order = high_order(bits - 4) if bits in (5, 6) else []
         self._high = sorted(range(len(order)), key=order.__getitem__)  # code j's place among the high fields
         if codes.device.type == "cpu":
@@ -148,14 +156,17 @@ class QuantizedLinear(nn.Module):
             and not x.requires_grad
             and row_product_op()
         ):
-            return row_product_op()(x, self.words, self.scale, self.minimum, self.offset)
+            y = row_product_op()(x, self.words, self.scale, self.minimum, self.offset)
+            return y if self.bias is None else y + self.bias
         if rows != 1:
-            return F.linear(x, self.dequantize().to(x.dtype))
+            return F.linear(x, self.dequantize().to(x.dtype), self.bias)
         # The same sum in torch, block by block (which Inductor fuses): where the C++ kernel cannot run.
         blocks = x.float().reshape(-1, self.block, 1)
         y = (self.scale * (self.codes() * blocks).sum(1)).sum(0)
         if self.minimum is not None:
             y = y + (self.minimum * blocks.sum(1)).sum(0)
+        if self.bias is not None:
+            y = y + self.bias
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

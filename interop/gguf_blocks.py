@@ -159,9 +159,11 @@ def linear_weights(model: GPT) -> list[str]:
 
 def keep_blocks(model: GPT, blocks: dict[str, Blocks]) -> None:
     """Replace the linear layers whose weight is in `blocks` (our names, rows in rotate-half order) by
-    `QuantizedLinear`s; the embedding itself stays float32, as a step reads only its token's row."""
+    `QuantizedLinear`s, each keeping the layer's bias; the embedding itself stays float32, as a step reads only
+    its token's row."""
     for name, matrix in blocks.items():
         layer = "lm_head" if name == "wte.weight" else name.removesuffix(".weight")
         parent, _, child = layer.rpartition(".")
         module = model.get_submodule(parent) if parent else model
-        setattr(module, child, QuantizedLinear(*matrix))
+        bias = getattr(module, child).bias
+        setattr(module, child, QuantizedLinear(*matrix, bias=None if bias is None else bias.detach()))

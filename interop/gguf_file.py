@@ -18,7 +18,7 @@ from model.config import ModelConfig
 from model.gpt import GPT
 
 from .gguf_blocks import Blocks, keep_blocks, linear_weights, read_blocks, stacked
-from .hf_folder import model_config_from_hf, model_of
+from .hf_folder import assign, empty_model, model_config_from_hf
 from .names import INTERLEAVED, check_stored, from_format, from_interleaved_rope, own_tensors
 from .source import PretrainedError
 
@@ -131,20 +131,27 @@ class GGUFFile:
 
     def load(self, keep_quantized: bool = False) -> tuple[GPT, Tokenizer]:
         """Our GPT of this file (float32) and its tokenizer, read first so a vocabulary we cannot run is refused
-        before any weight. With `keep_quantized`, a linear layer stored as KEPT_TYPES keeps its block codes."""
+        before any weight. With `keep_quantized`, a linear layer stored as KEPT_TYPES keeps its block codes.
+
+        Like llama.cpp, no float model is built first: each tensor goes from the memory-mapped file into the
+        model, one at a time (a kept matrix into its blocks, never to float32; any other converted once), so the
+        peak is about the model's own size (at 1 B parameters a float detour needed 6x a Q4_K_M file).
+        """
         tokenizer = self.tokenizer()
         config = self.model_config()
-        with torch.device("meta"):
-            expected = own_tensors(GPT(config).state_dict(), config)
+        model = empty_model(config)
+        expected = own_tensors(model.state_dict(), config)
         shapes = {name: tuple(int(n) for n in reversed(t.shape)) for name, t in self._tensors.items()}
         check_stored(shapes, config, expected, "gguf", f"{self.path}:")
         interleaved = self.architecture in INTERLEAVED
-        rotate = from_interleaved_rope if interleaved else None
-        model = model_of(config, from_format(expected, config, "gguf", self._float, torch.cat, rotate))
         if keep_quantized:
             rotate = _rotate_blocks if interleaved else None
-            blocks = from_format(linear_weights(model), config, "gguf", self._blocks, stacked, rotate)
-            keep_blocks(model, blocks)
+            for name in linear_weights(model):  # one matrix at a time: its unpacked codes are transient
+                keep_blocks(model, from_format([name], config, "gguf", self._blocks, stacked, rotate))
+        # What is still on the meta device is float: the norms, the embedding, biases, matrices not kept.
+        floats = [name for name, tensor in own_tensors(model.state_dict(), config).items() if tensor.is_meta]
+        rotate = from_interleaved_rope if interleaved else None
+        assign(model, from_format(floats, config, "gguf", self._float, torch.cat, rotate))
         return model, tokenizer
 
     def _float(self, name: str) -> torch.Tensor | None:

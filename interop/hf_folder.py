@@ -7,6 +7,7 @@ key, its value and what is supported. Our RoPE is Hugging Face's rotate-half, so
 from __future__ import annotations
 
 from pathlib import Path
+from unittest.mock import patch
 
 import torch
 from safetensors.torch import load_file
@@ -221,8 +222,7 @@ def load_hf(directory: str | Path) -> GPT:
     directory = Path(directory).expanduser()
     config = read_hf_config(directory)
     tensors = load_hf_tensors(directory)
-    with torch.device("meta"):
-        expected = GPT(config)
+    expected = empty_model(config)
     shapes = {name: tuple(tensor.shape) for name, tensor in tensors.items()}
     # Old transformers versions saved the RoPE buffer; a tied lm_head may be stored too. Neither is read.
     tolerated = ("rotary_emb.inv_freq",) + (("lm_head.weight",) if config.tie_embeddings else ())
@@ -233,16 +233,38 @@ def load_hf(directory: str | Path) -> GPT:
 
 
 def model_of(config: ModelConfig, state: dict[str, torch.Tensor]) -> GPT:
-    """Our GPT made of `state`'s tensors (a tied lm_head: the embedding's, whatever `state` holds for it). Built on
-    the meta device: initialising 135 M weights only to overwrite them was a fifth of SmolLM2's load."""
-    with torch.device("meta"):
-        model = GPT(config)
-    if config.tie_embeddings:  # a stored copy of a tied lm_head (some exporters write one) is ignored
-        state = state | {"lm_head.weight": state["wte.weight"]}
-    model.load_state_dict(state, assign=True)
-    if config.tie_embeddings:  # assign gave the two names a parameter each; tied, they are one
-        model.lm_head.weight = model.wte.weight
+    """Our GPT made of `state`'s tensors (a tied lm_head: the embedding's, whatever `state` holds for it)."""
+    model = empty_model(config)
+    assign(model, state)
     return model
+
+
+def empty_model(config: ModelConfig) -> GPT:
+    """Our GPT with every tensor on the meta device, to be filled from a file. Nothing is initialised:
+    initialising 135 M weights only to overwrite them was a fifth of SmolLM2's load, and even on the meta device
+    torch's initialisers import torch._refs (2 s of a 6 s load)."""
+    untouched = {name: lambda tensor, *args, **kwargs: tensor for name in _INITIALISERS}
+    with torch.device("meta"), patch.multiple(torch.nn.init, **untouched):
+        return GPT(config)
+
+
+# The initialisers the constructors of GPT and its torch layers call.
+_INITIALISERS = ("normal_", "uniform_", "kaiming_uniform_", "zeros_", "ones_")
+
+
+def assign(model: GPT, state: dict[str, torch.Tensor]) -> None:
+    """Make `state`'s tensors the model's own (no copy), for every tensor still on the meta device; a tied
+    lm_head is the embedding's, whatever `state` holds for it (some exporters write a copy)."""
+    tied = model.config.tie_embeddings and isinstance(model.lm_head, torch.nn.Linear)
+    if tied:
+        state = state | {"lm_head.weight": state["wte.weight"]}
+    own = model.state_dict()
+    missing, unexpected = {n for n, t in own.items() if t.is_meta} - state.keys(), state.keys() - own.keys()
+    if missing or unexpected:
+        raise RuntimeError(f"tensors missing: {sorted(missing)}, unexpected: {sorted(unexpected)}")
+    model.load_state_dict(state, assign=True, strict=False)
+    if tied:  # assign gave the two names a parameter each; tied, they are one
+        model.lm_head.weight = model.wte.weight
 
 
 def load_hf_tensors(directory: Path) -> dict[str, torch.Tensor]:

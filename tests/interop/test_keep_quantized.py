@@ -40,6 +40,22 @@ def quantized_gguf(path, model, tokenizer, type_name: str):
     )
 
 
+def test_a_kept_layer_keeps_its_bias(make_model, tokenizer, tmp_path):
+    # Qwen2's q/k/v biases: the kept q/k/v layer adds them as the float one does (they were once dropped).
+    model = make_model(qkv_bias=True)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.qkv.bias.normal_(0.0, 1.0)
+    path = quantized_gguf(tmp_path / "q.gguf", model, tokenizer, "Q8_0")
+    plain, kept = load(path).model, load(path, keep_quantized=True).model
+    assert isinstance(kept.blocks[0].attn.qkv, QuantizedLinear)
+    assert torch.equal(kept.blocks[0].attn.qkv.bias, plain.blocks[0].attn.qkv.bias)
+    idx = torch.randint(plain.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (kept(idx) - plain(idx)).abs().max().item() <= 1e-4
+        assert (kept(idx[:1, :1]) - plain(idx[:1, :1])).abs().max().item() <= ONE_ROW_LOGITS
+
+
 @pytest.mark.parametrize("type_name", TYPES)
 def test_blocks_hold_the_gguf_packages_weights(type_name):
     qtype = getattr(gguf.GGMLQuantizationType, type_name)
