@@ -6,6 +6,7 @@ so interop/hf_folder.py decides what can run, as for a folder.
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from types import ModuleType
 
@@ -18,6 +19,7 @@ from model.config import ModelConfig
 from model.gpt import GPT
 
 from .gguf_blocks import Blocks, keep_blocks, linear_weights, read_blocks, stacked
+from .gguf_header import Header
 from .hf_folder import assign, empty_model, model_config_from_hf
 from .names import INTERLEAVED, check_stored, from_format, from_interleaved_rope, own_tensors
 from .source import PretrainedError
@@ -49,23 +51,6 @@ def import_gguf() -> ModuleType:
     return gguf
 
 
-def _reader_class(gguf: ModuleType) -> type:
-    """gguf's reader over a plain ndarray view of its memory map: it reads each metadata string through a slice of
-    `self.data`, and a np.memmap slice runs numpy's Python-level `__array_finalize__` (half of SmolLM2's load,
-    for its 49k tokens and merges). The same bytes, mapped the same way."""
-
-    class Reader(gguf.GGUFReader):
-        @property
-        def data(self) -> np.ndarray:
-            return self._plain
-
-        @data.setter
-        def data(self, mapped: np.ndarray) -> None:
-            self._plain = mapped.view(np.ndarray)
-
-    return Reader
-
-
 def _as_written(value: float) -> float:
     """The decimal a float32 metadata value was written from (1e-05, not 9.999999747378752e-06)."""
     return float(str(np.float32(value)))
@@ -78,12 +63,12 @@ class GGUFFile:
         gguf = import_gguf()
         self.path, self._gguf = path, gguf
         try:
-            self._reader = _reader_class(gguf)(path)
-        except Exception as err:  # the reader raises ValueError and struct/numpy errors for damaged files
+            header = Header(path, lambda type_id: gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(type_id)])
+        except (ValueError, KeyError, struct.error, UnicodeDecodeError) as err:  # what a damaged file raises
             raise PretrainedError(
                 f"{path}: cannot read this GGUF file ({type(err).__name__}); it is damaged"
             ) from err
-        self._tensors = {tensor.name: tensor for tensor in self._reader.tensors}
+        self._fields, self._tensors = header.fields, header.tensors
         self.architecture = self.field("general.architecture")
         if self.architecture not in ARCHITECTURES:
             raise PretrainedError(
@@ -93,12 +78,11 @@ class GGUFFile:
 
     def field(self, key: str, default=_MISSING):
         """A metadata value as a plain Python value; a missing key without a default is one line naming it."""
-        field = self._reader.fields.get(key)
-        if field is None:
+        if key not in self._fields:
             if default is _MISSING:
                 raise PretrainedError(f"{self.path}: GGUF metadata lacks {key!r}; the file is incomplete")
             return default
-        return field.contents()
+        return self._fields[key]
 
     def model_config(self) -> ModelConfig:
         """Our ModelConfig of this file's `<architecture>.*` metadata; anything we cannot run is one line."""
@@ -158,11 +142,12 @@ class GGUFFile:
         tensor = self._tensors.get(name)
         if tensor is None:
             return None
+        kind = self._gguf.GGMLQuantizationType(tensor.type_id)
         try:
-            array = self._gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+            array = self._gguf.quants.dequantize(tensor.data, kind)
         except NotImplementedError as err:
             raise PretrainedError(
-                f"{self.path}: tensor {tensor.name} has type {tensor.tensor_type.name}, which cannot be "
+                f"{self.path}: tensor {tensor.name} has type {kind.name}, which cannot be "
                 "dequantised; convert the file to f16, bf16, q8_0 or another common quantisation"
             ) from err
         shape = [int(n) for n in reversed(tensor.shape)]  # GGUF lists the fastest-varying dimension first
@@ -171,7 +156,9 @@ class GGUFFile:
 
     def _blocks(self, name: str) -> Blocks | None:
         tensor = self._tensors.get(name)
-        return None if tensor is None else read_blocks(tensor.data, tensor.tensor_type.name)
+        if tensor is None:
+            return None
+        return read_blocks(tensor.data, self._gguf.GGMLQuantizationType(tensor.type_id).name)
 
     def tokenizer(self) -> Tokenizer:
         """The tokenizer of the `tokenizer.ggml.*` vocabulary and chat template."""
