@@ -21,7 +21,14 @@ from model.gpt import GPT
 from .gguf_blocks import Blocks, keep_blocks, linear_weights, read_blocks, stacked
 from .gguf_header import Header
 from .hf_folder import assign, empty_model, model_config_from_hf
-from .names import INTERLEAVED, check_stored, from_format, from_interleaved_rope, own_tensors
+from .names import (
+    INTERLEAVED,
+    check_layer_count,
+    check_stored,
+    from_format,
+    from_interleaved_rope,
+    own_tensors,
+)
 from .source import PretrainedError
 
 _MISSING = object()
@@ -123,6 +130,7 @@ class GGUFFile:
         """
         tokenizer = self.tokenizer()
         config = self.model_config()
+        check_layer_count(self._tensors, config, "gguf", f"{self.path}: {self.architecture}.block_count")
         model = empty_model(config)
         expected = own_tensors(model.state_dict(), config)
         shapes = {name: tuple(int(n) for n in reversed(t.shape)) for name, t in self._tensors.items()}

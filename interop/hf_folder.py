@@ -17,7 +17,7 @@ from common.model_files import ModelFileError, check_types, read_json_object
 from model.config import ModelConfig
 from model.gpt import GPT
 
-from .names import check_stored, from_format, to_format
+from .names import check_layer_count, check_stored, from_format, to_format
 from .source import PretrainedError
 
 WEIGHTS_NAME = "model.safetensors"
@@ -222,6 +222,7 @@ def load_hf(directory: str | Path) -> GPT:
     directory = Path(directory).expanduser()
     config = read_hf_config(directory)
     tensors = load_hf_tensors(directory)
+    check_layer_count(tensors, config, "hf", f"{directory}: config.json's num_hidden_layers")
     expected = empty_model(config)
     shapes = {name: tuple(tensor.shape) for name, tensor in tensors.items()}
     # Old transformers versions saved the RoPE buffer; a tied lm_head may be stored too. Neither is read.

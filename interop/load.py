@@ -68,7 +68,21 @@ def load(
             f"{source.path}: the tokenizer has {tokenizer.vocab_size} ids but the model only "
             f"{model.config.vocab_size} embeddings; the files belong to different models"
         )
+    refuse_non_finite(model, source.path)
     return Loaded(model.to(device=device, dtype=dtype).eval(), tokenizer, source)
+
+
+def refuse_non_finite(model: GPT, path: Path) -> None:
+    """One line naming the first tensor that holds a NaN or an infinity: torch's CPU attention turns NaN queries
+    into finite outputs, so a damaged q/k/v weight would otherwise decode plausible text."""
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            layer = name.split(".")[1] if name.startswith("blocks.") else None
+            where = f" (layer {layer})" if layer is not None else ""
+            raise PretrainedError(
+                f"{path}: tensor {name}{where} holds NaN or infinite values; the file is damaged: download or "
+                "export it again"
+            )
 
 
 def read_config(name: str | Path, revision: str | None = None) -> tuple[Source, ModelConfig]:

@@ -149,6 +149,19 @@ def check_stored(
             )
 
 
+def check_layer_count(stored: Iterable[str], config: ModelConfig, fmt: Format, where: str) -> None:
+    """One-line PretrainedError unless the stored tensor names hold `config.n_layer` blocks: checked before a
+    model is built, so a damaged layer count (10**12) is refused, not allocated."""
+    prefix = getattr(TABLE["blocks.{i}.attn_norm.weight"][0], fmt).partition("{i}")[0]
+    pattern = re.compile(re.escape(prefix) + r"(\d+)\.")
+    found = 1 + max((int(m.group(1)) for name in stored if (m := pattern.match(name))), default=-1)
+    if found != config.n_layer:
+        raise PretrainedError(
+            f"{where} says {config.n_layer} layers but the weights hold {found}; the file is damaged or belongs "
+            "to another model"
+        )
+
+
 def to_interleaved_rope(rows: torch.Tensor, n_heads: int) -> torch.Tensor:
     """q or k rows (n_heads * D, ...) reordered from rotate-half pairs to adjacent pairs per head."""
     halves = rows.reshape(n_heads, 2, rows.shape[0] // n_heads // 2, *rows.shape[1:])  # (H, 2, D/2, ...)

@@ -108,3 +108,36 @@ def test_every_tensor_type_the_gguf_package_reads_loads_bit_exact(make_model, to
     direct = torch.from_numpy(dequantized("token_embd.weight", embedding)[0])  # the gguf package's own values
     assert torch.equal(stored.wte.weight, direct)
     assert not torch.equal(stored.wte.weight, model.wte.weight) or type_name in ("F32", "F16", "BF16")
+
+
+@pytest.mark.parametrize(("tensor", "layer"), [("blk.1.attn_q.weight", 1), ("blk.0.attn_v.weight", 0),
+                                               ("blk.1.ffn_norm.weight", 1)])  # fmt: skip
+@pytest.mark.parametrize("kept", [False, True], ids=["float", "kept-q8_0"])
+def test_nan_in_a_weight_is_one_line_naming_its_layer(make_model, tokenizer, tmp_path, tensor, layer, kept):
+    # torch's CPU attention gives finite outputs for NaN queries: without this check the model decoded text.
+    q8_0 = gguf.GGMLQuantizationType.Q8_0
+
+    def store(name, array):
+        if name == tensor:
+            array = array.copy()
+            array.flat[::7] = np.nan
+        return (gguf.quants.quantize(array, q8_0), q8_0) if kept and array.ndim == 2 else (array, None)
+
+    path = write_gguf(tmp_path / "nan.gguf", make_model(), tokenizer, store)
+    with pytest.raises(PretrainedError) as error:
+        load(path, keep_quantized=kept)
+    message = str(error.value)
+    assert f"(layer {layer}) holds NaN or infinite values" in message and "\n" not in message, message
+    assert message.startswith(str(path))
+
+
+def test_a_layer_count_the_weights_do_not_hold_is_one_line_before_building(make_model, tokenizer, tmp_path):
+    import json
+
+    from interop.export_hf import export_hf
+
+    folder = export_hf(make_model(), tokenizer, tmp_path / "hf")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"num_hidden_layers": 5000}))
+    with pytest.raises(PretrainedError, match="num_hidden_layers says 5000 layers but the weights hold 2"):
+        load(folder)
