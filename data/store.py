@@ -6,6 +6,7 @@ a later run would trust; a killed build leaves `tokens-<sha>.building/` for the 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from collections.abc import Callable, Iterator
@@ -179,7 +180,49 @@ def is_complete(folder: Path) -> bool:
 
 
 def read_meta(folder: Path) -> dict[str, Any]:
-    return json.loads((folder / META_FILE).read_text(encoding="utf-8"))
+    """meta.json of a complete folder; a damaged one is one line saying how to rebuild the folder."""
+    try:
+        meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise damaged(folder / META_FILE, f"not JSON: {error}") from None
+    if not isinstance(meta, dict):
+        raise damaged(folder / META_FILE, "not a JSON object")
+    return meta
+
+
+def damaged(path: Path, why: str) -> DataConfigError:
+    """The one line for a damaged file of a complete folder: the folder is derived data, rebuilt by removing it."""
+    return DataConfigError(
+        f"{path}: the data cache is damaged ({why}); remove {path.parent} and run again to rebuild it"
+    )
+
+
+def file_records(folder: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    """Bytes and sha256 of the files `names` of a folder, for meta.json (written after them)."""
+    return {
+        name: {"bytes": (folder / name).stat().st_size, "sha256": _sha256(folder / name)} for name in names
+    }
+
+
+def check_files(folder: Path, meta: dict[str, Any]) -> None:
+    """Each file meta.json records is whole: its size, then its sha256 (a zeroed part keeps its size). A folder
+    built before the records were kept is trusted as before."""
+    for name, record in meta.get("files", {}).items():
+        path = folder / name
+        if not path.is_file():
+            raise damaged(path, "missing")
+        if path.stat().st_size != record["bytes"]:
+            raise damaged(path, f"{path.stat().st_size} bytes, built with {record['bytes']}")
+        if _sha256(path) != record["sha256"]:
+            raise damaged(path, "its contents changed since it was built")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def stream_stats(tokens: np.ndarray, token_bytes: list[bytes]) -> dict[str, int]:
@@ -225,6 +268,9 @@ def write_meta(
         **details,
     }
     tokenizer.save(folder / TOKENIZER_FILE)
+    recorded = [name for names in [*files.values(), *(masks or {}).values()] for name in names]
+    recorded += [name for name in (TOKENIZER_FILE, HELDOUT_FILE) if (folder / name).is_file()]
+    meta["files"] = file_records(folder, recorded)
     (folder / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
     return meta
 
@@ -246,6 +292,7 @@ class DataFolder:
 def open_data(folder: Path) -> DataFolder:
     """Memory-map a complete folder (token cache or streaming) read-only."""
     meta = read_meta(folder)
+    check_files(folder, meta)
     files, masks, dtype = meta.get("parts", {"val": [VAL_FILE]}), meta.get("masks", {}), meta["dtype"]
     heldout = [] if "parts" in meta else json.loads((folder / HELDOUT_FILE).read_text(encoding="utf-8"))
     return DataFolder(

@@ -149,3 +149,42 @@ def test_the_plan_counts_each_byte_of_text_once(monkeypatch, part_bytes: int) ->
         result = plan.plan_parts(corpus, None, "text", "data.data_files", 0.5)
         counted = sum(part.text_bytes for part in result.train + result.val)
         assert counted == sum(len(text) for text in corpus["text"])
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _zero(path: Path) -> None:
+    path.write_bytes(bytes(path.stat().st_size))
+
+
+DAMAGE = {  # file of the built folder -> what happens to it
+    "truncated meta.json": (META_FILE, _truncate),
+    "meta.json not an object": (META_FILE, lambda path: path.write_text("[1, 2]")),
+    "truncated train part": ("train-00000.bin", _truncate),
+    "zeroed val part": ("val-00000.bin", _zero),
+    "missing tokenizer.json": ("tokenizer.json", os.remove),
+    "zeroed tokenizer.json": ("tokenizer.json", _zero),
+    "streaming: zeroed val.bin": ("val.bin", _zero),
+    "streaming: truncated heldout.json": ("heldout.json", _truncate),
+}
+
+
+@pytest.mark.parametrize(("name", "damage"), DAMAGE.values(), ids=DAMAGE.keys())
+def test_a_damaged_cache_file_is_one_line_naming_it(
+    jsonl_corpus: Path, cache_dir: Path, name, damage
+) -> None:
+    from data import DataConfigError
+
+    streaming = name in ("val.bin", "heldout.json")
+    kind = {"streaming": True, "val_docs": 5} if streaming else {}
+    folder = _module(jsonl_corpus, cache_dir, **kind).val_tokens.files[0].parent
+    damage(folder / name)
+    before = {path.name: path.read_bytes() for path in folder.iterdir()}
+    with pytest.raises(DataConfigError) as error:
+        _module(jsonl_corpus, cache_dir, **kind)
+    message = str(error.value)
+    assert message.startswith(f"{folder / name}: the data cache is damaged") and "\n" not in message, message
+    assert f"remove {folder} and run again" in message
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == before  # nothing rewritten
