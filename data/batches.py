@@ -180,12 +180,12 @@ class ValWindows(Dataset):
 
 
 class Loader(DataLoader):
-    """Our DataLoader: pinned memory on a GPU machine, workers that leave Ctrl-C to the main process, and their
-    UserErrors keeping their own line."""
+    """Our DataLoader: pinned memory on a GPU machine, workers that leave Ctrl-C and SIGTERM to the main process,
+    and their UserErrors keeping their own line."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("pin_memory", torch.cuda.is_available())
-        kwargs.setdefault("worker_init_fn", leave_ctrl_c_to_the_main_process)
+        kwargs.setdefault("worker_init_fn", leave_stop_signals_to_the_main_process)
         super().__init__(*args, **kwargs)
 
     def __iter__(self) -> Iterator:
@@ -217,7 +217,10 @@ class _WorkerErrorLines:
         return getattr(self.batches, name)
 
 
-def leave_ctrl_c_to_the_main_process(worker_id: int) -> None:
-    """DataLoader workers ignore Ctrl-C: a terminal sends it to every process of the job, and a worker that died
-    of it would end the run with "worker exited unexpectedly" instead of the trainer's save at a step boundary."""
+def leave_stop_signals_to_the_main_process(worker_id: int) -> None:
+    """DataLoader workers ignore Ctrl-C and SIGTERM: a terminal sends Ctrl-C to every process of the job, SLURM and
+    Kubernetes send SIGTERM to the whole process group, and a worker killed by either ended the run with
+    "DataLoader worker ... killed by signal" (inside the save of last.ckpt) instead of the trainer's save at a
+    step boundary. The main process still stops them: it ends their loop, and they exit when it does."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,16 +28,41 @@ def final_weights(run_dir: Path) -> dict:
     return ckpt["state_dict"]
 
 
-def test_sigterm_saves_then_resume_matches_uninterrupted(script, tiny_args, tmp_path):
+# Who receives the SIGTERM, and the data loading it meets: the process alone (`kill PID`), or its whole process
+# group as SLURM and Kubernetes send it, DataLoader workers and a streaming loader's workers included.
+STOPS = {
+    "process": (False, []),
+    "group, 2 workers": (True, ["--data.num_workers", "2"]),
+    "group, streaming, 2 workers": (
+        True,
+        [
+            "--data.num_workers",
+            "2",
+            "--data.streaming",
+            "true",
+            "--data.text_sample_by",
+            "paragraph",
+            "--data.val_docs",
+            "50",
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize(("group", "data"), STOPS.values(), ids=STOPS.keys())
+def test_sigterm_saves_then_resume_matches_uninterrupted(script, tiny_args, tmp_path, group, data):
     pause = {"class_path": "tests.training.pause_at_step.PauseAtStep", "init_args": {"step": STOP_AT}}
-    args = tiny_args(tmp_path / "stopped", *QUIET, f"--trainer.callbacks+={json.dumps(pause)}")
+    args = tiny_args(tmp_path / "stopped", *QUIET, *data, f"--trainer.callbacks+={json.dumps(pause)}")
     # stderr goes to a file, so a chatty stderr cannot fill its pipe and block the run.
     with open(tmp_path / "stderr.txt", "w+") as stderr_file:
         proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr_file,
-                                text=True, env=dict(os.environ))  # fmt: skip
+                                text=True, env=dict(os.environ), start_new_session=group)  # fmt: skip
         cue = next((line for line in proc.stdout if CUE in line), None)
         assert cue is not None, "training never paused:\n" + (tmp_path / "stderr.txt").read_text()[-2000:]
-        proc.send_signal(signal.SIGTERM)
+        if group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=120)
         stderr_file.seek(0)
         stderr = stderr_file.read()
@@ -46,8 +72,9 @@ def test_sigterm_saves_then_resume_matches_uninterrupted(script, tiny_args, tmp_
     last = tmp_path / "stopped" / "tiny" / "checkpoints" / "last.ckpt"
     assert int(reported[1]) == STOP_AT == torch.load(last, weights_only=True)["global_step"]
 
-    script(*tiny_args(tmp_path / "stopped", *QUIET, "--ckpt_path", "last"))
-    script(*tiny_args(tmp_path / "straight", *QUIET))
+    assert "Traceback" not in stderr, stderr[-2000:]
+    script(*tiny_args(tmp_path / "stopped", *QUIET, *data, "--ckpt_path", "last"))
+    script(*tiny_args(tmp_path / "straight", *QUIET, *data))
     resumed = final_weights(tmp_path / "stopped" / "tiny")
     straight = final_weights(tmp_path / "straight" / "tiny")
     assert straight.keys() == resumed.keys()
