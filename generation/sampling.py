@@ -4,7 +4,9 @@ rule (`Stop`) and window rule (`context_start`, kept by `Context`). `generate` i
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 from collections.abc import Callable, Collection
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -187,11 +189,13 @@ class Context:
             return max(0, n - self.block_size)
         return context_start(self.start, n, self.block_size)
 
-    # Eager even for a model compiled in place (`model.compile()`, as training with `compile: true` does):
-    # that graph specialises on the cache position and would be rebuilt at every step.
-    @torch.compiler.set_stance("force_eager")
     def eager(self, tokens: torch.Tensor, cache: KVCache | None, count: int) -> torch.Tensor:
-        return self.model(tokens, cache, last_only=count == 1)[:, -count:]
+        # Eager even for a model compiled in place (`model.compile()`, as training with `compile: true` does):
+        # that graph specialises on the cache position and would be rebuilt at every step. Nothing is compiled
+        # before torch._dynamo is imported, and importing it is 1.4 s of a plain run's start.
+        compiled = "torch._dynamo" in sys.modules
+        with torch.compiler.set_stance("force_eager") if compiled else contextlib.nullcontext():
+            return self.model(tokens, cache, last_only=count == 1)[:, -count:]
 
     def keep(self, n: int) -> None:
         """The first n tokens of the sequence are final; forget any cached after them (a re-rendered chat)."""

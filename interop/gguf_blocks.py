@@ -35,6 +35,23 @@ def read_blocks(data: np.ndarray, type_name: str) -> Blocks | None:
     return reader(torch.from_numpy(np.ascontiguousarray(data).reshape(data.shape[0], -1, block_bytes).copy()))
 
 
+def dequantized(matrix: Blocks, rows: int = 1024) -> torch.Tensor:
+    """The float32 weights (out, in) of `matrix`, `rows` at a time: the arithmetic of `QuantizedLinear.dequantize`
+    (so the same bits as the `gguf` package's), without the whole matrix's float codes beside the result."""
+    out_features, in_features = matrix.codes.shape
+    weight = torch.empty(out_features, in_features)
+    for start in range(0, out_features, rows):
+        part = slice(start, start + rows)
+        values = matrix.codes[part].reshape(-1, in_features // matrix.block, matrix.block).float()
+        if matrix.offset:
+            values.sub_(matrix.offset)
+        values.mul_(matrix.scale[part, :, None])
+        if matrix.minimum is not None:
+            values.add_(matrix.minimum[part, :, None])
+        weight[part] = values.view(-1, in_features)
+    return weight
+
+
 def _half(raw: torch.Tensor) -> torch.Tensor:
     """(rows, nb, 2) bytes -> (rows, nb, 1) float32 of the little-endian float16 they hold."""
     return raw.contiguous().view(torch.float16).float()

@@ -18,7 +18,7 @@ from data.tokenizer import Tokenizer
 from model.config import ModelConfig
 from model.gpt import GPT
 
-from .gguf_blocks import Blocks, keep_blocks, linear_weights, read_blocks, stacked
+from .gguf_blocks import Blocks, dequantized, keep_blocks, linear_weights, read_blocks, stacked
 from .gguf_header import Header
 from .hf_folder import assign, empty_model, model_config_from_hf
 from .names import (
@@ -150,6 +150,9 @@ class GGUFFile:
         tensor = self._tensors.get(name)
         if tensor is None:
             return None
+        blocks = self._blocks(name)
+        if blocks is not None:  # in chunks: numpy's dequantisation held ~4 float copies (SmolLM2's embedding)
+            return dequantized(blocks)
         kind = self._gguf.GGMLQuantizationType(tensor.type_id)
         try:
             array = self._gguf.quants.dequantize(tensor.data, kind)

@@ -71,6 +71,25 @@ def test_a_tiny_temperature_samples_the_greedy_tokens(temperature):
     assert torch.equal(picked, greedy)
 
 
+def test_a_plain_decode_never_imports_the_compiler():
+    # torch._dynamo takes 1.4 s to import: half of a small model's start, for a run that compiles nothing.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys, torch\n"
+        "from generation.sampling import generate\n"
+        "from model import GPT, ModelConfig\n"
+        "model = GPT(ModelConfig(vocab_size=64, block_size=24, n_layer=2, n_head=4, n_kv_head=2, n_embd=32))\n"
+        "generate(model, torch.zeros(1, 3, dtype=torch.long), 5, temperature=0.0)\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "False", result.stderr[-2000:]
+
+
 def test_a_model_compiled_in_place_decodes_eagerly_without_a_graph_per_position():
     """Training with `compile: true` compiles the GPT in place and its samples callback calls `generate`: a
     compiled forward would specialise on the cache position and be rebuilt at every step."""
