@@ -86,7 +86,9 @@ def test_a_plain_decode_never_imports_the_compiler():
         "print('torch._dynamo' in sys.modules)\n"
     )
     root = Path(__file__).resolve().parents[2]
-    result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120
+    )
     assert result.stdout.strip() == "False", result.stderr[-2000:]
 
 
