@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import os
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -86,6 +87,7 @@ SMOKE_TESTS = {
     "decode",
     "decode_vs_hf",
     "finetune",
+    "gguf_vs_llamacpp",
     "shakespeare_budget",
 }
 
@@ -192,3 +194,20 @@ def test_decode_vs_hf_smollm2(tmp_path):
     out = run_benchmark(tmp_path, "decode_vs_hf", "--configs", "smollm2", *tiny, timeout=600)
     assert "target: ours >=" in out and "ours Q4_1 " in out and "same tokens as ours: False" not in out
     assert ("llama.cpp f32" in out and "llama.cpp Q4_1" in out) == probe_built()
+
+
+@pytest.mark.slow
+def test_gguf_vs_llamacpp(tmp_path, monkeypatch):
+    """The small built file: llama.cpp's converter and quantiser, then every side of the table."""
+    needs_smollm2()
+    if not probe_built():
+        pytest.skip("llama.cpp not built")
+    monkeypatch.setenv("GQA_GPT_GGUF_DIR", str(tmp_path / "gguf"))
+    out = run_benchmark(tmp_path, "gguf_vs_llamacpp", "--size", "tiny", "--repeats", "1", "--threads", "1",
+                        timeout=600)  # fmt: skip
+    assert "llama-tiny-random.Q4_K_M.gguf" in out and "start ours / llama.cpp:" in out
+    speeds = [line for line in out.splitlines() if "thread(s): tg128" in line]
+    assert [line.split()[0] for line in speeds] == ["blocks", "f32"], out
+    assert all(re.search(r"\| .+ \(.+\), \d+ CPUs$", line) for line in speeds), (
+        speeds
+    )  # the CPU on every line

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Build llama.cpp's static libraries, our probe program and llama.cpp's llama-quantize, cached under ~/.cache per
-# llama.cpp version.
+# Build llama.cpp's static libraries, our probe program and llama.cpp's llama-quantize, llama-bench and llama-simple,
+# cached under ~/.cache per llama.cpp version.
 #
 #   tools/llamacpp/build.sh                   builds what is missing; prints the path of the llamacpp-probe binary last
 #   tools/llamacpp/build.sh --where           only prints where that binary is (or would be), builds nothing
 #   tools/llamacpp/build.sh --where-quantize  the same for the llama-quantize binary
+#   tools/llamacpp/build.sh --where-bench     the same for llama-bench
+#   tools/llamacpp/build.sh --where-simple    the same for llama-simple
 #   tools/llamacpp/build.sh --where-converter the path of llama.cpp's convert_hf_to_gguf.py in the unpacked sources
 #
 # The llama.cpp sources come from the llama-cpp-python sdist, which vendors a pinned llama.cpp. The build folder
@@ -18,14 +20,18 @@ ROOT="${GQA_LLAMACPP_CACHE:-$HOME/.cache/gqa-gpt/llamacpp}"
 BUILD="$ROOT/build-$VERSION-$(uname -m)"
 PROBE="$ROOT/bin-$VERSION-$(uname -m)-$KEY/llamacpp-probe"
 QUANTIZE="$(dirname "$PROBE")/llama-quantize"
+BENCH="$(dirname "$PROBE")/llama-bench"
+SIMPLE="$(dirname "$PROBE")/llama-simple"
 case "${1:-}" in
     --where) echo "$PROBE"; exit 0 ;;
     --where-quantize) echo "$QUANTIZE"; exit 0 ;;
+    --where-bench) echo "$BENCH"; exit 0 ;;
+    --where-simple) echo "$SIMPLE"; exit 0 ;;
     --where-converter) echo "$ROOT/src-$VERSION/vendor/llama.cpp/convert_hf_to_gguf.py"; exit 0 ;;
     "") ;;
-    *) echo "usage: $0 [--where | --where-quantize | --where-converter]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--where | --where-quantize | --where-bench | --where-simple | --where-converter]" >&2; exit 2 ;;
 esac
-if [[ -x "$PROBE" && -x "$QUANTIZE" ]]; then
+if [[ -x "$PROBE" && -x "$QUANTIZE" && -x "$BENCH" && -x "$SIMPLE" ]]; then
     echo "$PROBE"
     exit 0
 fi
@@ -53,11 +59,11 @@ fi
 # Native code for this CPU: the cache is per machine, and the benchmark compares against llama.cpp at its best.
 cmake -S "$HERE" -B "$BUILD" -G "Unix Makefiles" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
     -DLLAMA_CPP_DIR="$SRC/vendor/llama.cpp" > "$LOG" 2>&1 || { tail -20 "$LOG" >&2; exit 1; }
-cmake --build "$BUILD" --target llamacpp-probe llama-quantize -j "${GQA_LLAMACPP_JOBS:-2}" >> "$LOG" 2>&1 \
+cmake --build "$BUILD" --target llamacpp-probe llama-quantize llama-bench llama-simple -j "${GQA_LLAMACPP_JOBS:-2}" >> "$LOG" 2>&1 \
     || { tail -20 "$LOG" >&2; exit 1; }
 mkdir -p "$(dirname "$PROBE")"
 # Copied under a temporary name and renamed, so a reader never finds half a binary.
-for binary in "$BUILD/llamacpp-probe" "$BUILD/llama-quantize"; do
+for binary in "$BUILD/llamacpp-probe" "$BUILD/llama-quantize" "$BUILD/llama-bench" "$BUILD/llama-simple"; do
     target="$(dirname "$PROBE")/$(basename "$binary")"
     cp "$binary" "$target.partial"
     mv "$target.partial" "$target"
