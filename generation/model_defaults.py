@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from common.errors import UserError
-from data.pretrained_tokenizer import read_generation_config
 from generation.sampling import Sampler
+from interop.tokenizer_files import read_generation_config
 
 # transformers' GenerationConfig defaults, used for the fields a model's generation_config.json leaves out.
 TRANSFORMERS_SAMPLING = {

@@ -18,19 +18,19 @@ import torch
 
 from common.errors import UserError, run_command
 from common.files import atomic_path, refuse_existing
-from data import pre_tokenizers
-from data.pretrained_tokenizer import (
+from data.tokenizer import Tokenizer
+from interop.tokenizer_files import (
     GGUF_CONTROL,
     GGUF_NORMAL,
     GGUF_UNUSED,
     GGUF_USER_DEFINED,
     GGUFVocabulary,
 )
-from data.tokenizer import Tokenizer
 from model.attention import inverse_frequencies
 from model.config import ModelConfig
 from model.gpt import GPT
 
+from . import pre_tokenizers
 from .gguf_file import HYPERPARAMETERS, VOCABULARY, import_gguf
 from .hf_folder import hf_config_dict, hf_model_type
 from .load import export_parser, load_for_export

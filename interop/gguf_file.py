@@ -13,8 +13,8 @@ from types import ModuleType
 import numpy as np
 import torch
 
-from data.pretrained_tokenizer import GGUFVocabulary, tokenizer_from_gguf
 from data.tokenizer import Tokenizer
+from interop.tokenizer_files import GGUFVocabulary, tokenizer_from_gguf
 from model.config import ModelConfig
 from model.gpt import GPT
 

@@ -13,10 +13,10 @@ import torch
 from safetensors.torch import load_file
 
 from common.errors import UserError, first_line
-from common.model_files import ModelFileError, check_types, read_json_object
 from model.config import ModelConfig
 from model.gpt import GPT
 
+from .model_files import ModelFileError, check_types, read_json_object
 from .names import check_layer_count, check_stored, from_format, to_format
 from .source import PretrainedError
 

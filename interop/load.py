@@ -14,8 +14,8 @@ import torch
 from checkpoints.format import META_KEY, load_checkpoint, read_checkpoint
 from common.errors import OneLineParser
 from common.files import refuse_existing
-from data.pretrained_tokenizer import tokenizer_from_hf_folder
 from data.tokenizer import Tokenizer
+from interop.tokenizer_files import tokenizer_from_hf_folder
 from model.config import ModelConfig
 from model.gpt import GPT
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import UserError
-from data.pretrained_tokenizer import same_backend
 from data.tokenizer import Tokenizer
 from interop import Source, read_config, read_tokenizer
+from interop.tokenizer_files import same_backend
 from model import ModelConfig
 
 # Training choices a fine-tuning run may set; every other ModelConfig field is the pretrained architecture.

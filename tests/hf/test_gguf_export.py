@@ -12,10 +12,10 @@ import torch
 
 import interop.gguf_file as gguf_file
 from common.errors import UserError, run_command
-from data.pretrained_tokenizer import GGUF_CONTROL, GGUF_NORMAL, GGUF_UNUSED
 from data.tokenizer import Tokenizer
 from interop.export_gguf import export_gguf, main
 from interop.names import from_interleaved_rope, to_interleaved_rope
+from interop.tokenizer_files import GGUF_CONTROL, GGUF_NORMAL, GGUF_UNUSED
 from model.attention import Rope, apply_rope
 from tests.hf.test_hf_export_cli import write_checkpoint
 

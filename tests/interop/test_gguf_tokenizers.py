@@ -1,5 +1,5 @@
 """A pretrained model's own tokenizer goes to GGUF under the pre-tokenizer name llama.cpp knows it by
-(data/pre_tokenizers.py), with its special tokens, BOS/EOS rule and chat template; llama.cpp then tokenizes and
+(interop/pre_tokenizers.py), with its special tokens, BOS/EOS rule and chat template; llama.cpp then tokenizes and
 greedy-decodes as we do. The tokenizers are tiny BPEs trained here with each model family's tokenizer.json
 pipeline (SmolLM2's digits, Qwen2's and Llama 3's split regexes), read from Hugging Face folders as a real one is.
 """
@@ -15,12 +15,12 @@ from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, tra
 from tokenizers import Tokenizer as BackendTokenizer
 
 from common.errors import UserError
-from data import pre_tokenizers as table
-from data.pretrained_tokenizer import GGUF_CONTROL, tokenizer_from_hf_folder
 from data.tokenizer import Tokenizer
 from generation.sampling import generate
 from interop import load
+from interop import pre_tokenizers as table
 from interop.export_gguf import export_gguf
+from interop.tokenizer_files import GGUF_CONTROL, tokenizer_from_hf_folder
 from tests.hf.conftest import training_texts
 from tests.hf.test_gguf_llamacpp import (  # noqa: F401 (the probe fixture)
     MIXED_TEXT,

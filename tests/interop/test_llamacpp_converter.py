@@ -29,7 +29,7 @@ from tests.hf.test_hf_architectures import save_tiny
 gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.slow
 
-# As Qwen2's tokenizer.json spells its split (written out here, not taken from data/pre_tokenizers.py).
+# As Qwen2's tokenizer.json spells its split (written out here, not taken from interop/pre_tokenizers.py).
 QWEN2_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 # Runs the converter as its own __main__ with the pre-tokenizer lookup answered (see the module docstring).
 RUN_CONVERTER = """

@@ -9,9 +9,9 @@ import pytest
 from huggingface_hub.errors import LocalEntryNotFoundError
 
 from common.errors import UserError
-from data.pretrained_tokenizer import read_generation_config
 from interop import load, read_config
 from interop.export_hf import export_hf
+from interop.tokenizer_files import read_generation_config
 from tests.conftest import run_generate
 
 

@@ -1,12 +1,12 @@
 """Reading a model's JSON files (config.json, generation_config.json), every field type-checked into one line;
-shared by the tokenizer reader (data/) and the config reader (interop/)."""
+shared by the tokenizer reader (tokenizer_files.py) and the config reader (hf_folder.py)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from .errors import UserError
+from common.errors import UserError
 
 TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", list: "a list"}
 

@@ -12,9 +12,10 @@ from tokenizers import AddedToken, decoders, models
 from tokenizers import Tokenizer as BackendTokenizer
 
 from common.errors import UserError, first_line
-from common.model_files import check_ids, check_types, read_json_object
-from data import pre_tokenizers
 from data.tokenizer import Tokenizer, TokenRules, split_tokenizer_json
+
+from . import pre_tokenizers
+from .model_files import check_ids, check_types, read_json_object
 
 # Token types of a GGUF vocabulary (gguf.TokenType): control tokens are special, user-defined ones are added,
 # unused ones pad the vocabulary to the embedding's rows.
