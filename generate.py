@@ -104,9 +104,12 @@ def pick_device(name: str) -> torch.device:
 
 
 def note_kept_blocks(model: torch.nn.Module, args: argparse.Namespace) -> None:
-    """One stderr line on what --keep_quantized kept."""
+    """One stderr line on what a GGUF's load kept in blocks (by default on the CPU, or asked with
+    --keep_quantized), so a user knows which weights decode; nothing for a source without blocks."""
     layers = [m for m in model.modules() if isinstance(m, (torch.nn.Linear, QuantizedLinear))]
     kept = [m for m in layers if isinstance(m, QuantizedLinear)]
+    if not kept and not args.keep_quantized:
+        return
     if not kept:
         print(f"note: --keep_quantized: {args.checkpoint} has no {'/'.join(KEPT_TYPES)} matrix to keep (its "
               "linear layers are float), so this run is the same as without the flag", file=sys.stderr)  # fmt: skip
@@ -134,8 +137,7 @@ def run(args: argparse.Namespace) -> None:
         args.checkpoint, args.revision, device, dtype, args.keep_quantized or (None if by_default else False)
     )
     model, tokenizer = loaded.model, loaded.tokenizer
-    if args.keep_quantized:
-        note_kept_blocks(model, args)
+    note_kept_blocks(model, args)
     if args.chat and tokenizer.chat_template is None:  # before any note about sampling
         raise UserError(f"--chat: {args.checkpoint} has no chat template (tokenizer_config.json or the GGUF's "
                         "tokenizer.chat_template); drop --chat and pass --prompt")  # fmt: skip

@@ -24,8 +24,10 @@ def fit() -> int | None:
 
     ctrl_c = GracefulCtrlC()
     try:
-        # exit_on_error=False turns jsonargparse's usage dump into an exception we print as one line.
-        GPTCLI(LitGPT, TextDataModule, save_config_kwargs={"overwrite": True}, parser_kwargs={"exit_on_error": False},
+        # exit_on_error=False turns jsonargparse's usage dump into an exception we print as one line; without
+        # allow_abbrev=False a mistyped --trainer.max_step was silently taken as --trainer.max_steps.
+        parser_kwargs = {"exit_on_error": False, "allow_abbrev": False}
+        GPTCLI(LitGPT, TextDataModule, save_config_kwargs={"overwrite": True}, parser_kwargs=parser_kwargs,
                ctrl_c=ctrl_c)  # fmt: skip
     except SIGTERMException:  # also raised for the first Ctrl-C (see checkpoints/save_on_stop.py)
         print(ctrl_c.stopped, file=sys.stderr)

@@ -47,8 +47,18 @@ def disk_error(
         err = err.__cause__ or err.__context__
     if err is None:
         return None
-    where = path or err.filename2 or err.filename  # of a copy's two names, the second is written
+    where = path or err.filename2 or err.filename or _failing_stdout()  # a copy's second name is written
     return DiskError(f"{what}{f' {where}' if where else ''}: {err.strerror}; {_DISK_FIXES[err.errno]}")
+
+
+def _failing_stdout() -> str | None:
+    """The words "standard output" when it is what cannot be written (`> /dev/full`, a full disk behind a redirect): a
+    failed print leaves its text buffered, so flushing again fails the same way."""
+    try:
+        sys.stdout.flush()
+    except OSError:
+        return "standard output"
+    return None
 
 
 class OneLineParser(argparse.ArgumentParser):

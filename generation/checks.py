@@ -110,6 +110,8 @@ def refuse_a_batch_too_big(
     )
     need = num_samples * (cache + length * 8 + config.vocab_size * 4)
     if need > free:
+        # One sample is as small as a batch gets: then only fewer new tokens help.
+        flags = "--max_new_tokens" if num_samples == 1 else "--num_samples or --max_new_tokens"
         raise UserError(f"--num_samples {num_samples}: decoding {num_samples} x {length} tokens needs at least "
                         f"{need / 1e9:,.1f} GB (KV cache, token ids, logits), more than the {free / 1e9:,.1f} GB "
-                        f"free on {device}; pass a smaller --num_samples")  # fmt: skip
+                        f"free on {device}; pass a smaller {flags}")  # fmt: skip

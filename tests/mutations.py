@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GENERATE = "tests/test_generate.py::test_greedy_output_with_cache_equals_no_cache"
+GENERATE = "tests/generation/test_generate.py::test_greedy_output_with_cache_equals_no_cache"
 PARITY = "tests/model/test_cache_parity.py"
 ATTENTION = "tests/model/test_attention.py"
-HF_LOGITS = "tests/hf/test_hf_parity.py::test_logits_match_transformers"
+HF_LOGITS = "tests/interop/test_hf_parity.py::test_logits_match_transformers"
 
 
 @dataclass(frozen=True)

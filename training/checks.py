@@ -1,5 +1,6 @@
 """What train.py refuses in one line before Lightning starts or anything is read or written: a resume or run name
-that names no usable run folder, an accelerator this machine lacks, cache and run folders it cannot write."""
+that names no usable run folder, a negative step or epoch limit, an accelerator this machine lacks, cache and run
+folders it cannot write."""
 
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ def refuse_unusable_run(parsed) -> None:
             f"--run_name {name!r}: a run name is one folder name under trainer.default_root_dir, without "
             "'/' or '..'; pick a plain name, and --trainer.default_root_dir for where runs go"
         )
+    for key in ("max_steps", "max_epochs"):  # Lightning's own check is a 38-line traceback
+        value = config.trainer.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value < -1:
+            raise UserError(f"--trainer.{key} {value}: give a count, or -1 for no limit")
     refuse_missing_accelerator(config.trainer.get("accelerator"))
     cache = Path(config.data.cache_dir).expanduser()
     if not cache.is_dir():  # one already there may be a read-only prepared cache

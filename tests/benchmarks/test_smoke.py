@@ -24,7 +24,7 @@ import benchmarks
 from benchmarks.external import built_probe
 from common.smollm2 import smollm2_gguf
 from tests.conftest import ROOT, TEST_ENV
-from tests.hf.test_gguf_llamacpp import llamacpp_required
+from tests.interop.test_gguf_llamacpp import llamacpp_required
 
 SMOKED_ELSEWHERE = {
     "device_check": "tests/benchmarks/test_device_check.py",

@@ -226,6 +226,18 @@ def test_a_cache_dir_that_cannot_be_created_is_one_line(tmp_path: Path, monkeypa
         assert err.startswith("error: data.cache_dir: cannot create") and err.count("\n") == 1, err
 
 
+def test_prepare_without_a_config_or_data_flags_is_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    # It silently built the default corpus's cache.
+    from data.prepare import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", ["data.prepare"])
+    assert main() == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: python -m data.prepare: pass --config") and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     "text,words",
     [

@@ -114,6 +114,10 @@ def test_a_batch_too_big_for_the_free_memory_is_one_line_before_allocating(gguf_
     assert (
         err.startswith("error: --num_samples 1000: decoding 1000 x 4 tokens needs at least") and "GB" in err
     )
+    assert err.endswith("pass a smaller --num_samples or --max_new_tokens\n"), err
+    # One sample cannot shrink: the fix named is fewer tokens (it once said "a smaller --num_samples").
+    _, _, err = run_cli(capsys, "--checkpoint", gguf_of(), "--prompt", "a", "--max_new_tokens", str(10**9))
+    assert "decoding 1 x 1000000001 tokens" in err and err.endswith("pass a smaller --max_new_tokens\n"), err
     assert run_cli(capsys, *args, "--num_samples", "2")[0] == 0  # a batch that fits is decoded
     monkeypatch.setattr(checks, "free_memory", lambda device: None)  # unknown (not Linux): no check
     assert run_cli(capsys, *args, "--num_samples", "2")[0] == 0
@@ -135,3 +139,19 @@ def test_the_free_memory_is_read_on_this_machine():
     assert free is None or 0 < free, free
     if Path("/proc/meminfo").exists():
         assert free is not None
+
+
+def test_standard_output_that_cannot_be_written_is_named(gguf_of):
+    # `> /dev/full`: the one line said "cannot write: No space left on device" without saying what.
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "generate.py", "--checkpoint", gguf_of(), "--prompt", "a",
+                               "--max_new_tokens", "2"], stdout=full, stderr=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1].startswith("error: cannot write standard output: No space left"), (
+        done.stderr
+    )

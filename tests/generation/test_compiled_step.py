@@ -22,8 +22,8 @@ from generation.sampling import generate
 from tests.benchmarks.test_smoke import run_benchmark
 from tests.conftest import ROOT, TEST_ENV
 from tests.conftest import run_generate as run_cli
+from tests.generation.test_generate_ux import gguf_of  # noqa: F401 (fixture)
 from tests.model.lively import lively_model
-from tests.test_generate_ux import gguf_of  # noqa: F401 (fixture)
 
 BUILD = """import sys
 from generation.compiled_step import compiled_step

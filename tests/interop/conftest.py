@@ -14,7 +14,7 @@ import torch
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
-from tests.hf.conftest import make_model, tokenizer, tokenizer_json, transformers  # noqa: F401 (shared fixtures)
+from tests.tiny_models import encode, make_model, tokenizer, tokenizer_json, transformers  # noqa: F401 (shared fixtures)
 
 WORDS = "the cat sat on the mat héllo wörld naïve 日本語 don't 🙂 Ελληνικά".split()
 LLAMA2_CHAT = (

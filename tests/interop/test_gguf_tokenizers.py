@@ -21,14 +21,14 @@ from interop import load
 from interop import pre_tokenizers as table
 from interop.export_gguf import export_gguf
 from interop.tokenizer_files import GGUF_CONTROL, tokenizer_from_hf_folder
-from tests.hf.conftest import training_texts
-from tests.hf.test_gguf_llamacpp import (  # noqa: F401 (the probe fixture)
+from tests.interop.test_gguf_llamacpp import (  # noqa: F401 (the probe fixture)
     MIXED_TEXT,
     SHAKESPEARE,
     llamacpp_greedy,
     llamacpp_tokenize,
     probe,
 )
+from tests.tiny_models import training_texts
 
 gguf = pytest.importorskip("gguf", reason='the GGUF export needs pip install -e ".[gguf]"')
 VOCAB = 600

@@ -26,7 +26,7 @@ from interop.export_gguf import export_gguf
 from interop.gguf_blocks import read_blocks, stacked
 from interop.names import row
 from model.cache import KVCache
-from tests.hf.test_gguf_llamacpp import llamacpp_binary
+from tests.interop.test_gguf_llamacpp import llamacpp_binary
 
 gguf = pytest.importorskip("gguf")
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "llamacpp" / "build.sh"

@@ -23,8 +23,8 @@ from tokenizers.pre_tokenizers import Sequence as PreSequence
 from data.tokenizer import Tokenizer
 from interop import load
 from interop.export_hf import tokenizer_config, write_json
-from tests.hf.test_gguf_llamacpp import BUILD_SCRIPT, MIXED_TEXT, llamacpp_binary
-from tests.hf.test_hf_architectures import save_tiny
+from tests.interop.test_gguf_llamacpp import BUILD_SCRIPT, MIXED_TEXT, llamacpp_binary
+from tests.interop.test_hf_architectures import save_tiny
 
 gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.slow

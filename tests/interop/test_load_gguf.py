@@ -8,9 +8,9 @@ import torch
 
 from interop import PretrainedError, load, load_hf
 from interop.export_gguf import export_gguf
-from tests.hf.test_hf_architectures import save_tiny
-from tests.hf.test_hf_parity import TEXTS
 from tests.interop.gguf_by_hand import write_gguf
+from tests.interop.test_hf_architectures import save_tiny
+from tests.interop.test_hf_parity import TEXTS
 
 gguf = pytest.importorskip("gguf")
 

@@ -18,7 +18,7 @@ import generate as generate_cli
 from common.smollm2 import INSTALL, smollm2_gguf
 from generation import chat as chat_module
 from tests.conftest import run_generate
-from tests.hf.conftest import running_in_ci
+from tests.tiny_models import running_in_ci
 
 PROMPT = "The capital of France is Paris. The capital of Germany is"
 MIXED = "Hello world! 12345 and 3.14, naïve café 日本語 🙂 <|im_start|>user\n  tabs\tx+=1; don't<|im_end|>"

@@ -12,7 +12,7 @@ from interop import load, read_tokenizer
 from interop.export_gguf import export_gguf
 from model import GPT, ModelConfig
 from tests.conftest import run_script
-from tests.hf.test_gguf_llamacpp import llamacpp_greedy, llamacpp_tokenize, probe  # noqa: F401 (fixture)
+from tests.interop.test_gguf_llamacpp import llamacpp_greedy, llamacpp_tokenize, probe  # noqa: F401 (fixture)
 from tests.interop.test_gguf_tokenizers import CHAT, VARIED, fields
 from tests.interop.test_smollm2 import MIXED, smollm2_file
 

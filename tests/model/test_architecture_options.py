@@ -1,6 +1,6 @@
 """Each pretrained-architecture option (Qwen2's q/k/v biases, Qwen3's per-head q/k RMSNorm with a head_dim of
 its own, Llama 3's RoPE scaling) in every path: the KV cache, the compiled step, the explicit attention maps and
-the flash reference. Parity with transformers is in tests/hf/test_hf_architectures.py."""
+the flash reference. Parity with transformers is in tests/interop/test_hf_architectures.py."""
 
 import pytest
 import torch

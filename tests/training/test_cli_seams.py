@@ -72,6 +72,25 @@ def test_an_accelerator_the_machine_lacks_is_one_line(monkeypatch, capsys, tmp_p
     assert f"--trainer.accelerator {accelerator}:" in err and said in err
 
 
+@pytest.mark.parametrize(("key", "value"), [("max_steps", "-5"), ("max_epochs", "-2")])
+def test_a_negative_step_or_epoch_limit_is_one_line(monkeypatch, capsys, tmp_path, key, value):
+    # Lightning refused them with a 38-line MisconfigurationException traceback.
+    err = train_error(
+        monkeypatch, capsys, tmp_path, "fit", "--config", TINY, f"--trainer.{key}", value,
+        "--data.data_files", "absent.txt",
+    )  # fmt: skip
+    assert f"--trainer.{key} {value}: give a count, or -1 for no limit" in err
+
+
+def test_a_key_cut_short_is_not_taken_for_a_longer_one(monkeypatch, capsys, tmp_path):
+    # argparse's abbreviations took --trainer.max_step 10 as --trainer.max_steps 10, silently.
+    err = train_error(
+        monkeypatch, capsys, tmp_path, "fit", "--config", TINY, "--trainer.max_step", "10",
+        "--data.data_files", "absent.txt",
+    )  # fmt: skip
+    assert "unrecognized arguments: --trainer.max_step 10" in err
+
+
 @pytest.mark.parametrize("accelerator", ["gpu", "cuda", "cpu", "auto", None])
 def test_an_accelerator_the_machine_has_passes(monkeypatch, accelerator):
     from lightning.pytorch.accelerators import CUDAAccelerator

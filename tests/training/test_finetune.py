@@ -26,8 +26,8 @@ from data.tokenizer import Tokenizer
 from inspection.explorer import probe_attention
 from interop import load_hf
 from model import GPT
-from tests.hf.conftest import running_in_ci
 from tests.interop.conftest import save_llama
+from tests.tiny_models import running_in_ci
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "finetune-smollm2"  # the run directory is named after the config

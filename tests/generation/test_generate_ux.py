@@ -14,7 +14,7 @@ import torch
 import generate as cli
 from data.tokenizer import Tokenizer
 from tests.conftest import run_generate as run_cli
-from tests.hf.conftest import make_model, tokenizer_json  # noqa: F401 (fixtures)
+from tests.tiny_models import make_model, tokenizer_json  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
 

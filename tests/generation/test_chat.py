@@ -113,7 +113,7 @@ def test_piped_chat_output_marks_each_turn(chat_llama, capsys, monkeypatch):
 
 
 def test_a_reply_ending_in_a_partial_character_is_printed_whole(chat_llama, capsys, monkeypatch):
-    from tests.test_generate_ux import forcing_token, lead_byte
+    from tests.generation.test_generate_ux import forcing_token, lead_byte
 
     forcing_token(monkeypatch, lead_byte)
     code, out, err = chat(capsys, monkeypatch, chat_llama, ["hi"], "--max_new_tokens", "2")

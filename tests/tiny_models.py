@@ -1,4 +1,4 @@
-"""Shared fixtures for the Hugging Face interop tests: a tiny byte-level BPE and tiny random GPTs.
+"""Fixtures the interop and generation tests share: a tiny byte-level BPE and tiny random GPTs.
 
 The offline environment (no network, Hugging Face caches in a temporary folder) is set in tests/conftest.py.
 """

@@ -17,7 +17,7 @@ from interop.export_gguf import export_gguf, main
 from interop.names import from_interleaved_rope, to_interleaved_rope
 from interop.tokenizer_files import GGUF_CONTROL, GGUF_NORMAL, GGUF_UNUSED
 from model.attention import Rope, apply_rope
-from tests.hf.test_hf_export_cli import write_checkpoint
+from tests.interop.test_hf_export_cli import write_checkpoint
 
 gguf = pytest.importorskip("gguf", reason='the GGUF export needs pip install -e ".[gguf]"')
 

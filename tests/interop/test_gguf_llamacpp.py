@@ -17,7 +17,7 @@ import torch
 from data.tokenizer import EOS_TOKEN as EOS
 from generation.sampling import generate
 from interop.export_gguf import export_gguf
-from tests.hf.conftest import training_texts
+from tests.tiny_models import training_texts
 
 pytest.importorskip("gguf", reason='the GGUF export needs pip install -e ".[gguf]"')
 REPO_ROOT = Path(__file__).resolve().parents[2]
