@@ -26,16 +26,17 @@ BITS = (4, 5, 6, 8)
 # dequantising the matrix for a float GEMM; more rows amortise the dequantisation (measured on SmolLM2's shapes:
 # the kernel 1.2-1.3x faster at 32 rows on two of its three matrix shapes, 0.45-1.5x at 64, 0.5-0.7x at 128).
 KERNEL_ROWS = 32
-PACK_ROWS = (
-    256  # output rows packed at a time while loading: their int64 fields are the load's largest transient
-)
+# Output rows packed at a time while loading: their int32 fields are the load's largest transient.
+PACK_ROWS = 256
 
 
 def _pack(fields: torch.Tensor, width: int) -> torch.Tensor:
-    """(..., 32 / width) fields below 2^width -> (...) int32 words, field i in bits width*i and up."""
-    shifts = width * torch.arange(32 // width, device=fields.device)
-    words = (fields.to(torch.int64) << shifts).sum(-1)
-    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    """(..., 32 / width) int32 fields below 2^width -> (...) int32 words, field i in bits width*i and up (the top
+    field's shift wraps into the sign bit: the word's bits are what the kernel reads)."""
+    words = fields[..., 0].clone()
+    for i in range(1, 32 // width):
+        words |= fields[..., i] << (width * i)
+    return words
 
 
 def _unpack(words: torch.Tensor, width: int) -> torch.Tensor:
@@ -61,10 +62,10 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """(out, in) codes in [0, 2^bits) -> int32 words (in / 32, bits, out). 8 bits: word w holds codes 4w .. 4w+3
     a byte each, the first lowest. 4, 5, 6 bits: words 0-3 hold the low nibbles of codes 8w .. 8w+7, and 5 or 6
     bits add 1 or 2 words of the top bits (`high_order`)."""
-    if codes.shape[0] > PACK_ROWS:  # a whole 1 B-class MLP matrix: half a GB of int64 fields
+    if codes.shape[0] > PACK_ROWS:  # a whole 1 B-class MLP matrix: a quarter GB of int32 fields
         return torch.cat([pack_codes(rows, bits) for rows in codes.split(PACK_ROWS)], dim=2)
     out, inp = codes.shape
-    blocks = codes.to(torch.int64).view(out, inp // BLOCK, BLOCK)
+    blocks = codes.to(torch.int32).view(out, inp // BLOCK, BLOCK)
     if bits == 8:
         words = _pack(blocks.view(out, -1, 8, 4), 8)
     else:

@@ -18,7 +18,7 @@ from tests.interop.test_keep_quantized import quantized_gguf
 pytest.importorskip("gguf")
 ROOT = Path(__file__).resolve().parents[2]
 # Peak growth of the process while loading: the loaded model's own bytes, the file's pages (mapped while they are
-# read) and this much for the tensor being converted (its raw block bytes, unpacked codes, int64 fields of 256 rows).
+# read) and this much for the tensor being converted (its raw block bytes, unpacked codes, int32 fields of 256 rows).
 # Measured on this model: 47 MiB against 19 MiB of model and 16 MiB of file; the float detour this guards against
 # (a float32 model built first), 201 MiB.
 TRANSIENT_BYTES = 24 * 2**20
