@@ -42,9 +42,11 @@ TG, PP = 128, 512  # llama-bench's default test sizes
 # Files built by llama.cpp's converter and quantiser from random weights of a shape, with SmolLM2's vocabulary (its
 # tokenizer is the one at hand offline): the shape of Llama 3.2 1B, and a small one that builds in seconds (tests).
 BUILT = {
-    "1b": dict(block_size=8192, n_layer=16, n_head=32, n_kv_head=8, n_embd=2048, mlp_hidden=8192, rope_theta=5e5),
+    "1b": dict(
+        block_size=8192, n_layer=16, n_head=32, n_kv_head=8, n_embd=2048, mlp_hidden=8192, rope_theta=5e5
+    ),
     "tiny": dict(block_size=256, n_layer=2, n_head=4, n_kv_head=2, n_embd=256, mlp_hidden=512),
-}  # fmt: skip
+}
 ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
 
 
@@ -86,8 +88,11 @@ def built_file(size: str) -> Path:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     quantize = llamacpp_tool("--where-quantize")
-    converter = Path(subprocess.run(["bash", str(BUILD_SCRIPT), "--where-converter"], capture_output=True,
-                                    text=True, check=True).stdout.strip())  # fmt: skip
+    converter = Path(
+        subprocess.run(
+            ["bash", str(BUILD_SCRIPT), "--where-converter"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
     tokenizer = load(required_smollm2(f"--size {size}")).tokenizer
     print(f"building {final} (once: a few minutes) ...", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(dir=final.parent) as tmp:
@@ -96,8 +101,11 @@ def built_file(size: str) -> Path:
         folder = export_hf(model, tokenizer, Path(tmp) / "hf")
         del model
         f16 = Path(tmp) / "f16.gguf"
-        subprocess.run([sys.executable, str(converter), str(folder), "--outtype", "f16", "--outfile", str(f16)],
-                       check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            [sys.executable, str(converter), str(folder), "--outtype", "f16", "--outfile", str(f16)],
+            check=True,
+            capture_output=True,
+        )
         partial = Path(tmp) / final.name
         subprocess.run([str(quantize), str(f16), str(partial), "Q4_K_M"], check=True, capture_output=True)
         partial.rename(final)  # whole or absent
@@ -141,11 +149,20 @@ def ours(model: GPT, threads: int):
 
 def main() -> None:
     parser = new_parser(__doc__)
-    parser.add_argument("--size", choices=["135m", *BUILT], default="135m",
-                        help="SmolLM2's Q4_1 file, or a built Q4_K_M one (1b; tiny: seconds, for tests)")  # fmt: skip
+    parser.add_argument(
+        "--size",
+        choices=["135m", *BUILT],
+        default="135m",
+        help="SmolLM2's Q4_1 file, or a built Q4_K_M one (1b; tiny: seconds, for tests)",
+    )
     parser.add_argument("--threads", type=positive_int, nargs="+", default=[1, 2], help="on every side")
-    parser.add_argument("--forms", nargs="+", choices=["blocks", "f32"], default=["blocks", "f32"],
-                        help="the file's blocks kept, and float32 weights")  # fmt: skip
+    parser.add_argument(
+        "--forms",
+        nargs="+",
+        choices=["blocks", "f32"],
+        default=["blocks", "f32"],
+        help="the file's blocks kept, and float32 weights",
+    )
     parser.add_argument("--repeats", type=positive_int, default=3, help="rounds after a warm-up; medians")
     args = parser.parse_args()
     bench, simple = llamacpp_tool("--where-bench"), llamacpp_tool("--where-simple")
@@ -155,18 +172,33 @@ def main() -> None:
         f"{gguf.name} ({size:.2f} GB) on {cpu}; load average {os.getloadavg()[0]:.1f}; medians of {args.repeats}"
     )
     starts = {
-        "ours": [sys.executable, "generate.py", "--checkpoint", str(gguf), "--prompt", "Hello", "--max_new_tokens",
-                 "1", "--temperature", "0", "--ignore_eos"],
+        "ours": [
+            sys.executable,
+            "generate.py",
+            "--checkpoint",
+            str(gguf),
+            "--prompt",
+            "Hello",
+            "--max_new_tokens",
+            "1",
+            "--temperature",
+            "0",
+            "--ignore_eos",
+        ],
         "llama.cpp": [str(simple), "-m", str(gguf), "-n", "1", "Hello"],
-    }  # fmt: skip
+    }
     start = alternate_medians(
         {side: lambda c=c: start_and_memory(c) for side, c in starts.items()}, args.repeats
     )
     for side, (seconds, peak) in start.items():
-        print(f"  start {side:<10} {seconds:6.2f} s launch to exit, peak RSS {peak:5.2f} GB ({peak / size:.1f}x "
-              f"the file) | {cpu}")  # fmt: skip
-    print(f"  start ours / llama.cpp: {start['ours'][0] / start['llama.cpp'][0]:.2f}x the time, "
-          f"{start['ours'][1] / start['llama.cpp'][1]:.2f}x the memory")  # fmt: skip
+        print(
+            f"  start {side:<10} {seconds:6.2f} s launch to exit, peak RSS {peak:5.2f} GB ({peak / size:.1f}x "
+            f"the file) | {cpu}"
+        )
+    print(
+        f"  start ours / llama.cpp: {start['ours'][0] / start['llama.cpp'][0]:.2f}x the time, "
+        f"{start['ours'][1] / start['llama.cpp'][1]:.2f}x the memory"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for form in args.forms:
             loaded = load(gguf, keep_quantized=form == "blocks", dtype=torch.float32)
@@ -183,9 +215,11 @@ def main() -> None:
                 with torch.inference_mode():
                     speed = alternate_medians(runs, args.repeats)
                 (tg, pp), (their_tg, their_pp) = speed["ours"], speed["llama.cpp"]
-                print(f"  {form:<6} {threads} thread(s): tg{TG} ours {tg:7.2f} llama.cpp {their_tg:7.2f} tok/s "
-                      f"({tg / their_tg:.2f}x) | pp{PP} ours {pp:7.1f} llama.cpp {their_pp:7.1f} tok/s "
-                      f"({pp / their_pp:.2f}x) | {cpu}")  # fmt: skip
+                print(
+                    f"  {form:<6} {threads} thread(s): tg{TG} ours {tg:7.2f} llama.cpp {their_tg:7.2f} tok/s "
+                    f"({tg / their_tg:.2f}x) | pp{PP} ours {pp:7.1f} llama.cpp {their_pp:7.1f} tok/s "
+                    f"({pp / their_pp:.2f}x) | {cpu}"
+                )
             del loaded
 
 

@@ -47,18 +47,33 @@ def disk_error(
         err = err.__cause__ or err.__context__
     if err is None:
         return None
-    where = path or err.filename2 or err.filename or _failing_stdout()  # a copy's second name is written
+    where = path or err.filename2 or err.filename  # of a copy's two names, the second is written
     return DiskError(f"{what}{f' {where}' if where else ''}: {err.strerror}; {_DISK_FIXES[err.errno]}")
 
 
-def _failing_stdout() -> str | None:
-    """The words "standard output" when it is what cannot be written (`> /dev/full`, a full disk behind a redirect): a
-    failed print leaves its text buffered, so flushing again fails the same way."""
-    try:
-        sys.stdout.flush()
-    except OSError:
-        return "standard output"
-    return None
+class _NamedStdout:
+    """sys.stdout while a command runs: an OSError of a print names no file, so the one line for `> /dev/full`
+    (or a full disk behind a redirect) said "cannot write:" without saying what; this names it."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._named(self._stream.write, text)
+
+    def flush(self) -> None:
+        return self._named(self._stream.flush)
+
+    @staticmethod
+    def _named(call, *args):
+        try:
+            return call(*args)
+        except OSError as err:
+            err.filename = err.filename or "standard output"
+            raise
+
+    def __getattr__(self, name: str):  # isatty, fileno, encoding, ...: the stream's own
+        return getattr(self._stream, name)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -82,6 +97,7 @@ def first_line(error: BaseException) -> str:
 def run_command(main: Callable[[], int | None]) -> int:
     """Run a command's `main`, turning user mistakes and Ctrl-C into one line and their exit codes
     (GQA_GPT_TRACEBACK=1 shows a user mistake's traceback too)."""
+    stdout, sys.stdout = sys.stdout, _NamedStdout(sys.stdout)
     try:
         try:
             return main() or EXIT_OK
@@ -98,3 +114,5 @@ def run_command(main: Callable[[], int | None]) -> int:
     except KeyboardInterrupt:
         print("interrupted (Ctrl-C)", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        sys.stdout = stdout

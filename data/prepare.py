@@ -36,8 +36,10 @@ def parse(argv: list[str]) -> dict[str, Any]:
     config = first.parse_known_args(argv)[0].config
     if config is None and not any(arg.startswith(("--data.", "--model.", "-h", "--help")) for arg in argv):
         # Nothing said what to prepare: building the default corpus's cache is rarely what was meant.
-        raise UserError("python -m data.prepare: pass --config configs/<name>.yaml (the config train.py fit will "
-                        "run) or --data.* flags saying what to tokenize")  # fmt: skip
+        raise UserError(
+            "python -m data.prepare: pass --config configs/<name>.yaml (the config train.py fit will run) or "
+            "--data.* flags saying what to tokenize"
+        )
     if config is not None:
         path = Path(config)
         try:

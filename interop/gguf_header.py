@@ -63,9 +63,10 @@ class Header:
             infos.append((name, shape, type_id, offset))
         alignment = int(self.fields.get("general.alignment", 32))
         start = -(-self._offset // alignment) * alignment
-        self.tensors = {name: HeaderTensor(name, shape, type_id, self._data(start + offset, shape, type_id,
-                                                                            block_bytes))
-                        for name, shape, type_id, offset in infos}  # fmt: skip
+        self.tensors = {
+            name: HeaderTensor(name, shape, type_id, self._data(start + offset, shape, type_id, block_bytes))
+            for name, shape, type_id, offset in infos
+        }
         if len(self.tensors) != len(infos):
             raise ValueError("two tensors share a name")
 

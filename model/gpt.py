@@ -193,25 +193,6 @@ class GPT(nn.Module):
         self.forward(idx, last_only=True, probs_out=probs)
         return torch.stack(probs)
 
-    @torch.no_grad()
-    def first_non_finite(self, idx: torch.Tensor) -> str | None:
-        """The name of the first module (embedding, block, final norm, head) whose output on idx (B, T) holds a
-        NaN or an infinity, or None: a full forward with hooks, for after a failure."""
-        names = {self.wte: "wte", **{block: f"blocks.{i}" for i, block in enumerate(self.blocks)}}
-        names |= {self.norm: "norm", self.lm_head: "lm_head"}
-        finite: dict[str, torch.Tensor] = {}  # filled in the order the forward runs the modules
-
-        def record(module: nn.Module, args: tuple, out: torch.Tensor) -> None:  # None: the output stays
-            finite[names[module]] = out.isfinite().all()
-
-        hooks = [module.register_forward_hook(record) for module in names]
-        try:
-            self(idx[:, -self.config.block_size :])
-        finally:
-            for hook in hooks:
-                hook.remove()
-        return next((name for name, ok in finite.items() if not ok), None)
-
     def num_params(self) -> int:
         """Parameter count, a tied embedding counted once."""
         return sum(p.numel() for p in self.parameters())

@@ -188,3 +188,32 @@ def test_a_multi_process_run_tokenizing_a_large_corpus_names_the_prepare_command
     module.tokenizer = None
     module.setup("fit")  # the cache is found: nothing left to tokenize, no hint
     assert "python -m data.prepare" not in capsys.readouterr().err
+
+
+def test_a_waiting_rank_stops_on_this_runs_failure_note_and_not_on_an_older_one(monkeypatch, tmp_path):
+    # The note of a run that failed earlier in the same cache must not stop this one; one written by this run's
+    # rank 0 (at most 1 s before this process made its data module) must.
+    import os
+
+    import data.datamodule as datamodule
+    from data import DataConfigError
+
+    module = datamodule.TextDataModule(cache_dir=str(tmp_path))
+    note = module._failure_note()
+    note.parent.mkdir(parents=True, exist_ok=True)
+    note.write_text("the corpus is not UTF-8")
+    monkeypatch.setattr(datamodule, "POLL_S", 0.0)
+    found = iter([None, None, tmp_path / "built"])
+    monkeypatch.setattr(datamodule, "find_data", lambda settings: next(found))
+    os.utime(note, (module._created - 1.5,) * 2)  # stale: waits on until rank 0's build appears
+    assert module._wait() == tmp_path / "built"
+    polls = []
+
+    def not_built(settings):
+        polls.append(settings)
+        assert len(polls) < 5, "kept waiting past this run's failure note"
+
+    monkeypatch.setattr(datamodule, "find_data", not_built)
+    os.utime(note, (module._created - 1.0,) * 2)  # fresh, at the boundary
+    with pytest.raises(DataConfigError, match="local rank 0 failed: the corpus is not UTF-8"):
+        module._wait()

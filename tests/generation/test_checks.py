@@ -116,7 +116,7 @@ def test_a_batch_too_big_for_the_free_memory_is_one_line_before_allocating(gguf_
     )
     assert err.endswith("pass a smaller --num_samples or --max_new_tokens\n"), err
     # One sample cannot shrink: the fix named is fewer tokens (it once said "a smaller --num_samples").
-    _, _, err = run_cli(capsys, "--checkpoint", gguf_of(), "--prompt", "a", "--max_new_tokens", str(10**9))
+    _, _, err = run_cli(capsys, "--checkpoint", args[1], "--prompt", "a", "--max_new_tokens", str(10**9))
     assert "decoding 1 x 1000000001 tokens" in err and err.endswith("pass a smaller --max_new_tokens\n"), err
     assert run_cli(capsys, *args, "--num_samples", "2")[0] == 0  # a batch that fits is decoded
     monkeypatch.setattr(checks, "free_memory", lambda device: None)  # unknown (not Linux): no check

@@ -169,3 +169,15 @@ def test_a_row_that_stopped_repeats_the_first_stop_id_and_a_round_is_cut_after_t
     assert tokens.tolist() == [[7], [2]] and not finished  # row 0 stopped at 9: it repeats the first id, 7
     tokens, finished = stop.apply(torch.tensor([[4, 5, 6], [1, 9, 8]]))  # a speculative round of three
     assert tokens.tolist() == [[7, 7], [1, 9]] and finished  # cut after the column where every row stopped
+
+
+def test_non_finite_logits_name_the_first_module_whose_output_is_not_finite():
+    # A model built in memory skips the load's weight check: decoding names where the NaN first shows.
+    from generation.sampling import NonFiniteLogits
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=64, block_size=24, n_layer=3, n_head=4, n_kv_head=2, n_embd=32))
+    with torch.no_grad():
+        model.blocks[1].mlp_norm.weight.fill_(float("nan"))
+    with pytest.raises(NonFiniteLogits, match="first at blocks.1$"):
+        generate(model, torch.zeros(1, 3, dtype=torch.long), 4, temperature=0.0)

@@ -89,3 +89,30 @@ def test_extending_a_finished_wsd_run_says_the_learning_rate_goes_back_up():
     assert note is not None and "3500 -> 7000" in note and "from 0.00015 to 0.003" in note, note
     assert schedule_change_note(3500, 3500, 3500, **shape) is None
     assert schedule_change_note(3500, 3500, 7000, **{**shape, "schedule": "constant"}) is None
+
+
+@pytest.mark.parametrize(("block_size", "refused"), [(64, False), (65, True)])
+def test_init_from_takes_a_data_block_size_up_to_exactly_the_models_context(block_size, refused):
+    # The boundary itself: a block as long as the pretrained context fits; one token more does not.
+    from jsonargparse import Namespace
+
+    from model import ModelConfig
+    from training.init_from import Pretrained, _check_data_keys
+
+    pretrained = Pretrained(source=None, config=ModelConfig(vocab_size=300, block_size=64), tokenizer=None)
+    data = Namespace(block_size=block_size, tokenizer_path=None)
+    if not refused:
+        _check_data_keys("tiny", pretrained, {}, data)
+        return
+    with pytest.raises(UserError, match="data.block_size=65 is longer than the 64-token context"):
+        _check_data_keys("tiny", pretrained, {}, data)
+
+
+def test_the_thread_policy_counts_the_cpus_this_process_may_run_on(monkeypatch):
+    # A container or `taskset` allowing 1 CPU of a 16-CPU machine: 1 thread, not 16 minus the load.
+    import common.threads as threads
+
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {3}, raising=False)
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert pick_thread_count(None) == (1, "1 CPUs, load 0.0")
