@@ -43,7 +43,6 @@ class Header:
     def __init__(self, path: Path, block_bytes) -> None:
         with open(path, "rb") as file:
             self._map = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-        self._offset = 0
         if self._map[:4] != MAGIC:
             raise ValueError("not a GGUF file (its first four bytes are not 'GGUF')")
         self._offset = 4
@@ -61,7 +60,9 @@ class Header:
             shape = self._read(f"<{n_dims}Q")
             type_id, offset = self._read("<IQ")
             infos.append((name, shape, type_id, offset))
-        alignment = int(self.fields.get("general.alignment", 32))
+        alignment = self.fields.get("general.alignment", 32)
+        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+            raise ValueError(f"general.alignment {alignment!r} is not a power of two")
         start = -(-self._offset // alignment) * alignment
         self.tensors = {
             name: HeaderTensor(name, shape, type_id, self._data(start + offset, shape, type_id, block_bytes))

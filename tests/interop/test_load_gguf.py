@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pytest
 import torch
@@ -141,3 +143,28 @@ def test_a_layer_count_the_weights_do_not_hold_is_one_line_before_building(make_
     (folder / "config.json").write_text(json.dumps(config | {"num_hidden_layers": 5000}))
     with pytest.raises(PretrainedError, match="num_hidden_layers says 5000 layers but the weights hold 2"):
         load(folder)
+
+
+def test_a_damaged_gguf_file_is_one_line(make_model, tokenizer, tmp_path):
+    # The header reader (interop/gguf_header.py) meets every kind of damage as one line naming the file.
+    good = export_gguf(make_model(), tokenizer, tmp_path / "good.gguf").read_bytes()
+    version_3 = (3).to_bytes(4, "little")
+    assert good[4:8] == version_3, "the export's header changed: fix the test"
+    cuts = (4, 20, 200, 2000, len(good) // 2, len(good) - 1)
+    damages = {
+        **{f"cut at {n}": good[:n] for n in cuts},
+        "version 9": b"GGUF" + (9).to_bytes(4, "little") + good[8:],
+        # No tensors and one field, general.alignment = 0 (a uint32): a division by zero without the check.
+        "alignment 0": b"GGUF"
+        + version_3
+        + struct.pack("<QQQ", 0, 1, 17)
+        + b"general.alignment"
+        + struct.pack("<II", 4, 0),
+    }
+    for what, data in damages.items():
+        path = tmp_path / "damaged.gguf"
+        path.write_bytes(data)
+        with pytest.raises(PretrainedError) as error:
+            load(path)
+        message = str(error.value)
+        assert message.startswith(str(path)) and "\n" not in message, (what, message)
