@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
+import subprocess
+import tempfile
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -51,3 +55,21 @@ def in_fresh_process(fn, *args):
     """fn(*args) in a spawned (not forked) interpreter: no memory or thread pool of this process carries over."""
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
         return child.submit(fn, *args).result()
+
+
+def launch_to_exit(command: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
+    """(seconds from launch to exit, peak resident GB) of one process run from the repository root; a failure
+    ends the benchmark with the end of its output."""
+    with tempfile.TemporaryFile() as log:  # a file, not a pipe: llama.cpp's log would fill a pipe and block
+        begin = time.perf_counter()
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=ROOT, env=env
+        )
+        _, status, usage = os.wait4(process.pid, 0)
+        seconds = time.perf_counter() - begin
+        if (code := os.waitstatus_to_exitcode(status)) != 0:
+            log.seek(0)
+            raise SystemExit(
+                f"{' '.join(command)} exited {code}:\n{log.read().decode(errors='replace')[-3000:]}"
+            )
+    return seconds, usage.ru_maxrss * 1024 / 1e9  # Linux counts kilobytes

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from benchmarks import ROOT, new_parser, positive_int
+from benchmarks import ROOT, launch_to_exit, new_parser, positive_int
 from benchmarks.external import required_smollm2
 
 
@@ -30,12 +28,7 @@ def first_token_seconds(model: str, flags: list[str], folder: Path) -> float:
                         "TMPDIR": str(folder / "tmp")}  # fmt: skip
     command = [sys.executable, str(ROOT / "generate.py"), "--checkpoint", model, "--prompt", "Once upon a time",
                "--max_new_tokens", "2", "--temperature", "0", "--ignore_eos", *flags]  # fmt: skip
-    start = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
-    if done.returncode != 0:
-        sys.exit(f"{' '.join(command)} exited {done.returncode}:\n{done.stderr[-3000:]}")
-    return seconds
+    return launch_to_exit(command, env)[0]
 
 
 def measure(model: str, flags: list[str], repeats: int) -> dict[str, float]:

@@ -23,12 +23,11 @@ import platform
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-from benchmarks import ROOT, new_parser, positive_int
+from benchmarks import launch_to_exit, new_parser, positive_int
 from benchmarks.external import BUILD_SCRIPT, required_smollm2
 from common.errors import UserError, run_command
 from generation.sampling import generate
@@ -112,19 +111,6 @@ def built_file(size: str) -> Path:
     return final
 
 
-def start_and_memory(command: list[str]) -> tuple[float, float]:
-    """(seconds from launch to exit, peak resident GB) of one process."""
-    with tempfile.TemporaryFile() as log:  # a file, not a pipe: llama.cpp's log would fill a pipe and block
-        begin = time.perf_counter()
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=ROOT)
-        _, status, usage = os.wait4(process.pid, 0)
-        seconds = time.perf_counter() - begin
-        if os.waitstatus_to_exitcode(status) != 0:
-            log.seek(0)
-            raise SystemExit(f"{' '.join(command)} failed:\n{log.read().decode(errors='replace')[-2000:]}")
-    return seconds, usage.ru_maxrss * 1024 / 1e9  # Linux counts kilobytes
-
-
 def llama_bench(bench: Path, gguf: Path, threads: int) -> tuple[float, float]:
     """(tg128, pp512) tokens/s of one llama-bench repetition at its defaults."""
     command = [str(bench), "-m", str(gguf), "-t", str(threads), "-r", "1", "-o", "json"]
@@ -188,7 +174,7 @@ def main() -> None:
         "llama.cpp": [str(simple), "-m", str(gguf), "-n", "1", "Hello"],
     }
     start = alternate_medians(
-        {side: lambda c=c: start_and_memory(c) for side, c in starts.items()}, args.repeats
+        {side: lambda c=c: launch_to_exit(c) for side, c in starts.items()}, args.repeats
     )
     for side, (seconds, peak) in start.items():
         print(
