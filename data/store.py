@@ -6,7 +6,6 @@ a later run would trust; a killed build leaves `tokens-<sha>.building/` for the 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from collections.abc import Callable, Iterator
@@ -28,6 +27,7 @@ from common.files import (
 )
 from data import DataConfigError
 from data.batches import TokenParts
+from data.cache_records import check_files, damaged, file_records
 from data.documents import document_ids, encode_conversations, mask_name, row_digest, row_name
 from data.settings import FORMAT_VERSION, PrepareSettings
 from data.tokenizer import Tokenizer
@@ -188,41 +188,6 @@ def read_meta(folder: Path) -> dict[str, Any]:
     if not isinstance(meta, dict):
         raise damaged(folder / META_FILE, "not a JSON object")
     return meta
-
-
-def damaged(path: Path, why: str) -> DataConfigError:
-    """The one line for a damaged file of a complete folder: the folder is derived data, rebuilt by removing it."""
-    return DataConfigError(
-        f"{path}: the data cache is damaged ({why}); remove {path.parent} and run again to rebuild it"
-    )
-
-
-def file_records(folder: Path, names: list[str]) -> dict[str, dict[str, Any]]:
-    """Bytes and sha256 of the files `names` of a folder, for meta.json (written after them)."""
-    return {
-        name: {"bytes": (folder / name).stat().st_size, "sha256": _sha256(folder / name)} for name in names
-    }
-
-
-def check_files(folder: Path, meta: dict[str, Any]) -> None:
-    """Each file meta.json records is whole: its size, then its sha256 (a zeroed part keeps its size). A folder
-    built before the records were kept is trusted as before."""
-    for name, record in meta.get("files", {}).items():
-        path = folder / name
-        if not path.is_file():
-            raise damaged(path, "missing")
-        if path.stat().st_size != record["bytes"]:
-            raise damaged(path, f"{path.stat().st_size} bytes, built with {record['bytes']}")
-        if _sha256(path) != record["sha256"]:
-            raise damaged(path, "its contents changed since it was built")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        while chunk := file.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def stream_stats(tokens: np.ndarray, token_bytes: list[bytes]) -> dict[str, int]:

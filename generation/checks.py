@@ -9,7 +9,8 @@ import sys
 import torch
 
 from common.errors import UserError
-from generation.sampling import Sampler, cache_length
+from generation.sampling import Sampler
+from generation.static_decode import cache_length
 from model.cache import cache_bytes
 
 from .text import not_utf8, utf8, utf8_lines

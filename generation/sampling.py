@@ -8,7 +8,6 @@ import contextlib
 import math
 import sys
 from collections.abc import Callable, Collection
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +15,8 @@ import torch
 from common.errors import UserError
 from model.cache import KVCache
 
-from .static_decode import static_cache_length, static_decoder
+from .non_finite import first_non_finite
+from .static_decode import static_decoder
 
 
 class NonFiniteLogits(UserError):
@@ -236,27 +236,6 @@ def sample_step(context: Context, sampler: Sampler) -> Callable[[torch.Tensor, i
     return step
 
 
-def first_finite() -> Callable[[torch.Tensor], torch.Tensor]:
-    """A pass-through that raises NonFiniteLogits if the first logits it sees are not finite: broken weights
-    are broken from the first token, and greedy picking would turn NaN into token ids in silence."""
-    checked = False
-
-    def check(logits: torch.Tensor) -> torch.Tensor:
-        nonlocal checked
-        if not checked and not bool(torch.isfinite(logits).all()):
-            raise NonFiniteLogits(NOT_FINITE)
-        checked = True
-        return logits
-
-    return check
-
-
-def cache_length(block_size: int, length: int, compiled: bool) -> int:
-    """Positions the KV cache of a `generate` call holds for `length` (prompt + new tokens): what it needs,
-    eagerly; rounded up to the static cache's length by the compiled step. Nothing is allocated to know it."""
-    return static_cache_length(length, block_size) if compiled else min(length, block_size)
-
-
 @torch.inference_mode()
 def generate(
     model: torch.nn.Module,
@@ -296,30 +275,25 @@ def generate(
         return decode(idx, max_new_tokens, sample_step(context, sampler), stop, on_token)
 
 
-@contextmanager
+def first_finite() -> Callable[[torch.Tensor], torch.Tensor]:
+    """A pass-through that raises NonFiniteLogits if the first logits it sees are not finite: broken weights
+    are broken from the first token, and greedy picking would turn NaN into token ids in silence."""
+    checked = False
+
+    def check(logits: torch.Tensor) -> torch.Tensor:
+        nonlocal checked
+        if not checked and not bool(torch.isfinite(logits).all()):
+            raise NonFiniteLogits(NOT_FINITE)
+        checked = True
+        return logits
+
+    return check
+
+
+@contextlib.contextmanager
 def naming_the_broken_layer(model: torch.nn.Module, idx: torch.Tensor):
     """NonFiniteLogits raised inside, told which module's output on idx is first not finite."""
     try:
         yield
     except NonFiniteLogits as err:
         raise NonFiniteLogits(f"{err}; first at {first_non_finite(model, idx)}") from None
-
-
-@torch.no_grad()
-def first_non_finite(model: torch.nn.Module, idx: torch.Tensor) -> str | None:
-    """The name of the first module (embedding, block, final norm, head) whose output on idx (B, T) holds a NaN
-    or an infinity, or None: a full forward with hooks, for after a failure."""
-    names = {model.wte: "wte", **{block: f"blocks.{i}" for i, block in enumerate(model.blocks)}}
-    names |= {model.norm: "norm", model.lm_head: "lm_head"}
-    finite: dict[str, torch.Tensor] = {}  # filled in the order the forward runs the modules
-
-    def record(module: torch.nn.Module, args: tuple, out: torch.Tensor) -> None:  # None: the output stays
-        finite[names[module]] = out.isfinite().all()
-
-    hooks = [module.register_forward_hook(record) for module in names]
-    try:
-        model(idx[:, -model.config.block_size :])
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return next((name for name, ok in finite.items() if not ok), None)

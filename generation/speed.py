@@ -12,8 +12,9 @@ from collections.abc import Callable
 
 import torch
 
-from generation.sampling import Sampler, cache_length, generate
+from generation.sampling import Sampler, generate
 from generation.speculative import Drafter, speculative_generate
+from generation.static_decode import cache_length
 from model.cache import cache_bytes
 
 from .text import TextStream

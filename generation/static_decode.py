@@ -264,6 +264,12 @@ def static_cache_length(length: int, block_size: int) -> int:
     return min(block_size, max(256, 1 << (length - 1).bit_length()))
 
 
+def cache_length(block_size: int, length: int, compiled: bool) -> int:
+    """Positions the KV cache of a `generate` call holds for `length` (prompt + new tokens): what it needs,
+    eagerly; rounded up to the static cache's length by the compiled step. Nothing is allocated to know it."""
+    return static_cache_length(length, block_size) if compiled else min(length, block_size)
+
+
 def static_decoder(
     model: GPT, batch_size: int, backend: str = "inductor", length: int | None = None
 ) -> StaticDecoder:
