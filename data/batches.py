@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
@@ -221,6 +222,17 @@ def leave_stop_signals_to_the_main_process(worker_id: int) -> None:
     """DataLoader workers ignore Ctrl-C and SIGTERM: a terminal sends Ctrl-C to every process of the job, SLURM and
     Kubernetes send SIGTERM to the whole process group, and a worker killed by either ended the run with
     "DataLoader worker ... killed by signal" (inside the save of last.ckpt) instead of the trainer's save at a
-    step boundary. The main process still stops them: it ends their loop, and they exit when it does."""
+    step boundary. The main process still stops them: it ends their loop, and they exit when it does. A SIGTERM
+    is only put off, by STOP_GRACE_S: a worker whose iterator was never closed would otherwise keep the
+    interpreter's exit waiting on it for ever (multiprocessing terminates its children with SIGTERM)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_later)
+
+
+STOP_GRACE_S = 60.0  # longer than a step boundary and the save of last.ckpt take
+
+
+def _exit_later(signum: int, frame: object) -> None:
+    timer = threading.Timer(STOP_GRACE_S, os._exit, (0,))
+    timer.daemon = True
+    timer.start()
