@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import sys
 
-from common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, UserError, run_command
+from common.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, UserError, run_command
 
 
 def fit() -> int | None:
     from jsonargparse import ArgumentError
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    from checkpoints.resume import RunAlreadyFinished
     from checkpoints.save_on_stop import GracefulCtrlC
     from data.datamodule import TextDataModule
     from training import LitGPT
@@ -32,9 +31,6 @@ def fit() -> int | None:
     except SIGTERMException:  # also raised for the first Ctrl-C (see checkpoints/save_on_stop.py)
         print(ctrl_c.stopped, file=sys.stderr)
         return EXIT_INTERRUPTED if ctrl_c.pressed else EXIT_TERMINATED
-    except RunAlreadyFinished as done:
-        print(done, file=sys.stderr)
-        return EXIT_OK
     except ArgumentError as err:
         message = " ".join(str(err).split())
         # jsonargparse parses a config's text, so YAML's own errors say "<unicode string>": name the file.

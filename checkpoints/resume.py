@@ -33,10 +33,6 @@ MODEL_FIELDS = tuple(field.name for field in dataclasses.fields(ModelConfig))
 DATA_FIELDS = ("vocab_size", "block_size")
 
 
-class RunAlreadyFinished(Exception):
-    """Resuming a run whose checkpoint already reached trainer.max_steps: nothing to train (exit 0)."""
-
-
 def check_resumable(path: Path) -> dict:
     """The checkpoint dict of `path`; CheckpointError unless it is intact, ours, and holds what resuming needs."""
     ckpt, _ = read_checkpoint(path)
@@ -108,8 +104,9 @@ def read_resume_point(ckpt_path: str | None) -> dict | None:
     return read_checkpoint(ckpt_path)[0]
 
 
-def check_resume_point(config, ckpt_path: str, ckpt: dict, subcommand: str) -> None:
-    """Refuse a config whose model cannot load `ckpt`, and a fit of a run it already finished (RunAlreadyFinished)."""
+def check_resume_point(config, ckpt_path: str, ckpt: dict, subcommand: str) -> str | None:
+    """Refuse a config whose model cannot load `ckpt`; for a fit of a run `ckpt` already finished, the line that
+    says so (the fit then only logs what a kill after that checkpoint lost)."""
     stored = ckpt[META_KEY]["model_config"]
     model, data = config.get("model") or {}, config.get("data") or {}
     requested = {**stored, **{name: model.get(name) for name in MODEL_FIELDS if model.get(name) is not None}}
@@ -137,10 +134,11 @@ def check_resume_point(config, ckpt_path: str, ckpt: dict, subcommand: str) -> N
         raise UserError(f"--ckpt_path {ckpt_path}: the config asks {', '.join(changed)}; {fix}")
     step, max_steps = ckpt.get("global_step"), config.trainer.max_steps
     if subcommand == "fit" and step is not None and max_steps is not None and 0 <= max_steps <= step:
-        raise RunAlreadyFinished(
+        return (
             f"{ckpt_path} is at step {step}, already trainer.max_steps={max_steps}: nothing to train "
             "(raise --trainer.max_steps to train further)"
         )
+    return None
 
 
 def _weight_shapes(fields: dict) -> dict[str, tuple[int, ...]]:

@@ -182,7 +182,9 @@ class GPTCLI(LightningCLI):
         if self.subcommand == "fit" and config.get("ckpt_path") == "last":
             config.ckpt_path, resumed = resume_last(RunDir(run_dir).checkpoints)
         if resumed is not None:
-            check_resume_point(config, config.ckpt_path, resumed, self.subcommand or "fit")
+            finished = check_resume_point(config, config.ckpt_path, resumed, self.subcommand or "fit")
+            if finished:
+                rank_zero_info(finished)
         ours = config.trainer.logger in (None, True) or is_run_logger(config.trainer.logger)
         if self.subcommand not in ("fit", None):
             # validate writes nothing into the run's folder (config.yaml, wandb) unless a logger is asked for.

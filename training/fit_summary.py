@@ -27,10 +27,13 @@ from .flops import device_peak_flops, training_flops_per_token
 from .lit_gpt import evaluating, loggers_of, runs_on_this_rank
 from .memory import estimate_training_memory
 from .samples import SampleGenerations
+from .wandb_history import log_what_was_lost
+from .wandb_logger import RunWandbLogger
 
 # The whole validation text of the from-scratch configs; fine-tunes bound it (a CPU scores 130 tokens/s of 135 M).
 MAX_SCORED_TOKENS = 131_072
 DEFAULT_PROMPT = "Once upon a time"
+SCORE_KEY = "val/text_bpb"  # in the wandb summary: a run resumed after its end scores only when none holds it
 # float32 logits held at once: 64 windows of gpt2-small would be 13 GB, twice that with the softmax.
 LOGITS_BUDGET_BYTES = 256 * 2**20
 
@@ -144,20 +147,51 @@ class FitReport(L.Callback):
 
 class FitSummary(L.Callback):
     """Prints the summary on rank 0 when fit ends normally, and puts the scores in the wandb summary; `max_tokens`
-    (train.py's `score_tokens`) bounds the validation-text score, 0 skips it."""
+    (train.py's `score_tokens`) bounds the validation-text score, 0 skips it. A run resumed at its last step (killed
+    after its final checkpoint) trains nothing: it logs what the killed run had not, then ends the same way."""
 
     def __init__(self, max_tokens: int = MAX_SCORED_TOKENS) -> None:
         if max_tokens < 0:
             raise UserError(f"score_tokens: must be at least 0 (0 skips the final score), got {max_tokens}")
         self.max_tokens = max_tokens
+        self._resumed_step: int | None = None
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        self._resumed_step = checkpoint["global_step"]
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        step, max_steps = self._resumed_step, trainer.max_steps
+        if step is None or not 0 <= max_steps <= step:
+            return
+        # Lightning sets the data up, trains nothing and skips on_train_end: the end is ours to run.
+        loop = trainer.fit_loop
+
+        def run_then_end() -> None:
+            del loop.run
+            loop.run()
+            self._end_finished_run(trainer, pl_module, step)
+
+        loop.run = run_then_end
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._summarise(trainer, pl_module, self.max_tokens)
+
+    def _end_finished_run(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> None:
+        logged = log_what_was_lost(trainer, step)
+        held = any(logger.holds_summary(SCORE_KEY) for logger in loggers_of(trainer, RunWandbLogger))
+        scored = self._summarise(trainer, pl_module, 0 if held else self.max_tokens)
+        if not (logged or scored):  # the new wandb segment would hold nothing
+            for logger in loggers_of(trainer, RunWandbLogger):
+                logger.discard_segment()
+
+    def _summarise(self, trainer: L.Trainer, pl_module: L.LightningModule, max_tokens: int) -> bool:
+        """Print the summary (rank 0); whether a score went into the wandb summary."""
         if not runs_on_this_rank(trainer, pl_module.model):
-            return
+            return False
         # Every rank of a sharded model joins the forward passes.
-        scores = _score(trainer, pl_module, self.max_tokens)
+        scores = _score(trainer, pl_module, max_tokens)
         if not trainer.is_global_zero:
-            return
+            return False
         lines = [f"finished step {trainer.global_step}/{trainer.max_steps}"]
         val_loss = trainer.callback_metrics.get("val/loss")
         if val_loss is not None:
@@ -169,7 +203,7 @@ class FitSummary(L.Callback):
             )
             for logger in loggers_of(trainer, WandbLogger):
                 logger.experiment.summary.update(
-                    {"val/nats_per_char": scores["nats_per_char"], "val/text_bpb": scores["bpb"]}
+                    {"val/nats_per_char": scores["nats_per_char"], SCORE_KEY: scores["bpb"]}
                 )
         run = shlex.quote(str(Path(trainer.default_root_dir)))
         if getattr(trainer.datamodule, "val_mask", None) is not None:  # fine-tuned on conversations
@@ -180,6 +214,7 @@ class FitSummary(L.Callback):
             prompt = shlex.quote(prompts[0] if prompts else DEFAULT_PROMPT)
             lines.append(f"sample from it: python generate.py --checkpoint {run} --prompt {prompt}")
         print("\n".join(lines), flush=True)
+        return scores is not None
 
 
 def _score(trainer: L.Trainer, pl_module: L.LightningModule, max_tokens: int) -> dict | None:

@@ -69,18 +69,28 @@ class ThroughputMonitor(L.Callback):
     def __init__(self, peak_flops: float | None = None) -> None:
         self.peak_flops = peak_flops
         self._start: float | None = None
+        self._first_batch_start: float | None = None
         self._tokens = 0
         self._logged_step = -1
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._start is None and self._first_batch_start is None:
+            self._first_batch_start = time.perf_counter()
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         now = time.perf_counter()
-        if self._start is None:  # the first batch pays for warm-up and compilation: not measured
-            self._start = now
-            return
+        if self._start is None:
+            # The first batch of a start pays for warm-up and compilation: measured only when it is itself a
+            # logging step (a resume's first step often is), else the interval starts after it.
+            self._start, first = self._first_batch_start or now, True
+        else:
+            first = False
         self._tokens += batch[0].numel() * trainer.world_size
         step = trainer.global_step
         # With gradient accumulation several batches end on one step: log once, at the last of them.
         if step % trainer.log_every_n_steps or step == self._logged_step or not self._tokens:
+            if first:
+                self._start, self._tokens = now, 0
             return
         self._logged_step = step
         tokens_per_s = self._tokens / (now - self._start)

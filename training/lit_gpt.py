@@ -142,6 +142,13 @@ class LitGPT(L.LightningModule):
         # Lightning's logger gate counts optimizer steps its own way, one too high after a resume from a stop save.
         self.trainer.fit_loop.epoch_loop._batches_that_stepped = self.trainer.global_step
 
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # Every run ends with a val/* figure: Lightning validates when asked to stop, so the last step validates
+        # even off val_check_interval (once when on it). A run resumed at its last step relies on this.
+        max_steps = self.trainer.max_steps
+        if 0 < max_steps <= self.trainer.global_step:
+            self.trainer.should_stop = True
+
     def _is_logging_step(self) -> bool:
         # self.log costs a measurable share of a small CPU step even where Lightning drops the value: log only there.
         every = self.trainer.log_every_n_steps

@@ -5,6 +5,7 @@ checkpoint carries the rows, and a resume re-logs those the run's `.wandb` files
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,9 +27,10 @@ _BLOCK, _HEADER = 32768, 7
 _FULL, _LAST = 1, 4  # record types that end an assembled record
 
 
-def history_rows(wandb_file: Path) -> Iterator[dict]:
-    """The history rows of one `.wandb` file, {key: value}, in the order written: a LevelDB-style log of 32 KiB
-    blocks of records with 7-byte headers, holding protobuf `Record`s."""
+def segment_records(wandb_file: Path) -> Iterator[tuple[str, dict]]:
+    """("history", {key: value}) for each history row of one `.wandb` file and ("summary", {key: value}) for each
+    summary update, in the order written: a LevelDB-style log of 32 KiB blocks of records with 7-byte headers,
+    holding protobuf `Record`s."""
     from google.protobuf.message import DecodeError
     from wandb.proto import wandb_internal_pb2
 
@@ -49,69 +51,107 @@ def history_rows(wandb_file: Path) -> Iterator[dict]:
         except DecodeError:  # a killed writer's torn last block: nothing after it was written whole
             return
         payload = b""
-        if record.WhichOneof("record_type") == "history":
-            yield {
-                item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                for item in record.history.item
-            }
+        kind_of_record = record.WhichOneof("record_type")
+        if kind_of_record in ("history", "summary"):
+            items = record.history.item if kind_of_record == "history" else record.summary.update
+            yield (
+                kind_of_record,
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items},
+            )
 
 
-def held_rows(run_dir: Path) -> set[tuple[int, str]]:
-    """(`trainer/global_step`, prefix) for each row a segment of the run holds with a KEPT_PREFIXES key."""
-    return {
-        (row["trainer/global_step"], prefix)
-        for path in sorted(RunDir(run_dir).wandb.glob("*run-*/run-*.wandb"))  # each segment's, oldest first
-        for row in history_rows(path)
-        if "trainer/global_step" in row
-        for prefix in KEPT_PREFIXES
-        if any(key.startswith(prefix) for key in row)
-    }
+def history_rows(wandb_file: Path) -> Iterator[dict]:
+    """The history rows of one `.wandb` file, {key: value}, in the order written."""
+    return (row for kind, row in segment_records(wandb_file) if kind == "history")
+
+
+def segments(run_dir: Path) -> list[Path]:
+    """The `.wandb` file of each segment of the run (one per start that reached wandb), oldest first."""
+    return sorted(RunDir(run_dir).wandb.glob("*run-*/run-*.wandb"))
+
+
+def held_logs(run_dir: Path) -> tuple[set[tuple[int, str]], set[str]]:
+    """What the run's segments hold: (`trainer/global_step`, prefix) of each row with a KEPT_PREFIXES key, and the
+    summary's keys."""
+    rows, summary = set(), set()
+    for path in segments(run_dir):
+        for kind, record in segment_records(path):
+            if kind == "summary":
+                summary.update(record)
+            elif "trainer/global_step" in record:
+                rows.update((record["trainer/global_step"], _kept(key)) for key in record if _kept(key))
+    return rows, summary
+
+
+def remove_empty_segments(run_dir: Path, say) -> None:
+    """Remove the offline segments that hold no history row: starts killed before wandb wrote anything, which
+    `wandb sync` would upload as empty runs."""
+    empty = [path.parent for path in segments(run_dir)
+             if path.parent.name.startswith("offline-") and next(history_rows(path), None) is None]  # fmt: skip
+    for folder in empty:
+        shutil.rmtree(folder, ignore_errors=True)
+    if empty:
+        say(f"wandb: removed {len(empty)} empty segment(s) of starts killed before their first row")
 
 
 class KeptHistory:
-    """The train/* and val/* rows a WandbLogger logged, by step (mixed into RunWandbLogger)."""
+    """The train/* and val/* rows a WandbLogger logged, by step (mixed into RunWandbLogger). After a resume each
+    point is logged once: the rows a killed segment lost are logged again, those an earlier segment holds are not."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.train_rows: dict[int, dict] = {}  # step -> the train/* and val/* values logged there
-        self._held: set[tuple[int, str]] | None = None  # after a resume, what the segment files hold (rank 0)
+        self._held: set[tuple[int, str]] = set()  # after a resume, (step, prefix) the earlier segments hold
+        self._held_summary: set[str] = set()  # and the keys of their summaries
+        self._relog_due = False
 
-    def keep_rows(self, step: int, metrics: dict) -> None:
-        """Before logging `metrics` at `step`: re-log the rows a killed segment lost, then keep these."""
-        if self._held is not None:
-            self._relog_lost()
+    def keep_rows(self, step: int, metrics: dict) -> dict:
+        """Before logging `metrics` at `step`: re-log the rows a killed segment lost, keep these values, and return
+        `metrics` less the points an earlier segment holds (a step trained again after a kill -9)."""
+        self.relog_lost()
         if any(key.startswith(KEPT_PREFIXES) for key in metrics):
             self.train_rows.setdefault(step, {}).update(
                 {key: float(value) for key, value in metrics.items() if _kept(key) or key == "epoch"}
             )
+        return {key: value for key, value in metrics.items() if (step, _kept(key)) not in self._held}
 
     def restore_train_rows(self, rows: list) -> None:
-        """Take the rows a checkpoint carried, and read which rows the run's segment files hold."""
+        """Take the rows a checkpoint carried, and read what the run's segment files hold."""
         self.train_rows = {int(step): dict(row) for step, row in rows}
         on_rank_zero = self._save_dir and rank_zero_only.rank == 0
-        self._held = held_rows(Path(self._save_dir)) if on_rank_zero else set()
+        self._held, self._held_summary = held_logs(Path(self._save_dir)) if on_rank_zero else (set(), set())
+        self._relog_due = True
 
     def lacks_val_row(self, step: int) -> bool:
         """Whether neither the checkpoint's rows nor a segment file holds a val/* value at `step`."""
         if any(key.startswith("val/") for key in self.train_rows.get(step, {})):
             return False
-        return (step, "val/") not in (self._held or set())
+        return (step, "val/") not in self._held
 
-    def _relog_lost(self) -> None:
-        # Logged again at their own steps, before this segment logs anything newer.
-        held, self._held = self._held, None
+    def holds_summary(self, key: str) -> bool:
+        """Whether an earlier segment of the run put `key` in the wandb summary."""
+        return key in self._held_summary
+
+    def relog_lost(self) -> int:
+        """Log the kept rows no segment holds, at their own steps, before anything newer (once after a resume);
+        the number of steps logged again."""
+        if not self._relog_due:
+            return 0
+        self._relog_due = False
         lost = 0
         for step, row in sorted(self.train_rows.items()):
-            missing = {key for key in row if _kept(key) and (step, _kept(key)) not in held}
+            missing = {key for key in row if _kept(key) and (step, _kept(key)) not in self._held}
             if missing:
                 lost += 1
                 super().log_metrics(
                     {key: v for key, v in row.items() if key in missing or key == "epoch"}, step
                 )
+                self._held |= {(step, _kept(key)) for key in missing}
         if lost:
             rank_zero_info(
                 f"wandb: re-logged the train/* and val/* rows of {lost} step(s) a killed run had not written"
             )
+        return lost
 
 
 def _kept(key: str) -> str | None:
@@ -153,33 +193,49 @@ class WandbResume(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step, self._resumed_step = self._resumed_step, None
-        if step is None:
-            return
-        # Rank 0 reads the segment files; every rank must take the same decision (the validation syncs them).
-        lacks = trainer.is_global_zero and any(
-            logger.lacks_val_row(step) for logger in loggers_of(trainer, KeptHistory)
-        )
-        if not trainer.strategy.broadcast(lacks, src=0):
+        if step is None or not _lacks_val_row(trainer, step):
             return
         # Lightning calls this only where the step was due a validation the save came before (not on SIGTERM's).
         val_loop = trainer.fit_loop.epoch_loop.val_loop
 
         def validate_instead() -> None:
             _forget_patch(trainer)
-            rank_zero_info(
-                f"validating step {step} again: no wandb segment of this run holds its val/* values"
-            )
-            val_loop.restarting = False  # a fresh validation, as the straight run's
-            trainer.validating = True
-            first_loop_iter = trainer._logger_connector._first_loop_iter
-            val_loop.run()
-            trainer.training = True
-            trainer._logger_connector._first_loop_iter = first_loop_iter
+            validate_again(trainer, step)
 
         val_loop.increment_progress_to_evaluation_end = validate_instead
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         _forget_patch(trainer)  # the restart's check is over: Lightning did not ask, the step was not due
+
+
+def log_what_was_lost(trainer: L.Trainer, step: int) -> bool:
+    """For a run resumed at its last step, which trains nothing: validate `step` when no segment holds its val/*
+    values (the last step always validates), re-log the rows no segment holds; whether anything was logged."""
+    validated = trainer.enable_validation and _lacks_val_row(trainer, step)
+    if validated:
+        validate_again(trainer, step)
+    relogged = [logger.relog_lost() for logger in loggers_of(trainer, KeptHistory)]
+    return validated or any(relogged)
+
+
+def validate_again(trainer: L.Trainer, step: int) -> None:
+    """Run the validation of `step`, which a stopped run had not logged, as the straight run did."""
+    rank_zero_info(f"validating step {step} again: no wandb segment of this run holds its val/* values")
+    val_loop = trainer.fit_loop.epoch_loop.val_loop
+    val_loop.restarting = False  # a fresh validation, as the straight run's
+    trainer.validating = True
+    first_loop_iter = trainer._logger_connector._first_loop_iter
+    val_loop.run()
+    trainer.training = True
+    trainer._logger_connector._first_loop_iter = first_loop_iter
+
+
+def _lacks_val_row(trainer: L.Trainer, step: int) -> bool:
+    # Rank 0 reads the segment files; every rank must take the same decision (the validation syncs them).
+    lacks = trainer.is_global_zero and any(
+        logger.lacks_val_row(step) for logger in loggers_of(trainer, KeptHistory)
+    )
+    return bool(trainer.strategy.broadcast(lacks, src=0))
 
 
 def _forget_patch(trainer: L.Trainer) -> None:

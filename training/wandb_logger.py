@@ -18,7 +18,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from checkpoints.run_dir import RunDir
 from common.files import atomic_write
 
-from .wandb_history import WANDB_ID_KEY, KeptHistory
+from .wandb_history import WANDB_ID_KEY, KeptHistory, remove_empty_segments
 
 RUN_LOGGER = "training.wandb_logger.RunWandbLogger"  # as config.yaml records it: keep this module path
 
@@ -69,7 +69,9 @@ class RunWandbLogger(KeptHistory, WandbLogger):
         self._say_sync_hint()
         if self._trainer is not None and self._trainer.state.fn == "fit":
             step = self._trainer.global_step
-            self.keep_rows(step, metrics)
+            metrics = self.keep_rows(step, metrics)
+            if set(metrics) <= {"epoch"}:  # every point of this row is in an earlier segment already
+                return
         super().log_metrics(metrics, step)
 
     def finalize(self, status: str) -> None:
@@ -105,6 +107,8 @@ class RunWandbLogger(KeptHistory, WandbLogger):
             self._wandb_init["settings"] = wandb.Settings(silent=silent, quiet=True, show_colors=colors)
         if created and self._save_dir:
             Path(self._save_dir).mkdir(parents=True, exist_ok=True)  # wandb warns about a missing folder
+            if rank_zero_only.rank == 0:
+                remove_empty_segments(Path(self._save_dir), rank_zero_info)
             self._links_before = _links(RunDir(Path(self._save_dir)).wandb)
         run = super().experiment
         if created and self._save_dir and getattr(run, "id", None):

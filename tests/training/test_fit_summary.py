@@ -16,11 +16,11 @@ from training.fit_summary import LOGITS_BUDGET_BYTES, FitSummary, score_validati
 MODEL = dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, warmup_steps=1, learning_rate=3e-3)
 
 
-def fit(corpus, cache, root, limit_val_batches, summary=None) -> tuple[LitGPT, TextDataModule]:
+def fit(corpus, cache, root, limit_val_batches, summary=None, every=3) -> tuple[LitGPT, TextDataModule]:
     trainer = L.Trainer(
         default_root_dir=root, max_steps=3, max_epochs=-1, accelerator="cpu", devices=1, logger=False,
         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-        limit_val_batches=limit_val_batches, val_check_interval=3, num_sanity_val_steps=0,
+        limit_val_batches=limit_val_batches, val_check_interval=every, num_sanity_val_steps=0,
         callbacks=[summary or FitSummary()],
     )  # fmt: skip
     data = TextDataModule(
@@ -32,8 +32,12 @@ def fit(corpus, cache, root, limit_val_batches, summary=None) -> tuple[LitGPT, T
     return module, data
 
 
-def test_the_summary_scores_the_validation_text_with_the_final_weights(corpus, data_cache, tmp_path, capsys):
-    module, data = fit(corpus, data_cache, tmp_path, limit_val_batches=2)
+# val_check_interval 3 validates the last step anyway; 5 would not, but the last step always validates.
+@pytest.mark.parametrize("every", [3, 5])
+def test_the_summary_scores_the_validation_text_with_the_final_weights(
+    corpus, data_cache, tmp_path, capsys, every
+):
+    module, data = fit(corpus, data_cache, tmp_path, limit_val_batches=2, every=every)
     out = capsys.readouterr().out
     assert re.search(r"finished step 3/3 \| val/loss [0-9.]+ \(nats/token, 2 batches\)", out)
     module.eval()

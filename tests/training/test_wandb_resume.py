@@ -33,3 +33,36 @@ def test_a_resumed_run_logs_to_the_same_wandb_run_with_steps_continuing(
     first, second = (steps(wandb_history(segment)) for segment in segments)
     assert max(first) == 6 and min(second) >= 6 and max(second) == 9, (first, second)
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["wandb_run_id"] == run_id
+
+
+class RecordingLogger:
+    """Stands in for WandbLogger under KeptHistory: records what reaches wandb."""
+
+    def __init__(self, save_dir: str) -> None:
+        self._save_dir = save_dir
+        self.logged: list[tuple[int, dict]] = []
+
+    def log_metrics(self, metrics: dict, step: int) -> None:
+        self.logged.append((step, dict(metrics)))
+
+
+def test_after_a_resume_each_point_reaches_wandb_once(tiny_run):
+    from training.wandb_history import KeptHistory, held_logs
+
+    class Logger(KeptHistory, RecordingLogger):
+        pass
+
+    held, summary = held_logs(tiny_run)  # read only: the session run is shared
+    assert {(5, "train/"), (6, "val/")} <= held and (4, "train/") not in held and "val/text_bpb" in summary
+    logger = Logger(str(tiny_run))
+    # The checkpoint's rows: step 4's was never written (as after a kill -9), step 5's was.
+    logger.restore_train_rows(
+        [[4, {"train/loss": 3.0, "epoch": 0.0}], [5, {"train/loss": 2.0, "epoch": 0.0}]]
+    )
+    assert logger.holds_summary("val/text_bpb")
+    # A step trained again after the resume: its points are in the first segment already.
+    assert logger.keep_rows(5, {"train/loss": 2.0, "train/tokens_per_s": 9.0, "epoch": 0.0}) == {"epoch": 0.0}
+    assert logger.keep_rows(6, {"val/loss": 2.5, "epoch": 0.0}) == {"epoch": 0.0}
+    assert logger.keep_rows(7, {"train/loss": 1.5, "epoch": 0.0}) == {"train/loss": 1.5, "epoch": 0.0}
+    assert logger.logged == [(4, {"train/loss": 3.0, "epoch": 0.0})]  # the lost row, logged again once
+    assert logger.relog_lost() == 0
