@@ -13,6 +13,9 @@ from common.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, UserError, run_comm
 
 
 def fit() -> int | None:
+    from training.checks import refuse_early
+
+    refuse_early(sys.argv[1:])  # before Lightning's import: a refused flag costs no seconds of start-up
     from jsonargparse import ArgumentError
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 

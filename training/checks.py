@@ -1,20 +1,102 @@
-"""What train.py refuses in one line before Lightning starts or anything is read or written: a resume or run name
-that names no usable run folder, a negative step or epoch limit, an accelerator this machine lacks, cache and run
-folders it cannot write."""
+"""What train.py refuses in one line before Lightning starts or anything is read or written: an unknown
+subcommand, a missing config file, a resume or run name that names no usable run folder, a negative step or epoch
+limit, an accelerator this machine lacks, cache and run folders it cannot write. The same checks run twice: on the
+command line as written, before Lightning is imported (so a refusal costs no import), and on the parsed config."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+import yaml
+from jsonargparse import Namespace, dict_to_namespace
+
 from common.errors import UserError
 from common.files import refuse_unwritable_folder
 
+SUBCOMMANDS = ("fit", "validate")  # test and predict need loops that LitGPT does not define
 
-def refuse_unusable_run(parsed) -> None:
-    """One line, before anything is read or written, for a run that could not be found or written."""
+
+def refuse_early(args: list[str]) -> None:
+    """`refuse_unusable_run` on the command line as written: its config files and --key value overrides (the
+    defaults are not known yet: what they would refuse waits for the parsed config)."""
+    if not args or args[0].startswith("-"):
+        return  # --help, or no subcommand: the parser says what is missing
+    if args[0] not in SUBCOMMANDS:
+        choices = ", ".join(repr(name) for name in SUBCOMMANDS)
+        raise UserError(
+            f"unknown subcommand {args[0]!r} (choose from {choices}; see: python train.py --help)"
+        )
+    view: dict = {}
+    for index, arg in enumerate(args[1:], start=1):
+        if arg in ("--help", "-h", "--print_config") or arg.startswith("--print_config="):
+            return
+        if not arg.startswith("--"):
+            continue
+        if "=" in arg:
+            flag, value = arg.split("=", 1)
+        elif index + 1 < len(args) and not args[index + 1].startswith("--"):
+            flag, value = arg, args[index + 1]
+        else:
+            continue  # a flag without a value: the parser's to judge
+        if flag == "--config":
+            _merge(view, _read_config(Path(value)))
+        else:
+            _merge(view, _nested(flag[2:], _value(value)))
+    refuse_unusable_run(Namespace(subcommand=args[0], **{args[0]: dict_to_namespace(view)}), known=False)
+
+
+def _read_config(path: Path) -> dict:
+    if not path.is_file():
+        shipped = (
+            ", ".join(sorted(p.name for p in Path("configs").glob("*.yaml")))
+            if Path("configs").is_dir()
+            else ""
+        )
+        hint = f" (configs/ holds {shipped})" if shipped else ""
+        raise UserError(f"--config {path}: no such file{hint}")
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        where = " ".join(str(err).split()).replace('"<unicode string>"', str(path))
+        raise UserError(f"--config {path}: not valid YAML: {where}") from None
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _value(text: str):
+    """A command-line value as the parser reads it: YAML (`-5` is a number, `null` None), else the text."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _nested(dotted: str, value) -> dict:
+    view: dict = {}
+    *parents, leaf = dotted.split(".")
+    inner = view
+    for part in parents:
+        inner = inner.setdefault(part, {})
+    inner[leaf] = value
+    return view
+
+
+def _merge(into: dict, update: dict) -> None:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def refuse_unusable_run(parsed, known: bool = True) -> None:
+    """One line, before anything is read or written, for a run that could not be found or written; `known=False`
+    for the command line as written, where a key without a value is not set (and the accelerator waits: its
+    check imports Lightning)."""
     subcommand = parsed.get("subcommand")
     config = parsed[subcommand] if subcommand else parsed
+    trainer, data = (section if isinstance(section, Namespace) else Namespace() for section in
+                     (config.get("trainer"), config.get("data")))  # fmt: skip
     if config.get("ckpt_path") == "last" and not config.get("config") and not config.get("run_name"):
         # Without them `last` would mean runs/default, a new run with the default settings.
         raise UserError(
@@ -29,15 +111,17 @@ def refuse_unusable_run(parsed) -> None:
             "'/' or '..'; pick a plain name, and --trainer.default_root_dir for where runs go"
         )
     for key in ("max_steps", "max_epochs"):  # Lightning's own check is a 38-line traceback
-        value = config.trainer.get(key)
+        value = trainer.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value < -1:
             raise UserError(f"--trainer.{key} {value}: give a count, or -1 for no limit")
-    refuse_missing_accelerator(config.trainer.get("accelerator"))
-    cache = Path(config.data.cache_dir).expanduser()
-    if not cache.is_dir():  # one already there may be a read-only prepared cache
-        refuse_unwritable_folder(cache, "--data.cache_dir")
-    if subcommand in ("fit", None):
-        refuse_unwritable_folder(Path(config.trainer.default_root_dir), "--trainer.default_root_dir")
+    if known:
+        refuse_missing_accelerator(trainer.get("accelerator"))
+    if isinstance(data.get("cache_dir"), str):
+        cache = Path(data.cache_dir).expanduser()
+        if not cache.is_dir():  # one already there may be a read-only prepared cache
+            refuse_unwritable_folder(cache, "--data.cache_dir")
+    if subcommand in ("fit", None) and isinstance(trainer.get("default_root_dir"), str):
+        refuse_unwritable_folder(Path(trainer.default_root_dir), "--trainer.default_root_dir")
 
 
 def refuse_missing_accelerator(accelerator) -> None:

@@ -30,7 +30,7 @@ from common.threads import apply_thread_count
 from data.datamodule import check_numbers
 
 from .attention_maps import AttentionMaps
-from .checks import refuse_unusable_run
+from .checks import SUBCOMMANDS, refuse_unusable_run
 from .console import LineProgress, StepProgressBar, order_help_sections, silence_known_noise
 from .fit_summary import MAX_SCORED_TOKENS, FitReport, FitSummary
 from .flops import ThroughputMonitor
@@ -78,9 +78,8 @@ class GPTCLI(LightningCLI):
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
-        """fit and validate only: test and predict need test/predict loops that LitGPT does not define."""
         offered = LightningCLI.subcommands()
-        return {name: offered[name] for name in ("fit", "validate")}
+        return {name: offered[name] for name in SUBCOMMANDS}
 
     def parse_arguments(self, parser, args) -> None:
         """Refuse LightningCLI's optimizer flags and expand `--ckpt_path <run dir>` before parsing."""

@@ -3,6 +3,8 @@ with no run named, a run folder that cannot be written, the subcommands LitGPT h
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,7 +12,8 @@ import pytest
 
 import train
 
-TINY = str(Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml")
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "configs" / "tiny.yaml")
 
 
 def train_error(monkeypatch, capsys, tmp_path, *args: str) -> str:
@@ -80,6 +83,22 @@ def test_a_negative_step_or_epoch_limit_is_one_line(monkeypatch, capsys, tmp_pat
         "--data.data_files", "absent.txt",
     )  # fmt: skip
     assert f"--trainer.{key} {value}: give a count, or -1 for no limit" in err
+
+
+@pytest.mark.parametrize("args", [
+    ["fit", "--config", "absent.yaml"], ["fitt"], ["fit", "--trainer.max_steps=-5"],
+    ["fit", "--config", TINY, "--run_name", "../elsewhere"], ["validate", "--trainer.max_epochs", "-3"],
+])  # fmt: skip
+def test_a_refusal_of_the_command_line_comes_before_lightnings_import(tmp_path, args):
+    # Lightning's import is seconds; these refusals need only the command line and its config files.
+    code = (
+        "import sys, train; sys.argv = ['train.py', *sys.argv[1:]]; code = train.main(); "
+        "print(code, 'lightning' in sys.modules, 'torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert done.stdout.split() == ["2", "False", "False"], done.stdout + done.stderr
+    assert done.stderr.startswith("error:") and done.stderr.count("\n") == 1, done.stderr
 
 
 def test_a_key_cut_short_is_not_taken_for_a_longer_one(monkeypatch, capsys, tmp_path):

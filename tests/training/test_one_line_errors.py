@@ -59,7 +59,7 @@ def test_a_config_that_is_not_yaml_is_named(script, tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text("model:\n  n_layer: [1\n")
     result = script("train.py", "fit", "--config", str(config), check=False)
-    assert_one_line(result, f"in {config}, line 2", "(see: python train.py fit --help)")
+    assert_one_line(result, f"--config {config}: not valid YAML", f"in {config}, line 2")
     assert "<unicode string>" not in result.stderr
 
 
