@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import sys
 from pathlib import Path
 
+import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from common.errors import UserError, run_command
+from common.errors import UserError, disk_error, run_command
 from common.files import StagedFolder, refuse_existing
 from data.tokenizer import Tokenizer
 from model.config import DTYPES
@@ -38,7 +41,7 @@ def export_hf(model: GPT, tokenizer: Tokenizer, out_dir: str | Path, force: bool
         assert staged.path is not None
         folder = staged.path
         write_json(folder / "config.json", hf_config_dict(model.config, dtype, rules.bos_id, eos))
-        save_file(to_hf_state_dict(model), folder / WEIGHTS_NAME, metadata={"format": "pt"})
+        write_safetensors(to_hf_state_dict(model), folder / WEIGHTS_NAME)
         # safetensors creates its file 0600; give it the umask's mode, as config.json got, so others can read it.
         os.chmod(folder / WEIGHTS_NAME, stat.S_IMODE((folder / "config.json").stat().st_mode))
         (folder / "tokenizer.json").write_text(tokenizer.backend_json, encoding="utf-8")
@@ -48,6 +51,18 @@ def export_hf(model: GPT, tokenizer: Tokenizer, out_dir: str | Path, force: bool
         write_json(folder / "generation_config.json", generation)
         staged.publish(out.name, replace=force)
     return out
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """safetensors' save_file, whose I/O errors (a full disk) come as a SafetensorError naming no file: an OSError
+    naming `path` instead, so a command says it in one line."""
+    try:
+        save_file(tensors, path, metadata={"format": "pt"})
+    except SafetensorError as err:
+        code = re.search(r"os error (\d+)", str(err))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from err
 
 
 def tokenizer_config(block_size: int, tokenizer: Tokenizer) -> dict:
@@ -79,7 +94,10 @@ def export(args) -> None:
     model = loaded.model if args.dtype is None else loaded.model.to(DTYPES[args.dtype])
     try:
         out = export_hf(model, loaded.tokenizer, args.out, force=args.force)
-    except OSError as err:  # a read-only or full destination: the user picks another --out
+    except OSError as err:  # a full disk is said as every command says it; a read-only folder: another --out
+        full = disk_error(err)
+        if full is not None:
+            raise full from err
         raise UserError(
             f"--out {args.out}: cannot write the export ({err.strerror or err}); pick another folder"
         ) from err

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import SafetensorError
 
 import interop.export_hf as export_module
 from checkpoints.format import META_KEY, STATE_PREFIX, checkpoint_metadata
@@ -40,8 +41,9 @@ def folder_snapshot(path: Path) -> dict[str, bytes]:
 
 
 def fail_mid_write(tensors, filename, metadata=None):
-    Path(filename).write_bytes(b"\x00" * 100)  # half a file, as a crash or a full disk would leave
-    raise OSError("No space left on device")
+    Path(filename).write_bytes(b"\x00" * 100)  # half a file, as a full disk leaves it
+    # safetensors' own words for ENOSPC (seen on a full tmpfs), which name no file
+    raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
 
 def test_interrupted_export_leaves_nothing(make_model, tokenizer, tmp_path, monkeypatch):
@@ -49,6 +51,18 @@ def test_interrupted_export_leaves_nothing(make_model, tokenizer, tmp_path, monk
     with pytest.raises(OSError, match="No space"):
         export_hf(make_model(), tokenizer, tmp_path / "hf")
     assert list(tmp_path.iterdir()) == []  # neither the folder nor its temporary sibling
+
+
+def test_an_export_onto_a_full_disk_is_one_line_naming_the_file(
+    make_model, tokenizer_json, tmp_path, capsys, monkeypatch
+):
+    write_checkpoint(make_model(), tokenizer_json, tmp_path / "run" / "checkpoints" / "last.ckpt")
+    monkeypatch.setattr(export_module, "save_file", fail_mid_write)
+    assert main(["--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: cannot write "), err
+    assert "model.safetensors: No space left on device; free disk space" in err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["run"]
 
 
 def test_interrupted_forced_export_keeps_the_old_folder(make_model, tokenizer, tmp_path, monkeypatch):
