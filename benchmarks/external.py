@@ -6,18 +6,14 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from benchmarks import ROOT
 from common.errors import UserError
 from common.smollm2 import INSTALL, smollm2_gguf
-
-BUILD_SCRIPT = ROOT / "tools" / "llamacpp" / "build.sh"
+from tools.llamacpp.binaries import llamacpp_program
 
 
 def built_probe() -> Path | None:
     """The probe binary, or None until tools/llamacpp/build.sh has built it."""
-    where = subprocess.run(["bash", str(BUILD_SCRIPT), "--where"], capture_output=True, text=True, check=True)
-    path = Path(where.stdout.strip())
-    return path if path.is_file() else None
+    return llamacpp_program("probe")
 
 
 def run_probe(probe: Path, gguf: Path, prompt: list[int], new_tokens: int, threads: int):

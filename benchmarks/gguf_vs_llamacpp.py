@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import launch_to_exit, new_parser, positive_int
-from benchmarks.external import BUILD_SCRIPT, required_smollm2
+from benchmarks.external import required_smollm2
 from common.errors import UserError, run_command
 from generation.sampling import generate
 from generation.timing import alternate_medians, wall_seconds
@@ -36,6 +36,7 @@ from interop import load
 from interop.export_gguf import export_gguf
 from interop.export_hf import export_hf
 from model import GPT, ModelConfig
+from tools.llamacpp.binaries import llamacpp_program, not_found, where_built
 
 TG, PP = 128, 512  # llama-bench's default test sizes
 # Files built by llama.cpp's converter and quantiser from random weights of a shape, with SmolLM2's vocabulary (its
@@ -65,13 +66,11 @@ def cpu_line() -> str:
     return f"{model} ({', '.join(isa) or 'no AVX2'}), {os.cpu_count()} CPUs"
 
 
-def llamacpp_tool(flag: str) -> Path:
-    """A llama.cpp binary tools/llamacpp/build.sh builds, or one line saying to build it."""
-    path = Path(
-        subprocess.run(["bash", str(BUILD_SCRIPT), flag], capture_output=True, text=True).stdout.strip()
-    )
-    if not path.is_file():
-        raise UserError(f"{path} is not built: run tools/llamacpp/build.sh (minutes, once)")
+def llamacpp_tool(name: str) -> Path:
+    """A llama.cpp program (tools/llamacpp/binaries.py), or one line saying how to get it."""
+    path = llamacpp_program(name)
+    if path is None:
+        raise UserError(not_found(name))
     return path
 
 
@@ -86,12 +85,11 @@ def built_file(size: str) -> Path:
     if final.is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    quantize = llamacpp_tool("--where-quantize")
-    converter = Path(
-        subprocess.run(
-            ["bash", str(BUILD_SCRIPT), "--where-converter"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    )
+    quantize, converter = llamacpp_tool("llama-quantize"), where_built("--where-converter")
+    if not converter.is_file():
+        raise UserError(
+            f"no {converter}: run tools/llamacpp/build.sh (its llama.cpp sources hold the converter)"
+        )
     tokenizer = load(required_smollm2(f"--size {size}")).tokenizer
     print(f"building {final} (once: a few minutes) ...", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(dir=final.parent) as tmp:
@@ -151,7 +149,7 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=positive_int, default=3, help="rounds after a warm-up; medians")
     args = parser.parse_args()
-    bench, simple = llamacpp_tool("--where-bench"), llamacpp_tool("--where-simple")
+    bench, simple = llamacpp_tool("llama-bench"), llamacpp_tool("llama-simple")
     gguf = required_smollm2("benchmarks.gguf_vs_llamacpp") if args.size == "135m" else built_file(args.size)
     cpu, size = cpu_line(), gguf.stat().st_size / 1e9
     print(

@@ -18,10 +18,10 @@ from data.tokenizer import EOS_TOKEN as EOS
 from generation.sampling import generate
 from interop.export_gguf import export_gguf
 from tests.tiny_models import training_texts
+from tools.llamacpp.binaries import llamacpp_program, not_found
 
 pytest.importorskip("gguf", reason='the GGUF export needs pip install -e ".[gguf]"')
 REPO_ROOT = Path(__file__).resolve().parents[2]
-BUILD_SCRIPT = REPO_ROOT / "tools" / "llamacpp" / "build.sh"
 SHAKESPEARE = REPO_ROOT / "data" / "corpora" / "tinyshakespeare.txt"
 VOCAB = 512
 # Every kind of text a pre-tokenizer can split differently: letters after newlines, runs of spaces and tabs,
@@ -33,15 +33,13 @@ MIXED_TEXT = (
 )
 
 
-def llamacpp_binary(flag: str, name: str) -> Path:
-    """The binary `build.sh FLAG` names; a skip (or, with CI=true, a failure) when it is not built."""
-    where = subprocess.run(["bash", str(BUILD_SCRIPT), flag], capture_output=True, text=True, check=True)
-    path = Path(where.stdout.strip())
-    if not os.access(path, os.X_OK):
-        message = f"llama.cpp's {name} not built at {path}; run tools/llamacpp/build.sh"
+def llamacpp_binary(name: str) -> Path:
+    """The llama.cpp program `name` (tools/llamacpp/binaries.py); a skip (or, with CI=true, a failure) without."""
+    path = llamacpp_program(name)
+    if path is None:
         if llamacpp_required():
-            pytest.fail(message)
-        pytest.skip(message)
+            pytest.fail(not_found(name))
+        pytest.skip(not_found(name))
     return path
 
 
@@ -53,7 +51,7 @@ def llamacpp_required() -> bool:
 @pytest.fixture(scope="module")
 def probe() -> Path:
     """The llamacpp-probe binary."""
-    return llamacpp_binary("--where", "probe")
+    return llamacpp_binary("probe")
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,6 @@ from model.cache import KVCache
 from tests.interop.test_gguf_llamacpp import llamacpp_binary
 
 gguf = pytest.importorskip("gguf")
-BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "llamacpp" / "build.sh"
 NEW_TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"]
 # Byte offsets of each type's float16 super-block (or block) scales; every other byte may hold anything.
 HALVES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,)}
@@ -115,7 +114,7 @@ def test_a_block_size_the_layer_cannot_hold_is_refused():
 @pytest.fixture(scope="module")
 def llama_quantize() -> Path:
     """llama.cpp's llama-quantize binary."""
-    return llamacpp_binary("--where-quantize", "llama-quantize")
+    return llamacpp_binary("llama-quantize")
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,9 @@ from tokenizers.pre_tokenizers import Sequence as PreSequence
 from data.tokenizer import Tokenizer
 from interop import load
 from interop.export_hf import tokenizer_config, write_json
-from tests.interop.test_gguf_llamacpp import BUILD_SCRIPT, MIXED_TEXT, llamacpp_binary
+from tests.interop.test_gguf_llamacpp import MIXED_TEXT, llamacpp_binary
 from tests.interop.test_hf_architectures import save_tiny
+from tools.llamacpp.binaries import where_built
 
 gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.slow
@@ -46,9 +47,8 @@ runpy.run_path(str(converter), run_name="__main__")
 
 @pytest.fixture(scope="module")
 def converter() -> Path:
-    llamacpp_binary("--where", "probe")  # built, so the sources are unpacked (a skip or a CI failure if not)
-    where = subprocess.run(["bash", str(BUILD_SCRIPT), "--where-converter"], capture_output=True, text=True)
-    path = Path(where.stdout.strip())
+    llamacpp_binary("probe")  # built, so the sources are unpacked (a skip or a CI failure if not)
+    path = where_built("--where-converter")
     assert path.is_file(), f"no convert_hf_to_gguf.py at {path}"
     pytest.importorskip("sentencepiece", reason="llama.cpp's converter imports it for Qwen models")
     return path
