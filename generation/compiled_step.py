@@ -73,8 +73,9 @@ def compiled_step(model: torch.nn.Module, batch: int, length: int, build: bool) 
     decoder = static_decoder(model, batch, length=length)
     step = load(path, key) if path.is_file() else None
     if step is not None:
-        note(f"decoding with the compiled step built earlier for this model and shape ({path}); "
-             "--no_compile decodes eagerly")  # fmt: skip
+        # Said without "you": another process (or user of this cache) may have built it.
+        note(f"decoding with the kept compiled step of this model and shape ({path}, from an earlier "
+             "--compile); --no_compile decodes eagerly")  # fmt: skip
         decoder.use(step)
         decoder.warm_up()  # its kernels loaded now, not at the first token
         return True
