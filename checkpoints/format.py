@@ -17,6 +17,7 @@ import torch
 from common.errors import first_line, to_stderr
 from model.config import ModelConfig
 from model.gpt import GPT
+from model.lora import adapter_state
 
 from .run_dir import (
     LAST_NAME,
@@ -34,6 +35,9 @@ FORMAT_VERSION = 1
 META_KEY = "gqa_gpt"
 STATE_PREFIX = "model."
 REQUIRED_KEYS = ("format", "model_config", "tokenizer_json", "tokenizer_sha256")
+# In META_KEY of a checkpoint of adapters: their rank, alpha, dropout and targets, and the base they were trained
+# on ({"name", "revision", "sha256"}, the sha256 of its weight files); its state_dict holds the adapters only.
+LORA_KEY = "lora"
 INTERRUPTED = "its save was interrupted; use an earlier checkpoint"
 READING = Wording(
     bad="cannot be read",
@@ -189,6 +193,35 @@ def loaded_from(ckpt: dict, path: Path, map_location: str | torch.device = "cpu"
             f"{path}: weights do not fit the stored model config ({first_line(err)})"
         ) from err
     return LoadedCheckpoint(model.to(map_location).eval(), meta["tokenizer_json"], meta, path)
+
+
+def check_lora_checkpoint(
+    ckpt: dict, model: torch.nn.Module, base_sha256: str | None, where: object = ""
+) -> None:
+    """One line unless `ckpt` holds the adapters of `model` (a GPT with adapters added, on its base), trained on
+    the base whose weight files have the sha256 `base_sha256`."""
+    lora = ckpt[META_KEY].get(LORA_KEY)
+    where = where or "the checkpoint"
+    if lora is None:
+        raise CheckpointError(
+            f"{where} holds every weight, not adapters; resume it without model.lora_rank, or start a new run"
+        )
+    base = lora["base"]
+    if base_sha256 is not None and base["sha256"] != base_sha256:
+        raise CheckpointError(
+            f"the adapters of {where} were trained on {base['name']} (weights sha256 {base['sha256'][:12]}), "
+            f"but that name now holds other weights ({base_sha256[:12]}); use the base they were trained on"
+        )
+    expected = {STATE_PREFIX + name: tuple(t.shape) for name, t in adapter_state(model).items()}
+    stored = {name: tuple(t.shape) for name, t in ckpt["state_dict"].items()}
+    if stored != expected:
+        differ = sorted(stored.keys() ^ expected.keys()) or [
+            n for n in sorted(stored) if stored[n] != expected[n]
+        ]
+        raise CheckpointError(
+            f"{where}: its adapters do not fit model.lora_rank and model.lora_targets ({differ[0]}); use the "
+            f"values it was trained with (rank {lora['rank']}, targets {', '.join(lora['targets'])})"
+        )
 
 
 def sharded_contents(path: Path) -> set[str]:

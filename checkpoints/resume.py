@@ -14,7 +14,7 @@ import torch
 from common.errors import UserError, to_stderr
 from model import GPT, ModelConfig
 
-from .format import META_KEY, loaded_from, read_checkpoint, sharded_contents
+from .format import LORA_KEY, META_KEY, loaded_from, read_checkpoint, sharded_contents
 from .run_dir import CheckpointError, RunDir, Wording, choose_checkpoint, is_sharded_checkpoint
 
 CKPT_FLAG = "--ckpt_path"
@@ -42,7 +42,9 @@ def check_resumable(path: Path) -> dict:
     missing = [key for key in needed if key not in ckpt and key not in held]
     if missing:
         raise CheckpointError(f"{path}: lacks {', '.join(missing)}; it cannot resume training")
-    if not sharded:  # weights that fit the config
+    if (
+        not sharded and LORA_KEY not in ckpt[META_KEY]
+    ):  # weights that fit the config (adapters: at their load)
         loaded_from(ckpt, path)
     return ckpt
 
@@ -111,6 +113,16 @@ def check_resume_point(config, ckpt_path: str, ckpt: dict, subcommand: str) -> s
     model, data = config.get("model") or {}, config.get("data") or {}
     requested = {**stored, **{name: model.get(name) for name in MODEL_FIELDS if model.get(name) is not None}}
     requested.update({name: data.get(name) for name in DATA_FIELDS if data.get(name) is not None})
+    adapters = ckpt[META_KEY].get(LORA_KEY)
+    if subcommand == "fit" and bool(adapters) != bool(model.get("lora_rank")):
+        held = f"adapters of rank {adapters['rank']}" if adapters else "every weight"
+        asked = (
+            f"lora_rank={model.get('lora_rank')}" if model.get("lora_rank") else "no adapters (lora_rank 0)"
+        )
+        raise UserError(
+            f"--ckpt_path {ckpt_path}: it holds {held}, the config asks {asked}; resume with the model.lora_rank "
+            "it was trained with, or start a new run with --run_name"
+        )
     changed = []
     if _weight_shapes(stored) != _weight_shapes(requested):
         changed = [

@@ -149,6 +149,9 @@ class QuantizedLinear(nn.Module):
         return weight.view(self.in_features, self.out_features).t()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.requires_grad and torch.is_grad_enabled():  # training adapters on this frozen layer (QLoRA)
+            y = _ThroughBlocks.apply(x, self)
+            return y if self.bias is None else y + self.bias
         rows = x.shape[:-1].numel()
         if (
             rows <= KERNEL_ROWS
@@ -172,3 +175,17 @@ class QuantizedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, bits={self.bits}, block={self.block}, offset={self.offset}"
+
+
+class _ThroughBlocks(torch.autograd.Function):
+    """`x Wᵀ` for a frozen `QuantizedLinear`, whose backward gives x its gradient from W dequantised again: saving
+    each layer's float W for the backward would hold the whole float model, which keeping the blocks avoids."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, layer: QuantizedLinear) -> torch.Tensor:
+        ctx.layer = layer
+        return F.linear(x, layer.dequantize().to(x.dtype))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad @ ctx.layer.dequantize().to(grad.dtype), None

@@ -2,7 +2,7 @@
 for every command (docs/pretrained.md); tensor names of every format are one table (interop/names.py)."""
 
 from .hf_folder import load_hf
-from .load import Loaded, load, read_config, read_tokenizer
+from .load import Loaded, load, read_config, read_tokenizer, source_sha256
 from .source import PretrainedError, Source, resolve
 
 __all__ = [
@@ -14,4 +14,5 @@ __all__ = [
     "read_config",
     "read_tokenizer",
     "resolve",
+    "source_sha256",
 ]

@@ -5,19 +5,28 @@ The kind of source is decided once (interop.source.classify) and picks one `Read
 from __future__ import annotations
 
 import argparse
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from checkpoints.format import META_KEY, load_checkpoint, read_checkpoint
-from common.errors import OneLineParser
+from checkpoints.format import (
+    LORA_KEY,
+    META_KEY,
+    STATE_PREFIX,
+    check_lora_checkpoint,
+    loaded_from,
+    read_checkpoint,
+)
+from common.errors import OneLineParser, first_line
 from common.files import refuse_existing
 from data.tokenizer import Tokenizer
 from interop.tokenizer_files import tokenizer_from_hf_folder
 from model.config import ModelConfig
 from model.gpt import GPT
+from model.lora import LoRAConfig, add_lora, merge_lora
 
 from .gguf_blocks import KEPT_TYPES
 from .gguf_file import GGUFFile
@@ -113,7 +122,11 @@ def load_for_export(args: argparse.Namespace, file: bool = False, suffixes: tupl
     take long to read)."""
     out, source = Path(args.out).expanduser(), Path(args.checkpoint).expanduser()
     refuse_existing(out, args.force, file=file, suffixes=suffixes, source=source)
-    return load(args.checkpoint, args.revision)  # a bad name is a UserError: one line, exit 2
+    loaded = load(args.checkpoint, args.revision)  # a bad name is a UserError: one line, exit 2
+    merge_lora(
+        loaded.model
+    )  # adapters kept beside a base's blocks go into its weights: exports hold one matrix
+    return loaded
 
 
 def _reader(source: Source) -> Reader:
@@ -121,8 +134,45 @@ def _reader(source: Source) -> Reader:
 
 
 def _checkpoint_model(path: Path, keep_quantized: bool) -> tuple[GPT, Tokenizer]:
-    checkpoint = load_checkpoint(path)
-    return checkpoint.model, Tokenizer.from_json(checkpoint.tokenizer_json)
+    ckpt, file = read_checkpoint(path)
+    tokenizer = Tokenizer.from_json(ckpt[META_KEY]["tokenizer_json"])
+    if LORA_KEY in ckpt[META_KEY]:
+        return _with_adapters(ckpt, file), tokenizer
+    return loaded_from(ckpt, file).model, tokenizer
+
+
+def _with_adapters(ckpt: dict, file: Path) -> GPT:
+    """The base a LoRA checkpoint names, checked against its sha256, with the adapters on it: kept blocks (QLoRA)
+    keep their adapters beside them; a float base takes them into its weights (merged: no cost per token)."""
+    lora = ckpt[META_KEY][LORA_KEY]
+    base = lora["base"]
+    try:
+        loaded = load(base["name"], base["revision"], keep_quantized=lora["keep_quantized"])
+    except PretrainedError as err:
+        raise PretrainedError(
+            f"{file}: holds adapters for the base {base['name']}, which {first_line(err)}"
+        ) from err
+    model = add_lora(loaded.model, LoRAConfig(lora["rank"], lora["alpha"], 0.0, tuple(lora["targets"])))
+    check_lora_checkpoint(ckpt, model, source_sha256(loaded.source), file)
+    state = {name.removeprefix(STATE_PREFIX): tensor for name, tensor in ckpt["state_dict"].items()}
+    model.load_state_dict(state, strict=False)
+    return model if lora["keep_quantized"] else merge_lora(model)
+
+
+def source_sha256(source: Source) -> str:
+    """The sha256 of a source's weight files, in order (what a LoRA checkpoint records of its base)."""
+    if source.kind == "gguf":
+        files = [source.path]
+    elif source.kind == "checkpoint":
+        files = [read_checkpoint(source.path)[1]]
+    else:
+        files = sorted(source.path.glob("*.safetensors"))
+    digest = hashlib.sha256()
+    for path in files:
+        with open(path, "rb") as stream:
+            while chunk := stream.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()
 
 
 READERS = {

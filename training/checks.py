@@ -41,6 +41,7 @@ def refuse_early(args: list[str]) -> None:
             continue  # a flag without a value: the parser's to judge
         if flag == "--config":
             _merge(view, _read_config(Path(value)))
+            view["config"] = [*view.get("config", []), value]
         else:
             _merge(view, _nested(flag[2:], _value(value)))
     refuse_unusable_run(Namespace(subcommand=args[0], **{args[0]: dict_to_namespace(view)}), known=False)

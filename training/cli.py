@@ -116,8 +116,8 @@ class GPTCLI(LightningCLI):
 
     def fit(self, model, datamodule=None, ckpt_path=None, **kwargs) -> None:
         """trainer.fit with Ctrl-C handled gracefully, as the run directory's one writer."""
-        if ckpt_path:  # a resume restores our checkpoint, never the init_from weights
-            model.pretrained_pending = False
+        if ckpt_path:
+            model.resuming()
         run_dir = Path(self.trainer.default_root_dir)
         made = missing_folders(run_dir)  # a new run's folder, and runs/ for a first run
         self.ctrl_c.install(self.trainer)

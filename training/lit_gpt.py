@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,10 +16,12 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from checkpoints.format import META_KEY, checkpoint_metadata
+from checkpoints.format import LORA_KEY, META_KEY, check_lora_checkpoint, checkpoint_metadata
 from common.errors import UserError
 from data.batches import IGNORE_INDEX
+from interop.hf_folder import empty_model
 from model import GPT, ModelConfig
+from model.lora import TARGETS, LoRAConfig, add_lora, is_adapter_name
 
 from .schedule import Schedule, adamw_param_groups, lr_multiplier, schedule_change_note
 
@@ -46,6 +50,14 @@ class LitGPT(L.LightningModule):
             a .gguf file. Its architecture, vocabulary and context replace the model keys, its tokenizer
             replaces the BPE, and its weights are loaded at the start of a fresh fit (docs/finetune.md).
         init_revision: Hub revision (branch, tag or commit) of init_from.
+        lora_rank: Train low-rank adapters of this rank on the frozen init_from model instead of every weight
+            (LoRA); 0 trains every weight. Checkpoints then hold the adapters and name the base.
+        lora_alpha: The adapters' update is scaled by lora_alpha / lora_rank.
+        lora_dropout: Dropout on the adapters' input during training.
+        lora_targets: Layers adapted in every block: qkv (the q/k/v projection), proj (attention output),
+            gate_up and down (the MLP).
+        keep_quantized: With LoRA on a .gguf init_from, keep the frozen matrices in the file's 4- to 8-bit
+            blocks while training (QLoRA): memory about the file's size instead of 4 bytes a weight.
         model_config: The `model.ModelConfig` fields (n_layer, n_head, ...), declared and documented there;
             the CLI lists each as `--model.<field>`. vocab_size and block_size follow data.vocab_size and
             data.block_size.
@@ -65,6 +77,11 @@ class LitGPT(L.LightningModule):
         compile: bool = False,
         init_from: str | None = None,
         init_revision: str | None = None,
+        lora_rank: int = 0,
+        lora_alpha: float = 16.0,
+        lora_dropout: float = 0.05,
+        lora_targets: list[str] = list(TARGETS),  # noqa: B006 (jsonargparse shows the default; never mutated)
+        keep_quantized: bool = False,
         **model_config: Any,
     ) -> None:
         super().__init__()
@@ -80,16 +97,36 @@ class LitGPT(L.LightningModule):
         ):
             if not ok:
                 raise UserError(f"model.{name} must be {expected}, got {value!r} (--model.{name})")
+        self.lora = (
+            LoRAConfig(lora_rank, lora_alpha, lora_dropout, tuple(lora_targets)) if lora_rank else None
+        )
+        if self.lora is not None and not init_from:
+            raise UserError("model.lora_rank trains adapters on a pretrained model: set model.init_from too")
+        if keep_quantized and self.lora is None:
+            raise UserError(
+                "model.keep_quantized keeps the frozen weights of LoRA in their blocks: set model.lora_rank too "
+                "(full fine-tuning changes every weight)"
+            )
         # With init_from, block_size (the context) and data.block_size (the window) differ: Lightning logs one.
         self.save_hyperparameters(ignore=["block_size"] if init_from else None)
         # jsonargparse follows **model_config into this call, so ModelConfig's fields become --model.<field>.
-        self.model = GPT(ModelConfig(**model_config))
-        if compile:
+        config = ModelConfig(**model_config)
+        # With adapters the init_from model itself becomes the model (configure_model): nothing to allocate now.
+        self.model = empty_model(config) if self.lora is not None else GPT(config)
+        if compile and self.lora is None:
             self.model.compile()  # in place, so state_dict keys stay unprefixed
+        # A LoRA checkpoint holds the adapters only: Lightning loads them into the model the base was put in.
+        self.strict_loading = self.lora is None
+        self.base_sha256: str | None = None  # of the init_from weights, once loaded under adapters
         self.skipped_batches = 0
         self.resumed_max_steps: int | None = None  # trainer.max_steps of the run a checkpoint was saved from
-        # Cleared once the init_from weights are in, or by a resume (GPTCLI.fit), whose checkpoint replaces them.
+        # Cleared once the init_from weights are in, or by a resume (GPTCLI.fit), whose checkpoint replaces them
+        # (not under adapters: their checkpoint holds none of the base).
         self.pretrained_pending = init_from is not None
+
+    def resuming(self) -> None:
+        """A resume's checkpoint replaces the init_from weights, unless it holds adapters only."""
+        self.pretrained_pending = self.lora is not None
 
     def configure_model(self) -> None:
         # Before sharding: the full pretrained tensors load into the whole model, then FSDP2 splits them.
@@ -100,11 +137,15 @@ class LitGPT(L.LightningModule):
             shard_model(self.model, self.device_mesh)
 
     def load_pretrained_weights(self) -> None:
-        """Copy the init_from model's weights into the model (once; configure_model calls it on a fresh fit)."""
-        from interop import load
+        """Copy the init_from model's weights into the model (once; configure_model calls it on a fresh fit), or
+        with adapters make it the model, frozen, with adapters added."""
+        from interop import load, source_sha256
 
         hp = self.hparams
-        loaded = load(hp.init_from, hp.init_revision, dtype=torch.float32)
+        keep = hp.get("keep_quantized", False)
+        loaded = load(
+            hp.init_from, hp.init_revision, dtype=None if keep else torch.float32, keep_quantized=keep
+        )
         ours, theirs = (
             replace(c, dropout=0.0, init_std=0.02) for c in (self.model.config, loaded.model.config)
         )
@@ -113,9 +154,16 @@ class LitGPT(L.LightningModule):
                 f"model.init_from {hp.init_from}: the model keys describe another architecture than the "
                 "pretrained one; train with train.py, which takes them from the model"
             )
-        self.model.load_state_dict(loaded.model.state_dict())
+        if self.lora is None:
+            self.model.load_state_dict(loaded.model.state_dict())
+        else:
+            self.model = add_lora(loaded.model.train(), self.lora)
+            if hp.compile:
+                self.model.compile()
+            self.base_sha256 = source_sha256(loaded.source)
         self.pretrained_pending = False
-        rank_zero_info(f"init_from: weights of {loaded.source}")
+        kept = " (frozen matrices kept in their blocks)" if keep else ""
+        rank_zero_info(f"init_from: weights of {loaded.source}{kept}")
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy in nats per scored token: targets equal to IGNORE_INDEX (for chat, the tokens the
@@ -141,6 +189,11 @@ class LitGPT(L.LightningModule):
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # Lightning's logger gate counts optimizer steps its own way, one too high after a resume from a stop save.
         self.trainer.fit_loop.epoch_loop._batches_that_stepped = self.trainer.global_step
+        if self.model.config.dropout > 0 or (self.lora is not None and self.lora.dropout > 0):
+            # Dropout's masks from (seed, step, batch): a resumed run draws what the straight run drew, whatever
+            # else used the generator in between (each validation's DataLoader draws its seed from it).
+            seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+            torch.manual_seed(hash((seed, self.trainer.global_step, batch_idx)) % 2**63)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # Every run ends with a val/* figure: Lightning validates when asked to stop, so the last step validates
@@ -231,8 +284,18 @@ class LitGPT(L.LightningModule):
             self.model.config, tokenizer.to_json(), tokenizer.sha256, data, self.skipped_batches
         )
         checkpoint[MAX_STEPS_KEY] = self.trainer.max_steps
+        if self.lora is not None:  # the adapters and where their base is: the base stays in its own file
+            hp = self.hparams
+            checkpoint["state_dict"] = {
+                key: value for key, value in checkpoint["state_dict"].items() if is_adapter_name(key)
+            }
+            base = {"name": hp.init_from, "revision": hp.init_revision, "sha256": self.base_sha256}
+            lora = dataclasses.asdict(self.lora) | {"targets": list(self.lora.targets)}
+            checkpoint[META_KEY][LORA_KEY] = lora | {"keep_quantized": hp.keep_quantized, "base": base}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if self.lora is not None:
+            check_lora_checkpoint(checkpoint, self.model, self.base_sha256, self.trainer.ckpt_path)
         self.pretrained_pending = False
         self.skipped_batches = checkpoint.get(META_KEY, {}).get("skipped_batches", 0)
         self.resumed_max_steps = checkpoint.get(MAX_STEPS_KEY)
