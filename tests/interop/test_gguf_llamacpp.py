@@ -119,3 +119,31 @@ def test_llamacpp_greedy_decoding_gives_our_tokens(
     # f32 on both sides differs by ~1e-5 in the logits; a smaller margin would make a mismatch a coin toss.
     assert (top2[:, 0] - top2[:, 1]).min() > 1e-3
     assert llamacpp_greedy(probe, path, prompt, n_new) == ours
+
+
+def test_llamacpp_with_our_lora_adapter_gives_our_greedy_tokens(
+    probe, shakespeare_tokenizer, make_model, tmp_path
+):
+    from interop.export_lora import write_gguf_adapter
+    from model.lora import LoRAConfig, adapters, add_lora
+
+    model = varied_model(make_model, 2, True)
+    base = export_gguf(model, shakespeare_tokenizer, tmp_path / "base.gguf")
+    add_lora(model, LoRAConfig(rank=4, alpha=8.0, dropout=0.0))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # trained adapters' size: enough to change the greedy path
+        for adapter in adapters(model).values():
+            adapter.lora_b.copy_(torch.randn(adapter.lora_b.shape, generator=generator) * 0.05)
+    lora = {"alpha": 8.0}
+    adapter_file = write_gguf_adapter(model.eval(), lora, tmp_path / "adapter.gguf")
+    prompt = shakespeare_tokenizer.encode("First Citizen:\nBefore we proceed")
+    with torch.no_grad():
+        sequence = generate(model, torch.tensor([prompt]), 32, temperature=0.0)
+        top2 = model(sequence)[0, len(prompt) - 1 : -1].topk(2).values
+    ours = sequence[0, len(prompt) :].tolist()
+    assert len(set(ours)) >= 12 and (top2[:, 0] - top2[:, 1]).min() > 1e-3
+    lines = run_probe(
+        probe, "generate", str(base), "32", "2", str(adapter_file), stdin=" ".join(map(str, prompt))
+    )
+    assert [int(i) for i in lines[0].split()] == ours
+    assert llamacpp_greedy(probe, base, prompt, 32) != ours  # the adapter is what llama.cpp applied

@@ -150,3 +150,29 @@ def test_qlora_trains_on_the_kept_blocks_and_samples_from_them(tiny_run, tiny_ar
     ids = torch.randint(0, 300, (1, 12))
     torch.testing.assert_close(model(ids), merged(ids), rtol=1e-4, atol=1e-4)
     assert isinstance(model.blocks[0].attn.qkv, LoRALinear)
+
+
+def test_the_peft_folder_loads_in_peft_with_our_logits_and_greedy_tokens(straight, base, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    from generation.sampling import generate
+    from interop.export_hf import export_hf
+    from interop.export_lora import main
+
+    assert main(["--checkpoint", str(straight), "--out", str(tmp_path / "adapter")]) == 0
+    pretrained = load(base)
+    hf_folder = export_hf(pretrained.model, pretrained.tokenizer, tmp_path / "base-hf")
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(hf_folder, torch_dtype=torch.float32)
+    theirs = peft.PeftModel.from_pretrained(hf_model, tmp_path / "adapter").eval()
+    ours = load(straight).model  # base + adapters, merged
+    ids = torch.randint(0, ours.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(ids).logits, ours(ids), rtol=1e-4, atol=1e-4)
+        with theirs.disable_adapter():  # the adapters are what made the difference
+            assert not torch.allclose(theirs(ids).logits, ours(ids), atol=1e-3)
+        prompt = ids[:1, :8]
+        ours_greedy = generate(ours, prompt, 16, temperature=0.0)[0].tolist()
+        theirs_greedy = theirs.generate(
+            input_ids=prompt, max_new_tokens=16, min_new_tokens=16, do_sample=False
+        )
+    assert theirs_greedy[0].tolist() == ours_greedy

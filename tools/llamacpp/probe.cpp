@@ -1,7 +1,8 @@
 // A tiny llama.cpp client for our tests and benchmark: prints the token ids llama.cpp produces.
 //
 //   llamacpp-probe tokenize MODEL.gguf            < text     ids of stdin's text, one line
-//   llamacpp-probe generate MODEL.gguf N THREADS  < ids      greedy ids of N new tokens after the prompt ids
+//   llamacpp-probe generate MODEL.gguf N THREADS [LORA.gguf]  < ids   greedy ids of N new tokens after the
+//                                                                       prompt ids (with a LoRA adapter at scale 1)
 //
 // `generate` prints the new ids on one line, then "seconds PREFILL DECODE": the prompt's forward pass and the
 // N - 1 single-token steps after it (model loading excluded), so a benchmark can time what `generate` does.
@@ -58,7 +59,7 @@ llama_token argmax(const float * logits, int n_vocab) {
     return best;
 }
 
-int generate(llama_model * model, int n_new, int n_threads) {
+int generate(llama_model * model, int n_new, int n_threads, const char * lora_path) {
     std::vector<llama_token> prompt;
     for (long id; std::cin >> id;) {
         prompt.push_back((llama_token) id);
@@ -75,6 +76,13 @@ int generate(llama_model * model, int n_new, int n_threads) {
     llama_context * ctx = llama_init_from_model(model, params);
     if (ctx == nullptr) {
         return fail("cannot create a context");
+    }
+    if (lora_path != nullptr) {
+        llama_adapter_lora * adapter = llama_adapter_lora_init(model, lora_path);
+        float scale = 1.0f;
+        if (adapter == nullptr || llama_set_adapters_lora(ctx, &adapter, 1, &scale) != 0) {
+            return fail(std::string("cannot apply the adapter ") + lora_path);
+        }
     }
     const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
     std::vector<llama_token> out;
@@ -107,7 +115,7 @@ int generate(llama_model * model, int n_new, int n_threads) {
 int main(int argc, char ** argv) {
     const std::string mode = argc > 1 ? argv[1] : "";
     if (argc < 3 || (mode != "tokenize" && mode != "generate") || (mode == "generate" && argc < 5)) {
-        return fail("usage: llamacpp-probe tokenize MODEL < text | generate MODEL N THREADS < ids");
+        return fail("usage: llamacpp-probe tokenize MODEL < text | generate MODEL N THREADS [LORA] < ids");
     }
     llama_log_set(quiet_log, nullptr);
     llama_backend_init();
@@ -120,7 +128,8 @@ int main(int argc, char ** argv) {
         return fail(std::string("cannot load ") + argv[2]);
     }
     const int rc = mode == "tokenize" ? tokenize(llama_model_get_vocab(model))
-                                      : generate(model, std::atoi(argv[3]), std::atoi(argv[4]));
+                                      : generate(model, std::atoi(argv[3]), std::atoi(argv[4]),
+                                                 argc > 5 ? argv[5] : nullptr);
     llama_model_free(model);
     llama_backend_free();
     return rc;
