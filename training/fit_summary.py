@@ -102,11 +102,14 @@ def fit_report(
     shards: int = 1,
     device_bytes: int | None = None,
     peak_flops: float | None = None,
+    trainable: int | None = None,
+    weight_bytes: int | None = None,
 ) -> list[str]:
-    est = estimate_training_memory(config, batch_size, seq_len, precision, shards)
+    est = estimate_training_memory(config, batch_size, seq_len, precision, shards, trainable, weight_bytes)
     sharded = f", sharded {shards} ways" if shards > 1 else ""
+    learned = "" if trainable is None else f"; trained: {trainable:,} in the adapters, the rest frozen"
     lines = [
-        f"parameters: {est.parameters:,} ({est.parameters / 1e6:.1f} M)",
+        f"parameters: {est.parameters:,} ({est.parameters / 1e6:.1f} M){learned}",
         f"weights + grads: {_size(est.weight_bytes + est.grad_bytes)}{sharded} ({precision})",
         f"AdamW state: {_size(est.optimizer_bytes)}{sharded}",
         f"activations: {_size(est.activation_bytes)} for a micro-batch of {batch_size} x {seq_len} tokens "
@@ -139,9 +142,16 @@ class FitReport(L.Callback):
         memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
         sharded = isinstance(trainer.strategy, (FSDPStrategy, ModelParallelStrategy))
         shards = trainer.world_size if sharded else 1
-        lines = fit_report(
-            config, batch_size, seq_len, str(trainer.precision), shards, memory, device_peak_flops(device)
+        tensors = [*pl_module.model.parameters(), *pl_module.model.buffers()]
+        frozen = any(not p.requires_grad for p in pl_module.model.parameters())
+        trainable = (
+            sum(p.numel() for p in pl_module.model.parameters() if p.requires_grad) if frozen else None
         )
+        weight_bytes = sum(t.numel() * t.element_size() for t in tensors) if frozen else None
+        lines = fit_report(
+            config, batch_size, seq_len, str(trainer.precision), shards, memory, device_peak_flops(device),
+            trainable, weight_bytes,
+        )  # fmt: skip
         rank_zero_info("Run size (estimate):\n  " + "\n  ".join(lines))
 
 

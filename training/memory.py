@@ -74,16 +74,25 @@ def kv_cache_bytes_per_token(config: ModelConfig, precision: str) -> int:
 
 
 def estimate_training_memory(
-    config: ModelConfig, batch_size: int, seq_len: int, precision: str, shards: int = 1
+    config: ModelConfig,
+    batch_size: int,
+    seq_len: int,
+    precision: str,
+    shards: int = 1,
+    trainable: int | None = None,
+    weight_bytes: int | None = None,
 ) -> MemoryEstimate:
-    """Per-device bytes with AdamW; `shards` divides weights, grads and optimizer state as FSDP does."""
+    """Per-device bytes with AdamW; `shards` divides weights, grads and optimizer state as FSDP does. With adapters
+    (LoRA) only `trainable` parameters have gradients and AdamW state, and `weight_bytes` are the model's tensors
+    as loaded (a kept-block base: its blocks)."""
     p, _ = dtype_bytes(precision)
     n = count_parameters(config)
+    learned = n if trainable is None else trainable
     return MemoryEstimate(
         parameters=n,
-        weight_bytes=p * n // shards,
-        grad_bytes=p * n // shards,
-        optimizer_bytes=2 * p * n // shards,  # AdamW's exp_avg and exp_avg_sq, in the parameters' dtype
+        weight_bytes=(p * n if weight_bytes is None else weight_bytes) // shards,
+        grad_bytes=p * learned // shards,
+        optimizer_bytes=2 * p * learned // shards,  # AdamW's exp_avg and exp_avg_sq, in the parameters' dtype
         activation_bytes=activation_bytes(config, batch_size, seq_len, precision),
         kv_cache_bytes_per_token=kv_cache_bytes_per_token(config, precision),
     )

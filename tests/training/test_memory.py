@@ -85,3 +85,21 @@ def test_report_says_whether_the_run_fits():
     assert "fits" in lines[-1] and "NOT" not in lines[-1]
     small_gpu = fit_report(GPT2_SMALL, 16, 1024, "bf16-mixed", device_bytes=8 * 2**30)
     assert "DOES NOT FIT" in small_gpu[-1] and "data.batch_size" in small_gpu[-1]
+
+
+def test_with_adapters_only_they_have_gradients_and_adamw_state():
+    from model.lora import LoRAConfig, add_lora
+
+    model = add_lora(GPT(GPT2_SMALL), LoRAConfig(rank=8))
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    stored = sum(p.numel() * p.element_size() for p in model.parameters())
+    full = estimate_training_memory(GPT2_SMALL, 4, 256, "32-true")
+    lora = estimate_training_memory(GPT2_SMALL, 4, 256, "32-true", trainable=trainable, weight_bytes=stored)
+    assert (lora.grad_bytes, lora.optimizer_bytes, lora.weight_bytes) == (
+        4 * trainable,
+        8 * trainable,
+        stored,
+    )
+    assert lora.activation_bytes == full.activation_bytes
+    assert f"trained: {trainable:,} in the adapters" in fit_report(GPT2_SMALL, 4, 256, "32-true",
+                                                                     trainable=trainable, weight_bytes=stored)[0]  # fmt: skip
