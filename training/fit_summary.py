@@ -188,10 +188,12 @@ class FitSummary(L.Callback):
 
     def _end_finished_run(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> None:
         logged = log_what_was_lost(trainer, step)
-        held = any(logger.holds_summary(SCORE_KEY) for logger in loggers_of(trainer, RunWandbLogger))
-        scored = self._summarise(trainer, pl_module, 0 if held else self.max_tokens)
+        # Scored again only for a wandb summary that lacks it: the score itself was printed when the run ended.
+        loggers = loggers_of(trainer, RunWandbLogger)
+        lacking = any(not logger.holds_summary(SCORE_KEY) for logger in loggers)
+        scored = self._summarise(trainer, pl_module, self.max_tokens if lacking else 0)
         if not (logged or scored):  # the new wandb segment would hold nothing
-            for logger in loggers_of(trainer, RunWandbLogger):
+            for logger in loggers:
                 logger.discard_segment()
 
     def _summarise(self, trainer: L.Trainer, pl_module: L.LightningModule, max_tokens: int) -> bool:

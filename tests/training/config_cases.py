@@ -98,6 +98,11 @@ CASES = {
         ["--model.init_from", SMOLLM2, "--trainer.val_check_interval", "2", *GPU[2:]],
         hub_stand_in="shipped",
     ),
+    # The same data with rank-8 adapters on the frozen model.
+    "lora-smollm2": Case(
+        ["--model.init_from", SMOLLM2, "--trainer.val_check_interval", "2", *GPU[2:]],
+        hub_stand_in="shipped",
+    ),
 }
 # tiny.yaml runs once for the whole suite (tests/conftest.py tiny_run); these are that run's overrides.
 TINY_OVERRIDES = {

@@ -176,3 +176,12 @@ def test_the_peft_folder_loads_in_peft_with_our_logits_and_greedy_tokens(straigh
             input_ids=prompt, max_new_tokens=16, min_new_tokens=16, do_sample=False
         )
     assert theirs_greedy[0].tolist() == ours_greedy
+
+
+def test_export_lora_of_a_run_without_adapters_is_one_line(tiny_run, tmp_path, capsys):
+    from interop.export_lora import main
+
+    assert main(["--checkpoint", str(tiny_run), "--out", str(tmp_path / "adapter")]) == EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds every weight, not adapters" in err and "export_hf" in err, err
+    assert not (tmp_path / "adapter").exists()

@@ -66,9 +66,12 @@ def test_a_directory_without_config_or_checkpoint_is_refused(run_dir):
 
 def test_resuming_a_finished_run_says_so_and_exits_0(tiny_run, script):
     last = tiny_run / "checkpoints" / "last.ckpt"
-    before = last.stat().st_mtime_ns
+    before, segments = last.stat().st_mtime_ns, sorted((tiny_run / "wandb").iterdir())
     result = script("train.py", "fit", "--ckpt_path", str(tiny_run), check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "nothing to train" in result.stderr and "trainer.max_steps=6" in result.stderr
     assert last.stat().st_mtime_ns == before
+    # Its wandb run holds every row and the score already: nothing is validated, scored or logged again.
+    assert "again" not in result.stderr and "scoring" not in result.stderr
+    assert sorted((tiny_run / "wandb").iterdir()) == segments
     assert torch.load(last, weights_only=True)["global_step"] == 6
