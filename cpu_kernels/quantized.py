@@ -28,6 +28,8 @@ BITS = (4, 5, 6, 8)
 KERNEL_ROWS = 32
 # Output rows packed at a time while loading: their int32 fields are the load's largest transient.
 PACK_ROWS = 256
+# The most float32 weight bytes a product of many rows dequantises at once (QuantizedLinear.row_slices).
+DEQUANTISED_BYTES = 16 * 2**20
 
 
 def _pack(fields: torch.Tensor, width: int) -> torch.Tensor:
@@ -128,25 +130,33 @@ class QuantizedLinear(nn.Module):
             )
         return super()._apply(fn, recurse)
 
-    def codes(self) -> torch.Tensor:
-        """The float codes less the offset, (in / block, block, out)."""
+    def codes(self, outputs: slice = slice(None)) -> torch.Tensor:
+        """The float codes less the offset, (in / block, block, outputs) (all outputs by default)."""
+        words = self.words[..., outputs]
         if self.bits == 8:
-            codes = _unpack(self.words, 8)
+            codes = _unpack(words, 8)
         else:
-            codes = _unpack(self.words[:, :4], 4)
+            codes = _unpack(words[:, :4], 4)
             if self.bits > 4:
-                high = _unpack(self.words[:, 4:], self.bits - 4)
+                high = _unpack(words[:, 4:], self.bits - 4)
                 codes = codes | (high[:, self._high] << 4)
         codes = codes.float().sub_(self.offset) if self.offset else codes.float()
-        return codes.view(-1, self.block, self.out_features)
+        return codes.view(-1, self.block, codes.shape[-1])
 
-    def dequantize(self) -> torch.Tensor:
-        """The float32 weight (out, in)."""
+    def dequantize(self, outputs: slice = slice(None)) -> torch.Tensor:
+        """The float32 weight (out, in), or its rows `outputs`."""
         # In place: a prefill dequantises every matrix, so each pass over them counts.
-        weight = self.codes().mul_(self.scale[:, None])
+        weight = self.codes(outputs).mul_(self.scale[:, None, outputs])
         if self.minimum is not None:
-            weight.add_(self.minimum[:, None])
-        return weight.view(self.in_features, self.out_features).t()
+            weight.add_(self.minimum[:, None, outputs])
+        return weight.view(self.in_features, -1).t()
+
+    def row_slices(self) -> list[slice]:
+        """Output rows in groups whose float weights take at most DEQUANTISED_BYTES: a product of many rows
+        dequantises one group at a time, not the whole matrix (a 1 B model's output layer is 400 MB in float32,
+        and its codes as many again while they are unpacked)."""
+        step = max(1, DEQUANTISED_BYTES // (4 * self.in_features))
+        return [slice(start, start + step) for start in range(0, self.out_features, step)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.requires_grad and torch.is_grad_enabled():  # training adapters on this frozen layer (QLoRA)
@@ -163,7 +173,8 @@ class QuantizedLinear(nn.Module):
             y = row_product_op()(x, self.words, self.scale, self.minimum, self.offset)
             return y if self.bias is None else y + self.bias
         if rows != 1:
-            return F.linear(x, self.dequantize().to(x.dtype), self.bias)
+            y = _product(x, self)
+            return y if self.bias is None else y + self.bias
         # The same sum in torch, block by block (which Inductor fuses): where the C++ kernel cannot run.
         blocks = x.float().reshape(-1, self.block, 1)
         y = (self.scale * (self.codes() * blocks).sum(1)).sum(0)
@@ -177,6 +188,11 @@ class QuantizedLinear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, bits={self.bits}, block={self.block}, offset={self.offset}"
 
 
+def _product(x: torch.Tensor, layer: QuantizedLinear) -> torch.Tensor:
+    """x Wᵀ for many rows of x, W dequantised a group of output rows at a time."""
+    return torch.cat([F.linear(x, layer.dequantize(rows).to(x.dtype)) for rows in layer.row_slices()], dim=-1)
+
+
 class _ThroughBlocks(torch.autograd.Function):
     """`x Wᵀ` for a frozen `QuantizedLinear`, whose backward gives x its gradient from W dequantised again: saving
     each layer's float W for the backward would hold the whole float model, which keeping the blocks avoids."""
@@ -184,8 +200,13 @@ class _ThroughBlocks(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, layer: QuantizedLinear) -> torch.Tensor:
         ctx.layer = layer
-        return F.linear(x, layer.dequantize().to(x.dtype))
+        return _product(x, layer)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad @ ctx.layer.dequantize().to(grad.dtype), None
+        layer = ctx.layer
+        grad_x = None
+        for rows in layer.row_slices():
+            part = grad[..., rows] @ layer.dequantize(rows).to(grad.dtype)
+            grad_x = part if grad_x is None else grad_x.add_(part)
+        return grad_x, None

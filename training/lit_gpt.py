@@ -118,6 +118,7 @@ class LitGPT(L.LightningModule):
         # A LoRA checkpoint holds the adapters only: Lightning loads them into the model the base was put in.
         self.strict_loading = self.lora is None
         self.base_sha256: str | None = None  # of the init_from weights, once loaded under adapters
+        self.base_name: str | None = None
         self.skipped_batches = 0
         self.resumed_max_steps: int | None = None  # trainer.max_steps of the run a checkpoint was saved from
         # Cleared once the init_from weights are in, or by a resume (GPTCLI.fit), whose checkpoint replaces them
@@ -142,7 +143,7 @@ class LitGPT(L.LightningModule):
         from interop import load, source_sha256
 
         hp = self.hparams
-        keep = hp.get("keep_quantized", False)
+        keep = hp.keep_quantized
         loaded = load(
             hp.init_from, hp.init_revision, dtype=None if keep else torch.float32, keep_quantized=keep
         )
@@ -161,6 +162,9 @@ class LitGPT(L.LightningModule):
             if hp.compile:
                 self.model.compile()
             self.base_sha256 = source_sha256(loaded.source)
+            # Where a later process (a resume, generate.py) finds the base: a Hub id, or the absolute path.
+            source = loaded.source
+            self.base_name = source.name if source.kind == "hub" else str(source.path.resolve())
         self.pretrained_pending = False
         kept = " (frozen matrices kept in their blocks)" if keep else ""
         rank_zero_info(f"init_from: weights of {loaded.source}{kept}")
@@ -289,7 +293,7 @@ class LitGPT(L.LightningModule):
             checkpoint["state_dict"] = {
                 key: value for key, value in checkpoint["state_dict"].items() if is_adapter_name(key)
             }
-            base = {"name": hp.init_from, "revision": hp.init_revision, "sha256": self.base_sha256}
+            base = {"name": self.base_name, "revision": hp.init_revision, "sha256": self.base_sha256}
             lora = dataclasses.asdict(self.lora) | {"targets": list(self.lora.targets)}
             checkpoint[META_KEY][LORA_KEY] = lora | {"keep_quantized": hp.keep_quantized, "base": base}
 

@@ -81,9 +81,15 @@ def test_a_bad_lora_key_is_one_line_naming_it(field, value):
         LoRAConfig(**{field: value})
 
 
-def test_a_step_through_kept_blocks_is_the_step_through_their_float_weights():
+@pytest.mark.parametrize("group_rows", [None, 10], ids=["whole", "in-groups-of-10-rows"])
+def test_a_step_through_kept_blocks_is_the_step_through_their_float_weights(monkeypatch, group_rows):
     # QLoRA: the frozen layer stays in its 4-bit blocks; its backward dequantises again instead of keeping a
-    # float copy. The same step on nn.Linear holding the dequantised weight must give the same adapters.
+    # float copy (a group of output rows at a time). The same step on nn.Linear holding the dequantised weight
+    # must give the same adapters.
+    import cpu_kernels.quantized
+
+    if group_rows is not None:
+        monkeypatch.setattr(cpu_kernels.quantized, "DEQUANTISED_BYTES", 4 * 128 * group_rows)
     kept = random_layer(bits=4, with_minimum=True, out=96, inp=128)
     dense = torch.nn.Linear(128, 96, bias=False)
     with torch.no_grad():
