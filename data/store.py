@@ -122,8 +122,11 @@ def _publish(final: Path, rename: Callable[[], object]) -> Path:
     try:
         rename()
     except OSError:
-        if not is_complete(final):
-            raise
+        if is_complete(final):
+            return final
+        if final.is_dir():  # folders appear only by rename, complete: this one's meta.json was removed since
+            raise damaged(final / META_FILE, "missing") from None
+        raise
     return final
 
 

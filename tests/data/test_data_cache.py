@@ -162,6 +162,7 @@ def _zero(path: Path) -> None:
 DAMAGE = {  # file of the built folder -> what happens to it
     "truncated meta.json": (META_FILE, _truncate),
     "meta.json not an object": (META_FILE, lambda path: path.write_text("[1, 2]")),
+    "missing meta.json": (META_FILE, os.remove),
     "truncated train part": ("train-00000.bin", _truncate),
     "zeroed val part": ("val-00000.bin", _zero),
     "missing tokenizer.json": ("tokenizer.json", os.remove),
