@@ -68,13 +68,18 @@ def export_gguf(
         for name, tensor in gguf_tensors(model).items():
             data, raw_dtype = encode_tensor(gguf, tensor, dtype)
             writer.add_tensor(name, data, raw_dtype=raw_dtype)
-        try:
-            writer.write_header_to_file()
-            writer.write_kv_data_to_file()
-            writer.write_tensors_to_file()
-        finally:
-            writer.close()
+        write_out(writer)
     return out
+
+
+def write_out(writer) -> None:
+    """Write a filled GGUFWriter's header, metadata and tensors to its file, and close it."""
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+    finally:
+        writer.close()
 
 
 def write_metadata(gguf, writer, model: GPT, vocab: GGUFVocabulary, dtype: GGUFDtype, name: str) -> None:

@@ -24,7 +24,7 @@ from model.config import ModelConfig
 from model.gpt import GPT
 from model.lora import LoRAConfig, adapters, add_lora
 
-from .export_gguf import gguf_architecture
+from .export_gguf import gguf_architecture, write_out
 from .export_hf import write_safetensors
 from .gguf_file import import_gguf
 from .hf_folder import empty_model
@@ -112,12 +112,7 @@ def write_gguf_adapter(model: GPT, lora: dict, out: Path, force: bool = False) -
         for stored, (a, b) in pairs.items():
             writer.add_tensor(f"{stored}.lora_a", a.numpy())
             writer.add_tensor(f"{stored}.lora_b", b.numpy())
-        try:
-            writer.write_header_to_file()
-            writer.write_kv_data_to_file()
-            writer.write_tensors_to_file()
-        finally:
-            writer.close()
+        write_out(writer)
     return out
 
 
