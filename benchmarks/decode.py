@@ -53,9 +53,12 @@ def read_bandwidth(device: torch.device) -> float:
 def bytes_per_token(model: GPT, context: int) -> int:
     """Bytes one decode step reads: every weight once (a tied embedding once, an untied one a row) plus the
     keys/values in use. Weights kept in GGUF blocks (cpu_kernels.quantized) count as stored."""
-    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
-    if getattr(model.lm_head, "weight", None) is not model.wte.weight:  # each step looks up one row
-        weights -= model.wte.weight[1:].numel() * model.wte.weight.element_size()
+    def size(module: torch.nn.Module) -> int:
+        return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
+
+    weights = size(model)
+    if not model.config.tie_embeddings:  # each step looks up one row of the embedding
+        weights -= size(model.wte) * (model.config.vocab_size - 1) // model.config.vocab_size
     return weights + cache_bytes(model.config, context, next(model.parameters()).element_size())
 
 

@@ -1,5 +1,6 @@
 """The C++ CPU kernels of cpu_kernels/row_kernel.cpp, built once and loaded as torch ops (`gqa_quant::*`):
-`row_product` (a few float32 rows times GGUF block codes: `QuantizedLinear`), `float_rows` (a few float32 rows
+`row_product` (a few float32 rows times GGUF block codes: `QuantizedLinear`), `dequantize_rows` (its weight in
+float32, a group of outputs at a time, for products of many rows), `float_rows` (a few float32 rows
 times a float32 weight) and `one_query_attention` (one query per head over a float32 KV cache), the last two
 called by the compiled decode step (generation/static_decode.py).
 """
@@ -24,8 +25,9 @@ import torch
 SOURCE = Path(__file__).with_name("row_kernel.cpp")
 # Not -march=native: the cached library may meet another CPU of this host; the instruction set is picked at run
 # time instead (`flags`). -fopenmp: without it at::parallel_for compiles to a plain call and the kernel runs on
-# one thread; the libgomp it links is the one torch has loaded.
-FLAGS = ["-O3", "-mfma", "-fopenmp"]
+# one thread; the libgomp it links is the one torch has loaded. -ffp-contract=off: a multiply-add is fused only
+# where the code asks (`ffma`), so the dequantised weights equal torch's unpacking bit for bit.
+FLAGS = ["-O3", "-mfma", "-fopenmp", "-ffp-contract=off"]
 ISA_FLAGS = {"avx2": ["-mavx2"], "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]}
 _loaded: dict[str, object] = {}  # "op": the op, or None once it could not be loaded
 
@@ -116,11 +118,22 @@ def _register_fake() -> None:
     def _(q, k, v, visible):
         return q.new_empty(*q.shape[:-1], v.shape[-1])
 
+    @torch.library.register_fake("gqa_quant::dequantize_rows")
+    def _(words, scale, minimum, offset, start, w):
+        return None
+
 
 def float_rows_op():
     """`torch.ops.gqa_quant.float_rows(x, w)`, the same library's product of a few float32 rows with a float32
     weight (out, in), or None where the library cannot run."""
     return row_product_op() and torch.ops.gqa_quant.float_rows
+
+
+def dequantize_op():
+    """`torch.ops.gqa_quant.dequantize_rows(words, scale, minimum, offset, start, w)`: writes outputs
+    [start, start + n) of a `QuantizedLinear`'s weight in float32 into w (in, n), or None where the library cannot
+    run."""
+    return row_product_op() and torch.ops.gqa_quant.dequantize_rows
 
 
 def attention_op():

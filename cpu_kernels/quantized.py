@@ -13,11 +13,13 @@ Inductor fuses). More rows (a long prompt) dequantise the whole matrix and keep 
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .library import row_product_op
+from .library import dequantize_op, row_product_op
 
 BLOCK = 32  # codes per group of packed words; a block (one scale and minimum) is this or half of it
 BLOCK_SIZES = (16, 32)  # Q6_K's sub-blocks hold 16 codes, every other type's 32
@@ -143,8 +145,18 @@ class QuantizedLinear(nn.Module):
         codes = codes.float().sub_(self.offset) if self.offset else codes.float()
         return codes.view(-1, self.block, codes.shape[-1])
 
-    def dequantize(self, outputs: slice = slice(None)) -> torch.Tensor:
-        """The float32 weight (out, in), or its rows `outputs`."""
+    def dequantize(
+        self, outputs: slice | torch.Tensor = slice(None), buffer: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The float32 weight (out, in), or its rows `outputs` (a slice, or indices: an embedding's lookup); in
+        `buffer` (flat float32, large enough) if given and the C++ kernel runs."""
+        if isinstance(outputs, slice) and self.words.device.type == "cpu" and dequantize_op():  # row_kernel.cpp
+            start, stop, _ = outputs.indices(self.out_features)
+            shape = (self.in_features, stop - start)
+            fits = buffer is not None and buffer.numel() >= shape[0] * shape[1]
+            weight = buffer[: shape[0] * shape[1]].view(shape) if fits else torch.empty(shape)
+            dequantize_op()(self.words, self.scale, self.minimum, self.offset, start, weight)
+            return weight.t()
         # In place: a prefill dequantises every matrix, so each pass over them counts.
         weight = self.codes(outputs).mul_(self.scale[:, None, outputs])
         if self.minimum is not None:
@@ -188,9 +200,37 @@ class QuantizedLinear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, bits={self.bits}, block={self.block}, offset={self.offset}"
 
 
+class QuantizedEmbedding(nn.Module):
+    """A token embedding whose table is a `QuantizedLinear`'s weight, a token's row its output row: a lookup
+    dequantises the rows of its tokens only. A tied model's table is its output layer itself, so the file's one
+    matrix is kept once, in blocks (a 1B-class Q4_K_M file's table was 400 MB in float32, the blocks 100 MB)."""
+
+    def __init__(self, table: QuantizedLinear) -> None:
+        super().__init__()
+        self.table = table
+        self.num_embeddings, self.embedding_dim = table.out_features, table.in_features
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.table.dequantize(idx.flatten()).reshape(*idx.shape, self.embedding_dim)
+
+
 def _product(x: torch.Tensor, layer: QuantizedLinear) -> torch.Tensor:
     """x Wᵀ for many rows of x, W dequantised a group of output rows at a time."""
-    return torch.cat([F.linear(x, layer.dequantize(rows).to(x.dtype)) for rows in layer.row_slices()], dim=-1)
+    buffer = _dequantise_buffer()
+    return torch.cat([F.linear(x, layer.dequantize(rows, buffer).to(x.dtype)) for rows in layer.row_slices()], -1)
+
+
+_buffers = threading.local()
+
+
+def _dequantise_buffer() -> torch.Tensor:
+    """This thread's DEQUANTISED_BYTES of float32, which every product of many rows dequantises into in turn: a
+    fresh buffer each time was most of a QLoRA step's page faults (the kernel zero-fills each new page), or, kept
+    by the allocator, memory the step no longer needed. Each use ends before the next (the products are
+    synchronous on the CPU, and nothing saves W for a backward)."""
+    if getattr(_buffers, "cpu", None) is None:
+        _buffers.cpu = torch.empty(DEQUANTISED_BYTES // 4)
+    return _buffers.cpu
 
 
 class _ThroughBlocks(torch.autograd.Function):
@@ -206,7 +246,8 @@ class _ThroughBlocks(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         layer = ctx.layer
         grad_x = None
+        buffer = _dequantise_buffer()
         for rows in layer.row_slices():
-            part = grad[..., rows] @ layer.dequantize(rows).to(grad.dtype)
+            part = grad[..., rows] @ layer.dequantize(rows, buffer).to(grad.dtype)
             grad_x = part if grad_x is None else grad_x.add_(part)
         return grad_x, None

@@ -53,6 +53,8 @@ inline fvec fload(const float* p) { return _mm512_loadu_ps(p); }
 inline void fstore(float* p, fvec v) { _mm512_storeu_ps(p, v); }
 inline fvec fset(float v) { return _mm512_set1_ps(v); }
 inline fvec fmul(fvec a, fvec b) { return _mm512_mul_ps(a, b); }
+inline fvec fadd(fvec a, fvec b) { return _mm512_add_ps(a, b); }
+inline fvec fsub(fvec a, fvec b) { return _mm512_sub_ps(a, b); }
 inline fvec ffma(fvec a, fvec b, fvec c) { return _mm512_fmadd_ps(a, b, c); }
 inline fvec tofloat(ivec a) { return _mm512_cvtepi32_ps(a); }
 inline float fsum(fvec v) { return _mm512_reduce_add_ps(v); }
@@ -74,6 +76,8 @@ inline fvec fload(const float* p) { return _mm256_loadu_ps(p); }
 inline void fstore(float* p, fvec v) { _mm256_storeu_ps(p, v); }
 inline fvec fset(float v) { return _mm256_set1_ps(v); }
 inline fvec fmul(fvec a, fvec b) { return _mm256_mul_ps(a, b); }
+inline fvec fadd(fvec a, fvec b) { return _mm256_add_ps(a, b); }
+inline fvec fsub(fvec a, fvec b) { return _mm256_sub_ps(a, b); }
 inline fvec ffma(fvec a, fvec b, fvec c) { return _mm256_fmadd_ps(a, b, c); }
 inline fvec tofloat(ivec a) { return _mm256_cvtepi32_ps(a); }
 inline float fsum(fvec v) {
@@ -289,6 +293,79 @@ at::Tensor row_product(const at::Tensor& x, const at::Tensor& words, const at::T
   return y;
 }
 
+// Outputs [start, stop) of the weight in float32, transposed: (in, stop - start), the layout of the words, so each
+// store is a vector of outputs. The products of many rows (a long prompt, QLoRA's forward and backward) multiply
+// it in groups of rows (cpu_kernels/quantized.py `_product`): one float buffer a group, where unpacking the codes
+// in torch passed over several int32 copies of it. Each weight is (code - offset) * scale + minimum in float32,
+// rounded after each operation as torch's path does (the library is built with -ffp-contract=off, so the compiler
+// fuses no multiply-add the code does not ask for: the tests compare the two bit for bit).
+template <int kBits>
+void weight_columns(const Matrix& m, int64_t b, int64_t start, int64_t stop, float* w) {
+  const int64_t n = stop - start, vec_end = start + (stop - start) / kLanes * kLanes;
+  const fvec offset = fset(static_cast<float>(m.offset));
+  for (int64_t o = start; o < vec_end; o += kLanes) {
+    const int32_t* wb = m.words + b * kBits * m.out + o;
+    for (int i = 0; i < kPatterns; ++i) {
+      const ivec pair = code_vector<kBits>(wb, m.out, i);
+      const int lo = kBits == 8 ? 4 * (i % 8) + i / 8 : 8 * (i / 4) + i % 4, step = kBits == 8 ? 2 : 4;
+      for (int half = 0; half < 2; ++half) {
+        const int j = lo + half * step;  // the input of the block
+        const int64_t q = b * m.halves + j * m.halves / kBlock;
+        const ivec code = half ? shr(pair, 16) : iand(pair, iset(0xFFFF));
+        fvec v = fmul(fsub(tofloat(code), offset), fload(m.scale + q * m.out + o));
+        if (m.minimum) v = fadd(v, fload(m.minimum + q * m.out + o));
+        fstore(w + (b * kBlock + j) * n + (o - start), v);
+      }
+    }
+  }
+  for (int64_t o = vec_end; o < stop; ++o) {
+    for (int j = 0; j < kBlock; ++j) {
+      const int64_t q = b * m.halves + j * m.halves / kBlock;
+      float v = (static_cast<float>(code_at(m.words, m.out, b, o, j, kBits)) - static_cast<float>(m.offset)) *
+                m.scale[q * m.out + o];
+      if (m.minimum) v = v + m.minimum[q * m.out + o];
+      w[(b * kBlock + j) * n + (o - start)] = v;
+    }
+  }
+}
+
+// Writes outputs [start, start + n) of the weight into w (in, n), a float32 buffer the caller owns: a product of
+// many rows reuses one for every group of outputs, so it is not page-faulted in again for each.
+void dequantize_rows(const at::Tensor& words, const at::Tensor& scale, const std::optional<at::Tensor>& minimum,
+                     int64_t offset, int64_t start, const at::Tensor& w) {
+  TORCH_CHECK(words.scalar_type() == at::kInt && scale.scalar_type() == at::kFloat && words.dim() == 3,
+              "dequantize_rows: int32 words (in / 32, bits, out), float32 scales");
+  const int64_t blocks = words.size(0), bits = words.size(1), out = words.size(2);
+  TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "dequantize_rows: 4-, 5-, 6- or 8-bit codes");
+  const int64_t halves = scale.dim() == 2 ? scale.size(0) / std::max<int64_t>(1, blocks) : 0;
+  TORCH_CHECK((halves == 1 || halves == 2) && scale.sizes() == at::IntArrayRef({blocks * halves, out}),
+              "dequantize_rows: scale (in / 32 or in / 16, out)");
+  TORCH_CHECK(w.scalar_type() == at::kFloat && w.is_contiguous() && w.dim() == 2 && w.size(0) == blocks * kBlock,
+              "dequantize_rows: a contiguous float32 buffer (in, outputs)");
+  const int64_t stop = start + w.size(1);
+  TORCH_CHECK(0 <= start && stop <= out, "dequantize_rows: outputs [", start, ", ", stop, ") of ", out);
+  const at::Tensor wc = words.contiguous(), sc = scale.contiguous();
+  at::Tensor mc;
+  if (minimum.has_value() && minimum->defined()) {
+    mc = minimum->contiguous();
+    TORCH_CHECK(mc.scalar_type() == at::kFloat && mc.sizes() == sc.sizes(), "dequantize_rows: minimum like scale");
+  }
+  const Matrix m{wc.data_ptr<int32_t>(), sc.data_ptr<float>(), mc.defined() ? mc.data_ptr<float>() : nullptr,
+                 blocks, out, halves, offset};
+  float* wp = w.data_ptr<float>();
+  const int64_t grain = std::max<int64_t>(1, (64 << 10) / std::max<int64_t>(1, kBlock * 4 * (stop - start)));
+  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      switch (bits) {
+        case 4: weight_columns<4>(m, b, start, stop, wp); break;
+        case 5: weight_columns<5>(m, b, start, stop, wp); break;
+        case 6: weight_columns<6>(m, b, start, stop, wp); break;
+        default: weight_columns<8>(m, b, start, stop, wp);
+      }
+    }
+  });
+}
+
 // A float32 matrix w (out, in) against a few float32 rows: a dot product per output and row, four outputs at a
 // time so that each load of the row serves four weight rows, each weight row read once for all rows; threads
 // split the outputs. The compiled CPU step calls it for its one-row float linear layers (generation/static_decode.py,
@@ -398,10 +475,12 @@ TORCH_LIBRARY(gqa_quant, m) {
   m.def("row_product(Tensor x, Tensor words, Tensor scale, Tensor? minimum, int offset) -> Tensor");
   m.def("float_rows(Tensor x, Tensor w) -> Tensor");
   m.def("one_query_attention(Tensor q, Tensor k, Tensor v, Tensor visible) -> Tensor");
+  m.def("dequantize_rows(Tensor words, Tensor scale, Tensor? minimum, int offset, int start, Tensor(a!) w) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(gqa_quant, CPU, m) {
   m.impl("row_product", &row_product);
   m.impl("float_rows", &float_rows);
   m.impl("one_query_attention", &one_query_attention);
+  m.impl("dequantize_rows", &dequantize_rows);
 }

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from cpu_kernels.quantized import BLOCK, QuantizedLinear
+from cpu_kernels.quantized import BLOCK, QuantizedEmbedding, QuantizedLinear
 from model import GPT
 
 
@@ -166,21 +166,27 @@ def stacked(parts: list[Blocks | None]) -> Blocks | None:
     return Blocks(codes, scale, minimum, max(p.bits for p in parts), parts[0].block, parts[0].offset)
 
 
-def linear_weights(model: GPT) -> list[str]:
-    """Our names of the weights of the model's linear layers (a tied lm_head reads the embedding's)."""
+def matrices(model: GPT) -> list[str]:
+    """Our names of the matrices a GGUF may keep in blocks: the embedding and each linear layer's weight (a tied
+    lm_head is the embedding)."""
     names = [
         f"{name}.weight" for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)
     ]
-    return ["wte.weight" if n == "lm_head.weight" and model.config.tie_embeddings else n for n in names]
+    if model.config.tie_embeddings:
+        names.remove("lm_head.weight")
+    return ["wte.weight", *names]
 
 
 def keep_blocks(model: GPT, blocks: dict[str, Blocks]) -> None:
-    """Replace the linear layers whose weight is in `blocks` (our names, rows in rotate-half order) by
-    `QuantizedLinear`s, each keeping the layer's bias; the embedding itself stays float32, as a step reads only
-    its token's row."""
+    """Replace the layers whose weight is in `blocks` (our names, rows in rotate-half order) by `QuantizedLinear`s,
+    each keeping the layer's bias; the embedding by a `QuantizedEmbedding`, whose table a tied lm_head shares."""
     for name, matrix in blocks.items():
-        layer = "lm_head" if name == "wte.weight" else name.removesuffix(".weight")
-        parent, _, child = layer.rpartition(".")
+        if name == "wte.weight":
+            model.wte = QuantizedEmbedding(QuantizedLinear(*matrix))
+            if model.config.tie_embeddings:
+                model.lm_head = model.wte.table
+            continue
+        parent, _, child = name.removesuffix(".weight").rpartition(".")
         module = model.get_submodule(parent) if parent else model
         bias = getattr(module, child).bias
         setattr(module, child, QuantizedLinear(*matrix, bias=None if bias is None else bias.detach()))

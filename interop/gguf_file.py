@@ -18,7 +18,7 @@ from interop.tokenizer_files import GGUFVocabulary, tokenizer_from_gguf
 from model.config import ModelConfig
 from model.gpt import GPT
 
-from .gguf_blocks import Blocks, dequantized, keep_blocks, linear_weights, read_blocks, stacked
+from .gguf_blocks import Blocks, dequantized, keep_blocks, matrices, read_blocks, stacked
 from .gguf_header import Header
 from .hf_folder import assign, empty_model, model_config_from_hf
 from .names import (
@@ -138,7 +138,7 @@ class GGUFFile:
         interleaved = self.architecture in INTERLEAVED
         if keep_quantized:
             rotate = _rotate_blocks if interleaved else None
-            for name in linear_weights(model):  # one matrix at a time: its unpacked codes are transient
+            for name in matrices(model):  # one matrix at a time: its unpacked codes are transient
                 keep_blocks(model, from_format([name], config, "gguf", self._blocks, stacked, rotate))
         # What is still on the meta device is float: the norms, the embedding, biases, matrices not kept.
         floats = [name for name, tensor in own_tensors(model.state_dict(), config).items() if tensor.is_meta]

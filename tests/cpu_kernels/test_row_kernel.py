@@ -1,5 +1,6 @@
 """The C++ row product on kept blocks (cpu_kernels/row_kernel.cpp): the block sums of the row at 16 bits, close to
-the float path, the same on any thread count, NaN kept, called inside compiled graphs, and off with one note."""
+the float path, the same on any thread count, NaN kept, called inside compiled graphs, and off with one note; its
+dequantised weights equal torch's unpacking."""
 
 from __future__ import annotations
 
@@ -93,6 +94,21 @@ def test_several_rows_give_each_rows_own_product(bits, with_minimum, out, inp, b
     op, layer = kernel(), random_layer(bits, with_minimum, out, inp, block)
     rows = torch.randn(37, inp, generator=torch.Generator().manual_seed(4))
     assert torch.equal(run(op, layer, rows), torch.cat([run(op, layer, row[None]) for row in rows]))
+
+
+@pytest.mark.parametrize("bits, with_minimum, out, inp, block", KINDS)
+def test_the_kernel_dequantises_what_torch_unpacks_bit_for_bit(monkeypatch, bits, with_minimum, out, inp, block):
+    """Products of many rows (prefills, QLoRA) take the kernel's weights, the other paths torch's unpacking: they
+    must be the same floats. Groups off the vectors' multiples reach the scalar tail; a reused buffer too."""
+    kernel()
+    layer = random_layer(bits, with_minimum, out, inp, block)
+    groups = [slice(None), slice(3, out - 5), slice(out - 1, out)]
+    buffer = torch.full((out * inp + 7,), float("nan"))
+    kernels = [(layer.dequantize(rows), layer.dequantize(rows, buffer).clone()) for rows in groups]
+    monkeypatch.setattr(row_kernel, "_loaded", {"op": None})
+    for rows, (fresh, in_buffer) in zip(groups, kernels):
+        unpacked = layer.dequantize(rows)
+        assert torch.equal(fresh, unpacked) and torch.equal(in_buffer, unpacked), rows
 
 
 def test_the_layer_uses_the_kernel_up_to_kernel_rows():

@@ -146,11 +146,12 @@ def stored_types(path: Path) -> dict[str, str]:
 
 
 def matrix_types(model, types: dict[str, str]) -> dict[str, list[str]]:
-    """Our linear layer name -> the stored types of its parts (three for qkv, two for gate_up)."""
+    """Our linear layer name -> the stored types of its parts (three for qkv, two for gate_up); the kept
+    embedding's table is `wte.table` (a tied lm_head is that module)."""
     out = {}
     for name, module in model.named_modules():
         if isinstance(module, (torch.nn.Linear, QuantizedLinear)):
-            ours = "wte.weight" if name == "lm_head" and model.config.tie_embeddings else f"{name}.weight"
+            ours = "wte.weight" if name == "wte.table" else f"{name}.weight"
             parts, i = row(ours)
             out[name] = [types[part.gguf.format(i=i)] for part in parts]
     return out
@@ -169,8 +170,9 @@ def test_a_kquant_file_keeps_its_blocks_with_the_same_logits_and_tokens(kquant_f
         layer = kept.get_submodule(name)
         assert isinstance(layer, QuantizedLinear), name
         # The float32 load is the gguf package's dequantisation: the kept blocks hold those weights exactly.
-        assert torch.equal(layer.dequantize(), plain.get_submodule(name).weight), (name, parts)
-    assert not any(isinstance(m, torch.nn.Linear) for m in kept.modules())  # no float32 copy is left
+        assert torch.equal(layer.dequantize(), plain.get_parameter(f"{name}.weight".replace(".table", ""))), name
+    assert not any(isinstance(m, torch.nn.Linear | torch.nn.Embedding) for m in kept.modules())  # no float32 copy
+    assert (kept.lm_head is kept.wte.table) == tie
     idx = torch.randint(plain.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ours, theirs = kept(idx), plain(idx)

@@ -1,5 +1,6 @@
-"""LoRA adapters: at zero they change nothing, only they learn, merging them computes the same, each fused part
-has its own pair, and a step through kept blocks (QLoRA) is the step through their float weights."""
+"""LoRA adapters: at zero they change nothing, only they learn, merging them computes the same, compiled steps are
+the eager steps, each fused part has its own pair, and a step through kept blocks (QLoRA) is the step through
+their float weights."""
 
 from __future__ import annotations
 
@@ -58,6 +59,29 @@ def test_the_merged_model_computes_base_plus_adapters():
     assert not adapters(merged) and set(merged.state_dict()) == set(GPT(CONFIG).state_dict())
     torch.testing.assert_close(merged(ids), adapted, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(adapted, model_and_ids()[0](ids), atol=1e-3)  # the adapters did change it
+
+
+def adapter_gradients(model: GPT, ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    loss = F.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
+    loss.backward()
+    return loss.detach(), {name: p.grad for name, p in model.named_parameters() if p.requires_grad}
+
+
+def test_compiled_lora_gives_the_eager_loss_and_gradients():
+    """`model.compile` with adapters (training/lit_gpt.py compiles the model after adding them): inductor's
+    forward and backward give the eager loss and adapter gradients (dropout 0: inductor draws its own masks).
+    Gradients, not AdamW steps: Adam divides each by its own size, so float noise in a near-zero one moves its
+    weight by the whole learning rate."""
+    model, ids = model_and_ids()
+    trained_adapters(add_lora(model.train(), LoRAConfig(rank=4, dropout=0.0)))  # B zero gives A no gradient
+    compiled = copy.deepcopy(model)
+    compiled.compile()
+    (loss, eager), (compiled_loss, steps) = adapter_gradients(model, ids), adapter_gradients(compiled, ids)
+    torch.testing.assert_close(compiled_loss, loss, rtol=1e-6, atol=0)
+    assert set(steps) == set(eager) == set(adapter_state(model))
+    for name, grad in eager.items():
+        assert grad.abs().max() > 1e-4, name  # every adapter learns
+        torch.testing.assert_close(steps[name], grad, rtol=1e-4, atol=1e-4 * grad.abs().max().item(), msg=name)
 
 
 def test_each_fused_part_has_its_own_pair():

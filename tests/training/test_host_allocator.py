@@ -1,7 +1,7 @@
 """train.py's CLI keeps freed host memory, so a CPU training step stops faulting its pages in again.
 
 With glibc's default malloc thresholds a step at the recipe's shape costs hundreds of minor page faults (the
-kernel zero-fills each page the heap gave back and takes again); training/cli.py (retain_freed_memory) fixes the thresholds.
+kernel zero-fills each page the heap gave back and takes again); training/cli.py (tune_host_allocator) fixes the thresholds.
 The steps run in a fresh interpreter: the setting is process-wide and cannot be undone.
 """
 
@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-from training.cli import retain_freed_memory
+from training.cli import tune_host_allocator
 
 pytestmark = pytest.mark.skipif(
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc only"
@@ -65,4 +65,4 @@ def test_a_training_step_under_the_cli_does_not_page_fault(tmp_path):
 
 def test_a_users_own_malloc_settings_are_left_alone(monkeypatch):
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1000000")
-    assert retain_freed_memory() is False
+    assert tune_host_allocator() is False
