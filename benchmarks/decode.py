@@ -53,6 +53,7 @@ def read_bandwidth(device: torch.device) -> float:
 def bytes_per_token(model: GPT, context: int) -> int:
     """Bytes one decode step reads: every weight once (a tied embedding once, an untied one a row) plus the
     keys/values in use. Weights kept in GGUF blocks (cpu_kernels.quantized) count as stored."""
+
     def size(module: torch.nn.Module) -> int:
         return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
 

@@ -150,7 +150,9 @@ class QuantizedLinear(nn.Module):
     ) -> torch.Tensor:
         """The float32 weight (out, in), or its rows `outputs` (a slice, or indices: an embedding's lookup); in
         `buffer` (flat float32, large enough) if given and the C++ kernel runs."""
-        if isinstance(outputs, slice) and self.words.device.type == "cpu" and dequantize_op():  # row_kernel.cpp
+        if (
+            isinstance(outputs, slice) and self.words.device.type == "cpu" and dequantize_op()
+        ):  # row_kernel.cpp
             start, stop, _ = outputs.indices(self.out_features)
             shape = (self.in_features, stop - start)
             fits = buffer is not None and buffer.numel() >= shape[0] * shape[1]
@@ -217,7 +219,9 @@ class QuantizedEmbedding(nn.Module):
 def _product(x: torch.Tensor, layer: QuantizedLinear) -> torch.Tensor:
     """x Wᵀ for many rows of x, W dequantised a group of output rows at a time."""
     buffer = _dequantise_buffer()
-    return torch.cat([F.linear(x, layer.dequantize(rows, buffer).to(x.dtype)) for rows in layer.row_slices()], -1)
+    return torch.cat(
+        [F.linear(x, layer.dequantize(rows, buffer).to(x.dtype)) for rows in layer.row_slices()], -1
+    )
 
 
 _buffers = threading.local()

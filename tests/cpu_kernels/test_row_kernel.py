@@ -97,7 +97,9 @@ def test_several_rows_give_each_rows_own_product(bits, with_minimum, out, inp, b
 
 
 @pytest.mark.parametrize("bits, with_minimum, out, inp, block", KINDS)
-def test_the_kernel_dequantises_what_torch_unpacks_bit_for_bit(monkeypatch, bits, with_minimum, out, inp, block):
+def test_the_kernel_dequantises_what_torch_unpacks_bit_for_bit(
+    monkeypatch, bits, with_minimum, out, inp, block
+):
     """Products of many rows (prefills, QLoRA) take the kernel's weights, the other paths torch's unpacking: they
     must be the same floats. Groups off the vectors' multiples reach the scalar tail; a reused buffer too."""
     kernel()
@@ -106,7 +108,7 @@ def test_the_kernel_dequantises_what_torch_unpacks_bit_for_bit(monkeypatch, bits
     buffer = torch.full((out * inp + 7,), float("nan"))
     kernels = [(layer.dequantize(rows), layer.dequantize(rows, buffer).clone()) for rows in groups]
     monkeypatch.setattr(row_kernel, "_loaded", {"op": None})
-    for rows, (fresh, in_buffer) in zip(groups, kernels):
+    for rows, (fresh, in_buffer) in zip(groups, kernels, strict=True):
         unpacked = layer.dequantize(rows)
         assert torch.equal(fresh, unpacked) and torch.equal(in_buffer, unpacked), rows
 

@@ -170,8 +170,12 @@ def test_a_kquant_file_keeps_its_blocks_with_the_same_logits_and_tokens(kquant_f
         layer = kept.get_submodule(name)
         assert isinstance(layer, QuantizedLinear), name
         # The float32 load is the gguf package's dequantisation: the kept blocks hold those weights exactly.
-        assert torch.equal(layer.dequantize(), plain.get_parameter(f"{name}.weight".replace(".table", ""))), name
-    assert not any(isinstance(m, torch.nn.Linear | torch.nn.Embedding) for m in kept.modules())  # no float32 copy
+        assert torch.equal(layer.dequantize(), plain.get_parameter(f"{name}.weight".replace(".table", ""))), (
+            parts
+        )
+    assert not any(
+        isinstance(m, torch.nn.Linear | torch.nn.Embedding) for m in kept.modules()
+    )  # no float32 copy
     assert (kept.lm_head is kept.wte.table) == tie
     idx = torch.randint(plain.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

@@ -81,7 +81,9 @@ def test_compiled_lora_gives_the_eager_loss_and_gradients():
     assert set(steps) == set(eager) == set(adapter_state(model))
     for name, grad in eager.items():
         assert grad.abs().max() > 1e-4, name  # every adapter learns
-        torch.testing.assert_close(steps[name], grad, rtol=1e-4, atol=1e-4 * grad.abs().max().item(), msg=name)
+        torch.testing.assert_close(
+            steps[name], grad, rtol=1e-4, atol=1e-4 * grad.abs().max().item(), msg=name
+        )
 
 
 def test_each_fused_part_has_its_own_pair():
