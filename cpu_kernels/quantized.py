@@ -8,7 +8,8 @@ reads that much less (`python -m benchmarks.decode_vs_hf --configs smollm2`). Th
 words laid out (block, word, output), so a one-row product is a sum over blocks and words that reads each word
 once, vectorised across outputs: on the CPU the C++ kernel of cpu_kernels/row_kernel.cpp (`row_product_op`),
 eagerly and in the compiled step, for up to `KERNEL_ROWS` rows; where it cannot run, the same sum in torch (which
-Inductor fuses). More rows (a long prompt) dequantise the whole matrix and keep the matrix product.
+Inductor fuses). More rows (a long prompt, QLoRA's training) dequantise the matrix 16 MB of rows at a time, in
+C++ where it runs (`dequantize_rows`), and keep the matrix product.
 """
 
 from __future__ import annotations
@@ -150,14 +151,13 @@ class QuantizedLinear(nn.Module):
     ) -> torch.Tensor:
         """The float32 weight (out, in), or its rows `outputs` (a slice, or indices: an embedding's lookup); in
         `buffer` (flat float32, large enough) if given and the C++ kernel runs."""
-        if (
-            isinstance(outputs, slice) and self.words.device.type == "cpu" and dequantize_op()
-        ):  # row_kernel.cpp
+        kernel = isinstance(outputs, slice) and self.words.device.type == "cpu" and dequantize_op()
+        if kernel:  # one pass over the words (row_kernel.cpp)
             start, stop, _ = outputs.indices(self.out_features)
             shape = (self.in_features, stop - start)
             fits = buffer is not None and buffer.numel() >= shape[0] * shape[1]
             weight = buffer[: shape[0] * shape[1]].view(shape) if fits else torch.empty(shape)
-            dequantize_op()(self.words, self.scale, self.minimum, self.offset, start, weight)
+            kernel(self.words, self.scale, self.minimum, self.offset, start, weight)
             return weight.t()
         # In place: a prefill dequantises every matrix, so each pass over them counts.
         weight = self.codes(outputs).mul_(self.scale[:, None, outputs])

@@ -140,7 +140,7 @@ class GGUFFile:
             rotate = _rotate_blocks if interleaved else None
             for name in matrices(model):  # one matrix at a time: its unpacked codes are transient
                 keep_blocks(model, from_format([name], config, "gguf", self._blocks, stacked, rotate))
-        # What is still on the meta device is float: the norms, the embedding, biases, matrices not kept.
+        # What is still on the meta device is float: the norms, biases, an embedding or matrices not kept.
         floats = [name for name, tensor in own_tensors(model.state_dict(), config).items() if tensor.is_meta]
         rotate = from_interleaved_rope if interleaved else None
         assign(model, from_format(floats, config, "gguf", self._float, torch.cat, rotate))

@@ -245,9 +245,8 @@ def tune_host_allocator(keep_blocks: bool = False) -> bool:
     """Set glibc's malloc thresholds for training (True if applied). Most runs keep freed host memory in the
     process: glibc gave it back to the kernel, so each CPU step page-faulted the same activations in again. A run
     on kept blocks (QLoRA, `keep_blocks`) is there to fit in little memory: each allocation of 1 MB or more is
-    mapped on its own and given back when freed (a 1B-class Q4_K_M file's step at batch 1 x 256 peaked at 2.9 GB
-    and took 12.5 s, against 4.7 GB and 9.4 s with freed memory kept: docs/finetune.md). Not off glibc, nor over
-    the user's own malloc tuning."""
+    mapped on its own and given back when freed (a 1B-class Q4_K_M file's QLoRA step needed ~1.7x the memory with
+    freed memory kept: docs/finetune.md). Not off glibc, nor over the user's own malloc tuning."""
     tuned = {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"} & set(os.environ)
     if tuned or platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False

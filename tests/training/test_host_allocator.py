@@ -84,12 +84,15 @@ print(json.dumps((rss() - before) / 2**20))
 """
 
 
-def test_a_run_on_kept_blocks_gives_freed_memory_back(tmp_path):
-    """QLoRA's setting (a run there to fit in little memory): freed allocations of 1 MB or more leave the process, where
-    the default setting keeps them for the next step."""
-    kept, given_back = (
-        json.loads(subprocess.run([sys.executable, "-c", FREED, how], cwd=ROOT, capture_output=True, text=True,
-                                  check=True).stdout.strip().splitlines()[-1])  # fmt: skip
-        for how in ("default", "blocks")
+def resident_after_free(how: str) -> float:
+    out = subprocess.run(
+        [sys.executable, "-c", FREED, how], cwd=ROOT, capture_output=True, text=True, check=True
     )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_run_on_kept_blocks_gives_freed_memory_back():
+    """QLoRA's setting (a run there to fit in little memory): freed allocations of 1 MB or more leave the process,
+    where the default setting keeps them for the next step."""
+    kept, given_back = resident_after_free("default"), resident_after_free("blocks")
     assert given_back < 24 and kept > 96, (given_back, kept)  # MiB of the 128 freed still resident (8 held)
