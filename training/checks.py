@@ -1,11 +1,14 @@
 """What train.py refuses in one line before Lightning starts or anything is read or written: an unknown
-subcommand, a missing config file, a resume or run name that names no usable run folder, a negative step or epoch
+subcommand, a missing config file, a key our classes do not take, a resume or run name that names no usable run folder, a negative step or epoch
 limit, an accelerator this machine lacks, cache and run folders it cannot write. The same checks run twice: on the
 command line as written, before Lightning is imported (so a refusal costs no import), and on the parsed config."""
 
 from __future__ import annotations
 
+import ast
+import difflib
 import os
+from functools import cache
 from pathlib import Path
 
 import yaml
@@ -15,6 +18,16 @@ from common.errors import UserError
 from common.files import refuse_unwritable_folder
 
 SUBCOMMANDS = ("fit", "validate")  # test and predict need loops that LitGPT does not define
+# The config sections that are our classes, and where their keys are declared: an __init__'s parameters, or a
+# dataclass's fields (LitGPT passes **model_config on to ModelConfig). Read from the source, not imported: the
+# import of training/lit_gpt.py is Lightning's, most of a refusal's wait. The trainer and checkpoint sections are
+# Lightning's classes: the parser checks them.
+SECTIONS = {
+    "model": (("training/lit_gpt.py", "LitGPT"), ("model/config.py", "ModelConfig")),
+    "data": (("data/datamodule.py", "TextDataModule"),),
+    "samples": (("training/samples.py", "SampleGenerations"),),
+    "attention_maps": (("training/attention_maps.py", "AttentionMaps"),),
+}
 
 
 def refuse_early(args: list[str]) -> None:
@@ -40,11 +53,44 @@ def refuse_early(args: list[str]) -> None:
         else:
             continue  # a flag without a value: the parser's to judge
         if flag == "--config":
-            _merge(view, _read_config(Path(value)))
+            loaded = _read_config(Path(value))
+            _refuse_unknown_keys(loaded, f"--config {value}: ")
+            _merge(view, loaded)
             view["config"] = [*view.get("config", []), value]
         else:
-            _merge(view, _nested(flag[2:], _value(value)))
+            given = _nested(flag[2:], _value(value))
+            _refuse_unknown_keys(given, "")
+            _merge(view, given)
     refuse_unusable_run(Namespace(subcommand=args[0], **{args[0]: dict_to_namespace(view)}), known=False)
+
+
+def _refuse_unknown_keys(given: dict, where: str) -> None:
+    for section, value in given.items():
+        if section not in SECTIONS or not isinstance(value, dict):
+            continue
+        for key in value:
+            if key not in section_keys(section):
+                close = difflib.get_close_matches(key, section_keys(section), n=1)
+                hint = f"did you mean {section}.{close[0]}? " if close else ""
+                raise UserError(
+                    f"{where}{section}.{key} is not a key ({hint}see: python train.py fit --help)"
+                )
+
+
+@cache
+def section_keys(section: str) -> frozenset[str]:
+    """The keys of a config section (SECTIONS), from the source of its classes."""
+    root, keys = Path(__file__).resolve().parents[1], set()
+    for file, name in SECTIONS[section]:
+        tree = ast.parse((root / file).read_text(encoding="utf-8"))
+        cls = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name)
+        init = next((node for node in cls.body if isinstance(node, ast.FunctionDef) and node.name == "__init__"),
+                    None)  # fmt: skip
+        if init is None:  # a dataclass: its annotated fields
+            keys |= {node.target.id for node in cls.body if isinstance(node, ast.AnnAssign)}
+        else:
+            keys |= {arg.arg for arg in [*init.args.args[1:], *init.args.kwonlyargs]}
+    return frozenset(keys)
 
 
 def _read_config(path: Path) -> dict:

@@ -4,6 +4,7 @@ with no run named, a run folder that cannot be written, the subcommands LitGPT h
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import train
+from training.checks import SECTIONS, section_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs" / "tiny.yaml")
@@ -88,6 +90,7 @@ def test_a_negative_step_or_epoch_limit_is_one_line(monkeypatch, capsys, tmp_pat
 @pytest.mark.parametrize("args", [
     ["fit", "--config", "absent.yaml"], ["fitt"], ["fit", "--trainer.max_steps=-5"],
     ["fit", "--config", TINY, "--run_name", "../elsewhere"], ["validate", "--trainer.max_epochs", "-3"],
+    ["fit", "--config", TINY, "--model.n_layr", "3"], ["fit", "--data.batch=4"],
 ])  # fmt: skip
 def test_a_refusal_of_the_command_line_comes_before_lightnings_import(tmp_path, args):
     # Lightning's import is seconds; these refusals need only the command line and its config files.
@@ -99,6 +102,29 @@ def test_a_refusal_of_the_command_line_comes_before_lightnings_import(tmp_path, 
                           env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     assert done.stdout.split() == ["2", "False", "False"], done.stdout + done.stderr
     assert done.stderr.startswith("error:") and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_misspelt_key_of_ours_names_the_key_it_resembles(monkeypatch, capsys, tmp_path):
+    config = tmp_path / "mine.yaml"
+    (tmp_path / "again").mkdir()
+    config.write_text("model:\n  n_heads: 4\n")
+    err = train_error(monkeypatch, capsys, tmp_path, "fit", "--config", TINY, "--config", str(config))
+    assert f"--config {config}: model.n_heads is not a key (did you mean model.n_head?" in err
+    err = train_error(
+        monkeypatch, capsys, tmp_path / "again", "fit", "--config", TINY, "--samples.max_new_token", "3"
+    )
+    assert "samples.max_new_token is not a key (did you mean samples.max_new_tokens?" in err
+
+
+@pytest.mark.slow
+def test_the_early_key_check_knows_every_key_the_parser_takes():
+    """The early check reads our classes' keys from their source (training/checks.py SECTIONS): a key the parser
+    takes that the check does not know would be refused though valid."""
+    shown = subprocess.run([sys.executable, "train.py", "fit", "--help"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout  # fmt: skip
+    for section in SECTIONS:
+        offered = set(re.findall(rf"--{section}\.(\w+)", shown))
+        assert offered and offered <= section_keys(section), (section, offered - section_keys(section))
 
 
 def test_a_key_cut_short_is_not_taken_for_a_longer_one(monkeypatch, capsys, tmp_path):
