@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 from tokenizers import Tokenizer as BackendTokenizer
@@ -70,13 +70,27 @@ class Tokenizer:
         self.eos_ids, self.bos_id, self.add_bos = rules.eos_ids, rules.bos_id, rules.add_bos
         self.eos_id = rules.eos_ids[0]  # the separator placed between documents
         self.chat_template = rules.chat_template
-        # The `tokenizers` JSON alone (what a tokenizer.json file of an export holds).
-        self.backend_json = _canonical(json.loads(backend.to_str()))
+        self._plain = rules == default
+
+    # The JSON forms and the hash are computed when first asked for: two parses of a 49k-token vocabulary's JSON
+    # were a tenth of generate.py's start, which needs none of them.
+    @cached_property
+    def backend_json(self) -> str:
+        """The `tokenizers` JSON alone (what a tokenizer.json file of an export holds)."""
+        return _canonical(json.loads(self._backend.to_str()))
+
+    @cached_property
+    def _json(self) -> str:
         # Our own BPE keeps its plain tokenizer.json (and so the sha256 of every existing cache and checkpoint).
-        wrapper = {WRAPPER_KEY: {"rules": asdict(rules), "tokenizer": json.loads(self.backend_json)}}
-        self._json = self.backend_json if rules == default else _canonical(wrapper)
-        # Equal hashes mean identical token ids for every text.
-        self.sha256 = hashlib.sha256(self._json.encode("utf-8")).hexdigest()
+        if self._plain:
+            return self.backend_json
+        wrapper = {WRAPPER_KEY: {"rules": asdict(self.rules), "tokenizer": json.loads(self.backend_json)}}
+        return _canonical(wrapper)
+
+    @cached_property
+    def sha256(self) -> str:
+        """Of `to_json()`: equal hashes mean identical token ids for every text."""
+        return hashlib.sha256(self._json.encode("utf-8")).hexdigest()
 
     @classmethod
     def train(

@@ -97,7 +97,27 @@ class Header:
             values = np.frombuffer(self._map, np.dtype("<" + SCALARS[item]), count, self._offset)
             self._offset += values.nbytes
             return values.tolist()
+        if item == STRING:  # a vocabulary or its merges: ~100k strings, so one tight loop
+            return self._strings(count)
         return [self._value(item) for _ in range(count)]
+
+    def _strings(self, count: int) -> list[str]:
+        data, offset, end, length_at = (
+            self._map,
+            self._offset,
+            len(self._map),
+            struct.Struct("<Q").unpack_from,
+        )
+        strings = []
+        for _ in range(count):
+            (length,) = length_at(data, offset)
+            offset += 8
+            if offset + length > end:
+                raise ValueError("a string runs past the end of the file")
+            strings.append(data[offset : offset + length].decode("utf-8"))
+            offset += length
+        self._offset = offset
+        return strings
 
     def _data(self, start: int, shape: tuple[int, ...], type_id: int, block_bytes) -> np.ndarray:
         rows = tuple(reversed(shape))  # numpy order: slowest-varying first
