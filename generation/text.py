@@ -73,7 +73,8 @@ def print_samples(tokenizer: Tokenizer, rows: list[list[int]], echo: str) -> Non
 def encode_prompt(tokenizer: Tokenizer, prompt: str, block_size: int, device: torch.device) -> torch.Tensor:
     ids = tokenizer.prompt_ids(prompt)
     text_ids = set(ids) - {tokenizer.bos_id}
-    if text_ids and text_ids <= unfamiliar_byte_ids(tokenizer):
+    # An ASCII prompt has no byte >= 0x80 to be unfamiliar: the table of every token's bytes is not built.
+    if text_ids and not prompt.isascii() and text_ids <= unfamiliar_byte_ids(tokenizer):
         print("note: the prompt is made only of bytes the tokenizer never merged (rare or unseen in training, "
               "e.g. emoji); the model knows little about them, so expect output unrelated to the prompt",
               file=sys.stderr)  # fmt: skip
