@@ -1,8 +1,8 @@
 """The C++ CPU kernels of cpu_kernels/row_kernel.cpp, built once and loaded as torch ops (`gqa_quant::*`):
 `row_product` (a few float32 rows times GGUF block codes: `QuantizedLinear`), `dequantize_rows` (its weight in
-float32, a group of outputs at a time, for products of many rows), `float_rows` (a few float32 rows
-times a float32 weight) and `one_query_attention` (one query per head over a float32 KV cache), the last two
-called by the compiled decode step (generation/static_decode.py).
+float32, a group of outputs at a time, for products of many rows), `pack_codes` (block codes into its words),
+`float_rows` (a few float32 rows times a float32 weight) and `one_query_attention` (one query per head over a
+float32 KV cache), the last two called by the compiled decode step (generation/static_decode.py).
 """
 
 from __future__ import annotations
@@ -118,6 +118,10 @@ def _register_fake() -> None:
     def _(q, k, v, visible):
         return q.new_empty(*q.shape[:-1], v.shape[-1])
 
+    @torch.library.register_fake("gqa_quant::pack_codes")
+    def _(codes, bits, order):
+        return codes.new_empty(codes.shape[1] // 32, bits, codes.shape[0], dtype=torch.int32)
+
     @torch.library.register_fake("gqa_quant::dequantize_rows")
     def _(words, scale, minimum, offset, start, w):
         return None
@@ -134,6 +138,12 @@ def dequantize_op():
     [start, start + n) of a `QuantizedLinear`'s weight in float32 into w (in, n), or None where the library cannot
     run."""
     return row_product_op() and torch.ops.gqa_quant.dequantize_rows
+
+
+def pack_op():
+    """`torch.ops.gqa_quant.pack_codes(codes, bits, order)`: int16 codes (out, in) packed as `QuantizedLinear`
+    keeps them (int32 words (in / 32, bits, out)), or None where the library cannot run."""
+    return row_product_op() and torch.ops.gqa_quant.pack_codes
 
 
 def attention_op():

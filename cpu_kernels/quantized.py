@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .library import dequantize_op, row_product_op
+from .library import dequantize_op, pack_op, row_product_op
 
 BLOCK = 32  # codes per group of packed words; a block (one scale and minimum) is this or half of it
 BLOCK_SIZES = (16, 32)  # Q6_K's sub-blocks hold 16 codes, every other type's 32
@@ -66,7 +66,9 @@ def high_order(width: int) -> list[int]:
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """(out, in) codes in [0, 2^bits) -> int32 words (in / 32, bits, out). 8 bits: word w holds codes 4w .. 4w+3
     a byte each, the first lowest. 4, 5, 6 bits: words 0-3 hold the low nibbles of codes 8w .. 8w+7, and 5 or 6
-    bits add 1 or 2 words of the top bits (`high_order`)."""
+    bits add 1 or 2 words of the top bits (`high_order`). In C++ where it runs (one pass), else in torch."""
+    if codes.device.type == "cpu" and pack_op():
+        return pack_op()(codes.to(torch.int16), bits, high_order(bits - 4) if bits in (5, 6) else [])
     if codes.shape[0] > PACK_ROWS:  # a whole 1 B-class MLP matrix: a quarter GB of int32 fields
         return torch.cat([pack_codes(rows, bits) for rows in codes.split(PACK_ROWS)], dim=2)
     out, inp = codes.shape

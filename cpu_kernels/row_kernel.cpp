@@ -366,6 +366,44 @@ void dequantize_rows(const at::Tensor& words, const at::Tensor& scale, const std
   });
 }
 
+// Codes (out, in) int16 in [0, 2^bits) packed into int32 words (in / 32, bits, out), the layout the kernels above
+// read (cpu_kernels/quantized.py `pack_codes` says it, and is the same packing in torch where this cannot run):
+// 8 bits a byte each, first lowest; 4, 5, 6 bits their low nibbles in words 0-3 (code 8w + i at bits 4i of word
+// w), their top bits in the words after, in `order` (`high_order`). Threads split the blocks; a load packs every
+// matrix, and torch's packing was most of a 1B-class file's load.
+at::Tensor pack_codes(const at::Tensor& codes, int64_t bits, at::IntArrayRef order) {
+  TORCH_CHECK(codes.scalar_type() == at::kShort && codes.dim() == 2 && codes.size(1) % kBlock == 0,
+              "pack_codes: int16 codes (out, in), in a multiple of 32");
+  TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "pack_codes: 4, 5, 6 or 8 bits");
+  const int64_t high = bits == 8 ? 0 : bits - 4;
+  TORCH_CHECK(static_cast<int64_t>(order.size()) == (high ? kBlock : 0), "pack_codes: 32 high-order places");
+  const at::Tensor cc = codes.contiguous();
+  const int64_t out = cc.size(0), in = cc.size(1), blocks = in / kBlock;
+  at::Tensor words = at::empty({blocks, bits, out}, cc.options().dtype(at::kInt));
+  const int16_t* cp = cc.data_ptr<int16_t>();
+  uint32_t* wp = reinterpret_cast<uint32_t*>(words.data_ptr<int32_t>());
+  const std::vector<int64_t> place(order.begin(), order.end());
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    uint32_t packed[8];
+    for (int64_t b = b0; b < b1; ++b) {
+      for (int64_t o = 0; o < out; ++o) {
+        const int16_t* c = cp + o * in + b * kBlock;
+        std::fill(packed, packed + 8, 0u);
+        if (bits == 8) {
+          for (int j = 0; j < kBlock; ++j) packed[j / 4] |= static_cast<uint32_t>(c[j] & 0xFF) << (8 * (j % 4));
+        } else {
+          for (int j = 0; j < kBlock; ++j) packed[j / 8] |= static_cast<uint32_t>(c[j] & 15) << (4 * (j % 8));
+          const int per = high ? kBlock / static_cast<int>(high) : 0;  // fields per high word
+          for (int j = 0; j < (high ? kBlock : 0); ++j)
+            packed[4 + j / per] |= static_cast<uint32_t>((c[place[j]] >> 4) & ((1 << high) - 1)) << (high * (j % per));
+        }
+        for (int64_t w = 0; w < bits; ++w) wp[(b * bits + w) * out + o] = packed[w];
+      }
+    }
+  });
+  return words;
+}
+
 // A float32 matrix w (out, in) against a few float32 rows: a dot product per output and row, four outputs at a
 // time so that each load of the row serves four weight rows, each weight row read once for all rows; threads
 // split the outputs. The compiled CPU step calls it for its one-row float linear layers (generation/static_decode.py,
@@ -475,6 +513,7 @@ TORCH_LIBRARY(gqa_quant, m) {
   m.def("row_product(Tensor x, Tensor words, Tensor scale, Tensor? minimum, int offset) -> Tensor");
   m.def("float_rows(Tensor x, Tensor w) -> Tensor");
   m.def("one_query_attention(Tensor q, Tensor k, Tensor v, Tensor visible) -> Tensor");
+  m.def("pack_codes(Tensor codes, int bits, int[] order) -> Tensor");
   m.def("dequantize_rows(Tensor words, Tensor scale, Tensor? minimum, int offset, int start, Tensor(a!) w) -> ()");
 }
 
@@ -483,4 +522,5 @@ TORCH_LIBRARY_IMPL(gqa_quant, CPU, m) {
   m.impl("float_rows", &float_rows);
   m.impl("one_query_attention", &one_query_attention);
   m.impl("dequantize_rows", &dequantize_rows);
+  m.impl("pack_codes", &pack_codes);
 }

@@ -1,6 +1,6 @@
 """The C++ row product on kept blocks (cpu_kernels/row_kernel.cpp): the block sums of the row at 16 bits, close to
 the float path, the same on any thread count, NaN kept, called inside compiled graphs, and off with one note; its
-dequantised weights equal torch's unpacking."""
+dequantised weights equal torch's unpacking and its packed codes torch's packing."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from cpu_kernels import library as row_kernel
-from cpu_kernels.quantized import KERNEL_ROWS, QuantizedLinear
+from cpu_kernels.quantized import KERNEL_ROWS, QuantizedLinear, pack_codes
 from generation.static_decode import OneRowLinears, one_query_attention
 from tests.conftest import ROOT
 
@@ -111,6 +111,16 @@ def test_the_kernel_dequantises_what_torch_unpacks_bit_for_bit(
     for rows, (fresh, in_buffer) in zip(groups, kernels, strict=True):
         unpacked = layer.dequantize(rows)
         assert torch.equal(fresh, unpacked) and torch.equal(in_buffer, unpacked), rows
+
+
+@pytest.mark.parametrize("bits", [4, 5, 6, 8])
+@pytest.mark.parametrize("out", [3, 300])  # one row, and more than PACK_ROWS (torch packs in groups of them)
+def test_the_kernel_packs_the_codes_as_torch_does(monkeypatch, bits, out):
+    kernel()
+    codes = torch.randint(0, 2**bits, (out, 96), generator=torch.Generator().manual_seed(3))
+    packed = pack_codes(codes, bits)
+    monkeypatch.setattr(row_kernel, "_loaded", {"op": None})
+    assert packed.dtype == torch.int32 and torch.equal(packed, pack_codes(codes, bits))
 
 
 def test_the_layer_uses_the_kernel_up_to_kernel_rows():
