@@ -75,7 +75,7 @@ class GGUFFile:
             raise PretrainedError(
                 f"{path}: cannot read this GGUF file ({type(err).__name__}); it is damaged"
             ) from err
-        self._fields, self._tensors = header.fields, header.tensors
+        self._header, self._fields, self._tensors = header, header.fields, header.tensors
         self.architecture = self.field("general.architecture")
         if self.architecture not in ARCHITECTURES:
             raise PretrainedError(
@@ -140,6 +140,7 @@ class GGUFFile:
             rotate = _rotate_blocks if interleaved else None
             for name in matrices(model):  # one matrix at a time: its unpacked codes are transient
                 keep_blocks(model, from_format([name], config, "gguf", self._blocks, stacked, rotate))
+                self._header.release()  # and so are the file's pages it read
         # What is still on the meta device is float: the norms, biases, an embedding or matrices not kept.
         floats = [name for name, tensor in own_tensors(model.state_dict(), config).items() if tensor.is_meta]
         rotate = from_interleaved_rope if interleaved else None
@@ -152,7 +153,9 @@ class GGUFFile:
             return None
         blocks = self._blocks(name)
         if blocks is not None:  # in chunks: numpy's dequantisation held ~4 float copies (SmolLM2's embedding)
-            return dequantized(blocks)
+            converted = dequantized(blocks)
+            self._header.release()
+            return converted
         kind = self._gguf.GGMLQuantizationType(tensor.type_id)
         try:
             array = self._gguf.quants.dequantize(tensor.data, kind)
@@ -163,7 +166,9 @@ class GGUFFile:
             ) from err
         shape = [int(n) for n in reversed(tensor.shape)]  # GGUF lists the fastest-varying dimension first
         # A copy: F32 tensors are read-only views of the memory-mapped file.
-        return torch.from_numpy(np.require(array, np.float32, ["C", "W"]).reshape(shape))
+        converted = torch.from_numpy(np.require(array, np.float32, ["C", "W"]).reshape(shape))
+        self._header.release()
+        return converted
 
     def _blocks(self, name: str) -> Blocks | None:
         tensor = self._tensors.get(name)

@@ -71,6 +71,13 @@ class Header:
         if len(self.tensors) != len(infos):
             raise ValueError("two tensors share a name")
 
+    def release(self) -> None:
+        """Drop the file's pages read so far from this process's memory: they stay in the system's page cache, and
+        reading them again faults them back in. A load calls it after each matrix, so its peak holds about one
+        matrix of the file, not all of it (the mapping's pages count in the resident size)."""
+        if hasattr(mmap, "MADV_DONTNEED"):  # not on every platform
+            self._map.madvise(mmap.MADV_DONTNEED)
+
     def _read(self, layout: str) -> tuple:
         values = struct.unpack_from(layout, self._map, self._offset)
         self._offset += struct.calcsize(layout)
