@@ -295,8 +295,8 @@ at::Tensor row_product(const at::Tensor& x, const at::Tensor& words, const at::T
 
 // Outputs [start, stop) of the weight in float32, transposed: (in, stop - start), the layout of the words, so each
 // store is a vector of outputs. The products of many rows (a long prompt, QLoRA's forward and backward) multiply
-// it in groups of rows (cpu_kernels/quantized.py `_product`): one float buffer a group, where unpacking the codes
-// in torch passed over several int32 copies of it. Each weight is (code - offset) * scale + minimum in float32,
+// it a group of outputs at a time (cpu_kernels/quantized.py `_product`), each written into the same buffer, where
+// unpacking the codes in torch passed over several fresh int32 copies of it. Each weight is (code - offset) * scale + minimum in float32,
 // rounded after each operation as torch's path does (the library is built with -ffp-contract=off, so the compiler
 // fuses no multiply-add the code does not ask for: the tests compare the two bit for bit).
 template <int kBits>

@@ -109,12 +109,8 @@ class Header:
         return [self._value(item) for _ in range(count)]
 
     def _strings(self, count: int) -> list[str]:
-        data, offset, end, length_at = (
-            self._map,
-            self._offset,
-            len(self._map),
-            struct.Struct("<Q").unpack_from,
-        )
+        data, offset, end = self._map, self._offset, len(self._map)
+        length_at = struct.Struct("<Q").unpack_from
         strings = []
         for _ in range(count):
             (length,) = length_at(data, offset)

@@ -1,7 +1,8 @@
 """What train.py refuses in one line before Lightning starts or anything is read or written: an unknown
-subcommand, a missing config file, a key our classes do not take, a resume or run name that names no usable run folder, a negative step or epoch
-limit, an accelerator this machine lacks, cache and run folders it cannot write. The same checks run twice: on the
-command line as written, before Lightning is imported (so a refusal costs no import), and on the parsed config."""
+subcommand, a missing config file, a key our classes do not take, a resume or run name that names no usable run
+folder, a negative step or epoch limit, an accelerator this machine lacks, cache and run folders it cannot write.
+The same checks run twice: on the command line as written, before Lightning is imported (so a refusal costs no
+import), and on the parsed config."""
 
 from __future__ import annotations
 
