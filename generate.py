@@ -64,7 +64,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     decoding.add_argument("--threads", type=int, help="CPU threads (default: the CPUs not busy, common/threads.py)")
     decoding.add_argument("--no_cache", **yes, help="recompute the whole context every step (reference)")
     decoding.add_argument("--compile", **yes, help="build (once: kept for later runs) the compiled decode step")
-    decoding.add_argument("--no_compile", **yes, help="decode eagerly even where --compile built the step earlier")
     decoding.add_argument("--keep_quantized", **yes, help="a .gguf: its 4/5/6/8-bit matrices stay in blocks "
                           "(the default on the CPU in float32)")  # fmt: skip
     decoding.add_argument("--dequantize", **yes, help="a .gguf: float weights from its blocks")
@@ -162,12 +161,10 @@ def run(args: argparse.Namespace) -> None:
         return speculative_run(model, prompt, args.max_new_tokens, make_drafter(), TextStream(tokenizer),
                                k=args.draft_k, sampler=sampler, eos_id=eos_id)  # fmt: skip
     length = prompt.shape[1] + args.max_new_tokens
-    # The compiled step's longer cache counts wherever it may run: a kept one is loaded without --compile.
-    may_compile = not (args.no_compile or args.no_cache)
-    refuse_a_batch_too_big(model, args.num_samples, length, device, compiled=may_compile)
+    refuse_a_batch_too_big(model, args.num_samples, length, device, compiled=args.compile)
     batch = prompt.expand(args.num_samples, -1).contiguous()
-    if not (args.no_compile or args.no_cache):  # the step an earlier --compile built, or this one builds
-        args.compile = compiled_step(model, args.num_samples, length, args.compile)
+    if args.compile:  # the step an earlier --compile kept, or this one builds
+        compiled_step(model, args.num_samples, length)
     if args.benchmark:
         report_decode_speed(model, batch, args.max_new_tokens, sampler, args.seed, compile=args.compile,
                             with_recompute=args.no_cache)  # fmt: skip

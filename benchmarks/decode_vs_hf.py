@@ -89,7 +89,7 @@ def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, probe, blocks:
 
     def ours(m: GPT, compile: bool = False):
         if compile:  # as generate.py runs it: compiled ahead and kept, called without torch.compile's guards
-            compiled_step(m, 1, prompt_len + new_tokens, build=True)
+            compiled_step(m, 1, prompt_len + new_tokens)
         return lambda p, n: generate(m, p, n, temperature=0, compile=compile)
 
     def theirs(**extra):  # the pad token is export_hf's, in the generation config

@@ -5,7 +5,7 @@
 
 Each run is a fresh `python generate.py` process asking for 2 greedy tokens, timed from launch to exit. Cold runs
 start from an empty folder of kept steps and an empty Inductor cache, as on a fresh machine; warm runs reuse the
-last cold run's folder without any flag. The eager run (`--no_compile`) is the floor; it also builds the
+last cold run's folder (`--compile` loads the kept step). The eager run (no flag) is the floor; it also builds the
 C++ row kernels (cpu_kernels/quantized.py), which is not the step. Medians over --repeats, and the ratio warm/cold.
 """
 
@@ -36,10 +36,10 @@ def measure(model: str, flags: list[str], repeats: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="first-token-") as scratch:
         for i in range(repeats):
             folder = Path(scratch) / f"cold{i}"
-            times["eager"].append(first_token_seconds(model, [*flags, "--no_compile"], folder))
+            times["eager"].append(first_token_seconds(model, flags, folder))
             times["cold"].append(first_token_seconds(model, [*flags, "--compile"], folder))
         for _ in range(repeats):
-            times["warm"].append(first_token_seconds(model, flags, folder))
+            times["warm"].append(first_token_seconds(model, [*flags, "--compile"], folder))
     return {name: statistics.median(values) for name, values in times.items()}
 
 

@@ -43,8 +43,8 @@ def check_args(args: argparse.Namespace) -> Sampler:
                             "--num_samples, --no_cache, --compile and --repetition_penalty")  # fmt: skip
     if args.keep_quantized and args.dequantize:
         raise UserError("--keep_quantized and --dequantize contradict each other: pass one")
-    if args.compile and (args.no_cache or args.no_compile):
-        raise UserError("--compile builds the step that decodes from the KV cache: drop --no_cache, --no_compile")  # fmt: skip
+    if args.compile and args.no_cache:
+        raise UserError("--compile builds the step that decodes from the KV cache: drop --no_cache")
     for flag in ("prompt", "explain_attention"):
         if getattr(args, flag) is not None:
             utf8(getattr(args, flag), f"--{flag}")

@@ -57,28 +57,25 @@ def note(text: str, end: str = "\n") -> None:
     print(f"note: {text}", end=end, file=sys.stderr, flush=True)
 
 
-def compiled_step(model: torch.nn.Module, batch: int, length: int, build: bool) -> bool:
-    """Whether to decode with the compiled step, made ready now: loaded where built earlier, else built when
-    `build` (and kept). Without `build` and a kept step, nothing happens: the default stays eager."""
+def compiled_step(model: torch.nn.Module, batch: int, length: int) -> None:
+    """Make the compiled decode step ready (`--compile`): loaded where an earlier run kept it, else built and
+    kept. Only when asked: loading one costs seconds (the compiler's import, its kernels), which a short
+    generation does not win back (docs/decoding.md)."""
     # Off the CPU the step is compiled in this process only: keeping one that replays CUDA graphs is untested.
     if next(model.parameters()).device.type != "cpu":
-        if build:
-            note("--compile builds the decode step first (tens of seconds)")
-            static_decoder(model, batch, length=length).warm_up()
-        return build
+        note("--compile builds the decode step first (tens of seconds)")
+        static_decoder(model, batch, length=length).warm_up()
+        return
     path, key = artifact(model, batch, length)
-    if not (build or path.is_file()):
-        return False
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder() / "inductor"))
     decoder = static_decoder(model, batch, length=length)
     step = load(path, key) if path.is_file() else None
     if step is not None:
         # Said without "you": another process (or user of this cache) may have built it.
-        note(f"decoding with the kept compiled step of this model and shape ({path}, from an earlier "
-             "--compile); --no_compile decodes eagerly")  # fmt: skip
+        note(f"decoding with the kept compiled step of this model and shape ({path})")
         decoder.use(step)
         decoder.warm_up()  # its kernels loaded now, not at the first token
-        return True
+        return
     from torch._dynamo.aot_compile import AOTCompiledFunction  # imports dynamo: only when compiling
 
     start = time.perf_counter()
@@ -90,7 +87,6 @@ def compiled_step(model: torch.nn.Module, batch: int, length: int, build: bool) 
         atomic_write(path, header(key, payload) + b"\n" + payload)
     except OSError as err:
         note(f"the compiled step could not be kept in {path} ({err.strerror}); the next run builds it again")
-    return True
 
 
 def header(key: str, payload: bytes) -> bytes:

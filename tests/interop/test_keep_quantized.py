@@ -125,7 +125,7 @@ def test_generate_keep_quantized_compiled_prints_the_same_text(make_model, token
     assert kept == plain and len(plain) > len("the cat") + 5
     assert "note: 9 of 9 linear layers kept in their GGUF blocks" in err  # 2 x (qkv, o, gate_up, down) + head
     assert "note: compiling the decode step" in err
-    code, eager, err = run_generate(capsys, *argv, "--keep_quantized", "--no_compile")  # the eager step too
+    code, eager, err = run_generate(capsys, *argv, "--keep_quantized")  # the eager step too
     assert code == 0 and eager == plain
 
 
