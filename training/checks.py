@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import importlib.util
 import os
 from functools import cache
 from pathlib import Path
@@ -19,15 +20,21 @@ from common.errors import UserError
 from common.files import refuse_unwritable_folder
 
 SUBCOMMANDS = ("fit", "validate")  # test and predict need loops that LitGPT does not define
-# The config sections that are our classes, and where their keys are declared: an __init__'s parameters, or a
-# dataclass's fields (LitGPT passes **model_config on to ModelConfig). Read from the source, not imported: the
-# import of training/lit_gpt.py is Lightning's, most of a refusal's wait. The trainer and checkpoint sections are
-# Lightning's classes: the parser checks them.
+# The config sections and the classes that declare their keys (an __init__'s parameters, or a dataclass's fields:
+# LitGPT passes **model_config on to ModelConfig, GPTCheckpoint **kwargs to ModelCheckpoint), as (package, file,
+# class): package None is ours. Read from the source with `ast`, not imported: importing any of them imports
+# Lightning, most of a refusal's wait. A source not found (another Lightning's layout) leaves its section to the
+# parser; a test checks that every key the parser offers is known here.
 SECTIONS = {
-    "model": (("training/lit_gpt.py", "LitGPT"), ("model/config.py", "ModelConfig")),
-    "data": (("data/datamodule.py", "TextDataModule"),),
-    "samples": (("training/samples.py", "SampleGenerations"),),
-    "attention_maps": (("training/attention_maps.py", "AttentionMaps"),),
+    "model": ((None, "training/lit_gpt.py", "LitGPT"), (None, "model/config.py", "ModelConfig")),
+    "data": ((None, "data/datamodule.py", "TextDataModule"),),
+    "samples": ((None, "training/samples.py", "SampleGenerations"),),
+    "attention_maps": ((None, "training/attention_maps.py", "AttentionMaps"),),
+    "trainer": (("lightning", "pytorch/trainer/trainer.py", "Trainer"),),
+    "checkpoint": (
+        (None, "checkpoints/settings.py", "GPTCheckpoint"),
+        ("lightning", "pytorch/callbacks/model_checkpoint.py", "ModelCheckpoint"),
+    ),
 }
 
 
@@ -67,11 +74,11 @@ def refuse_early(args: list[str]) -> None:
 
 def _refuse_unknown_keys(given: dict, where: str) -> None:
     for section, value in given.items():
-        if section not in SECTIONS or not isinstance(value, dict):
-            continue
-        for key in value:
-            if key not in section_keys(section):
-                close = difflib.get_close_matches(key, section_keys(section), n=1)
+        known = section_keys(section) if section in SECTIONS and isinstance(value, dict) else None
+        for key in value if known else ():
+            key = key.removesuffix("+")  # --trainer.callbacks+=...: appended to the list
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1)
                 hint = f"did you mean {section}.{close[0]}? " if close else ""
                 raise UserError(
                     f"{where}{section}.{key} is not a key ({hint}see: python train.py fit --help)"
@@ -79,12 +86,20 @@ def _refuse_unknown_keys(given: dict, where: str) -> None:
 
 
 @cache
-def section_keys(section: str) -> frozenset[str]:
-    """The keys of a config section (SECTIONS), from the source of its classes."""
-    root, keys = Path(__file__).resolve().parents[1], set()
-    for file, name in SECTIONS[section]:
-        tree = ast.parse((root / file).read_text(encoding="utf-8"))
-        cls = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name)
+def section_keys(section: str) -> frozenset[str] | None:
+    """The keys of a config section (SECTIONS), from the source of its classes; None where one is not found."""
+    keys: set[str] = set()
+    for package, file, name in SECTIONS[section]:
+        if package is None:
+            root = Path(__file__).resolve().parents[1]
+        else:
+            spec = importlib.util.find_spec(package)  # a top-level package: found, not imported
+            root = Path(spec.origin).parent if spec and spec.origin else None
+        try:
+            tree = ast.parse((root / file).read_text(encoding="utf-8"))
+            cls = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name)
+        except (TypeError, OSError, SyntaxError, StopIteration):
+            return None
         init = next((node for node in cls.body if isinstance(node, ast.FunctionDef) and node.name == "__init__"),
                     None)  # fmt: skip
         if init is None:  # a dataclass: its annotated fields
