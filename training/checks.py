@@ -75,7 +75,9 @@ def refuse_early(args: list[str]) -> None:
 def _refuse_unknown_keys(given: dict, where: str) -> None:
     for section, value in given.items():
         known = section_keys(section) if section in SECTIONS and isinstance(value, dict) else None
-        for key in value if known else ():
+        if known is None:  # not a section of keys, or its classes' source not found: the parser's to judge
+            continue
+        for key in value:
             key = key.removesuffix("+")  # --trainer.callbacks+=...: appended to the list
             if key not in known:
                 close = difflib.get_close_matches(key, known, n=1)

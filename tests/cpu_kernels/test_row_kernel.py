@@ -1,6 +1,5 @@
 """The C++ row product on kept blocks (cpu_kernels/row_kernel.cpp): the block sums of the row at 16 bits, close to
-the float path, the same on any thread count, NaN kept, called inside compiled graphs, and off with one note; its
-dequantised weights equal torch's unpacking and its packed codes torch's packing."""
+the float path, the same on any thread count, NaN kept, called inside compiled graphs, and off with one note."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from cpu_kernels import library as row_kernel
-from cpu_kernels.quantized import KERNEL_ROWS, QuantizedLinear, pack_codes
+from cpu_kernels.quantized import KERNEL_ROWS, QuantizedLinear
 from generation.static_decode import OneRowLinears, one_query_attention
 from tests.conftest import ROOT
 
@@ -94,33 +93,6 @@ def test_several_rows_give_each_rows_own_product(bits, with_minimum, out, inp, b
     op, layer = kernel(), random_layer(bits, with_minimum, out, inp, block)
     rows = torch.randn(37, inp, generator=torch.Generator().manual_seed(4))
     assert torch.equal(run(op, layer, rows), torch.cat([run(op, layer, row[None]) for row in rows]))
-
-
-@pytest.mark.parametrize("bits, with_minimum, out, inp, block", KINDS)
-def test_the_kernel_dequantises_what_torch_unpacks_bit_for_bit(
-    monkeypatch, bits, with_minimum, out, inp, block
-):
-    """Products of many rows (prefills, QLoRA) take the kernel's weights, the other paths torch's unpacking: they
-    must be the same floats. Groups off the vectors' multiples reach the scalar tail; a reused buffer too."""
-    kernel()
-    layer = random_layer(bits, with_minimum, out, inp, block)
-    groups = [slice(None), slice(3, out - 5), slice(out - 1, out)]
-    buffer = torch.full((out * inp + 7,), float("nan"))
-    kernels = [(layer.dequantize(rows), layer.dequantize(rows, buffer).clone()) for rows in groups]
-    monkeypatch.setattr(row_kernel, "_loaded", {"op": None})
-    for rows, (fresh, in_buffer) in zip(groups, kernels, strict=True):
-        unpacked = layer.dequantize(rows)
-        assert torch.equal(fresh, unpacked) and torch.equal(in_buffer, unpacked), rows
-
-
-@pytest.mark.parametrize("bits", [4, 5, 6, 8])
-@pytest.mark.parametrize("out", [3, 300])  # one row, and more than PACK_ROWS (torch packs in groups of them)
-def test_the_kernel_packs_the_codes_as_torch_does(monkeypatch, bits, out):
-    kernel()
-    codes = torch.randint(0, 2**bits, (out, 96), generator=torch.Generator().manual_seed(3))
-    packed = pack_codes(codes, bits)
-    monkeypatch.setattr(row_kernel, "_loaded", {"op": None})
-    assert packed.dtype == torch.int32 and torch.equal(packed, pack_codes(codes, bits))
 
 
 def test_the_layer_uses_the_kernel_up_to_kernel_rows():

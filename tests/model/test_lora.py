@@ -1,5 +1,5 @@
-"""LoRA adapters: at zero they change nothing, only they learn, merging them computes the same, compiled steps are
-the eager steps, each fused part has its own pair, and a step through kept blocks (QLoRA) is the step through
+"""LoRA adapters: at zero they change nothing, only they learn, merging them computes the same, the compiled model
+gives the eager loss and gradients, each fused part has its own pair, and a step through kept blocks (QLoRA) is the step through
 their float weights."""
 
 from __future__ import annotations
