@@ -13,9 +13,11 @@ from common.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, UserError, run_comm
 
 
 def fit() -> int | None:
+    from common.library_internals import warn_untested_versions
     from training.checks import refuse_early
 
     refuse_early(sys.argv[1:])  # before Lightning's import: a refused flag costs no seconds of start-up
+    warn_untested_versions()
     from jsonargparse import ArgumentError
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 

@@ -14,6 +14,7 @@ import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from common.errors import EXIT_INTERRUPTED
+from common.library_internals import set_stop_requested
 
 from .run_dir import LAST_NAME
 
@@ -33,12 +34,12 @@ class LastCheckpoint(L.Callback):
         # Runs just before the evaluation loop checks the flag after each batch; on_validation_end puts it back.
         if trainer.state.fn == "fit" and not trainer.sanity_checking and trainer.received_sigterm:
             self._deferred_stop = True
-            trainer._signal_connector.received_sigterm = False
+            set_stop_requested(trainer, False)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._deferred_stop:  # the training loop sees it right after this validation and stops there
             self._deferred_stop = False
-            trainer._signal_connector.received_sigterm = True
+            set_stop_requested(trainer, True)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         self.saved_step = checkpoint["global_step"]
@@ -105,7 +106,7 @@ class GracefulCtrlC(L.Callback):
             raise SystemExit(EXIT_INTERRUPTED)
         self.pressed = True
         # Lightning's own flag: checked once per step, after the optimizer and scheduler steps.
-        self._trainer._signal_connector.received_sigterm = True
+        set_stop_requested(self._trainer, True)
         if self._trainer.is_global_zero:
             print(
                 "Ctrl-C: saving last.ckpt after this step (Ctrl-C again stops at once)",

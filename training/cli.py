@@ -26,6 +26,7 @@ from checkpoints.save_on_stop import GracefulCtrlC, LastCheckpoint
 from checkpoints.settings import GPTCheckpoint, resume_last, with_checkpoint_io
 from common.errors import UserError
 from common.files import atomic_write, missing_folders, remove_if_empty
+from common.library_internals import parse_without_links
 from common.threads import apply_thread_count
 from data.datamodule import check_numbers
 
@@ -259,10 +260,5 @@ def tune_host_allocator(keep_blocks: bool = False) -> bool:
 
 def _explicit_keys(parser, args: list[str], subcommand: str | None):
     """The keys the config files and flags set for `subcommand`, without defaults (None: jsonargparse can't tell)."""
-    try:  # without the links, which fail on a missing default (data.vocab_size -> model.vocab_size)
-        from jsonargparse._link_arguments import skip_apply_links
-    except ImportError:
-        return None
-    with skip_apply_links():
-        explicit = parser.parse_args(args, defaults=False)
-    return explicit.get(subcommand) if subcommand else explicit
+    explicit = parse_without_links(parser, args)
+    return explicit.get(subcommand) if explicit is not None and subcommand else explicit

@@ -18,6 +18,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from checkpoints.format import LORA_KEY, META_KEY, check_lora_checkpoint, checkpoint_metadata
 from common.errors import UserError
+from common.library_internals import align_logged_step
 from data.batches import IGNORE_INDEX
 from interop.hf_folder import empty_model
 from model import GPT, ModelConfig
@@ -191,8 +192,7 @@ class LitGPT(L.LightningModule):
         return loss
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        # Lightning's logger gate counts optimizer steps its own way, one too high after a resume from a stop save.
-        self.trainer.fit_loop.epoch_loop._batches_that_stepped = self.trainer.global_step
+        align_logged_step(self.trainer)
         if self.model.config.dropout > 0 or (self.lora is not None and self.lora.dropout > 0):
             # Dropout's masks from (seed, step, batch): a resumed run draws what the straight run drew, whatever
             # else used the generator in between (each validation's DataLoader draws its seed from it).

@@ -4,9 +4,7 @@ checkpoint carries the rows, and a resume re-logs those the run's `.wandb` files
 
 from __future__ import annotations
 
-import json
 import shutil
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +13,13 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
 from checkpoints.run_dir import RunDir
+from common.library_internals import (
+    metrics_to_log,
+    replace_due_validation,
+    restore_due_validation,
+    validate_now,
+    wandb_records,
+)
 
 from .lit_gpt import loggers_of
 
@@ -23,46 +28,11 @@ KEPT_PREFIXES = (TRAIN_PREFIX, "val/")  # the scalar curves a resume gives back;
 # In the checkpoint: [[step, {key: value}], ...] of every row with a KEPT_PREFIXES key (the name predates val/*).
 HISTORY_KEY = "train_history"
 WANDB_ID_KEY = "wandb_run_id"  # in the checkpoint: so a resume without the run directory logs to the same run
-_BLOCK, _HEADER = 32768, 7
-_FULL, _LAST = 1, 4  # record types that end an assembled record
-
-
-def segment_records(wandb_file: Path) -> Iterator[tuple[str, dict]]:
-    """("history", {key: value}) for each history row of one `.wandb` file and ("summary", {key: value}) for each
-    summary update, in the order written: a LevelDB-style log of 32 KiB blocks of records with 7-byte headers,
-    holding protobuf `Record`s."""
-    from google.protobuf.message import DecodeError
-    from wandb.proto import wandb_internal_pb2
-
-    data = wandb_file.read_bytes()
-    pos, payload = _HEADER, b""
-    while pos + _HEADER <= len(data):
-        if _BLOCK - pos % _BLOCK < _HEADER:  # too little room for a header: the rest of the block is padding
-            pos += _BLOCK - pos % _BLOCK
-            continue
-        _, length, kind = struct.unpack("<IHB", data[pos : pos + _HEADER])
-        payload += data[pos + _HEADER : pos + _HEADER + length]
-        pos += _HEADER + length
-        if kind not in (_FULL, _LAST) or pos > len(data):
-            continue
-        record = wandb_internal_pb2.Record()
-        try:
-            record.ParseFromString(payload)
-        except DecodeError:  # a killed writer's torn last block: nothing after it was written whole
-            return
-        payload = b""
-        kind_of_record = record.WhichOneof("record_type")
-        if kind_of_record in ("history", "summary"):
-            items = record.history.item if kind_of_record == "history" else record.summary.update
-            yield (
-                kind_of_record,
-                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items},
-            )
 
 
 def history_rows(wandb_file: Path) -> Iterator[dict]:
     """The history rows of one `.wandb` file, {key: value}, in the order written."""
-    return (row for kind, row in segment_records(wandb_file) if kind == "history")
+    return (row for kind, row in wandb_records(wandb_file) if kind == "history")
 
 
 def segments(run_dir: Path) -> list[Path]:
@@ -75,7 +45,7 @@ def held_logs(run_dir: Path) -> tuple[set[tuple[int, str]], set[str]]:
     summary's keys."""
     rows, summary = set(), set()
     for path in segments(run_dir):
-        for kind, record in segment_records(path):
+        for kind, record in wandb_records(path):
             if kind == "summary":
                 summary.update(record)
             elif "trainer/global_step" in record:
@@ -165,7 +135,7 @@ def _row_not_logged_yet(trainer: L.Trainer, logger: KeptHistory) -> dict[int, di
     # Only a logging step's values are its own: on other steps Lightning may still hold an earlier one.
     if step in logger.train_rows or not trainer.training or every <= 0 or step % every:
         return {}
-    logged = trainer._logger_connector.metrics["log"]
+    logged = metrics_to_log(trainer)
     row = {key: float(value) for key, value in logged.items() if key.startswith(TRAIN_PREFIX)}
     return {step: {**row, "epoch": float(trainer.current_epoch)}} if row else {}
 
@@ -196,16 +166,14 @@ class WandbResume(L.Callback):
         if step is None or not _lacks_val_row(trainer, step):
             return
         # Lightning calls this only where the step was due a validation the save came before (not on SIGTERM's).
-        val_loop = trainer.fit_loop.epoch_loop.val_loop
-
         def validate_instead() -> None:
-            _forget_patch(trainer)
+            restore_due_validation(trainer)
             validate_again(trainer, step)
 
-        val_loop.increment_progress_to_evaluation_end = validate_instead
+        replace_due_validation(trainer, validate_instead)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        _forget_patch(trainer)  # the restart's check is over: Lightning did not ask, the step was not due
+        restore_due_validation(trainer)  # the restart's check is over: Lightning did not ask, the step was not due
 
 
 def log_what_was_lost(trainer: L.Trainer, step: int) -> bool:
@@ -221,13 +189,7 @@ def log_what_was_lost(trainer: L.Trainer, step: int) -> bool:
 def validate_again(trainer: L.Trainer, step: int) -> None:
     """Run the validation of `step`, which a stopped run had not logged, as the straight run did."""
     rank_zero_info(f"validating step {step} again: no wandb segment of this run holds its val/* values")
-    val_loop = trainer.fit_loop.epoch_loop.val_loop
-    val_loop.restarting = False  # a fresh validation, as the straight run's
-    trainer.validating = True
-    first_loop_iter = trainer._logger_connector._first_loop_iter
-    val_loop.run()
-    trainer.training = True
-    trainer._logger_connector._first_loop_iter = first_loop_iter
+    validate_now(trainer)  # a fresh validation, as the straight run's
 
 
 def _lacks_val_row(trainer: L.Trainer, step: int) -> bool:
@@ -237,6 +199,3 @@ def _lacks_val_row(trainer: L.Trainer, step: int) -> bool:
     )
     return bool(trainer.strategy.broadcast(lacks, src=0))
 
-
-def _forget_patch(trainer: L.Trainer) -> None:
-    vars(trainer.fit_loop.epoch_loop.val_loop).pop("increment_progress_to_evaluation_end", None)

@@ -130,9 +130,10 @@ def test_a_resume_after_kill_9_relogs_what_the_killed_segment_lost(
 
 
 def summary_keys(run_dir: Path) -> set[str]:
-    from training.wandb_history import segment_records, segments
+    from common.library_internals import wandb_records
+    from training.wandb_history import segments
 
-    return {key for path in segments(run_dir) for kind, record in segment_records(path) if kind == "summary"
+    return {key for path in segments(run_dir) for kind, record in wandb_records(path) if kind == "summary"
             for key in record}  # fmt: skip
 
 
