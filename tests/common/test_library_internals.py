@@ -24,7 +24,9 @@ PRIVATE = re.compile(
 
 
 def test_no_module_but_the_fence_touches_a_private_part() -> None:
-    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True)
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     offenders = [
         f"{path}:{number}"
         for path in tracked.stdout.split()
@@ -39,8 +41,12 @@ def test_every_fenced_private_part_exists_in_the_installed_libraries() -> None:
     from jsonargparse._link_arguments import skip_apply_links  # noqa: F401
     from wandb.proto.wandb_internal_pb2 import Record
 
-    assert {"history", "summary"} <= {field.name for field in Record.DESCRIPTOR.oneofs_by_name["record_type"].fields}
-    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, accelerator="cpu")
+    assert {"history", "summary"} <= {
+        field.name for field in Record.DESCRIPTOR.oneofs_by_name["record_type"].fields
+    }
+    trainer = L.Trainer(
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, accelerator="cpu"
+    )
     assert trainer._signal_connector.received_sigterm is False
     library_internals.set_stop_requested(trainer, True)
     assert trainer.received_sigterm  # Lightning's public view of the flag the fence sets
@@ -63,9 +69,9 @@ def test_a_library_outside_its_tested_range_is_named_in_one_warning(monkeypatch:
 
     real = metadata.version
     monkeypatch.setattr(
-        library_internals, "untested_versions", lambda: untested_versions(
-            lambda name: "2.99.0" if name == "lightning" else real(name)
-        )
+        library_internals,
+        "untested_versions",
+        lambda: untested_versions(lambda name: "2.99.0" if name == "lightning" else real(name)),
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
