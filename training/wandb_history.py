@@ -165,6 +165,7 @@ class WandbResume(L.Callback):
         step, self._resumed_step = self._resumed_step, None
         if step is None or not _lacks_val_row(trainer, step):
             return
+
         # Lightning calls this only where the step was due a validation the save came before (not on SIGTERM's).
         def validate_instead() -> None:
             restore_due_validation(trainer)
@@ -173,7 +174,9 @@ class WandbResume(L.Callback):
         replace_due_validation(trainer, validate_instead)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        restore_due_validation(trainer)  # the restart's check is over: Lightning did not ask, the step was not due
+        restore_due_validation(
+            trainer
+        )  # the restart's check is over: Lightning did not ask, the step was not due
 
 
 def log_what_was_lost(trainer: L.Trainer, step: int) -> bool:
@@ -198,4 +201,3 @@ def _lacks_val_row(trainer: L.Trainer, step: int) -> bool:
         logger.lacks_val_row(step) for logger in loggers_of(trainer, KeptHistory)
     )
     return bool(trainer.strategy.broadcast(lacks, src=0))
-
