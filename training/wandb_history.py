@@ -174,9 +174,8 @@ class WandbResume(L.Callback):
         replace_due_validation(trainer, validate_instead)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        restore_due_validation(
-            trainer
-        )  # the restart's check is over: Lightning did not ask, the step was not due
+        # The restart's check is over: Lightning did not ask, the step was not due.
+        restore_due_validation(trainer)
 
 
 def log_what_was_lost(trainer: L.Trainer, step: int) -> bool:
