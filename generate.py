@@ -27,6 +27,7 @@ from generation.speed import report_decode_speed, report_speculative_speed, seed
 from generation.text import TextStream, encode_prompt, print_samples
 from interop import load
 from interop.gguf_blocks import KEPT_TYPES
+from interop.source import classify
 from model.config import DTYPES
 
 
@@ -130,11 +131,10 @@ def run(args: argparse.Namespace) -> None:
     auto = torch.bfloat16 if device.type == "cuda" and not args.keep_quantized else torch.float32
     dtype = DTYPES.get(args.dtype, auto)
     # By default a GGUF's blocks stay where the row kernel reads them (the CPU, float32): the file's own weights,
-    # ~5x fewer bytes a step than float32 (None: keep them if the source is a GGUF).
+    # ~5x fewer bytes a step than float32.
     by_default = device.type == "cpu" and dtype == torch.float32 and not args.dequantize
-    loaded = load(
-        args.checkpoint, args.revision, device, dtype, args.keep_quantized or (None if by_default else False)
-    )
+    keep = args.keep_quantized or (by_default and classify(args.checkpoint, args.revision)[0] == "gguf")
+    loaded = load(args.checkpoint, args.revision, device, dtype, keep)
     model, tokenizer = loaded.model, loaded.tokenizer
     note_kept_blocks(model, args)
     if args.chat and tokenizer.chat_template is None:  # before any note about sampling

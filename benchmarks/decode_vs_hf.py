@@ -33,7 +33,7 @@ from common.errors import run_command
 from data.datamodule import TINY_SHAKESPEARE
 from data.tokenizer import Tokenizer
 from generation.compiled_step import compiled_step
-from generation.sampling import generate
+from generation.sampling import GREEDY, generate
 from generation.timing import alternate_medians, wall_seconds
 from interop import load
 from interop.export_gguf import export_gguf
@@ -90,7 +90,7 @@ def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, probe, blocks:
     def ours(m: GPT, compile: bool = False):
         if compile:  # as generate.py runs it: compiled ahead and kept, called without torch.compile's guards
             compiled_step(m, 1, prompt_len + new_tokens)
-        return lambda p, n: generate(m, p, n, temperature=0, compile=compile)
+        return lambda p, n: generate(m, p, n, sampler=GREEDY, compile=compile)
 
     def theirs(**extra):  # the pad token is export_hf's, in the generation config
         return lambda p, n: hf.generate(

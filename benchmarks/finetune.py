@@ -20,7 +20,7 @@ from benchmarks.external import required_smollm2
 from benchmarks.shakespeare_budget import TimeBudget, budget_parser, budget_run, kept_checkpoint
 from common.errors import run_command
 from data.datamodule import TextDataModule
-from generation.sampling import generate
+from generation.sampling import GREEDY, generate
 from training import LitGPT
 from training.fit_summary import FitSummary, score_validation
 from training.lit_gpt import evaluating
@@ -48,7 +48,7 @@ def chat_reply(module: LitGPT, data: TextDataModule, max_new_tokens: int = 24) -
     prompt = tokenizer.render_chat([{"role": "user", "content": SFT_QUESTION}], add_generation_prompt=True)
     ids = torch.tensor([tokenizer.encode(prompt, add_bos=False)])
     with evaluating(module):
-        out = generate(module.model, ids, max_new_tokens, temperature=0.0, eos_id=tokenizer.eos_ids)
+        out = generate(module.model, ids, max_new_tokens, sampler=GREEDY, eos_id=tokenizer.eos_ids)
     reply = out[0, ids.shape[1] :].tolist()
     end = next((i + 1 for i, token in enumerate(reply) if token in tokenizer.eos_ids), len(reply))
     return tokenizer.decode(reply[:end])

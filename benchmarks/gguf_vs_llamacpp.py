@@ -30,7 +30,7 @@ import torch
 from benchmarks import launch_to_exit, new_parser, positive_int
 from benchmarks.external import required_smollm2
 from common.errors import UserError, run_command
-from generation.sampling import generate
+from generation.sampling import GREEDY, generate
 from generation.timing import alternate_medians, wall_seconds
 from interop import load
 from interop.export_gguf import export_gguf
@@ -123,9 +123,9 @@ def ours(model: GPT, threads: int):
 
     def run() -> tuple[float, float]:
         torch.set_num_threads(threads)
-        first = wall_seconds(lambda: generate(model, one, 1, temperature=0))()
-        tg = wall_seconds(lambda: generate(model, one, TG + 1, temperature=0))() - first
-        pp = wall_seconds(lambda: generate(model, prompt, 1, temperature=0))()
+        first = wall_seconds(lambda: generate(model, one, 1, sampler=GREEDY))()
+        tg = wall_seconds(lambda: generate(model, one, TG + 1, sampler=GREEDY))() - first
+        pp = wall_seconds(lambda: generate(model, prompt, 1, sampler=GREEDY))()
         return TG / tg, PP / pp
 
     return run

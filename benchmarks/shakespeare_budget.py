@@ -21,7 +21,7 @@ import torch
 
 from benchmarks import QUIET, ROOT, new_parser
 from data.datamodule import TextDataModule
-from generation.sampling import generate
+from generation.sampling import Sampler, generate
 from training import LitGPT
 from training.cli import GPTCLI
 from training.fit_summary import score_validation
@@ -157,7 +157,9 @@ def report(module, data, trainer, train_s: float, wall_s: float, scores: dict) -
     tokenizer, model = data.tokenizer, module.model
     for seed, (prompt, temperature) in enumerate(SAMPLES):
         ids, generator = torch.tensor([tokenizer.encode(prompt)]), torch.Generator().manual_seed(seed)
-        out = generate(model, ids, 60, temperature=temperature, top_k=50, generator=generator)
+        out = generate(
+            model, ids, 60, sampler=Sampler(temperature=temperature, top_k=50, generator=generator)
+        )
         kind = "greedy" if temperature == 0 else f"T={temperature}"
         print(f"--- {kind}: {prompt!r}\n{tokenizer.decode(out[0].tolist())}")
 

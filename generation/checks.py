@@ -25,9 +25,8 @@ EXPLAIN_CONFLICTS = ("prompt", "prompt_file", "no_echo", "max_new_tokens", "num_
 
 def check_args(args: argparse.Namespace) -> Sampler:
     """One-line errors for flags that cannot work, before the checkpoint is loaded; the sampler they ask for."""
-    sampler = Sampler(args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty)
     try:
-        sampler.check()
+        sampler = Sampler(args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty)
     except UserError as err:  # the check names the field; here it is a flag
         raise UserError(f"--{err}") from None
     for flag in ("max_new_tokens", "num_samples", "draft_k"):

@@ -40,6 +40,6 @@ def model_sampler(sampler: Sampler, folder: Path | None, explicit: set[str]) -> 
             f"note: sampling as {path} says ({shown}); pass --temperature etc. to override", file=sys.stderr
         )
     try:
-        return dataclasses.replace(sampler, **chosen).check()
+        return dataclasses.replace(sampler, **chosen)
     except UserError as err:
         raise UserError(f"{path}: {err}") from None

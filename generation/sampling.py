@@ -40,8 +40,8 @@ class Sampler:
     repetition_penalty: float = 1.0
     generator: torch.Generator | None = None
 
-    def check(self) -> Sampler:
-        """Raise a one-line UserError, naming the field, for a value that cannot sample."""
+    def __post_init__(self) -> None:
+        """A value that cannot sample is a one-line UserError naming the field."""
         for name in ("temperature", "repetition_penalty"):  # NaN passes every comparison below
             if not math.isfinite(getattr(self, name)):
                 raise UserError(f"{name} must be a finite number, got {getattr(self, name)}")
@@ -55,7 +55,6 @@ class Sampler:
             raise UserError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.repetition_penalty <= 0:
             raise UserError(f"repetition_penalty must be positive, got {self.repetition_penalty}")
-        return self
 
     @property
     def greedy(self) -> bool:
@@ -93,6 +92,9 @@ class Sampler:
             if torch.isfinite(source).all():
                 raise
             raise NonFiniteLogits(NOT_FINITE) from None
+
+
+GREEDY = Sampler(temperature=0.0)
 
 
 def filter_logits(
@@ -244,29 +246,24 @@ def generate(
     *,
     eos_id: int | Collection[int] | None = None,
     use_cache: bool = True,
-    compile: bool | str = False,
+    compile: bool = False,
     on_token: Callable[[torch.Tensor], None] | None = None,
-    sampler: Sampler | None = None,
-    **sampling,
+    sampler: Sampler = Sampler(),
 ) -> torch.Tensor:
     """Continue idx (B, T) by up to max_new_tokens tokens and return (B, T + new) token ids.
 
-    Tokens are picked by a `Sampler` or its fields as keywords (temperature=1.0, top_k, top_p, min_p,
-    repetition_penalty, generator; temperature=0 is greedy). `eos_id` is one stop id or several (`Stop`).
-    `on_token` receives each new column (B,) as soon as it is chosen. The model runs from a KV cache;
-    `use_cache=False` recomputes the window every step (the reference); `compile=True` decodes with the
-    static-shape step of generation/static_decode.py compiled by inductor (a string names another backend).
+    `sampler` picks each token (`GREEDY`, or e.g. `Sampler(temperature=0.8, top_p=0.9)`). `eos_id` is one stop
+    id or several (`Stop`). `on_token` receives each new column (B,) as soon as it is chosen. The model runs from
+    a KV cache; `use_cache=False` recomputes the window every step (the reference); `compile=True` decodes with
+    the static-shape step of generation/static_decode.py, compiled by `static_decode.BACKEND`.
     """
-    if sampler is not None and sampling:
-        raise TypeError(f"pass a Sampler or its fields, not both (got sampler and {sorted(sampling)})")
-    sampler = (sampler or Sampler(**sampling)).check()
     if max_new_tokens < 1:
         raise UserError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if compile and not use_cache:
         raise UserError("compile=True needs use_cache=True: the compiled step decodes from the KV cache")
     batch, length = idx.shape[0], idx.shape[1] + max_new_tokens  # a short request reads a short cache
     if compile:  # generation/static_decode.py: one compiled graph for every position
-        decoder = static_decoder(model, batch, "inductor" if compile is True else compile, length)
+        decoder = static_decoder(model, batch, length)
         context = Context(model, decoder.cache, decoder.decode)
     else:
         context = Context(model, KVCache.for_model(model, batch, length) if use_cache else None)

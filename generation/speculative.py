@@ -103,7 +103,7 @@ def speculative_generate(
     drafter: Drafter,
     *,
     k: int = 4,
-    sampler: Sampler | None = None,
+    sampler: Sampler = Sampler(),
     eos_id: int | Collection[int] | None = None,
     on_token: Callable[[torch.Tensor], None] | None = None,
 ) -> tuple[torch.Tensor, SpeculativeStats]:
@@ -115,7 +115,6 @@ def speculative_generate(
         raise UserError(
             f"speculative decoding needs k >= 1 and max_new_tokens >= 1, got {k} and {max_new_tokens}"
         )
-    sampler = (sampler or Sampler()).check()
     # The accept test compares two distributions fixed per prefix; a penalty would change them as tokens arrive.
     if sampler.repetition_penalty != 1.0:
         raise UserError(

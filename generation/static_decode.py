@@ -31,6 +31,9 @@ from cpu_kernels.library import attention_op, float_rows_op
 from model.cache import KVCache
 from model.gpt import GPT, Block
 
+# The compiler backend of `static_decoder` (what generate(compile=True) and --compile use); tests set a quicker one.
+BACKEND = "inductor"
+
 
 class OneRowLinears(TorchFunctionMode):
     """A one-row `F.linear` (CPU) as the C++ kernel's float32 product (cpu_kernels/row_kernel.cpp: it reads the
@@ -270,15 +273,14 @@ def cache_length(block_size: int, length: int, compiled: bool) -> int:
     return static_cache_length(length, block_size) if compiled else min(length, block_size)
 
 
-def static_decoder(
-    model: GPT, batch_size: int, backend: str = "inductor", length: int | None = None
-) -> StaticDecoder:
+def static_decoder(model: GPT, batch_size: int, length: int | None = None) -> StaticDecoder:
     """The compiled decoder of `model` for this batch size, dtype and device, kept by the model between calls.
 
     Its cache holds `static_cache_length(length)` positions (`length`: prompt + new tokens; None: block_size).
     A second `generate` call that fits neither recompiles nor allocates. A longer request, or a new batch size,
-    dtype, device or backend, replaces it (and compiles once more for a shape not seen yet).
+    dtype, device or BACKEND, replaces it (and compiles once more for a shape not seen yet).
     """
+    backend = BACKEND
     param = next(model.parameters())
     decoder = getattr(model, "static_decoder", None)  # a plain attribute: not a submodule, not in state_dict
     key = (batch_size, param.dtype, param.device, backend)

@@ -57,16 +57,14 @@ def load(
     revision: str | None = None,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
-    keep_quantized: bool | None = False,
+    keep_quantized: bool = False,
 ) -> Loaded:
     """Our GPT and tokenizer for any model name (see interop.source); `dtype` None keeps the stored one.
-    `keep_quantized` (a .gguf, float32; None: if the source is one) keeps KEPT_TYPES matrices in their blocks."""
+    `keep_quantized` (a .gguf, float32) keeps KEPT_TYPES matrices in their blocks."""
     if keep_quantized and dtype not in (None, torch.float32):
         raise PretrainedError(f"keep_quantized computes in float32; drop the dtype {dtype} or keep_quantized")
     source = resolve(name, revision)
-    if keep_quantized is None:
-        keep_quantized = source.kind == "gguf"
-    elif keep_quantized and source.kind != "gguf":
+    if keep_quantized and source.kind != "gguf":
         raise PretrainedError(
             f"{name}: keep_quantized needs a .gguf file (its {', '.join(KEPT_TYPES)} blocks); this is "
             f"{DESCRIPTIONS[source.kind]}"

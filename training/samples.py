@@ -9,7 +9,7 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import WandbLogger
 
-from generation.sampling import generate
+from generation.sampling import Sampler, generate
 
 from .lit_gpt import due, evaluating, loggers_of
 
@@ -71,7 +71,7 @@ class SampleGenerations(L.Callback):
         ids = torch.tensor([tokenizer.prompt_ids(prompt)], device=pl_module.device)
         generator = torch.Generator(device=pl_module.device).manual_seed(seed)
         out = generate(
-            pl_module.model, ids, self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
-            eos_id=tokenizer.eos_ids, generator=generator,
+            pl_module.model, ids, self.max_new_tokens, sampler=Sampler(temperature=self.temperature, top_k=self.top_k, generator=generator),
+            eos_id=tokenizer.eos_ids,
         )  # fmt: skip
         return tokenizer.decode(tokenizer.until_stop(out[0, ids.shape[1] :].tolist()))

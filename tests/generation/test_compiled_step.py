@@ -18,7 +18,7 @@ import torch
 
 import generation.compiled_step as store
 import generation.static_decode as static_decode
-from generation.sampling import generate
+from generation.sampling import GREEDY, generate
 from tests.benchmarks.test_smoke import run_benchmark
 from tests.conftest import ROOT, TEST_ENV
 from tests.conftest import run_generate as run_cli
@@ -98,11 +98,9 @@ def test_a_kept_step_decodes_another_model_of_its_shape_with_that_models_weights
     capsys.readouterr()
     store.compiled_step(other, 1, 16)
     assert "the kept compiled step" in capsys.readouterr().err
-    compiled = generate(other, prompt, 12, temperature=0.0, compile=True)
-    assert torch.equal(compiled, generate(other, prompt, 12, temperature=0.0))
-    assert not torch.equal(
-        compiled, generate(built_for, prompt, 12, temperature=0.0)
-    )  # the two models differ
+    compiled = generate(other, prompt, 12, sampler=GREEDY, compile=True)
+    assert torch.equal(compiled, generate(other, prompt, 12, sampler=GREEDY))
+    assert not torch.equal(compiled, generate(built_for, prompt, 12, sampler=GREEDY))  # the two models differ
 
 
 def test_the_key_follows_the_shape_batch_dtype_and_length():

@@ -127,15 +127,17 @@ def test_a_layer_the_model_lacks_is_refused_before_generating(ckpt, capsys, monk
 
 def test_benchmark_measures_the_compiled_step_when_asked(ckpt, capsys, monkeypatch):
     import generation.speed
+    from generation import static_decode
     from generation.sampling import generate
 
     asked = []
 
     def traced(*args, compile=False, **kwargs):
         asked.append(compile)
-        # aot_eager traces the same static step as inductor, without generating kernels (a CPU compile is slow).
-        return generate(*args, compile="aot_eager" if compile else False, **kwargs)
+        return generate(*args, compile=compile, **kwargs)
 
+    # aot_eager traces the same static step as inductor, without generating kernels (a CPU compile is slow).
+    monkeypatch.setattr(static_decode, "BACKEND", "aot_eager")
     monkeypatch.setattr(generation.speed, "generate", traced)
     monkeypatch.setattr(cli, "compiled_step", lambda *args: True)  # as if built (tests/generation/)
     code, out, _ = run_cli(capsys, "--checkpoint", ckpt, "--prompt", "a b", "--benchmark", "--compile",
@@ -148,20 +150,20 @@ def test_benchmark_measures_the_compiled_step_when_asked(ckpt, capsys, monkeypat
 def test_generate_stops_at_any_of_several_eos_ids():
     import torch
 
-    from generation.sampling import generate
+    from generation.sampling import GREEDY, generate
     from model import GPT, ModelConfig
 
     torch.manual_seed(0)
     model = GPT(ModelConfig(vocab_size=64, block_size=32, n_layer=1, n_head=2, n_kv_head=1, n_embd=16)).eval()
     prompt = torch.tensor([[1, 2, 3]])
-    free = generate(model, prompt, 12, temperature=0)[0, 3:].tolist()
+    free = generate(model, prompt, 12, sampler=GREEDY)[0, 3:].tolist()
     stop = free[4]
     first = free.index(stop)
     unused = next(i for i in range(64) if i not in free)
-    out = generate(model, prompt, 12, temperature=0, eos_id=(unused, stop))[0, 3:].tolist()
+    out = generate(model, prompt, 12, sampler=GREEDY, eos_id=(unused, stop))[0, 3:].tolist()
     assert out == free[: first + 1]  # the second id of the collection stops it
     assert (
-        generate(model, prompt, 12, temperature=0, eos_id=stop)[0, 3:].tolist() == out
+        generate(model, prompt, 12, sampler=GREEDY, eos_id=stop)[0, 3:].tolist() == out
     )  # an int still works
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from generation.sampling import context_start, filter_logits, generate, penalize_repeats
+from generation.sampling import GREEDY, Sampler, context_start, filter_logits, generate, penalize_repeats
 from model import GPT, ModelConfig
 
 LOGITS = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
@@ -57,8 +57,12 @@ def test_context_window_slides_by_half_when_full():
 def test_bad_sampling_arguments_name_the_argument(kwargs, word):
     model = GPT(ModelConfig(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=16))
     args = {"max_new_tokens": 4} | kwargs
-    with pytest.raises(ValueError, match=word):
-        generate(model, torch.zeros(1, 2, dtype=torch.long), args.pop("max_new_tokens"), **args)
+    with pytest.raises(
+        ValueError, match=word
+    ):  # a Sampler refuses a field when it is made, as ModelConfig does
+        generate(
+            model, torch.zeros(1, 2, dtype=torch.long), args.pop("max_new_tokens"), sampler=Sampler(**args)
+        )
 
 
 @pytest.mark.parametrize("temperature", [1e-45, 1e-300, 1e-6])
@@ -66,8 +70,10 @@ def test_a_tiny_temperature_samples_the_greedy_tokens(temperature):
     torch.manual_seed(0)
     model = GPT(ModelConfig(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=16)).eval()
     prompt = torch.tensor([[1, 2, 3]])
-    greedy = generate(model, prompt, 8, temperature=0.0)
-    picked = generate(model, prompt, 8, temperature=temperature, top_p=0.9, generator=torch.Generator())
+    greedy = generate(model, prompt, 8, sampler=GREEDY)
+    picked = generate(
+        model, prompt, 8, sampler=Sampler(temperature=temperature, top_p=0.9, generator=torch.Generator())
+    )
     assert torch.equal(picked, greedy)
 
 
@@ -79,10 +85,10 @@ def test_a_plain_decode_never_imports_the_compiler():
 
     code = (
         "import sys, torch\n"
-        "from generation.sampling import generate\n"
+        "from generation.sampling import GREEDY, generate\n"
         "from model import GPT, ModelConfig\n"
         "model = GPT(ModelConfig(vocab_size=64, block_size=24, n_layer=2, n_head=4, n_kv_head=2, n_embd=32))\n"
-        "generate(model, torch.zeros(1, 3, dtype=torch.long), 5, temperature=0.0)\n"
+        "generate(model, torch.zeros(1, 3, dtype=torch.long), 5, sampler=GREEDY)\n"
         "print('torch._dynamo' in sys.modules)\n"
     )
     root = Path(__file__).resolve().parents[2]
@@ -97,7 +103,7 @@ def test_a_model_compiled_in_place_decodes_eagerly_without_a_graph_per_position(
     compiled forward would specialise on the cache position and be rebuilt at every step."""
     from torch._dynamo.utils import counters
 
-    from generation.sampling import Sampler
+    from generation import static_decode
     from generation.speculative import PromptLookup, speculative_generate
 
     def speculative():
@@ -107,7 +113,9 @@ def test_a_model_compiled_in_place_decodes_eagerly_without_a_graph_per_position(
     torch.manual_seed(0)
     model = GPT(ModelConfig(vocab_size=64, block_size=24, n_layer=2, n_head=4, n_kv_head=2, n_embd=32))
     prompt = torch.randint(0, 64, (1, 6))
-    expected = generate(model, prompt, 30, temperature=0.8, generator=torch.Generator().manual_seed(1))
+    expected = generate(
+        model, prompt, 30, sampler=Sampler(temperature=0.8, generator=torch.Generator().manual_seed(1))
+    )
     expected_speculative = speculative()
     torch._dynamo.reset()
     try:
@@ -116,33 +124,33 @@ def test_a_model_compiled_in_place_decodes_eagerly_without_a_graph_per_position(
         )  # dynamo traces and guards as with inductor, without generating kernels
         model(prompt).sum().backward()  # a training step: the one graph training needs
         graphs = counters["stats"]["unique_graphs"]
-        sampled = generate(model, prompt, 30, temperature=0.8, generator=torch.Generator().manual_seed(1))
+        sampled = generate(
+            model, prompt, 30, sampler=Sampler(temperature=0.8, generator=torch.Generator().manual_seed(1))
+        )
         sampled_speculative = speculative()
         assert counters["stats"]["unique_graphs"] == graphs  # 30 tokens across a window jump, no new graph
         assert torch.equal(sampled, expected) and torch.equal(sampled_speculative, expected_speculative)
-        generate(model, prompt, 30, temperature=0.0, compile="eager")  # the static step's one graph
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(static_decode, "BACKEND", "eager")
+            generate(model, prompt, 30, sampler=GREEDY, compile=True)  # the static step's one graph
         assert counters["stats"]["unique_graphs"] == graphs + 1
     finally:
         torch._dynamo.reset()
 
 
-def test_one_sampler_object_or_its_fields_pick_the_same_tokens():
-    from generation.sampling import Sampler
+def test_a_sampler_changed_by_replace_is_checked_again():
+    import dataclasses
 
-    torch.manual_seed(0)
-    model = GPT(ModelConfig(vocab_size=64, block_size=24, n_layer=2, n_head=4, n_kv_head=2, n_embd=32))
-    prompt = torch.randint(0, 64, (2, 5))
-    fields = dict(temperature=0.9, top_k=20, top_p=0.9, min_p=0.05, repetition_penalty=1.3)
-    by_fields = generate(model, prompt, 20, generator=torch.Generator().manual_seed(3), **fields)
-    sampler = Sampler(**fields, generator=torch.Generator().manual_seed(3))
-    assert torch.equal(generate(model, prompt, 20, sampler=sampler), by_fields)
-    with pytest.raises(TypeError, match="not both"):
-        generate(model, prompt, 4, sampler=sampler, temperature=0.5)
+    from common.errors import UserError
+
+    with pytest.raises(
+        UserError, match="^repetition_penalty must"
+    ):  # as generation_config.json's are applied
+        dataclasses.replace(GREEDY, repetition_penalty=0.0)
+    assert GREEDY.greedy and not Sampler().greedy
 
 
 def test_the_repetition_penalty_reaches_the_greedy_choice():
-    from generation.sampling import Sampler
-
     logits = torch.tensor([[3.0, 2.0, 1.0]])
     assert Sampler(0.0).next_token(logits, torch.tensor([[0]])).tolist() == [0]
     assert Sampler(0.0, repetition_penalty=2.0).next_token(logits, torch.tensor([[0]])).tolist() == [1]
@@ -150,7 +158,6 @@ def test_the_repetition_penalty_reaches_the_greedy_choice():
 
 def test_speculative_decoding_refuses_a_repetition_penalty():
     from common.errors import UserError
-    from generation.sampling import Sampler
     from generation.speculative import PromptLookup, speculative_generate
 
     model = GPT(ModelConfig(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=16))
@@ -180,4 +187,4 @@ def test_non_finite_logits_name_the_first_module_whose_output_is_not_finite():
     with torch.no_grad():
         model.blocks[1].mlp_norm.weight.fill_(float("nan"))
     with pytest.raises(NonFiniteLogits, match="first at blocks.1$"):
-        generate(model, torch.zeros(1, 3, dtype=torch.long), 4, temperature=0.0)
+        generate(model, torch.zeros(1, 3, dtype=torch.long), 4, sampler=GREEDY)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from common.errors import UserError
-from generation.sampling import Sampler, generate
+from generation.sampling import GREEDY, Sampler, generate
 from generation.speculative import DraftModel, PromptLookup, check_draft, speculative_generate, verify
 from model import GPT, KVCache
 from tests.model.lively import lively_model
@@ -32,7 +32,7 @@ def target() -> GPT:
 def test_speculative_greedy_equals_plain_greedy_across_window_jumps(target, drafter):
     # A repeated prompt gives prompt lookup something to copy; block_size 48 makes the window jump ~8 times.
     prompt = torch.randint(0, 101, (1, 8), generator=torch.Generator().manual_seed(1)).repeat(1, 2)
-    plain = generate(target, prompt, 200, temperature=0.0)
+    plain = generate(target, prompt, 200, sampler=GREEDY)
     assert plain[0, 16:].unique().numel() >= 20, "degenerate model: the comparison would prove nothing"
     chosen = DraftModel(noisy_copy(target, 0.3)) if drafter == "draft_model" else PromptLookup()
     out, stats = speculative_generate(target, prompt, 200, chosen, k=4, sampler=Sampler(temperature=0.0))
@@ -128,7 +128,7 @@ def test_batches_are_refused(target):
 
 def test_eos_stops_the_speculative_run(target):
     prompt = torch.randint(0, 101, (1, 8), generator=torch.Generator().manual_seed(1))
-    plain = generate(target, prompt, 30, temperature=0.0)
+    plain = generate(target, prompt, 30, sampler=GREEDY)
     eos = int(plain[0, 20])
     expected = plain[0, : 8 + (plain[0, 8:] == eos).nonzero()[0, 0] + 1]
     out, _ = speculative_generate(target, prompt, 30, PromptLookup(), sampler=Sampler(0.0), eos_id=eos)
@@ -138,10 +138,10 @@ def test_eos_stops_the_speculative_run(target):
 def test_any_of_several_eos_ids_stops_the_speculative_run_as_it_stops_generate(target):
     """Models such as Llama 3 have several stop ids; the one emitted first need not be the first listed."""
     prompt = torch.randint(0, 101, (1, 8), generator=torch.Generator().manual_seed(1))
-    plain = generate(target, prompt, 30, temperature=0.0)[0, 8:].tolist()
+    plain = generate(target, prompt, 30, sampler=GREEDY)[0, 8:].tolist()
     unused = next(i for i in range(101) if i not in plain)
     stops = [unused, plain[12]]  # the first listed never occurs
-    expected = generate(target, prompt, 30, temperature=0.0, eos_id=stops)
+    expected = generate(target, prompt, 30, sampler=GREEDY, eos_id=stops)
     assert expected.shape[1] == 8 + plain.index(plain[12]) + 1 < 8 + 30  # generate stopped early
     out, _ = speculative_generate(target, prompt, 30, PromptLookup(), sampler=Sampler(0.0), eos_id=stops)
     assert torch.equal(out, expected)
@@ -157,7 +157,7 @@ def test_a_draft_with_a_short_window_slides_by_the_rule_of_generate(target, draf
     short = GPT(ModelConfig(**{**draft.config.to_dict(), "block_size": draft_block})).double().eval()
     short.load_state_dict(draft.state_dict())
     prompt = torch.randint(0, 101, (1, 8), generator=torch.Generator().manual_seed(1))
-    plain = generate(target, prompt, 60, temperature=0.0)
+    plain = generate(target, prompt, 60, sampler=GREEDY)
     drafter = DraftModel(short)
     out, stats = speculative_generate(target, prompt, 60, drafter, k=5, sampler=Sampler(temperature=0.0))
     assert stats.drafted > 0 and torch.equal(out, plain)

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
-from generation.sampling import generate
+from generation import static_decode
+from generation.sampling import GREEDY, generate
 from generation.static_decode import (
     OneRowLinears,
     StaticDecoder,
@@ -30,20 +31,23 @@ def graphs_compiled() -> int:
 
 
 @pytest.mark.parametrize(("n_kv_head", "backend"), LAYOUTS.values(), ids=LAYOUTS.keys())
-def test_compiled_greedy_matches_eager_across_window_jumps_without_recompiling(n_kv_head, backend):
+def test_compiled_greedy_matches_eager_across_window_jumps_without_recompiling(
+    n_kv_head, backend, monkeypatch
+):
+    monkeypatch.setattr(static_decode, "BACKEND", backend)
     model = lively_model(n_kv_head, block_size=32)
     prompt = torch.randint(0, 101, (2, 10), generator=torch.Generator().manual_seed(1))
-    eager = generate(model, prompt, 110, temperature=0.0)  # block_size 32: the window jumps 5 times
+    eager = generate(model, prompt, 110, sampler=GREEDY)  # block_size 32: the window jumps 5 times
     assert all(row.unique().numel() >= 8 for row in eager[:, 10:]), (
         "degenerate model: the test would prove nothing"
     )
     before = graphs_compiled()
-    compiled = generate(model, prompt, 110, temperature=0.0, compile=backend)
+    compiled = generate(model, prompt, 110, sampler=GREEDY, compile=True)
     assert graphs_compiled() - before == 1  # compiled once, then reused at ~100 positions
     assert torch.equal(compiled, eager)
-    again = generate(model, prompt.flip(1), 110, temperature=0.0, compile=backend)
+    again = generate(model, prompt.flip(1), 110, sampler=GREEDY, compile=True)
     assert graphs_compiled() - before == 1  # a second call reuses the graph and the cache
-    assert torch.equal(again, generate(model, prompt.flip(1), 110, temperature=0.0))
+    assert torch.equal(again, generate(model, prompt.flip(1), 110, sampler=GREEDY))
 
 
 def test_static_step_logits_and_cache_match_the_eager_step():
@@ -81,7 +85,7 @@ def test_the_static_step_and_the_eager_cache_refuse_a_full_cache_in_the_same_wor
 def test_compile_needs_the_cache():
     model = lively_model(2, block_size=32)
     with pytest.raises(ValueError, match="use_cache"):
-        generate(model, torch.zeros(1, 3, dtype=torch.long), 4, compile="aot_eager", use_cache=False)
+        generate(model, torch.zeros(1, 3, dtype=torch.long), 4, compile=True, use_cache=False)
 
 
 def test_cpu_step_compiles_linear_layers_at_batch_one_and_attention_as_reductions_with_the_eager_tokens():
@@ -106,9 +110,9 @@ def test_cpu_step_compiles_linear_layers_at_batch_one_and_attention_as_reduction
     assert not any("scaled_dot_product" in op for op in ops[1]), ops[1]
 
     prompt = torch.randint(0, 101, (1, 10), generator=torch.Generator().manual_seed(3))
-    eager = generate(model, prompt, 110, temperature=0.0)
+    eager = generate(model, prompt, 110, sampler=GREEDY)
     assert eager[0, 10:].unique().numel() >= 8, "degenerate model: the test would prove nothing"
-    assert torch.equal(generate(model, prompt, 110, temperature=0.0, compile=True), eager)
+    assert torch.equal(generate(model, prompt, 110, sampler=GREEDY, compile=True), eager)
 
 
 def graph_ops(gm: torch.fx.GraphModule) -> set[str]:
@@ -117,7 +121,7 @@ def graph_ops(gm: torch.fx.GraphModule) -> set[str]:
             for node in module.graph.nodes}  # fmt: skip
 
 
-def test_the_compiled_step_traces_one_block_for_every_layer():
+def test_the_compiled_step_traces_one_block_for_every_layer(monkeypatch):
     """The blocks are one region (`Block.forward`): traced and lowered once, called once per layer, with each
     layer's weights and cache; the tokens stay the eager ones."""
     graphs = []
@@ -126,11 +130,12 @@ def test_the_compiled_step_traces_one_block_for_every_layer():
         graphs.append(gm)
         return gm.forward
 
+    monkeypatch.setattr(static_decode, "BACKEND", recording_backend)
     model = lively_model(2, block_size=32, n_layer=3)
     prompt = torch.randint(0, 101, (1, 10), generator=torch.Generator().manual_seed(4))
-    eager = generate(model, prompt, 40, temperature=0.0)
+    eager = generate(model, prompt, 40, sampler=GREEDY)
     assert eager[0, 10:].unique().numel() >= 8, "degenerate model: the test would prove nothing"
-    assert torch.equal(generate(model, prompt, 40, temperature=0.0, compile=recording_backend), eager)
+    assert torch.equal(generate(model, prompt, 40, sampler=GREEDY, compile=True), eager)
     assert len(graphs) == 1
     calls = [node for node in graphs[0].graph.nodes if node.target is torch.ops.higher_order.invoke_subgraph]
     assert len(calls) == 3 and len({node.args[0].target for node in calls}) == 1, graphs[0].code
@@ -177,7 +182,7 @@ def test_the_attention_reduction_keeps_bf16_as_accurate_as_the_fused_kernel():
     assert (rewritten.double() - exact).abs().max().item() <= 1.3 * fused_error
 
 
-def test_the_static_cache_is_sized_to_the_request_with_one_static_graph_per_length():
+def test_the_static_cache_is_sized_to_the_request_with_one_static_graph_per_length(monkeypatch):
     """Short, long, short again: two cache lengths, two graphs, none with a symbolic (dynamic) shape."""
     graphs = []
 
@@ -185,15 +190,16 @@ def test_the_static_cache_is_sized_to_the_request_with_one_static_graph_per_leng
         graphs.append(example_inputs)
         return gm.forward
 
+    monkeypatch.setattr(static_decode, "BACKEND", recording_backend)
     model = lively_model(2, block_size=1024)
     prompt = torch.randint(0, 101, (1, 10), generator=torch.Generator().manual_seed(4))
     lengths = []
     for new_tokens in (20, 300, 20):  # prompt + new: 30 -> 256 positions, 310 -> 512, 30 reuses 512
-        compiled = generate(model, prompt, new_tokens, temperature=0.0, compile=recording_backend)
-        eager = generate(model, prompt, new_tokens, temperature=0.0)
+        compiled = generate(model, prompt, new_tokens, sampler=GREEDY, compile=True)
+        eager = generate(model, prompt, new_tokens, sampler=GREEDY)
         assert eager[0, 10:].unique().numel() >= 8, "degenerate model: the test would prove nothing"
         assert torch.equal(compiled, eager)
-        lengths.append(static_decoder(model, 1, recording_backend, length=1).cache.max_len)  # the kept one
+        lengths.append(static_decoder(model, 1, length=1).cache.max_len)  # the kept one
     assert lengths == [256, 512, 512]
     assert len(graphs) == len(set(lengths)) == 2
     for inputs in graphs:  # a cache length made dynamic would show as a SymInt input or dimension

@@ -10,7 +10,7 @@ import torch
 import generate as cli
 from checkpoints.format import load_checkpoint
 from data.tokenizer import Tokenizer
-from generation.sampling import generate
+from generation.sampling import GREEDY, generate
 from inspection.attention_stats import head_statistics
 
 
@@ -29,7 +29,7 @@ def test_attention_html_holds_prompt_and_output_with_their_statistics(tiny_run, 
     assert meta["tokens"][: len(prompt)] == [tokenizer.decode([i]) for i in prompt]
     assert len(meta["tokens"]) == len(prompt) + 6
     model = loaded.model.eval()
-    ids = generate(model, torch.tensor([prompt]), 6, temperature=0.0)  # greedy: the text generate.py wrote
+    ids = generate(model, torch.tensor([prompt]), 6, sampler=GREEDY)  # greedy: the text generate.py wrote
     assert meta["tokens"] == [tokenizer.decode([i]) for i in ids[0].tolist()]
     expected = head_statistics(model, ids, 32, generator=torch.Generator().manual_seed(0))
     for name, values in expected.items():

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from data.tokenizer import EOS_TOKEN as EOS
-from generation.sampling import generate
+from generation.sampling import GREEDY, generate
 from interop.export_gguf import export_gguf
 from tests.tiny_models import training_texts
 from tools.llamacpp.binaries import llamacpp_program, not_found
@@ -112,7 +112,7 @@ def test_llamacpp_greedy_decoding_gives_our_tokens(
     n_new = 48
     assert len(prompt) + n_new <= model.config.block_size
     with torch.no_grad():
-        sequence = generate(model, torch.tensor([prompt]), n_new, temperature=0.0)
+        sequence = generate(model, torch.tensor([prompt]), n_new, sampler=GREEDY)
         top2 = model(sequence)[0, len(prompt) - 1 : -1].topk(2).values  # the logits each choice was made from
     ours = sequence[0, len(prompt) :].tolist()
     assert len(set(ours)) >= 20  # not a repetition that a broken path could also produce
@@ -138,7 +138,7 @@ def test_llamacpp_with_our_lora_adapter_gives_our_greedy_tokens(
     adapter_file = write_gguf_adapter(model.eval(), lora, tmp_path / "adapter.gguf")
     prompt = shakespeare_tokenizer.encode("First Citizen:\nBefore we proceed")
     with torch.no_grad():
-        sequence = generate(model, torch.tensor([prompt]), 32, temperature=0.0)
+        sequence = generate(model, torch.tensor([prompt]), 32, sampler=GREEDY)
         top2 = model(sequence)[0, len(prompt) - 1 : -1].topk(2).values
     ours = sequence[0, len(prompt) :].tolist()
     assert len(set(ours)) >= 12 and (top2[:, 0] - top2[:, 1]).min() > 1e-3

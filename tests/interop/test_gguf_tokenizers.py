@@ -16,7 +16,7 @@ from tokenizers import Tokenizer as BackendTokenizer
 
 from common.errors import UserError
 from data.tokenizer import Tokenizer
-from generation.sampling import generate
+from generation.sampling import GREEDY, generate
 from interop import load
 from interop import pre_tokenizers as table
 from interop.export_gguf import export_gguf
@@ -189,7 +189,7 @@ def test_llamacpp_greedy_ids_are_ours(probe, family, make_model, tmp_path):  # n
     prompt = tokenizer.encode(tokenizer.render_chat(CHAT[:2]), add_bos=tokenizer.add_bos)
     n_new = 32
     with torch.no_grad():
-        sequence = generate(model, torch.tensor([prompt]), n_new, temperature=0.0)
+        sequence = generate(model, torch.tensor([prompt]), n_new, sampler=GREEDY)
         top2 = model(sequence)[0, len(prompt) - 1 : -1].topk(2).values
     ours = sequence[0, len(prompt) :].tolist()
     assert len(set(ours)) >= 12

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from common.errors import UserError
-from generation.sampling import generate
+from generation.sampling import GREEDY, generate
 from interop import load_hf
 from interop.export_gguf import export_gguf, llama3_freq_factors
 from interop.export_hf import export_hf
@@ -85,7 +85,7 @@ def test_logits_and_greedy_tokens_equal_transformers(hf_folder):
     assert ours.std() > 0.5  # far from uniform: the comparison is not trivially small
     assert (ours - theirs).abs().max().item() <= 1e-4, name
     prompt = idx[:1, :8]
-    greedy = generate(model, prompt, 24, temperature=0.0)
+    greedy = generate(model, prompt, 24, sampler=GREEDY)
     with torch.no_grad():
         expected = hf.generate(
             prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=24

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from generation.sampling import generate
+from generation.sampling import GREEDY, generate
 from interop.export_hf import export_hf
 
 # (n_kv_head, tie_embeddings) with n_head = 4: MHA and GQA, tied and untied.
@@ -67,7 +67,7 @@ def test_greedy_generation_matches_transformers(transformers, exported, encode):
     hf = load_hf(transformers, out, "sdpa")
     prompt = torch.tensor([encode("héllo wörld, the cat")])
     eos_id = hf.generation_config.eos_token_id
-    ours = generate(model, prompt, 40, temperature=0, eos_id=eos_id)
+    ours = generate(model, prompt, 40, sampler=GREEDY, eos_id=eos_id)
     with torch.no_grad():
         theirs = hf.generate(
             prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=40

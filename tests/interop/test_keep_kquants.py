@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from cpu_kernels.quantized import QuantizedLinear
-from generation.sampling import generate
+from generation.sampling import GREEDY, generate
 from generation.static_decode import StaticDecoder
 from interop import load
 from interop.export_gguf import export_gguf
@@ -185,8 +185,8 @@ def test_a_kquant_file_keeps_its_blocks_with_the_same_logits_and_tokens(kquant_f
     assert (one - one_plain).abs().max().item() <= ROW_BOUND
     prompt = idx[:1, :8]
     with torch.inference_mode():
-        tokens = generate(plain, prompt, 16, temperature=0)
-        assert torch.equal(generate(kept, prompt, 16, temperature=0), tokens)
+        tokens = generate(plain, prompt, 16, sampler=GREEDY)
+        assert torch.equal(generate(kept, prompt, 16, sampler=GREEDY), tokens)
     assert len(set(tokens[0, 8:].tolist())) > 1  # greedy keeps changing token: a near-tie would show
 
 
@@ -231,5 +231,5 @@ def test_the_compiled_step_reads_kquant_blocks_with_the_same_logits(kquant_files
             expected, got = reference.decode(token[None]), compiled.decode(token[None])
             diffs.append((expected - got).abs().max().item())
         assert got.std() > 0.5 and max(diffs) <= ROW_BOUND, diffs
-        tokens = generate(plain, prompt, 16, temperature=0)
-        assert torch.equal(generate(kept, prompt, 16, temperature=0, compile=True), tokens)
+        tokens = generate(plain, prompt, 16, sampler=GREEDY)
+        assert torch.equal(generate(kept, prompt, 16, sampler=GREEDY, compile=True), tokens)

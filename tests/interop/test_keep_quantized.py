@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from cpu_kernels.quantized import QuantizedLinear
-from generation.sampling import generate
+from generation.sampling import GREEDY, generate
 from generation.static_decode import StaticDecoder
 from interop import PretrainedError, load
 from interop.export_gguf import export_gguf
@@ -109,9 +109,9 @@ def test_the_compiled_step_reads_the_blocks_with_the_same_logits(make_model, tok
             expected, got = reference.decode(token[None]), compiled.decode(token[None])
             diffs.append((expected - got).abs().max().item())
         assert got.std() > 0.5 and max(diffs) <= ONE_ROW_LOGITS, diffs
-        tokens = generate(plain, prompt, 16, temperature=0)
-        assert torch.equal(generate(kept, prompt, 16, temperature=0, compile=True), tokens)
-        assert torch.equal(generate(kept, prompt, 16, temperature=0), tokens)
+        tokens = generate(plain, prompt, 16, sampler=GREEDY)
+        assert torch.equal(generate(kept, prompt, 16, sampler=GREEDY, compile=True), tokens)
+        assert torch.equal(generate(kept, prompt, 16, sampler=GREEDY), tokens)
 
 
 def test_generate_keep_quantized_compiled_prints_the_same_text(make_model, tokenizer, tmp_path, capsys, monkeypatch):  # fmt: skip

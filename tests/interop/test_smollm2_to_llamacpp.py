@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from generation.sampling import generate
+from generation.sampling import GREEDY, generate
 from interop import load, read_tokenizer
 from interop.export_gguf import export_gguf
 from model import GPT, ModelConfig
@@ -64,9 +64,9 @@ def test_a_chat_fine_tune_decodes_in_llamacpp_with_our_greedy_ids(probe, smollm2
     prompt = tokenizer.encode(tokenizer.render_chat(QUESTION), add_bos=False)
     n_new = 16
     with torch.no_grad():
-        sequence = generate(tuned.model, torch.tensor([prompt]), n_new, temperature=0.0)
+        sequence = generate(tuned.model, torch.tensor([prompt]), n_new, sampler=GREEDY)
         top2 = tuned.model(sequence)[0, len(prompt) - 1 : -1].topk(2).values
-        before = generate(base.model, torch.tensor([prompt]), n_new, temperature=0.0)[0, len(prompt) :]
+        before = generate(base.model, torch.tensor([prompt]), n_new, sampler=GREEDY)[0, len(prompt) :]
     ours = sequence[0, len(prompt) :].tolist()
     print(f"fine-tuned reply: {tokenizer.decode(ours)!r}; before: {tokenizer.decode(before.tolist())!r}")
     # The fine-tune took: other weights and another reply than the shipped model's.

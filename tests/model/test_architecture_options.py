@@ -7,7 +7,8 @@ import torch
 from torch._dynamo.utils import counters
 
 from common.errors import UserError
-from generation.sampling import generate
+from generation import static_decode
+from generation.sampling import GREEDY, generate
 from model import GPT, KVCache, ModelConfig
 from model.attention import sdpa_attention
 from model.flash_reference import flash_attention
@@ -44,14 +45,15 @@ def test_cached_decode_equals_the_full_forward(options):
 
 
 @pytest.mark.parametrize("options", OPTIONS.values(), ids=OPTIONS.keys())
-def test_compiled_greedy_equals_eager_with_one_graph(options):
+def test_compiled_greedy_equals_eager_with_one_graph(options, monkeypatch):
+    # aot_eager: the same fullgraph capture (and CPU reductions, the bias included) without generating kernels.
+    monkeypatch.setattr(static_decode, "BACKEND", "aot_eager")
     model = lively_model(options)
     prompt = torch.randint(0, 101, (1, 10), generator=torch.Generator().manual_seed(2))
-    eager = generate(model, prompt, 60, temperature=0.0)  # block_size 32: the window jumps
+    eager = generate(model, prompt, 60, sampler=GREEDY)  # block_size 32: the window jumps
     assert eager[0, 10:].unique().numel() >= 8, "degenerate model: the test would prove nothing"
     before = counters["stats"]["unique_graphs"]
-    # aot_eager: the same fullgraph capture (and CPU reductions, the bias included) without generating kernels.
-    assert torch.equal(generate(model, prompt, 60, temperature=0.0, compile="aot_eager"), eager)
+    assert torch.equal(generate(model, prompt, 60, sampler=GREEDY, compile=True), eager)
     assert counters["stats"]["unique_graphs"] - before == 1
 
 

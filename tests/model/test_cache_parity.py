@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from generation.sampling import generate
+from generation.sampling import GREEDY, Sampler, generate
 from model import GPT, KVCache, ModelConfig
 from model.attention import explicit_attention, sdpa_attention
 from model.cache import cache_bytes
@@ -76,7 +76,7 @@ def test_generate_runs_the_lm_head_on_one_position_per_call():
     model = tiny_model(2, block_size=32)
     head_lengths = []
     model.lm_head.register_forward_hook(lambda module, args, out: head_lengths.append(args[0].shape[1]))
-    generate(model, torch.randint(0, 97, (1, 20)), 40, temperature=0.0)  # 40 new tokens: the window jumps
+    generate(model, torch.randint(0, 97, (1, 20)), 40, sampler=GREEDY)  # 40 new tokens: the window jumps
     assert len(head_lengths) == 40 and set(head_lengths) == {1}
 
 
@@ -85,8 +85,8 @@ def test_greedy_generate_with_cache_equals_recompute(n_kv_head):
     # 100 new tokens on a 32-token context: the window slides several times, both paths must agree anyway.
     model = lively_model(n_kv_head, block_size=32, seed=1)
     prompt = torch.randint(0, 97, (2, 10), generator=torch.Generator().manual_seed(5))
-    cached = generate(model, prompt, 100, temperature=0.0)
-    recomputed = generate(model, prompt, 100, temperature=0.0, use_cache=False)
+    cached = generate(model, prompt, 100, sampler=GREEDY)
+    recomputed = generate(model, prompt, 100, sampler=GREEDY, use_cache=False)
     assert cached.shape == (2, 110)
     assert min(distinct_new_tokens(cached, 10)) >= 20  # not one repeated token: a wrong cache would show
     assert torch.equal(cached, recomputed)
@@ -98,7 +98,9 @@ def test_seeded_sampling_with_cache_equals_recompute():
 
     def sample(use_cache: bool, seed: int = 123) -> torch.Tensor:
         gen = torch.Generator().manual_seed(seed)
-        return generate(model, prompt, 50, temperature=0.9, top_k=20, generator=gen, use_cache=use_cache)
+        return generate(
+            model, prompt, 50, sampler=Sampler(temperature=0.9, top_k=20, generator=gen), use_cache=use_cache
+        )
 
     cached = sample(True)
     assert min(distinct_new_tokens(cached, 5)) >= 20
@@ -145,13 +147,13 @@ def test_writing_past_the_cache_raises_a_clear_error():
 def test_eos_stops_one_row_mid_sequence_and_pads_it_while_the_other_goes_on():
     model = lively_model(2)
     prompt = torch.randint(0, 97, (2, 4), generator=torch.Generator().manual_seed(5))
-    free = generate(model, prompt, 30, temperature=0.0)[:, 4:]
+    free = generate(model, prompt, 30, sampler=GREEDY)[:, 4:]
     # The stop token: the first token row 0 emits at step 3 or later that row 1 never emits.
     candidates = [(int(t), i) for i, t in enumerate(free[0].tolist()) if i >= 3 and t not in free[1]]
     assert candidates, "every token of row 0 also appears in row 1: pick another seed"
     eos, stop = candidates[0]
     assert stop <= 20 and (free[0, stop + 1 :] != eos).any()  # without padding, row 0 would differ
-    out = generate(model, prompt, 30, temperature=0.0, eos_id=eos)[:, 4:]
+    out = generate(model, prompt, 30, sampler=GREEDY, eos_id=eos)[:, 4:]
     assert out.shape == (2, 30)  # row 1 never stops, so decoding runs to max_new_tokens
     assert torch.equal(out[1], free[1])
     assert torch.equal(out[0, : stop + 1], free[0, : stop + 1])
@@ -195,7 +197,7 @@ def test_the_eager_cache_holds_prompt_plus_new_tokens_and_still_slides_when_long
     )
     prompt = torch.randint(0, 97, (2, 10), generator=torch.Generator().manual_seed(6))
     for new_tokens in (22, 54, 90):  # 32 positions; 64, the context exactly; 100: the window slides
-        cached = generate(model, prompt, new_tokens, temperature=0.0)
+        cached = generate(model, prompt, new_tokens, sampler=GREEDY)
         assert min(distinct_new_tokens(cached, 10)) >= 8
-        assert torch.equal(cached, generate(model, prompt, new_tokens, temperature=0.0, use_cache=False))
+        assert torch.equal(cached, generate(model, prompt, new_tokens, sampler=GREEDY, use_cache=False))
     assert allocated == [32, 64, 64]

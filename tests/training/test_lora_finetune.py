@@ -155,7 +155,7 @@ def test_qlora_trains_on_the_kept_blocks_and_samples_from_them(tiny_run, tiny_ar
 def test_the_peft_folder_loads_in_peft_with_our_logits_and_greedy_tokens(straight, base, tmp_path):
     transformers = pytest.importorskip("transformers")
     peft = pytest.importorskip("peft")
-    from generation.sampling import generate
+    from generation.sampling import GREEDY, generate
     from interop.export_hf import export_hf
     from interop.export_lora import main
 
@@ -171,7 +171,7 @@ def test_the_peft_folder_loads_in_peft_with_our_logits_and_greedy_tokens(straigh
         with theirs.disable_adapter():  # the adapters are what made the difference
             assert not torch.allclose(theirs(ids).logits, ours(ids), atol=1e-3)
         prompt = ids[:1, :8]
-        ours_greedy = generate(ours, prompt, 16, temperature=0.0)[0].tolist()
+        ours_greedy = generate(ours, prompt, 16, sampler=GREEDY)[0].tolist()
         theirs_greedy = theirs.generate(
             input_ids=prompt, max_new_tokens=16, min_new_tokens=16, do_sample=False
         )
