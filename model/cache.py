@@ -27,14 +27,6 @@ class Cache(Protocol):
 
     def layers(self) -> Sequence[LayerCache]: ...  # one per block, in order
 
-    def check_room(self, n_tokens: int) -> None:
-        """The one "full" error, for every writer of the cache (the compiled step's too)."""
-        if self.pos + n_tokens > self.max_len:
-            raise ValueError(
-                f"KVCache is full: writing {n_tokens} token(s) at position {self.pos} exceeds max_len "
-                f"{self.max_len}; allocate a longer cache or call reset()"
-            )
-
     def advance(self, n_tokens: int) -> None: ...
 
 

@@ -68,12 +68,13 @@ class ModelConfig:
     rope_original_context: int = 8192
 
     def __post_init__(self) -> None:
+        def field(name: str, ok: bool, rule: str) -> None:
+            if not ok:
+                raise UserError(f"model.{name} must be {rule}, got {getattr(self, name)!r}")
+
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise UserError(f"model.{name} must be a positive integer, got {value!r}")
-        if self.mlp_hidden is not None and self.mlp_hidden <= 0:
-            raise UserError(f"model.mlp_hidden must be positive or None, got {self.mlp_hidden!r}")
+            field(name, _positive_int(getattr(self, name)), "a positive integer")
+        field("mlp_hidden", self.mlp_hidden is None or self.mlp_hidden > 0, "positive or None")
         if self.head_dim is None:
             if self.n_embd % self.n_head:
                 raise UserError(
@@ -82,8 +83,7 @@ class ModelConfig:
                 )
             # Resolved here so every reader sees an int; to_dict writes None back when it is the derived one.
             object.__setattr__(self, "head_dim", self.n_embd // self.n_head)
-        elif not isinstance(self.head_dim, int) or isinstance(self.head_dim, bool) or self.head_dim <= 0:
-            raise UserError(f"model.head_dim must be a positive integer or None, got {self.head_dim!r}")
+        field("head_dim", _positive_int(self.head_dim), "a positive integer or None")
         if self.n_head % self.n_kv_head:
             raise UserError(
                 f"model.n_head ({self.n_head}) must be divisible by model.n_kv_head ({self.n_kv_head}); "
@@ -94,25 +94,15 @@ class ModelConfig:
                 f"the head dimension (model.head_dim, or model.n_embd / model.n_head) = {self.head_dim} must be "
                 "even for RoPE; change model.head_dim, model.n_embd or model.n_head"
             )
-        if not 0.0 <= self.dropout < 1.0:
-            raise UserError(f"model.dropout must be in [0, 1), got {self.dropout!r}")
+        field("dropout", 0.0 <= self.dropout < 1.0, "in [0, 1)")
         for name in ("rope_theta", "norm_eps", "init_std"):
-            if getattr(self, name) <= 0:
-                raise UserError(f"model.{name} must be positive, got {getattr(self, name)!r}")
-        if self.rope_type not in ("default", "llama3"):
-            raise UserError(f"model.rope_type must be 'default' or 'llama3', got {self.rope_type!r}")
-        if self.rope_type == "default":
-            return  # the checks below are llama3's scaling
-        for name in ("rope_factor", "rope_low_freq_factor", "rope_original_context"):
-            if getattr(self, name) <= 0:
-                raise UserError(
-                    f"model.{name} must be positive for rope_type llama3, got {getattr(self, name)!r}"
-                )
-        if self.rope_high_freq_factor <= self.rope_low_freq_factor:
-            raise UserError(
-                f"model.rope_high_freq_factor ({self.rope_high_freq_factor}) must exceed "
-                f"model.rope_low_freq_factor ({self.rope_low_freq_factor}) for rope_type llama3"
-            )
+            field(name, getattr(self, name) > 0, "positive")
+        field("rope_type", self.rope_type in ("default", "llama3"), "'default' or 'llama3'")
+        if self.rope_type == "llama3":
+            for name in ("rope_factor", "rope_low_freq_factor", "rope_original_context"):
+                field(name, getattr(self, name) > 0, "positive for rope_type llama3")
+            field("rope_high_freq_factor", self.rope_high_freq_factor > self.rope_low_freq_factor,
+                  f"above model.rope_low_freq_factor ({self.rope_low_freq_factor}) for rope_type llama3")  # fmt: skip
 
     @property
     def rope(self) -> Rope:
@@ -128,11 +118,6 @@ class ModelConfig:
         return Rope(self.head_dim, float(self.rope_theta), scaling)
 
     @property
-    def n_rep(self) -> int:
-        """Query heads that share one key/value head."""
-        return self.n_head // self.n_kv_head
-
-    @property
     def hidden_dim(self) -> int:
         if self.mlp_hidden is not None:
             return self.mlp_hidden
@@ -146,3 +131,7 @@ class ModelConfig:
         if fields["head_dim"] == self.n_embd // self.n_head and self.n_embd % self.n_head == 0:
             fields["head_dim"] = None
         return fields
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0

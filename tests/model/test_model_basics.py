@@ -35,7 +35,7 @@ def test_bad_config_is_one_line_naming_the_fields(kwargs, fields):
 
 def test_derived_sizes():
     config = ModelConfig(n_embd=256, n_head=8, n_kv_head=2)
-    assert (config.head_dim, config.n_rep, config.hidden_dim) == (32, 4, 704)
+    assert (config.head_dim, config.hidden_dim) == (32, 704)
     assert ModelConfig(mlp_hidden=100).hidden_dim == 100
 
 
