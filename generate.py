@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     decoding.add_argument("--no_cache", **yes, help="recompute the whole context every step (reference)")
     decoding.add_argument("--compile", **yes, help="build (once: kept for later runs) the compiled decode step")
     decoding.add_argument("--keep_quantized", **yes, help="a .gguf: its 4/5/6/8-bit matrices stay in blocks "
-                          "(the default on the CPU in float32)")  # fmt: skip
+                          "(the default on the CPU in float32)")
     decoding.add_argument("--dequantize", **yes, help="a .gguf: float weights from its blocks")
     decoding.add_argument("--benchmark", **yes, help="print prefill/decode speed (also --compile, --no_cache)")
     decoding.add_argument("--draft", metavar="CKPT", help="speculative decoding: a smaller model, same tokenizer")

@@ -107,7 +107,7 @@ class AttentionMaps(L.Callback):
                 keys=[f"L{layer}H{head}" for layer, head in heads],
                 title=f"attention {name}",
                 xname="step",
-            )  # fmt: skip
+            )
             for name in STATISTICS
         }
         logger.log_metrics(charts, step=step)

@@ -21,7 +21,7 @@ from common.errors import EXIT_USER_ERROR
 from common.files import TEMP_MARK
 
 ROOT = Path(__file__).resolve().parents[2]
-HOLD = "import sys, time; from checkpoints.run_lock import RunDirLock; RunDirLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(120)"  # fmt: skip
+HOLD = "import sys, time; from checkpoints.run_lock import RunDirLock; RunDirLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(120)"
 
 
 def hold(run_dir: Path) -> subprocess.Popen:
