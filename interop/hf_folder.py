@@ -6,11 +6,11 @@ key, its value and what is supported. Our RoPE is Hugging Face's rotate-half, so
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from unittest.mock import patch
 
 import torch
-from safetensors.torch import load_file
 
 from common.errors import UserError, first_line
 from model.config import ModelConfig
@@ -18,6 +18,7 @@ from model.gpt import GPT
 
 from .model_files import ModelFileError, check_types, read_json_object
 from .names import check_layer_count, check_stored, from_format, to_format
+from .safetensors_file import SafetensorsFile
 from .source import PretrainedError
 
 WEIGHTS_NAME = "model.safetensors"
@@ -221,14 +222,21 @@ def load_hf(directory: str | Path) -> GPT:
     """A GPT in eval mode with the config and weights of a supported Hugging Face folder (single or sharded)."""
     directory = Path(directory).expanduser()
     config = read_hf_config(directory)
-    tensors = load_hf_tensors(directory)
-    check_layer_count(tensors, config, "hf", f"{directory}: config.json's num_hidden_layers")
+    files = hf_weight_files(directory)
+    check_layer_count(files, config, "hf", f"{directory}: config.json's num_hidden_layers")
     expected = empty_model(config)
-    shapes = {name: tuple(tensor.shape) for name, tensor in tensors.items()}
+    shapes = {name: file.shapes[name] for name, file in files.items()}
     # Old transformers versions saved the RoPE buffer; a tied lm_head may be stored too. Neither is read.
     tolerated = ("rotary_emb.inv_freq",) + (("lm_head.weight",) if config.tie_embeddings else ())
     check_stored(shapes, config, expected.state_dict(), "hf", f"{directory}:", tolerated)
-    state = from_format(expected.state_dict(), config, "hf", tensors.get, torch.cat)
+    # One tensor at a time from the memory-mapped files: the peak is about the model's bytes, not file + model.
+    state = from_format(
+        expected.state_dict(),
+        config,
+        "hf",
+        lambda name: files[name].copy(name) if name in files else None,
+        torch.cat,
+    )
     dtype = state["wte.weight"].dtype
     return model_of(config, {name: tensor.to(dtype) for name, tensor in state.items()}).eval()
 
@@ -268,8 +276,8 @@ def assign(model: GPT, state: dict[str, torch.Tensor]) -> None:
         model.lm_head.weight = model.wte.weight
 
 
-def load_hf_tensors(directory: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of model.safetensors, or of the shards listed in model.safetensors.index.json."""
+def hf_weight_files(directory: Path) -> dict[str, SafetensorsFile]:
+    """The file holding each tensor: model.safetensors, or the shards listed in model.safetensors.index.json."""
     index_path = directory / WEIGHTS_INDEX_NAME
     if index_path.is_file():
         weight_map = read_json_object(index_path).get("weight_map")
@@ -284,12 +292,13 @@ def load_hf_tensors(directory: Path) -> dict[str, torch.Tensor]:
         raise PretrainedError(
             f"{directory}: no {WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME}; save the weights as safetensors"
         )
-    tensors: dict[str, torch.Tensor] = {}
+    files: dict[str, SafetensorsFile] = {}
     for shard in shards:
         try:
-            tensors |= load_file(directory / shard)
-        except Exception as err:  # safetensors raises its own error type for truncated or foreign files
+            file = SafetensorsFile(directory / shard)
+        except (OSError, ValueError, struct.error, KeyError, TypeError) as err:
             raise PretrainedError(
                 f"{directory / shard}: cannot read it ({first_line(err)}); the file is missing or damaged"
             ) from err
-    return tensors
+        files |= dict.fromkeys(file.shapes, file)
+    return files
