@@ -132,8 +132,8 @@ def test_chat_second_turn_prefills_only_its_new_tokens(both, capsys, monkeypatch
     monkeypatch.setattr(generate_cli, "load", lambda *args, **kwargs: ours)
     monkeypatch.setattr(sys, "stdin", io.StringIO("What is the capital of France?\nAnd of Germany?\n"))
     try:
-        code, out, err = run_generate(capsys, "--checkpoint", "smollm2", "--chat", "--temperature", "0",
-                                      "--max_new_tokens", "40")  # fmt: skip
+        code, out, err = run_generate(capsys, "--checkpoint", str(smollm2_file()), "--chat", "--temperature",
+                                      "0", "--max_new_tokens", "40")  # fmt: skip
     finally:
         hook.remove()
     print(f"SmolLM2 chat: {replies!r}", file=sys.stderr)
