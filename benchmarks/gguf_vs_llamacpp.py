@@ -17,9 +17,7 @@ quantised by its llama-quantize, kept under ~/.cache/gqa-gpt/gguf (or GQA_GPT_GG
 
 from __future__ import annotations
 
-import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -28,7 +26,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import launch_to_exit, new_parser, positive_int
-from benchmarks.external import required_smollm2
+from benchmarks.external import cpu_line, llama_bench, llamacpp_tool, required_smollm2
 from common.errors import UserError, run_command
 from generation.sampling import GREEDY, generate
 from generation.timing import alternate_medians, wall_seconds
@@ -36,7 +34,7 @@ from interop import load
 from interop.export_gguf import export_gguf
 from interop.export_hf import export_hf
 from model import GPT, ModelConfig
-from tools.llamacpp.binaries import llamacpp_program, not_found, where_built
+from tools.llamacpp.binaries import where_built
 
 TG, PP = 128, 512  # llama-bench's default test sizes
 # Files built by llama.cpp's converter and quantiser from random weights of a shape, with SmolLM2's vocabulary (its
@@ -47,31 +45,6 @@ BUILT = {
     ),
     "tiny": dict(block_size=256, n_layer=2, n_head=4, n_kv_head=2, n_embd=256, mlp_hidden=512),
 }
-ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
-
-
-def cpu_line() -> str:
-    """The CPU model and the vector extensions that decide both sides' kernels: a figure holds for this CPU only."""
-    model, flags = platform.processor() or "unknown CPU", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    except OSError:
-        pass
-    isa = [flag for flag in ISA_FLAGS if flag in flags]
-    return f"{model} ({', '.join(isa) or 'no AVX2'}), {os.cpu_count()} CPUs"
-
-
-def llamacpp_tool(name: str) -> Path:
-    """A llama.cpp program (tools/llamacpp/binaries.py), or one line saying how to get it."""
-    path = llamacpp_program(name)
-    if path is None:
-        raise UserError(not_found(name))
-    return path
 
 
 def gguf_dir() -> Path:
@@ -107,14 +80,6 @@ def built_file(size: str) -> Path:
         subprocess.run([str(quantize), str(f16), str(partial), "Q4_K_M"], check=True, capture_output=True)
         partial.rename(final)  # whole or absent
     return final
-
-
-def llama_bench(bench: Path, gguf: Path, threads: int) -> tuple[float, float]:
-    """(tg128, pp512) tokens/s of one llama-bench repetition at its defaults."""
-    command = [str(bench), "-m", str(gguf), "-t", str(threads), "-r", "1", "-o", "json"]
-    results = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
-    speed = {("tg" if r["n_gen"] else "pp"): r["avg_ts"] for r in results}
-    return speed["tg"], speed["pp"]
 
 
 def ours(model: GPT, threads: int):
