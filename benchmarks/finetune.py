@@ -22,8 +22,8 @@ from common.errors import run_command
 from data.datamodule import TextDataModule
 from generation.sampling import GREEDY, generate
 from training import LitGPT
+from training.callback_rules import evaluating
 from training.fit_summary import FitSummary, score_validation
-from training.lit_gpt import evaluating
 
 # run name: (recipe, score key, unit, target gain below zero-shot: issue 27's per character, issue 37's for chat)
 KINDS = {

@@ -14,7 +14,7 @@ from inspection.attention_image import draw_attention_grid
 from inspection.attention_stats import STATISTICS, Formation, PhaseChangeDetector
 from inspection.explorer import build_explorer, probe_attention
 
-from .lit_gpt import due, evaluating, loggers_of
+from .callback_rules import due, evaluating, loggers_of
 
 DEFAULT_PROBE = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak."
 

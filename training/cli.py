@@ -31,12 +31,12 @@ from common.threads import apply_thread_count
 from data.datamodule import check_numbers
 
 from .attention_maps import AttentionMaps
+from .callback_rules import loggers_of
 from .checks import SUBCOMMANDS, refuse_unusable_run
 from .console import LineProgress, StepProgressBar, order_help_sections, silence_known_noise
 from .fit_summary import MAX_SCORED_TOKENS, FitReport, FitSummary
 from .flops import ThroughputMonitor
 from .init_from import Pretrained, apply_init_from
-from .lit_gpt import loggers_of
 from .samples import SampleGenerations
 from .wandb_history import WandbResume
 from .wandb_logger import RunWandbLogger, is_run_logger, run_logger

@@ -23,8 +23,8 @@ from common.errors import UserError
 from data.batches import IGNORE_INDEX
 from model import ModelConfig
 
+from .callback_rules import evaluating, loggers_of, runs_on_this_rank
 from .flops import device_peak_flops, training_flops_per_token
-from .lit_gpt import evaluating, loggers_of, runs_on_this_rank
 from .memory import estimate_training_memory
 from .samples import SampleGenerations
 from .wandb_history import log_what_was_lost

@@ -6,8 +6,6 @@ import dataclasses
 import math
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -334,32 +332,3 @@ def shard_model(model: torch.nn.Module, device_mesh) -> None:
     fully_shard(model, mesh=mesh)
     # attention_maps runs the blocks outside forward(): the root must gather its own weights for it too.
     register_fsdp_forward_method(model, "attention_maps")
-
-
-def runs_on_this_rank(trainer, module: torch.nn.Module) -> bool:
-    """Rank-0 work that runs the model (samples, attention maps) must run on every rank of a sharded model (its
-    parameters DTensor shards), or rank 0 waits forever for the others to join the weight all-gather."""
-    from torch.distributed.tensor import DTensor
-
-    return trainer.is_global_zero or any(isinstance(p, DTensor) for p in module.parameters())
-
-
-def due(trainer, pl_module, every_n_steps: int) -> bool:
-    """Whether a callback that runs the model every `every_n_steps` (0: never) works at this step on this rank."""
-    step = trainer.global_step
-    return bool(every_n_steps) and step % every_n_steps == 0 and runs_on_this_rank(trainer, pl_module)
-
-
-@contextmanager
-def evaluating(module: torch.nn.Module) -> Iterator[None]:
-    """`module` in eval mode for the block, then back in the mode it was in."""
-    was_training = module.training
-    module.eval()
-    try:
-        yield
-    finally:
-        module.train(was_training)
-
-
-def loggers_of(trainer, kind: type) -> list:
-    return [logger for logger in trainer.loggers if isinstance(logger, kind)]

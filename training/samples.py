@@ -11,7 +11,7 @@ from lightning.pytorch.loggers import WandbLogger
 
 from generation.sampling import Sampler, generate
 
-from .lit_gpt import due, evaluating, loggers_of
+from .callback_rules import due, evaluating, loggers_of
 
 
 class SampleGenerations(L.Callback):

@@ -21,7 +21,7 @@ from common.library_internals import (
     wandb_records,
 )
 
-from .lit_gpt import loggers_of
+from .callback_rules import loggers_of
 
 TRAIN_PREFIX = "train/"
 KEPT_PREFIXES = (TRAIN_PREFIX, "val/")  # the scalar curves a resume gives back; media are not carried

@@ -64,7 +64,7 @@ def test_wandb_is_not_imported_while_the_run_is_set_up(tiny_args, tmp_path):
     args = tiny_args(tmp_path)[2:]  # without "train.py fit": GPTCLI(run=False) parses and instantiates only
     code = (
         "import sys; from data.datamodule import TextDataModule; from training import LitGPT; "
-        "from training.cli import GPTCLI; from training.lit_gpt import loggers_of; "
+        "from training.cli import GPTCLI; from training.callback_rules import loggers_of; "
         "from training.wandb_logger import RunWandbLogger; "
         f"cli = GPTCLI(LitGPT, TextDataModule, run=False, args={args!r}); "
         "assert loggers_of(cli.trainer, RunWandbLogger), 'the run has its wandb logger'; print('wandb' in sys.modules)"
