@@ -160,11 +160,11 @@ def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, tools, blocks:
         return f" ({values[side] / values[twin]:4.2f}x llama.cpp)" if ours else ""
 
     for side in names:  # the first tok/s counts the prefill too, alike on every side
-        length = (
-            args.prefill_len if side in sides else 512
-        )  # llama-bench's pp512; compared at that length only
-        pp_ratio = vs_llamacpp(pp, side) if args.prefill_len == 512 else ""
-        pp_text = f" | pp{length} {pp[side]:7.0f} tok/s{pp_ratio}" if side in pp else ""
+        pp_text = ""
+        if side in pp:  # llama-bench's is pp512: compared at that length only
+            length = args.prefill_len if side in sides else 512
+            pp_ratio = vs_llamacpp(pp, side) if args.prefill_len == 512 else ""
+            pp_text = f" | pp{length} {pp[side]:7.0f} tok/s{pp_ratio}"
         start = (
             f"{new_tokens / total[side]:8.2f} tok/s {total['transformers'] / total[side]:5.2f}x transformers | "
             f"prefill {1000 * seconds[(side, prompt_len, 1)]:7.1f} ms | decode"
