@@ -53,12 +53,6 @@ def with_checkpoint_io(plugins: Any, keep_last: int, async_save: bool) -> list:
     return [*plugins, {"class_path": ours[1 if async_save else 0], "init_args": {"keep_last": keep_last}}]
 
 
-def resolve_ckpt_path(
-    checkpoint_dir: Path, ckpt_path: str | None, say: Callable[[str], None] = to_stderr
-) -> str | None:
-    return resume_last(checkpoint_dir, say)[0] if ckpt_path == "last" else ckpt_path
-
-
 def resume_last(
     checkpoint_dir: Path, say: Callable[[str], None] = to_stderr
 ) -> tuple[str | None, dict | None]:

@@ -21,14 +21,14 @@ def main(args: argparse.Namespace) -> None:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from checkpoints.run_lock import own_run_dir
-    from checkpoints.settings import checkpoint_io, resolve_ckpt_path
+    from checkpoints.settings import checkpoint_io, resume_last
     from data.datamodule import TINY_SHAKESPEARE, TextDataModule
     from training import LastCheckpoint, LitGPT
 
     run_dir = Path(args.run_dir)
     checkpoints = run_dir / "checkpoints"
     own_run_dir(run_dir)  # held until this process ends
-    ckpt_path = resolve_ckpt_path(checkpoints, "last" if args.resume else None)
+    ckpt_path = resume_last(checkpoints)[0] if args.resume else None
     print(f"resuming from: {ckpt_path}", file=sys.stderr, flush=True)
     trainer = L.Trainer(
         default_root_dir=run_dir, max_steps=args.steps, accelerator="cpu", plugins=[checkpoint_io(2, args.async_save)],

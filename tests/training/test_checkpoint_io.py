@@ -15,7 +15,8 @@ import torch
 import checkpoints.atomic_io as checkpoint_io_module
 from checkpoints.atomic_io import AtomicCheckpointIO, CheckpointSaveError
 from checkpoints.background_io import BackgroundCheckpointIO
-from checkpoints.settings import resolve_ckpt_path, with_checkpoint_io
+from checkpoints.run_dir import NoGoodCheckpointError
+from checkpoints.settings import resume_last, with_checkpoint_io
 
 
 def checkpoint(step: int) -> dict:
@@ -122,7 +123,8 @@ def test_sweep_removes_killed_runs_temporary_checkpoint_files(tmp_path):
     (checkpoints / ".step-00000004.ckpt.partial-123-abcd1234").write_bytes(b"x" * 1000)
     (checkpoints / "step-00000003.ckpt").write_bytes(b"keep")
     said = []
-    assert resolve_ckpt_path(checkpoints, None, say=said.append) is None  # only reads
+    with pytest.raises(NoGoodCheckpointError):  # the resume's choice only reads, even when it finds nothing
+        resume_last(checkpoints, say=said.append)
     assert len(list(checkpoints.iterdir())) == 2
     own_run_dir(tmp_path, say=said.append).release()  # the run's one writer sweeps, once it holds the lock
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-00000003.ckpt"]
