@@ -10,7 +10,8 @@ Batch 1, fp32, CPU, one thread count on every side. Sides: our eager `generate`,
 generate.py runs it (kept, as there, under ~/.cache/gqa-gpt/compiled or GQA_GPT_COMPILED_DIR), transformers'
 default and static cache + `torch.compile` (not for smollm2: too slow to compile) on our `export_hf` weights,
 llama.cpp on our f32 GGUF export (smollm2 adds both on the file's Q4_1 blocks): its speed is llama-bench's at
-its defaults (tg128, pp512: a prompt-free decode and a 512-token prefill), its tokens the probe's
+its defaults (tg128, pp512: a prompt-free decode and a 512-token prefill; --new_tokens and --prefill_len given set
+them too), its tokens the probe's
 (tools/llamacpp/probe.cpp). Our decode tok/s leaves out each side's prefill (its one-token run); MBU = bytes a
 step reads x decode tok/s / the best read bandwidth of the rounds. The sides alternate within every round;
 medians. Method and figures: docs/decoding.md.
@@ -85,6 +86,7 @@ def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, tools, blocks:
 
     prompt_len, new_tokens = LENGTHS.get(name, (64, 256))
     prompt_len, new_tokens = args.prompt_len or prompt_len, args.new_tokens or new_tokens
+    tg = args.new_tokens or 128  # llama-bench's decode: its default tg128 unless --new_tokens is given
     prompt, threads = random_prompt(model.config, prompt_len), torch.get_num_threads()
     # transformers compiles its static-cache decode step only on accelerators unless told to compile everywhere.
     compile_config = CompileConfig(fullgraph=True)
@@ -125,7 +127,7 @@ def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, tools, blocks:
             key = (side, p.shape[1], n)
             runs[key] = wall_seconds(lambda r=sides[side], p=p, n=n: r(p, n), outputs, key)
     for side, gguf in llamacpp.items():
-        runs[side] = functools.partial(llama_bench, tools[1], gguf, threads)  # (tg128, pp512) tok/s
+        runs[side] = functools.partial(llama_bench, tools[1], gguf, threads, tg, args.prefill_len)
     # The read bandwidth is measured in every round, between the decoding runs, and the best round counts: a
     # reading swings by 2x on a shared machine, and a dip would flatter the MBU.
     readings: list[float] = []
@@ -161,15 +163,13 @@ def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, tools, blocks:
 
     for side in names:  # the first tok/s counts the prefill too, alike on every side
         pp_text = ""
-        if side in pp:  # llama-bench's is pp512: compared at that length only
-            length = args.prefill_len if side in sides else 512
-            pp_ratio = vs_llamacpp(pp, side) if args.prefill_len == 512 else ""
-            pp_text = f" | pp{length} {pp[side]:7.0f} tok/s{pp_ratio}"
+        if side in pp:
+            pp_text = f" | pp{args.prefill_len} {pp[side]:7.0f} tok/s{vs_llamacpp(pp, side)}"
         start = (
             f"{new_tokens / total[side]:8.2f} tok/s {total['transformers'] / total[side]:5.2f}x transformers | "
             f"prefill {1000 * seconds[(side, prompt_len, 1)]:7.1f} ms | decode"
             if side in sides
-            else f"llama-bench at its defaults{'':>29} | decode (tg128)"
+            else f"llama-bench{'':>45} | decode (tg{tg})"
         )
         print(f"  {side:<18} {start} {decode[side]:7.2f} tok/s {decode[side] / decode['transformers']:5.2f}x"
               f"{vs_llamacpp(decode, side)}, MBU {per_token[side] * decode[side] / bandwidth:6.1%}{pp_text} | "

@@ -62,9 +62,24 @@ def llamacpp_tool(name: str) -> Path:
     return path
 
 
-def llama_bench(bench: Path, gguf: Path, threads: int) -> tuple[float, float]:
-    """(tg128, pp512) tokens/s of one llama-bench repetition at its defaults."""
-    command = [str(bench), "-m", str(gguf), "-t", str(threads), "-r", "1", "-o", "json"]
+def llama_bench(bench: Path, gguf: Path, threads: int, tg: int = 128, pp: int = 512) -> tuple[float, float]:
+    """(tg, pp) tokens/s of one llama-bench repetition: a `tg`-token decode and a `pp`-token prefill (its defaults:
+    tg128, pp512)."""
+    command = [
+        str(bench),
+        "-m",
+        str(gguf),
+        "-t",
+        str(threads),
+        "-r",
+        "1",
+        "-o",
+        "json",
+        "-n",
+        str(tg),
+        "-p",
+        str(pp),
+    ]
     results = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
     speed = {("tg" if r["n_gen"] else "pp"): r["avg_ts"] for r in results}
     return speed["tg"], speed["pp"]
