@@ -10,11 +10,10 @@ Batch 1, fp32, CPU, one thread count on every side. Sides: our eager `generate`,
 generate.py runs it (kept, as there, under ~/.cache/gqa-gpt/compiled or GQA_GPT_COMPILED_DIR), transformers'
 default and static cache + `torch.compile` (not for smollm2: too slow to compile) on our `export_hf` weights,
 llama.cpp on our f32 GGUF export (smollm2 adds both on the file's Q4_1 blocks): its speed is llama-bench's at
-its defaults (tg128, pp512: a prompt-free decode and a 512-token prefill; --new_tokens and --prefill_len given set
-them too), its tokens the probe's
-(tools/llamacpp/probe.cpp). Our decode tok/s leaves out each side's prefill (its one-token run); MBU = bytes a
-step reads x decode tok/s / the best read bandwidth of the rounds. The sides alternate within every round;
-medians. Method and figures: docs/decoding.md.
+its defaults (tg128, pp512: a prompt-free decode and a 512-token prefill; --new_tokens and --prefill_len, when
+given, set them too), its tokens the probe's (tools/llamacpp/probe.cpp). Our decode tok/s leaves out each side's
+prefill (its one-token run); MBU = bytes a step reads x decode tok/s / the best read bandwidth of the rounds. The
+sides alternate within every round; medians. Method and figures: docs/decoding.md.
 """
 
 from __future__ import annotations
@@ -162,9 +161,9 @@ def bench_config(name: str, model: GPT, hf, args, llamacpp: dict, tools, blocks:
         return f" ({values[side] / values[twin]:4.2f}x llama.cpp)" if ours else ""
 
     for side in names:  # the first tok/s counts the prefill too, alike on every side
-        pp_text = ""
-        if side in pp:
-            pp_text = f" | pp{args.prefill_len} {pp[side]:7.0f} tok/s{vs_llamacpp(pp, side)}"
+        pp_text = (
+            f" | pp{args.prefill_len} {pp[side]:7.0f} tok/s{vs_llamacpp(pp, side)}" if side in pp else ""
+        )
         start = (
             f"{new_tokens / total[side]:8.2f} tok/s {total['transformers'] / total[side]:5.2f}x transformers | "
             f"prefill {1000 * seconds[(side, prompt_len, 1)]:7.1f} ms | decode"
