@@ -25,8 +25,9 @@ from data.tokenizer import Tokenizer
 from model.config import DTYPES
 from model.gpt import GPT
 
-from .hf_folder import WEIGHTS_NAME, hf_config_dict, to_hf_state_dict
+from .hf_folder import hf_config_dict, to_hf_state_dict
 from .load import export_parser, load_for_export
+from .safetensors_file import WEIGHTS_NAME
 
 
 def export_hf(model: GPT, tokenizer: Tokenizer, out_dir: str | Path, force: bool = False) -> Path:

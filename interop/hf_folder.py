@@ -6,23 +6,20 @@ key, its value and what is supported. Our RoPE is Hugging Face's rotate-half, so
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 from unittest.mock import patch
 
 import torch
 
-from common.errors import UserError, first_line
+from common.errors import UserError
 from model.config import ModelConfig
 from model.gpt import GPT
 
 from .model_files import ModelFileError, check_types, read_json_object
 from .names import check_layer_count, check_stored, from_format, to_format
-from .safetensors_file import SafetensorsFile
+from .safetensors_file import hf_weight_files
 from .source import PretrainedError
 
-WEIGHTS_NAME = "model.safetensors"
-WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
@@ -229,14 +226,12 @@ def load_hf(directory: str | Path) -> GPT:
     # Old transformers versions saved the RoPE buffer; a tied lm_head may be stored too. Neither is read.
     tolerated = ("rotary_emb.inv_freq",) + (("lm_head.weight",) if config.tie_embeddings else ())
     check_stored(shapes, config, expected.state_dict(), "hf", f"{directory}:", tolerated)
+
     # One tensor at a time from the memory-mapped files: the peak is about the model's bytes, not file + model.
-    state = from_format(
-        expected.state_dict(),
-        config,
-        "hf",
-        lambda name: files[name].copy(name) if name in files else None,
-        torch.cat,
-    )
+    def take(name: str) -> torch.Tensor | None:
+        return files[name].copy(name) if name in files else None
+
+    state = from_format(expected.state_dict(), config, "hf", take, torch.cat)
     dtype = state["wte.weight"].dtype
     return model_of(config, {name: tensor.to(dtype) for name, tensor in state.items()}).eval()
 
@@ -274,31 +269,3 @@ def assign(model: GPT, state: dict[str, torch.Tensor]) -> None:
     model.load_state_dict(state, assign=True, strict=False)
     if tied:  # assign gave the two names a parameter each; tied, they are one
         model.lm_head.weight = model.wte.weight
-
-
-def hf_weight_files(directory: Path) -> dict[str, SafetensorsFile]:
-    """The file holding each tensor: model.safetensors, or the shards listed in model.safetensors.index.json."""
-    index_path = directory / WEIGHTS_INDEX_NAME
-    if index_path.is_file():
-        weight_map = read_json_object(index_path).get("weight_map")
-        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-            raise PretrainedError(
-                f"{index_path}: weight_map is not an object of file names; restore the file"
-            )
-        shards = sorted(set(weight_map.values()))
-    elif (directory / WEIGHTS_NAME).is_file():
-        shards = [WEIGHTS_NAME]
-    else:
-        raise PretrainedError(
-            f"{directory}: no {WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME}; save the weights as safetensors"
-        )
-    files: dict[str, SafetensorsFile] = {}
-    for shard in shards:
-        try:
-            file = SafetensorsFile(directory / shard)
-        except (OSError, ValueError, struct.error, KeyError, TypeError) as err:
-            raise PretrainedError(
-                f"{directory / shard}: cannot read it ({first_line(err)}); the file is missing or damaged"
-            ) from err
-        files |= dict.fromkeys(file.shapes, file)
-    return files

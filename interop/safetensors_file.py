@@ -1,4 +1,5 @@
-"""A safetensors file read through a memory map, one tensor at a time: `copy(name)` gives the tensor in memory of
+"""A Hugging Face folder's safetensors files (one, or the shards its index lists), each read through a memory map,
+one tensor at a time: `copy(name)` gives the tensor in memory of
 its own and drops the file's pages read so far, so a load's peak is about the model's own bytes plus one tensor,
 not the file and the model side by side.
 
@@ -16,6 +17,13 @@ from pathlib import Path
 
 import torch
 
+from common.errors import first_line
+
+from .model_files import read_json_object
+from .source import PretrainedError
+
+WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
           "BOOL": torch.bool}  # fmt: skip
@@ -60,3 +68,31 @@ class SafetensorsFile:
         if hasattr(mmap, "MADV_DONTNEED"):  # not on every platform
             self._map.madvise(mmap.MADV_DONTNEED)
         return tensor
+
+
+def hf_weight_files(directory: Path) -> dict[str, SafetensorsFile]:
+    """The file holding each tensor: model.safetensors, or the shards listed in model.safetensors.index.json."""
+    index_path = directory / WEIGHTS_INDEX_NAME
+    if index_path.is_file():
+        weight_map = read_json_object(index_path).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise PretrainedError(
+                f"{index_path}: weight_map is not an object of file names; restore the file"
+            )
+        shards = sorted(set(weight_map.values()))
+    elif (directory / WEIGHTS_NAME).is_file():
+        shards = [WEIGHTS_NAME]
+    else:
+        raise PretrainedError(
+            f"{directory}: no {WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME}; save the weights as safetensors"
+        )
+    files: dict[str, SafetensorsFile] = {}
+    for shard in shards:
+        try:
+            file = SafetensorsFile(directory / shard)
+        except (OSError, ValueError, struct.error, KeyError, TypeError) as err:
+            raise PretrainedError(
+                f"{directory / shard}: cannot read it ({first_line(err)}); the file is missing or damaged"
+            ) from err
+        files |= dict.fromkeys(file.shapes, file)
+    return files
